@@ -1,0 +1,34 @@
+# The two commands of the README:
+#   make run   set up (agents + binary) and run one turn against omp on the built-in model
+#   make test  set up and run every test, with the race detector
+GO ?= go
+
+.PHONY: setup run test check fuzz bench
+
+setup:
+	@./scripts/setup.sh
+
+run: setup
+	./bin/agenthost doctor
+	./bin/agenthost prompt --agent omp "Run this: [[tool:bash {\"command\":\"echo hello from omp\"}]]"
+
+test: setup
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+# Static checks beyond vet (staticcheck is fetched through the Go module proxy).
+check:
+	test -z "$$(gofmt -l .)"
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...
+
+# Fuzz each target (FUZZTIME=10m for a real run).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzFramer$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzScanFrame$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzReassembler$$' -fuzztime $(FUZZTIME)
+
+bench: setup
+	$(GO) test ./rpc -run '^$$' -bench . -benchmem
+	./bin/agenthost bench

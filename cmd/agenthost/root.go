@@ -1,0 +1,27 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func newRoot() *cobra.Command {
+	var verbose bool
+	root := &cobra.Command{
+		Use:           "agenthost",
+		Short:         "Host coding agents (omp, pi) headless, and leave no process behind",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log diagnostics to stderr")
+	logger := func() *slog.Logger {
+		if !verbose {
+			return slog.New(slog.DiscardHandler)
+		}
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	root.AddCommand(newPromptCmd(logger), newDoctorCmd(logger), newBenchCmd())
+	return root
+}

@@ -1,0 +1,182 @@
+package agents
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// ModelID is the --model flag value that selects the scripted model in a [Home].
+const ModelID = "fake/fake-model"
+
+// The provider and model names behind ModelID.
+const (
+	providerName = "fake"
+	modelName    = "fake-model"
+	// piAPIKey is sent by pi as a bearer token; pi refuses a provider without one. It is not
+	// the name of an environment variable, so pi uses it literally.
+	piAPIKey = "modelsim-no-key"
+)
+
+// The wire APIs a Home can point an agent at.
+const (
+	APICompletions = "openai-completions"
+	APIResponses   = "openai-responses"
+)
+
+// ErrAPI means a HomeOptions.API other than APICompletions or APIResponses.
+var ErrAPI = errors.New("agents: unsupported api")
+
+// HomeOptions adjusts [HomeWith]. The zero value gives the defaults of [Home].
+type HomeOptions struct {
+	// API is the wire API the agent speaks to the model: APICompletions (the default when
+	// empty) or APIResponses.
+	API string
+}
+
+// Home writes a fresh agent home under dir for kind k whose only provider is the scripted model
+// at modelURL (e.g. "http://127.0.0.1:PORT/v1"), over the chat completions API, and returns the
+// environment to run the agent with. See [HomeWith].
+func Home(dir string, k Kind, modelURL string) ([]string, error) {
+	return HomeWith(dir, k, modelURL, HomeOptions{})
+}
+
+// HomeWith is [Home] with options. It creates dir if needed and writes, for OMP,
+// .omp/agent/models.yml (auth none) and .omp/agent/config.yml (no update checks, no plugin
+// auto-update, no local model server probes, no auto-QA); for Pi, .pi/agent/models.json (with a
+// placeholder apiKey, which pi requires).
+//
+// The returned environment is the parent's without HOME, without variables that would move the
+// agent's config elsewhere (PI_*, OMP_*, XDG_{CONFIG,DATA,STATE,CACHE}_HOME) and without
+// credentials (*_API_KEY, *_TOKEN, cloud credential variables), so the agent can reach no other
+// model; plus HOME=dir, the switches that keep the agents offline and quiet, and 127.0.0.1 in
+// NO_PROXY. Run the agent with "--model", [ModelID].
+func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, error) {
+	api := opts.API
+	if api == "" {
+		api = APICompletions
+	}
+	if api != APICompletions && api != APIResponses {
+		return nil, fmt.Errorf("%w: %q", ErrAPI, api)
+	}
+	if modelURL == "" {
+		return nil, errors.New("agents: empty model URL")
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("agents: home dir: %w", err)
+	}
+	model := map[string]any{
+		"id": modelName, "name": "Scripted model (modelsim)", "reasoning": false, "input": []string{"text"},
+		"contextWindow": 128000, "maxTokens": 4096,
+		"cost": map[string]int{"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+	}
+	provider := map[string]any{"baseUrl": modelURL, "api": api, "models": []any{model}}
+	models := map[string]any{"providers": map[string]any{providerName: provider}}
+
+	switch k {
+	case OMP:
+		provider["auth"] = "none"
+		agentDir := filepath.Join(dir, ".omp", "agent")
+		// JSON is valid YAML, and encoding it with encoding/json quotes the URL safely.
+		if err := writeJSON(filepath.Join(agentDir, "models.yml"), models); err != nil {
+			return nil, err
+		}
+		config := map[string]any{
+			"startup":     map[string]any{"checkUpdate": false},
+			"marketplace": map[string]any{"autoUpdate": "off"},
+			// Otherwise omp probes 127.0.0.1:11434, :8080 and :1234 for local model servers.
+			"disabledProviders": []string{"ollama", "llama.cpp", "lm-studio"},
+			"dev":               map[string]any{"autoqa": false},
+		}
+		if err := writeJSON(filepath.Join(agentDir, "config.yml"), config); err != nil {
+			return nil, err
+		}
+	case Pi:
+		provider["apiKey"] = piAPIKey
+		if err := writeJSON(filepath.Join(dir, ".pi", "agent", "models.json"), models); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrKind, k)
+	}
+	return agentEnv(os.Environ(), dir), nil
+}
+
+// deadProxy is a loopback address where nothing listens (port 9 is the "discard" service).
+const deadProxy = "http://127.0.0.1:9"
+
+// quietEnv are the variables set for every agent; the comments say what each one switches off.
+var quietEnv = []string{
+	"PI_OFFLINE=1",            // pi: no startup network operations (version check, tool downloads)
+	"PI_SKIP_VERSION_CHECK=1", // pi: no npm version check (PI_OFFLINE implies it; explicit for clarity)
+	"PI_TELEMETRY=0",          // pi: no install telemetry or attribution headers
+	"PI_AUTO_QA=0",            // omp: no auto-QA issue reporting device (qa.omp.sh) in the prompt
+	"OMP_SKIP_SETUP=1",        // omp: never run the setup wizard, even on a terminal
+	"DO_NOT_TRACK=1",          // bun: no crash report uploads
+	// omp: route the agent's own outbound fetches (background model catalog refreshes of a dozen
+	// keyless providers, web search) to a closed loopback port so they fail at once without DNS.
+	// omp sends loopback and NO_PROXY hosts direct, so the scripted model is unaffected; the
+	// variable means nothing to pi or to programs the bash tool runs.
+	"PI_PROXY=" + deadProxy,
+}
+
+// agentEnv filters parent and adds HOME=home and quietEnv.
+func agentEnv(parent []string, home string) []string {
+	env := make([]string, 0, len(parent)+len(quietEnv)+3)
+	var noProxy string
+	for _, kv := range parent {
+		name, val, _ := strings.Cut(kv, "=")
+		switch {
+		case dropVar(name):
+		case name == "NO_PROXY" || name == "no_proxy":
+			if val != "" && noProxy == "" {
+				noProxy = val
+			}
+		default:
+			env = append(env, kv)
+		}
+	}
+	// Bun's fetch honours HTTP(S)_PROXY; the scripted model must never be reached through one.
+	loopback := "127.0.0.1,localhost"
+	if noProxy != "" {
+		loopback = noProxy + "," + loopback
+	}
+	env = append(env, "HOME="+home, "NO_PROXY="+loopback, "no_proxy="+loopback)
+	return append(env, quietEnv...)
+}
+
+// droppedVars are removed from the agent's environment by exact name.
+var droppedVars = []string{
+	"HOME", "API_KEY",
+	"XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME",
+	"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+	"AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+	"GOOGLE_APPLICATION_CREDENTIALS", "CLAUDE_CODE_CLIENT_KEY",
+	"OLLAMA_HOST", "OLLAMA_BASE_URL", "LLAMA_CPP_BASE_URL", "LM_STUDIO_BASE_URL",
+}
+
+// dropVar reports whether the parent's variable name must not reach the agent.
+func dropVar(name string) bool {
+	return slices.Contains(droppedVars, name) ||
+		strings.HasPrefix(name, "PI_") || strings.HasPrefix(name, "OMP_") ||
+		strings.HasSuffix(name, "_API_KEY") || strings.HasSuffix(name, "_TOKEN")
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("agents: encoding %s: %w", filepath.Base(path), err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("agents: %w", err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("agents: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+// Package bench measures agenthost's RPC client on a frame flood, side by
+// side with pi's own TypeScript RpcClient and a floor that only splits lines,
+// each as a whole process reading the same stream from the same small node
+// agent.
+package bench
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/agenthost/agenthost/rpc"
+)
+
+//go:embed flood.js
+var floodJS []byte
+
+//go:embed piclient.mjs
+var piClientJS []byte
+
+// FloodEnv names the file of frames the flood agent writes.
+const FloodEnv = "FLOOD_FILE"
+
+// WriteFrames writes n message_update frames of about 1 KB each, the shape
+// omp streams, and returns the bytes written.
+func WriteFrames(w io.Writer, n int) (int64, error) {
+	const word = "lorem ipsum dolor sit amet "
+	text := ""
+	var total int64
+	var buf bytes.Buffer
+	for i := 0; i < n; i++ {
+		text += word
+		if len(text) > 800 {
+			text = text[len(text)-800:]
+		}
+		frame := map[string]any{
+			"type": "message_update",
+			"message": map[string]any{
+				"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}},
+				"api": "openai-completions", "provider": "fake", "model": "fake-model",
+				"usage":      map[string]any{"input": 10, "output": i, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 10 + i},
+				"stopReason": "stop", "timestamp": 1764400000000,
+			},
+			"assistantMessageEvent": map[string]any{"type": "text_delta", "contentIndex": 0, "delta": word},
+		}
+		b, err := json.Marshal(frame)
+		if err != nil {
+			return total, err
+		}
+		buf.Write(b)
+		buf.WriteByte('\n')
+		if buf.Len() > 1<<20 {
+			m, err := w.Write(buf.Bytes())
+			total += int64(m)
+			if err != nil {
+				return total, err
+			}
+			buf.Reset()
+		}
+	}
+	m, err := w.Write(buf.Bytes())
+	return total + int64(m), err
+}
+
+// Config is one bench run.
+type Config struct {
+	Frames   int
+	Runs     int
+	Self     string // this executable, run as the agenthost and floor consumers
+	PiClient string // pi's dist/modes/rpc/rpc-client.js
+	Node     string
+	Out      io.Writer
+}
+
+// Result is one consumer's figures.
+type Result struct {
+	Name    string
+	Walls   []time.Duration
+	Updates int
+}
+
+// Median wall time.
+func (r Result) Median() time.Duration {
+	s := slices.Clone(r.Walls)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Run writes the frames and the node scripts to a temporary folder, then
+// times each consumer Runs times, interleaved.
+func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
+	dir, err := os.MkdirTemp("", "agenthost-bench-")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer os.RemoveAll(dir)
+	framesPath := filepath.Join(dir, "frames.jsonl")
+	f, err := os.Create(framesPath)
+	if err != nil {
+		return nil, 0, err
+	}
+	size, err := WriteFrames(f, cfg.Frames)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	flood := filepath.Join(dir, "flood.js")
+	pic := filepath.Join(dir, "piclient.mjs")
+	if err := os.WriteFile(flood, floodJS, 0o644); err != nil {
+		return nil, 0, err
+	}
+	if err := os.WriteFile(pic, piClientJS, 0o644); err != nil {
+		return nil, 0, err
+	}
+	env := append(os.Environ(), FloodEnv+"="+framesPath)
+	consumers := []struct {
+		name string
+		argv []string
+	}{
+		{"floor (split lines only, Go)", []string{cfg.Self, "bench", "consume", "--floor", "--", cfg.Node, flood}},
+		{"agenthost rpc client", []string{cfg.Self, "bench", "consume", "--", cfg.Node, flood}},
+		{"pi TypeScript RpcClient", []string{cfg.Node, pic, cfg.PiClient, flood}},
+	}
+	results := make([]Result, len(consumers))
+	for i, c := range consumers {
+		results[i].Name = c.name
+	}
+	for run := 0; run < cfg.Runs; run++ {
+		for i, c := range consumers {
+			cmd := exec.CommandContext(ctx, c.argv[0], c.argv[1:]...)
+			cmd.Env = env
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			t0 := time.Now()
+			err := cmd.Run()
+			wall := time.Since(t0)
+			if err != nil {
+				return nil, size, fmt.Errorf("bench: %s: %w: %s", c.name, err, lastLine(errb.String()))
+			}
+			var got struct {
+				Updates int `json:"updates"`
+			}
+			if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &got); err != nil {
+				return nil, size, fmt.Errorf("bench: %s printed no count: %q", c.name, out.String())
+			}
+			if got.Updates != cfg.Frames {
+				return nil, size, fmt.Errorf("bench: %s saw %d of %d frames", c.name, got.Updates, cfg.Frames)
+			}
+			results[i].Walls = append(results[i].Walls, wall)
+			results[i].Updates = got.Updates
+		}
+	}
+	return results, size, nil
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// ConsumeClient is the agenthost consumer: the real client, spawning the
+// agent, running one turn, counting message_update events on a listener.
+func ConsumeClient(ctx context.Context, argv []string) (int, error) {
+	c, err := rpc.Spawn(ctx, rpc.Spec{Argv: argv, Verbatim: true}, rpc.SpawnOptions{})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	updates := 0
+	c.On(rpc.EventMessageUpdate, func(rpc.Event) { updates++ })
+	if _, err := c.Run(ctx, "go", nil); err != nil {
+		return 0, err
+	}
+	if err := c.Close(); err != nil {
+		return 0, err
+	}
+	return updates, nil // Close joined the dispatcher: every listener call is done
+}
+
+// ConsumeFloor is the floor: it starts the agent, sends the prompt, and only
+// splits stdout into lines, counting those that start like a message_update,
+// until agent_end.
+func ConsumeFloor(ctx context.Context, argv []string) (int, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return 0, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	if _, err := io.WriteString(stdin, `{"id":"1","type":"prompt","message":"go"}`+"\n"); err != nil {
+		return 0, err
+	}
+	update := []byte(`{"type":"message_update"`)
+	end := []byte(`{"type":"agent_end"`)
+	buf := make([]byte, 1<<20)
+	start, stop, n := 0, 0, 0
+	for {
+		i := bytes.IndexByte(buf[start:stop], '\n')
+		if i < 0 {
+			if start > 0 {
+				copy(buf, buf[start:stop])
+				stop -= start
+				start = 0
+			}
+			if stop == len(buf) {
+				buf = append(buf, make([]byte, len(buf))...)
+			}
+			m, err := stdout.Read(buf[stop:])
+			stop += m
+			if err != nil {
+				return n, errors.New("bench: floor: stream ended before agent_end")
+			}
+			continue
+		}
+		line := buf[start : start+i]
+		start += i + 1
+		if bytes.HasPrefix(line, update) {
+			n++
+		} else if bytes.HasPrefix(line, end) {
+			return n, nil
+		}
+	}
+}

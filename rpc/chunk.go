@@ -1,0 +1,148 @@
+package rpc
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+const (
+	// chunkPayloadMax is omp's chunk payload size (256 KiB of decoded bytes).
+	chunkPayloadMax = 256 << 10
+	// defaultFrameMax / defaultReassembledMax are omp 18.2.3's limits, used
+	// until a ready frame announces others.
+	defaultFrameMax       = 1 << 20
+	defaultReassembledMax = 64 << 20
+	maxChunkIDLen         = 128
+)
+
+// chunkFrame is one omp protocol v2 rpc_chunk frame.
+type chunkFrame struct {
+	ChunkID    *string `json:"chunkId"`
+	Index      *int64  `json:"index"`
+	Count      *int64  `json:"count"`
+	ByteLength *int64  `json:"byteLength"`
+	Data       *string `json:"data"`
+}
+
+// reassembler rebuilds one logical frame from consecutive rpc_chunk frames,
+// strictly: index order, a constant id, count and length, canonical base64,
+// the declared byte length exactly, valid UTF-8 and one JSON object. Any
+// deviation is an error and drops the sequence. Not safe for concurrent use.
+type reassembler struct {
+	frameMax, reassembledMax int64
+
+	id         string
+	count      int64
+	byteLength int64
+	next       int64
+	buf        []byte
+	active     bool
+}
+
+func newReassembler() *reassembler {
+	return &reassembler{frameMax: defaultFrameMax, reassembledMax: defaultReassembledMax}
+}
+
+// pending reports whether a chunk sequence is under way; any other frame
+// arriving now interrupts it.
+func (r *reassembler) pending() bool { return r.active }
+
+// reset drops a sequence in progress.
+func (r *reassembler) reset() {
+	r.active = false
+	r.buf = nil
+	r.id = ""
+	r.next = 0
+}
+
+// push adds one rpc_chunk frame (the whole JSON line). It returns the
+// reassembled frame when the sequence completes, nil while it continues.
+func (r *reassembler) push(line []byte) ([]byte, error) {
+	out, err := r.pushChunk(line)
+	if err != nil {
+		r.reset()
+	}
+	return out, err
+}
+
+func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
+	var c chunkFrame
+	if err := json.Unmarshal(line, &c); err != nil {
+		return nil, fmt.Errorf("invalid rpc_chunk frame: %w", err)
+	}
+	if c.ChunkID == nil || c.Index == nil || c.Count == nil || c.ByteLength == nil || c.Data == nil {
+		return nil, errors.New("rpc_chunk frame lacks a required field")
+	}
+	id, index, count, byteLength := *c.ChunkID, *c.Index, *c.Count, *c.ByteLength
+	maxCount := (r.reassembledMax + chunkPayloadMax - 1) / chunkPayloadMax
+	switch {
+	case id == "" || len(id) > maxChunkIDLen:
+		return nil, errors.New("invalid rpc_chunk id")
+	case count < 2 || count > maxCount:
+		return nil, fmt.Errorf("invalid rpc_chunk count %d", count)
+	case index < 0 || index >= count:
+		return nil, fmt.Errorf("invalid rpc_chunk index %d of %d", index, count)
+	case byteLength < r.frameMax || byteLength > r.reassembledMax:
+		return nil, fmt.Errorf("invalid rpc_chunk byteLength %d", byteLength)
+	}
+	data, err := decodeCanonicalBase64(*c.Data)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > chunkPayloadMax {
+		return nil, fmt.Errorf("rpc_chunk payload of %d bytes exceeds %d", len(data), chunkPayloadMax)
+	}
+	if !r.active {
+		if index != 0 {
+			return nil, fmt.Errorf("rpc_chunk sequence starts at index %d, not 0", index)
+		}
+		r.active = true
+		r.id, r.count, r.byteLength, r.next = id, count, byteLength, 0
+		r.buf = make([]byte, 0, min(byteLength, count*chunkPayloadMax))
+	}
+	if id != r.id || count != r.count || byteLength != r.byteLength || index != r.next {
+		return nil, errors.New("rpc_chunk sequence mismatch (id, count, length or order)")
+	}
+	if int64(len(r.buf))+int64(len(data)) > r.byteLength {
+		return nil, errors.New("rpc_chunk sequence exceeds its declared byteLength")
+	}
+	r.buf = append(r.buf, data...)
+	r.next++
+	if r.next < r.count {
+		return nil, nil
+	}
+	out := r.buf
+	r.reset()
+	if int64(len(out)) != byteLength {
+		return nil, fmt.Errorf("rpc_chunk sequence holds %d bytes, declared %d", len(out), byteLength)
+	}
+	if !utf8.Valid(out) {
+		return nil, errors.New("reassembled rpc frame is not valid UTF-8")
+	}
+	return out, nil
+}
+
+// decodeCanonicalBase64 accepts only the one canonical standard encoding of
+// some bytes: alphabet characters, correct padding, zero pad bits, no
+// whitespace.
+func decodeCanonicalBase64(s string) ([]byte, error) {
+	if s == "" || len(s)%4 != 0 {
+		return nil, errors.New("rpc_chunk data is not canonical base64")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' ||
+			(c == '=' && i >= len(s)-2)
+		if !ok {
+			return nil, errors.New("rpc_chunk data is not canonical base64")
+		}
+	}
+	b, err := base64.StdEncoding.Strict().DecodeString(s)
+	if err != nil {
+		return nil, errors.New("rpc_chunk data is not canonical base64")
+	}
+	return b, nil
+}

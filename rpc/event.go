@@ -1,0 +1,67 @@
+package rpc
+
+import (
+	"encoding/json"
+)
+
+// Event is one frame from the agent that is not a response: an agent event,
+// a host-tool or UI request, or a frame type this client does not know.
+// Unknown types are delivered like any other, never as errors.
+//
+// An Event is immutable: Raw returns a copy, Decode fills a fresh value, so
+// a listener cannot change what other listeners or a retained Turn see.
+type Event struct {
+	Type string
+	raw  []byte
+}
+
+// NewEvent builds an Event from one JSON frame (for tests and fakes). The
+// frame is copied.
+func NewEvent(typ string, frame []byte) Event {
+	return Event{Type: typ, raw: append([]byte(nil), frame...)}
+}
+
+// Raw returns a copy of the event's JSON frame.
+func (e Event) Raw() json.RawMessage { return append(json.RawMessage(nil), e.raw...) }
+
+// Len is the size of the event's JSON frame in bytes.
+func (e Event) Len() int { return len(e.raw) }
+
+// Decode unmarshals the frame into v, typically one of the *Event structs.
+func (e Event) Decode(v any) error { return json.Unmarshal(e.raw, v) }
+
+// MarshalJSON writes the frame itself.
+func (e Event) MarshalJSON() ([]byte, error) {
+	if len(e.raw) == 0 {
+		return []byte("null"), nil
+	}
+	return e.raw, nil
+}
+
+// knownTypes interns frame types so the hot path allocates no string for
+// them. Unknown types are allocated once per frame.
+var knownTypes = func() map[string]string {
+	m := map[string]string{}
+	for _, t := range []string{
+		"response", "ready", "rpc_chunk", "prompt_result",
+		"agent_start", "agent_end", "turn_start", "turn_end",
+		"message_start", "message_update", "message_end",
+		"tool_execution_start", "tool_execution_update", "tool_execution_end",
+		"auto_retry_start", "auto_retry_end", "extension_error", "extension_ui_request",
+		"auto_compaction_start", "auto_compaction_end", "compaction_start", "compaction_end",
+		"notice", "model_changed", "thinking_level_changed", "queue_update", "session_info_changed",
+		"host_tool_call", "host_tool_cancel", "host_uri_request", "host_uri_cancel",
+		"available_commands_update", "advisor_cost_changed", "todo_reminder", "todo_auto_clear",
+		"retry_fallback_applied", "retry_fallback_succeeded", "ttsr_triggered",
+	} {
+		m[t] = t
+	}
+	return m
+}()
+
+func internType(b []byte) string {
+	if s, ok := knownTypes[string(b)]; ok {
+		return s
+	}
+	return string(b)
+}

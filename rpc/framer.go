@@ -1,0 +1,156 @@
+package rpc
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+)
+
+const (
+	// DefaultMaxLineBytes is the default cap on one line read from an agent.
+	// omp's protocol v2 reassembles frames up to 64 MiB; pi writes single lines
+	// of any length.
+	DefaultMaxLineBytes = 64 << 20
+
+	framerInitialBuf = 64 << 10
+	// framerShrinkAbove: a buffer grown past this for one long line is
+	// released once that line is consumed, so one big frame does not pin
+	// memory for the rest of the session.
+	framerShrinkAbove = 1 << 20
+)
+
+// LineTooLongError reports a line longer than the framer's cap. The line was
+// skipped without being held in memory; reading goes on after it.
+type LineTooLongError struct {
+	Len int64 // bytes in the skipped line, without the LF
+	Max int   // the cap in force
+}
+
+func (e *LineTooLongError) Error() string {
+	return fmt.Sprintf("rpc: line of %d bytes exceeds the %d byte cap; skipped", e.Len, e.Max)
+}
+
+// Is lets callers match with errors.Is(err, ErrLineTooLong).
+func (e *LineTooLongError) Is(target error) bool { return target == ErrLineTooLong }
+
+// framer splits a byte stream into LF-terminated lines. It never splits on
+// anything but LF (U+2028/U+2029 are data), drops a trailing CR, skips empty
+// lines, and holds at most max bytes of one line in memory.
+//
+// The returned line aliases the framer's buffer and is valid until the next
+// call. framer is not safe for concurrent use.
+type framer struct {
+	r          io.Reader
+	buf        []byte
+	start, end int // unread data is buf[start:end]
+	scanned    int // buf[start:start+scanned] is known to hold no LF
+	max        int
+	err        error // sticky read error, returned once the buffer is drained
+}
+
+func newFramer(r io.Reader, max int) *framer {
+	if max <= 0 {
+		max = DefaultMaxLineBytes
+	}
+	n := framerInitialBuf
+	if n > max+1 {
+		n = max + 1
+	}
+	return &framer{r: r, buf: make([]byte, n), max: max}
+}
+
+// next returns the next non-empty line. A line over the cap is consumed and
+// reported as a *LineTooLongError; the caller may call next again. At the end
+// of input it returns the reader's error (io.EOF for a clean end); a final
+// line without LF is still returned first.
+func (f *framer) next() ([]byte, error) {
+	for {
+		if i := bytes.IndexByte(f.buf[f.start+f.scanned:f.end], '\n'); i >= 0 {
+			lineEnd := f.start + f.scanned + i
+			line := f.buf[f.start:lineEnd]
+			f.start = lineEnd + 1
+			f.scanned = 0
+			if n := len(line); n > 0 && line[n-1] == '\r' {
+				line = line[:n-1]
+			}
+			if len(line) == 0 {
+				continue
+			}
+			return line, nil
+		}
+		f.scanned = f.end - f.start
+		if f.err != nil {
+			if f.end-f.start > f.max {
+				return nil, f.skipLong()
+			}
+			if f.end > f.start {
+				line := f.buf[f.start:f.end]
+				f.start, f.end, f.scanned = 0, 0, 0
+				if n := len(line); n > 0 && line[n-1] == '\r' {
+					line = line[:n-1]
+				}
+				if len(line) > 0 {
+					return line, nil
+				}
+			}
+			return nil, f.err
+		}
+		if f.end-f.start > f.max {
+			return nil, f.skipLong()
+		}
+		f.fill()
+	}
+}
+
+// fill reads more data, making room first: compact, shrink after a long
+// line, or grow up to max+1 bytes.
+func (f *framer) fill() {
+	if f.start > 0 && (f.end == len(f.buf) || f.start == f.end) {
+		if f.start == f.end && len(f.buf) > framerShrinkAbove {
+			f.buf = make([]byte, framerInitialBuf)
+		} else {
+			copy(f.buf, f.buf[f.start:f.end])
+		}
+		f.end -= f.start
+		f.start = 0
+	}
+	if f.end == len(f.buf) {
+		n := len(f.buf) * 2
+		if n > f.max+1 {
+			n = f.max + 1
+		}
+		nb := make([]byte, n)
+		copy(nb, f.buf[:f.end])
+		f.buf = nb
+	}
+	n, err := f.r.Read(f.buf[f.end:])
+	f.end += n
+	if err != nil {
+		f.err = err
+	}
+}
+
+// skipLong discards the rest of a line that is over the cap, reading until
+// its LF (or the end of input) without keeping it.
+func (f *framer) skipLong() error {
+	skipped := int64(f.end - f.start)
+	f.start, f.end, f.scanned = 0, 0, 0
+	if len(f.buf) > framerShrinkAbove {
+		f.buf = make([]byte, framerInitialBuf)
+	}
+	for {
+		if f.err != nil {
+			return &LineTooLongError{Len: skipped, Max: f.max}
+		}
+		n, err := f.r.Read(f.buf)
+		if err != nil {
+			f.err = err
+		}
+		if i := bytes.IndexByte(f.buf[:n], '\n'); i >= 0 {
+			skipped += int64(i)
+			f.start, f.end = i+1, n
+			return &LineTooLongError{Len: skipped, Max: f.max}
+		}
+		skipped += int64(n)
+	}
+}

@@ -1,0 +1,171 @@
+package rpc
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func readAll(t testing.TB, r io.Reader, max int) (lines []string, tooLong []int64) {
+	f := newFramer(r, max)
+	for {
+		line, err := f.next()
+		var tl *LineTooLongError
+		switch {
+		case errors.As(err, &tl):
+			tooLong = append(tooLong, tl.Len)
+		case errors.Is(err, io.EOF):
+			return lines, tooLong
+		case err != nil:
+			t.Fatalf("next: %v", err)
+		default:
+			lines = append(lines, string(line))
+		}
+	}
+}
+
+func TestFramer_Splitting(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"lf", "a\nb\n", []string{"a", "b"}},
+		{"crlf", "a\r\nb\r\n", []string{"a", "b"}},
+		{"no final lf", "a\nb", []string{"a", "b"}},
+		{"empty lines skipped", "\n\na\n\r\n\nb\n", []string{"a", "b"}},
+		{"u2028 is data", "{\"t\":\"x\u2028y\u2029z\"}\n", []string{"{\"t\":\"x\u2028y\u2029z\"}"}},
+		{"lone cr is data", "a\rb\n", []string{"a\rb"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, r := range []io.Reader{strings.NewReader(tt.in), iotest.OneByteReader(strings.NewReader(tt.in))} {
+				got, tl := readAll(t, r, 1<<20)
+				if len(tl) != 0 || strings.Join(got, "|") != strings.Join(tt.want, "|") {
+					t.Fatalf("got %q (too long %v), want %q", got, tl, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestFramer_LongLines(t *testing.T) {
+	big := strings.Repeat("x", 3<<20)
+	in := "a\n" + big + "\nb\n" + strings.Repeat("y", 100) + "\n"
+	// Within the cap: the 3 MiB line comes through whole.
+	got, tl := readAll(t, strings.NewReader(in), 4<<20)
+	if len(tl) != 0 || len(got) != 4 || got[1] != big {
+		t.Fatalf("4 MiB cap: got %d lines, too long %v", len(got), tl)
+	}
+	// Over the cap: reported with its length, skipped, reading goes on.
+	got, tl = readAll(t, iotest.HalfReader(strings.NewReader(in)), 1<<20)
+	if len(tl) != 1 || tl[0] != int64(len(big)) {
+		t.Fatalf("too long = %v, want [%d]", tl, len(big))
+	}
+	if strings.Join(got, "|") != "a|b|"+strings.Repeat("y", 100) {
+		t.Fatalf("lines after the long one: %q", got)
+	}
+	// A long final line without LF is reported too.
+	_, tl = readAll(t, strings.NewReader("a\n"+big), 1<<20)
+	if len(tl) != 1 || tl[0] != int64(len(big)) {
+		t.Fatalf("unterminated long line: too long = %v", tl)
+	}
+}
+
+// TestFramer_ExactCap: a line of exactly max bytes passes, max+1 does not.
+func TestFramer_ExactCap(t *testing.T) {
+	const max = 1000
+	ok := strings.Repeat("a", max)
+	over := strings.Repeat("b", max+1)
+	got, tl := readAll(t, strings.NewReader(ok+"\n"+over+"\nc\n"), max)
+	if len(got) != 2 || got[0] != ok || got[1] != "c" || len(tl) != 1 || tl[0] != max+1 {
+		t.Fatalf("got %d lines, too long %v", len(got), tl)
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+func TestFramer_ReadError(t *testing.T) {
+	boom := errors.New("boom")
+	f := newFramer(io.MultiReader(strings.NewReader("a\nb"), errReader{boom}), 0)
+	var lines []string
+	for {
+		l, err := f.next()
+		if err != nil {
+			if !errors.Is(err, boom) {
+				t.Fatalf("err = %v, want boom", err)
+			}
+			break
+		}
+		lines = append(lines, string(l))
+	}
+	if strings.Join(lines, "|") != "a|b" {
+		t.Fatalf("lines = %q", lines)
+	}
+}
+
+// FuzzFramer checks the framer against a plain reference split, for any
+// input and any read sizes.
+func FuzzFramer(f *testing.F) {
+	f.Add([]byte("{\"type\":\"agent_start\"}\n{\"type\":\"x\"}\r\n"), 3, 64)
+	f.Add([]byte("\n\n\r\n"), 1, 8)
+	f.Add([]byte("abc\u2028def\nghi"), 2, 4)
+	f.Add(bytes.Repeat([]byte("x"), 300), 7, 100)
+	f.Fuzz(func(t *testing.T, in []byte, chunk, max int) {
+		if chunk <= 0 || chunk > 1<<16 {
+			chunk = 1 + (chunk&0xff)%64
+		}
+		if max <= 0 || max > 1<<16 {
+			max = 1 + (max&0xffff)%512
+		}
+		var want []string
+		var wantLong []int64
+		for i, part := range bytes.Split(in, []byte("\n")) {
+			last := i == bytes.Count(in, []byte("\n"))
+			_ = last
+			raw := len(part)
+			if len(part) > 0 && part[len(part)-1] == '\r' {
+				part = part[:len(part)-1]
+			}
+			if raw > max {
+				wantLong = append(wantLong, int64(raw))
+				continue
+			}
+			if len(part) > 0 {
+				want = append(want, string(part))
+			}
+		}
+		got, gotLong := readAll(t, iotest.DataErrReader(&chunkReader{b: in, n: chunk}), max)
+		if strings.Join(got, "\n") != strings.Join(want, "\n") || len(got) != len(want) {
+			t.Fatalf("lines: got %q want %q", got, want)
+		}
+		if len(gotLong) != len(wantLong) {
+			t.Fatalf("too long: got %v want %v", gotLong, wantLong)
+		}
+		for i := range gotLong {
+			if gotLong[i] != wantLong[i] {
+				t.Fatalf("too long: got %v want %v", gotLong, wantLong)
+			}
+		}
+	})
+}
+
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(r.n, len(p), len(r.b))
+	copy(p, r.b[:n])
+	r.b = r.b[n:]
+	return n, nil
+}

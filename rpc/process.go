@@ -1,0 +1,134 @@
+package rpc
+
+import (
+	"context"
+
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+)
+
+// DefaultGrace is the default wait for an agent to exit on its own after
+// stdin closes, and between SIGTERM and SIGKILL.
+const DefaultGrace = time.Second
+
+// groupStarter is the built-in Starter: the agent leads its own process
+// group, and Stop signals that group. Descendants that leave the group
+// (setsid) are out of its reach; custody covers those.
+type groupStarter struct{ grace time.Duration }
+
+func (g groupStarter) Start(ctx context.Context, cmd *exec.Cmd) (Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	setProcessGroup(cmd)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	// os.Pipe (not cmd.StdoutPipe) so the read ends are ours to close and
+	// Wait does not wait on descendants that keep them open.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	if err := cmd.Start(); err != nil {
+		outR.Close()
+		outW.Close()
+		errR.Close()
+		errW.Close()
+		return nil, err
+	}
+	outW.Close()
+	errW.Close()
+	grace := g.grace
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	p := &groupProcess{cmd: cmd, stdin: stdin, stdout: outR, stderr: errR, exited: make(chan struct{}), grace: grace}
+	go p.wait() // ends when the leader exits; Stop waits for it
+	return p, nil
+}
+
+type groupProcess struct {
+	cmd            *exec.Cmd
+	stdin          io.WriteCloser
+	stdout, stderr *os.File
+	exited         chan struct{}
+	exitErr        error
+	grace          time.Duration
+	stopOnce       sync.Once
+	stopErr        error
+	outOnce        sync.Once
+}
+
+func (p *groupProcess) wait() {
+	p.exitErr = p.cmd.Wait()
+	close(p.exited)
+}
+
+func (p *groupProcess) Stdin() io.WriteCloser   { return p.stdin }
+func (p *groupProcess) Stdout() io.Reader       { return p.stdout }
+func (p *groupProcess) Stderr() io.Reader       { return p.stderr }
+func (p *groupProcess) Exited() <-chan struct{} { return p.exited }
+func (p *groupProcess) ExitErr() error {
+	select {
+	case <-p.exited:
+		return p.exitErr
+	default:
+		return nil
+	}
+}
+
+func (p *groupProcess) CloseOutput() {
+	p.outOnce.Do(func() {
+		p.stdout.Close()
+		p.stderr.Close()
+	})
+}
+
+// Stop: stdin closed, grace, SIGTERM to the group, grace, SIGKILL to the
+// group, then wait (bounded by ctx) for the leader to be reaped.
+func (p *groupProcess) Stop(ctx context.Context) error {
+	p.stopOnce.Do(func() {
+		_ = p.stdin.Close()
+		if p.waitFor(ctx, p.grace) {
+			signalGroup(p.cmd, sigTerm) // stray group members
+			return
+		}
+		signalGroup(p.cmd, sigTerm)
+		if p.waitFor(ctx, p.grace) {
+			return
+		}
+		signalGroup(p.cmd, sigKill)
+		select {
+		case <-p.exited:
+		case <-ctx.Done():
+			p.stopErr = fmt.Errorf("rpc: agent pid %d did not exit after SIGKILL: %w", p.cmd.Process.Pid, ctx.Err())
+		}
+	})
+	return p.stopErr
+}
+
+func (p *groupProcess) waitFor(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}

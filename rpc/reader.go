@@ -1,0 +1,366 @@
+package rpc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+)
+
+// readLoop is the only reader of the agent's stdout. It never blocks on a
+// listener: events go to a bounded queue, responses straight to waiters.
+func (c *Client) readLoop() {
+	defer c.readerWG.Done()
+	fr := newFramer(c.r, c.opts.MaxLineBytes)
+	first := true
+	for {
+		line, err := fr.next()
+		if err != nil {
+			var tl *LineTooLongError
+			if errors.As(err, &tl) {
+				c.reportError(&ProtocolError{Op: "frame", Err: err})
+				if first {
+					c.firstOnce.Do(func() { c.firstFrame <- fmt.Errorf("rpc: start: first frame: %w", err) })
+					first = false
+				}
+				continue
+			}
+			c.endTransport(err)
+			return
+		}
+		if first {
+			first = false
+			if _, serr := scanFrame(line); serr != nil {
+				err := fmt.Errorf("rpc: start: the agent's first frame is not a JSON object (%v): %q", serr, quoteFrame(line))
+				c.firstOnce.Do(func() { c.firstFrame <- err })
+				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: serr})
+				continue
+			}
+			c.firstOnce.Do(func() { c.firstFrame <- nil })
+		}
+		c.handleLine(line)
+	}
+}
+
+// handleLine processes one complete frame. line aliases the framer's buffer.
+func (c *Client) handleLine(line []byte) {
+	h, err := scanFrame(line)
+	if err != nil {
+		c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+		return
+	}
+	typ := internType(h.typ)
+	if h.typEsc {
+		typ = headString(h.typ, true)
+	}
+	if typ == "rpc_chunk" {
+		c.handleChunk(line)
+		return
+	}
+	if c.reasm.pending() {
+		c.reasm.reset()
+		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk sequence interrupted by another frame; the chunked frame is lost")})
+	}
+	c.handleFrame(typ, h, line)
+}
+
+func (c *Client) handleChunk(line []byte) {
+	whole, err := c.reasm.push(line)
+	if err != nil {
+		c.reportError(&ProtocolError{Op: "chunk", Err: err})
+		return
+	}
+	if whole == nil {
+		return
+	}
+	h, err := scanFrame(whole)
+	if err != nil {
+		c.reportError(&ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)})
+		return
+	}
+	typ := headString(h.typ, h.typEsc)
+	if typ == "rpc_chunk" {
+		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("reassembled frame is itself a chunk")})
+		return
+	}
+	c.handleFrame(typ, h, whole)
+}
+
+func (c *Client) handleFrame(typ string, h frameHead, line []byte) {
+	switch typ {
+	case "response":
+		c.handleResponse(line)
+		if c.hasListeners() {
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: slices.Clone(line)}})
+		}
+		return
+	case "ready":
+		c.handleReady(line)
+	case "host_tool_call":
+		c.handleHostToolCall(line)
+	case "host_tool_cancel":
+		c.handleCancel(line, c.toolCancel)
+	case "extension_ui_request":
+		c.handleUIRequest(line)
+	}
+	ev := Event{Type: typ}
+	c.trackTurn(typ, line, &ev)
+	if c.hasListeners() {
+		if ev.raw == nil {
+			ev.raw = slices.Clone(line)
+		}
+		c.enqueue(dispatchItem{ev: ev})
+	}
+}
+
+// enqueue hands an item to the dispatcher. When the backlog is full the
+// reader waits for room, but at most Options.StallTimeout: listeners that
+// make no progress for that long are an overflow, which fails the turn and
+// retires the transport. The reader never waits unbounded.
+func (c *Client) enqueue(it dispatchItem) {
+	select {
+	case c.events <- it:
+		return
+	default:
+	}
+	t := time.NewTimer(c.opts.StallTimeout)
+	defer t.Stop()
+	select {
+	case c.events <- it:
+		return
+	case <-c.quit:
+		return
+	case <-t.C:
+	}
+	err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
+	c.mu.Lock()
+	c.errs = append(c.errs, err)
+	c.mu.Unlock()
+	c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
+	c.failTurn(err)
+	c.retire(err)
+	// Retire the agent too: with stdin closed it exits, and reading ends.
+	_ = c.w.Close()
+}
+
+// dispatchLoop runs listeners, one item at a time, until the client ends.
+func (c *Client) dispatchLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case it := <-c.events:
+			c.dispatch(it)
+		case <-c.quit:
+			return
+		}
+	}
+}
+
+func (c *Client) dispatch(it dispatchItem) {
+	c.lmu.RLock()
+	var ls []*listener
+	if it.err == nil {
+		ls = append(ls, c.listeners[it.ev.Type]...)
+		ls = append(ls, c.all...)
+	}
+	els := c.errLs
+	c.lmu.RUnlock()
+	if it.err != nil {
+		for _, l := range els {
+			c.safeCallErr(l.fn, it.err)
+		}
+		return
+	}
+	for _, l := range ls {
+		if perr := c.safeCall(l.fn, it.ev); perr != nil {
+			c.mu.Lock()
+			c.errs = append(c.errs, perr)
+			c.mu.Unlock()
+			c.log.Error("rpc: event listener panicked", "type", it.ev.Type)
+			for _, el := range els {
+				c.safeCallErr(el.fn, perr)
+			}
+		}
+	}
+}
+
+// ListenerPanicError reports a listener that panicked; the client recovered.
+type ListenerPanicError struct {
+	EventType string
+	Value     any
+}
+
+func (e *ListenerPanicError) Error() string {
+	return fmt.Sprintf("rpc: listener for %q panicked: %v", e.EventType, e.Value)
+}
+
+func (c *Client) safeCall(fn func(Event), ev Event) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &ListenerPanicError{EventType: ev.Type, Value: v}
+		}
+	}()
+	fn(ev)
+	return nil
+}
+
+func (c *Client) safeCallErr(fn func(error), e error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("rpc: error listener panicked")
+		}
+	}()
+	fn(e)
+}
+
+func (c *Client) handleResponse(line []byte) {
+	var r Response
+	if err := json.Unmarshal(line, &r); err != nil {
+		c.reportError(&ProtocolError{Op: "response", Frame: quoteFrame(line), Err: err})
+		return
+	}
+	c.mu.Lock()
+	if r.ID != "" {
+		if p, ok := c.pending[r.ID]; ok {
+			delete(c.pending, r.ID)
+			c.removeFromCommandLocked(p)
+			c.mu.Unlock()
+			p.ch <- &r
+			return
+		}
+		if _, ok := c.abandoned[r.ID]; ok {
+			c.dropTombstoneLocked(r.ID)
+			c.mu.Unlock()
+			c.log.Debug("rpc: dropped a reply to an abandoned request", "command", r.Command)
+			return
+		}
+		t := c.turn
+		if t != nil && slices.Contains(t.promptIDs, r.ID) {
+			c.mu.Unlock()
+			if !r.Success {
+				c.failTurn(fmt.Errorf("%w: %w", ErrPromptFailed, r.err(true)))
+			}
+			return
+		}
+		c.mu.Unlock()
+		c.reportError(&ProtocolError{Op: "response", Err: fmt.Errorf("response to unknown request (command %q)", r.Command)})
+		return
+	}
+	// No id: the agent could not read the id (unknown command, parse
+	// error). Match the oldest pending request of that command.
+	key := r.Command
+	q := c.byCommand[key]
+	if len(q) == 0 && (key == "parse" || key == "") {
+		key = rawCommandKey
+		q = c.byCommand[key]
+	}
+	if len(q) == 0 {
+		c.mu.Unlock()
+		c.reportError(&ProtocolError{Op: "response", Err: fmt.Errorf("id-less response matches no pending request (command %q): %s", r.Command, r.Error)})
+		return
+	}
+	p := q[0]
+	c.removeFromCommandLocked(p)
+	if p.dead {
+		c.mu.Unlock()
+		return // the late answer to a timed-out request: dropped
+	}
+	delete(c.pending, p.id)
+	c.mu.Unlock()
+	p.ch <- &r
+}
+
+func (c *Client) dropTombstoneLocked(id string) {
+	for cmd, q := range c.byCommand {
+		for _, p := range q {
+			if p.id == id {
+				c.removeFromCommandLocked(p)
+				_ = cmd
+				return
+			}
+		}
+	}
+}
+
+func (c *Client) handleReady(line []byte) {
+	var r ReadyEvent
+	if err := json.Unmarshal(line, &r); err != nil {
+		c.reportError(&ProtocolError{Op: "ready", Err: err})
+		return
+	}
+	c.mu.Lock()
+	c.ready = &r
+	if r.MaxFrameBytes > 0 {
+		c.reasm.frameMax = r.MaxFrameBytes
+	}
+	if r.MaxReassembledFrameBytes > 0 {
+		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
+	}
+	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	if wantV2 {
+		c.negotiate = true
+	}
+	c.mu.Unlock()
+	if !wantV2 {
+		return
+	}
+	// Never write from the reader: the agent may be blocked writing to us.
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer close(c.negotiated)
+		ctx, cancel := c.lifetimeCtx()
+		defer cancel()
+		resp, err := c.Request(ctx, "negotiate_protocol", map[string]int{"protocolVersion": 2})
+		if err != nil {
+			c.log.Warn("rpc: protocol v2 negotiation failed; staying on v1", "err", err)
+			return
+		}
+		var d struct {
+			ProtocolVersion int `json:"protocolVersion"`
+		}
+		_ = json.Unmarshal(resp.Data, &d)
+		c.mu.Lock()
+		c.v2 = d.ProtocolVersion == 2 || len(resp.Data) == 0
+		c.mu.Unlock()
+	}()
+}
+
+// endTransport records why reading ended and fails everything waiting.
+func (c *Client) endTransport(readErr error) {
+	var cause error
+	if c.proc != nil {
+		cause = c.proc.waitExit(exitStatusWait)
+	}
+	if cause == nil && readErr != nil && !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrClosed) {
+		cause = readErr
+	}
+	c.retire(&ExitError{Cause: cause, Stderr: c.Stderr()})
+}
+
+// retire ends the transport once: every waiter gets err at once.
+func (c *Client) retire(err error) {
+	c.mu.Lock()
+	if c.exitErr != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.exitErr = err
+	pend := c.pending
+	c.pending = map[string]*pendingCall{}
+	c.byCommand = map[string][]*pendingCall{}
+	for _, cancel := range c.toolCancel {
+		cancel()
+	}
+	for _, cancel := range c.uiCancel {
+		cancel()
+	}
+	c.mu.Unlock()
+	_ = pend // waiters see done and return transportErr
+	c.failTurn(err)
+	close(c.done)
+	c.firstOnce.Do(func() { c.firstFrame <- err })
+}

@@ -1,0 +1,344 @@
+package rpc
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+)
+
+// maxJSONDepth bounds nesting so a hostile frame cannot exhaust the stack.
+const maxJSONDepth = 10000
+
+// SyntaxError reports a frame that is not a single valid JSON object.
+type SyntaxError struct {
+	Offset int    // byte offset of the problem
+	Msg    string // what was wrong
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("rpc: invalid JSON frame at byte %d: %s", e.Offset, e.Msg)
+}
+
+// frameHead is what the reader needs from every frame without decoding it:
+// the top-level "type" and "id" strings.
+type frameHead struct {
+	typ []byte // raw string contents (unescaped only when hasEsc is false)
+	id  []byte
+	// typEsc/idEsc: the value had escapes and must be decoded before use.
+	typEsc, idEsc bool
+	hasID         bool
+}
+
+// scanFrame validates that b is exactly one JSON object and extracts its
+// top-level "type" and "id" strings. It allocates nothing on valid input.
+// It validates structure and string escapes as encoding/json does (invalid
+// UTF-8 inside strings is accepted, as encoding/json accepts it).
+func scanFrame(b []byte) (frameHead, error) {
+	var h frameHead
+	s := scanner{b: b}
+	s.ws()
+	if s.i >= len(b) || b[s.i] != '{' {
+		if s.i >= len(b) {
+			return h, s.fail("empty frame")
+		}
+		return h, s.fail("frame is not a JSON object")
+	}
+	s.i++
+	s.ws()
+	if s.i < len(b) && b[s.i] == '}' {
+		s.i++
+	} else {
+		for {
+			s.ws()
+			ks, ke, _, err := s.str()
+			if err != nil {
+				return h, err
+			}
+			s.ws()
+			if s.i >= len(b) || b[s.i] != ':' {
+				return h, s.fail("expected ':' after object key")
+			}
+			s.i++
+			s.ws()
+			key := b[ks:ke]
+			isType := string(key) == "type"
+			isID := !isType && string(key) == "id"
+			if (isType || isID) && s.i < len(b) && b[s.i] == '"' {
+				vs, ve, esc, err := s.str()
+				if err != nil {
+					return h, err
+				}
+				if isType {
+					h.typ, h.typEsc = b[vs:ve], esc
+				} else {
+					h.id, h.idEsc, h.hasID = b[vs:ve], esc, true
+				}
+			} else if err := s.value(1); err != nil {
+				return h, err
+			}
+			s.ws()
+			if s.i >= len(b) {
+				return h, s.fail("unexpected end of object")
+			}
+			if b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if b[s.i] == '}' {
+				s.i++
+				break
+			}
+			return h, s.fail("expected ',' or '}' in object")
+		}
+	}
+	s.ws()
+	if s.i != len(b) {
+		return h, s.fail("data after the JSON object")
+	}
+	return h, nil
+}
+
+// headString returns the frame's string value, decoding escapes if needed.
+func headString(raw []byte, esc bool) string {
+	if !esc {
+		return string(raw)
+	}
+	q := make([]byte, 0, len(raw)+2)
+	q = append(append(append(q, '"'), raw...), '"')
+	var out string
+	if json.Unmarshal(q, &out) != nil {
+		return string(raw)
+	}
+	return out
+}
+
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) fail(msg string) error { return &SyntaxError{Offset: s.i, Msg: msg} }
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) value(depth int) error {
+	if depth > maxJSONDepth {
+		return s.fail("nesting too deep")
+	}
+	if s.i >= len(s.b) {
+		return s.fail("unexpected end of input")
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		_, _, _, err := s.str()
+		return err
+	case c == '{':
+		s.i++
+		s.ws()
+		if s.i < len(s.b) && s.b[s.i] == '}' {
+			s.i++
+			return nil
+		}
+		for {
+			s.ws()
+			if _, _, _, err := s.str(); err != nil {
+				return err
+			}
+			s.ws()
+			if s.i >= len(s.b) || s.b[s.i] != ':' {
+				return s.fail("expected ':' after object key")
+			}
+			s.i++
+			s.ws()
+			if err := s.value(depth + 1); err != nil {
+				return err
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return s.fail("unexpected end of object")
+			}
+			if s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.b[s.i] == '}' {
+				s.i++
+				return nil
+			}
+			return s.fail("expected ',' or '}' in object")
+		}
+	case c == '[':
+		s.i++
+		s.ws()
+		if s.i < len(s.b) && s.b[s.i] == ']' {
+			s.i++
+			return nil
+		}
+		for {
+			s.ws()
+			if err := s.value(depth + 1); err != nil {
+				return err
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return s.fail("unexpected end of array")
+			}
+			if s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			if s.b[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			return s.fail("expected ',' or ']' in array")
+		}
+	case c == 't':
+		return s.lit("true")
+	case c == 'f':
+		return s.lit("false")
+	case c == 'n':
+		return s.lit("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.num()
+	default:
+		return s.fail("unexpected character")
+	}
+}
+
+func (s *scanner) lit(w string) error {
+	if len(s.b)-s.i < len(w) || string(s.b[s.i:s.i+len(w)]) != w {
+		return s.fail("invalid literal")
+	}
+	s.i += len(w)
+	return nil
+}
+
+func (s *scanner) num() error {
+	b := s.b
+	i := s.i
+	if b[i] == '-' {
+		i++
+	}
+	if i >= len(b) {
+		s.i = i
+		return s.fail("invalid number")
+	}
+	if b[i] == '0' {
+		i++
+	} else if b[i] >= '1' && b[i] <= '9' {
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	} else {
+		s.i = i
+		return s.fail("invalid number")
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		st := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == st {
+			s.i = i
+			return s.fail("invalid number")
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		st := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == st {
+			s.i = i
+			return s.fail("invalid number")
+		}
+	}
+	s.i = i
+	return nil
+}
+
+const (
+	lo8 = 0x0101010101010101
+	hi8 = 0x8080808080808080
+)
+
+// str scans a string starting at s.i (which must be '"') and returns the
+// bounds of its contents. Eight bytes at a time where no quote, backslash or
+// control byte is present.
+func (s *scanner) str() (start, end int, esc bool, err error) {
+	b := s.b
+	if s.i >= len(b) || b[s.i] != '"' {
+		return 0, 0, false, s.fail("expected string")
+	}
+	i := s.i + 1
+	start = i
+	for {
+		for i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			q := x ^ (lo8 * '"')
+			bs := x ^ (lo8 * '\\')
+			t := ((x - lo8*0x20) & ^x) | ((q - lo8) & ^q) | ((bs - lo8) & ^bs)
+			if t&hi8 != 0 {
+				break
+			}
+			i += 8
+		}
+		if i >= len(b) {
+			s.i = i
+			return 0, 0, false, s.fail("unterminated string")
+		}
+		switch c := b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return start, i, esc, nil
+		case c == '\\':
+			esc = true
+			if i+1 >= len(b) {
+				s.i = i
+				return 0, 0, false, s.fail("unterminated string")
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+					s.i = i
+					return 0, 0, false, s.fail("invalid \\u escape")
+				}
+				i += 6
+			default:
+				s.i = i
+				return 0, 0, false, s.fail("invalid escape")
+			}
+		case c < 0x20:
+			s.i = i
+			return 0, 0, false, s.fail("control character in string")
+		default:
+			i++
+		}
+	}
+}
+
+func isHex4(b []byte) bool {
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,230 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Spec describes an agent to spawn in RPC mode. Argv is the program and its
+// leading arguments (e.g. bun and omp's cli.js); the other fields become
+// flags both omp and pi understand. The agent is never run through a shell.
+type Spec struct {
+	Argv               []string
+	Mode               string // default "rpc"; omp also has "rpc-ui"
+	Model              string // "provider/model"
+	Thinking           string
+	AppendSystemPrompt string
+	Tools              []string // allowlist; nil means the agent's default
+	NoSession          bool
+	SessionDir         string
+	Extensions         []string // loaded with -e
+	ExtraArgs          []string
+	// Dir is the agent's working directory (its workspace).
+	Dir string
+	// Env is the agent's whole environment; nil inherits the host's.
+	Env []string
+	// Verbatim runs Argv exactly as given, adding no flags: for agents
+	// other than omp and pi that speak the same protocol.
+	Verbatim bool
+}
+
+// Args returns the full argument vector, Argv first.
+func (s Spec) Args() []string {
+	args := append([]string(nil), s.Argv...)
+	if s.Verbatim {
+		return args
+	}
+	mode := s.Mode
+	if mode == "" {
+		mode = "rpc"
+	}
+	args = append(args, "--mode", mode)
+	if s.Model != "" {
+		args = append(args, "--model", s.Model)
+	}
+	if s.Thinking != "" {
+		args = append(args, "--thinking", s.Thinking)
+	}
+	if s.AppendSystemPrompt != "" {
+		args = append(args, "--append-system-prompt", s.AppendSystemPrompt)
+	}
+	if s.Tools != nil {
+		args = append(args, "--tools", strings.Join(s.Tools, ","))
+	}
+	if s.NoSession {
+		args = append(args, "--no-session")
+	}
+	if s.SessionDir != "" {
+		args = append(args, "--session-dir", s.SessionDir)
+	}
+	for _, e := range s.Extensions {
+		args = append(args, "-e", e)
+	}
+	return append(args, s.ExtraArgs...)
+}
+
+// Process is a started agent process as the client drives it. Custody
+// supplies a stronger implementation; the default puts the agent in its own
+// process group.
+type Process interface {
+	Stdin() io.WriteCloser
+	Stdout() io.Reader
+	Stderr() io.Reader
+	// Exited is closed once the process has exited and been reaped.
+	Exited() <-chan struct{}
+	// ExitErr is the exit status once Exited is closed (nil for status 0).
+	ExitErr() error
+	// Stop ends the process and what it started after stdin was closed:
+	// grace for a voluntary exit, then escalating signals. Idempotent.
+	Stop(ctx context.Context) error
+	// CloseOutput closes the host's read ends of stdout/stderr, so readers
+	// blocked on a pipe a descendant still holds return.
+	CloseOutput()
+}
+
+// Starter starts agent processes. Options for Spawn take one; nil means
+// the built-in process-group starter.
+type Starter interface {
+	Start(ctx context.Context, cmd *exec.Cmd) (Process, error)
+}
+
+// SpawnOptions configure Spawn.
+type SpawnOptions struct {
+	Options
+	// Starter starts the process; nil uses a process group per agent.
+	Starter Starter
+	// Grace is how long Close waits for the agent to exit on its own after
+	// stdin closes, and again between SIGTERM and SIGKILL (default 1 s).
+	Grace time.Duration
+}
+
+// exitStatusWait bounds how long the reader, at EOF, waits for the exit
+// status to put into the ExitError.
+const exitStatusWait = 500 * time.Millisecond
+
+// process is the client's view of an owned process.
+type process interface {
+	waitExit(d time.Duration) error
+}
+
+type ownedProcess struct {
+	p Process
+}
+
+func (o ownedProcess) waitExit(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-o.p.Exited():
+		return o.p.ExitErr()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Spawn starts the agent described by spec and a client over its stdio,
+// then Starts the client (ctx bounds start-up). On any failure the process
+// is stopped before Spawn returns.
+func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
+	if len(spec.Argv) == 0 {
+		return nil, errors.New("rpc: spawn: empty command")
+	}
+	args := spec.Args()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Dir = spec.Dir
+	cmd.Env = spec.Env
+	starter := opts.Starter
+	if starter == nil {
+		starter = groupStarter{grace: opts.Grace}
+	}
+	p, err := starter.Start(ctx, cmd)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: spawn %s: %w", args[0], err)
+	}
+	c := New(p.Stdout(), p.Stdin(), opts.Options)
+	c.attachProcess(p)
+	if err := c.Start(ctx); err != nil {
+		_ = c.Close()
+		if t := strings.TrimSpace(c.Stderr()); t != "" && !strings.Contains(err.Error(), "stderr:") {
+			return nil, fmt.Errorf("%w (stderr: %s)", err, trim(lastLine(t), 300))
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+func lastLine(s string) string {
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// attachProcess makes the client own p: stderr is drained into a bounded
+// tail, and Close stops p.
+func (c *Client) attachProcess(p Process) {
+	c.owned = p
+	c.proc = ownedProcess{p: p}
+	c.stder = newTailBuffer(DefaultStderrTail)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		_, _ = io.Copy(c.stder, p.Stderr())
+	}()
+}
+
+// Close ends the client: every waiter is released at once with an error,
+// stdin is closed, an owned process gets its grace period and is then
+// stopped with escalating signals, and every goroutine the client started
+// is joined. Close is idempotent and returns the same result each time.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.retire(&ExitError{Cause: ErrClosed, Stderr: ""})
+		// Close stdin without the write lock: a write blocked on a full
+		// pipe returns once the file is closed.
+		werr := c.w.Close()
+		if werr != nil && !errors.Is(werr, os.ErrClosed) {
+			c.log.Debug("rpc: closing stdin", "err", werr)
+		}
+		if c.owned != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c.closeErr = c.owned.Stop(ctx)
+			cancel()
+			// The leader is gone; a descendant may still hold stdout. Give
+			// the reader a moment to see EOF, then cut the pipe.
+			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+				c.owned.CloseOutput()
+			}
+		} else if rc, ok := c.r.(io.Closer); ok {
+			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+				_ = rc.Close()
+			}
+		}
+		c.readerWG.Wait()
+		close(c.quit)
+		c.wg.Wait()
+	})
+	return c.closeErr
+}
+
+func waitGroupTimeout(wg interface{ Wait() }, d time.Duration) bool {
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}

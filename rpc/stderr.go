@@ -1,0 +1,35 @@
+package rpc
+
+import "sync"
+
+// tailBuffer keeps the last n bytes written to it: the agent's stderr, for
+// diagnostics, without growing.
+type tailBuffer struct {
+	mu    sync.Mutex
+	buf   []byte
+	n     int
+	total int64
+}
+
+func newTailBuffer(n int) *tailBuffer { return &tailBuffer{n: n} }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.total += int64(len(p))
+	if len(p) >= t.n {
+		t.buf = append(t.buf[:0], p[len(p)-t.n:]...)
+		return len(p), nil
+	}
+	if over := len(t.buf) + len(p) - t.n; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	t.buf = append(t.buf, p...)
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}

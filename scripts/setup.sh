@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets up everything agenthost needs on a fresh Linux machine, idempotently:
+# the pinned agents (omp on Bun, pi on Node) from the npm registry into
+# .tools/ (git ignores its node_modules), and the agenthost binary in bin/.
+# Needs: go (1.26+), node (20+) and npm on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '==> %s\n' "$*"; }
+fail() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null || fail "go is not on PATH (Go 1.26 or newer is needed)"
+command -v node >/dev/null || fail "node is not on PATH (Node.js 20 or newer is needed for pi)"
+command -v npm >/dev/null || fail "npm is not on PATH"
+
+want_omp=$(node -p 'require("./.tools/package.json").dependencies["@oh-my-pi/pi-coding-agent"]')
+want_pi=$(node -p 'require("./.tools/package.json").dependencies["@mariozechner/pi-coding-agent"]')
+want_bun=$(node -p 'require("./.tools/package.json").dependencies["bun"]')
+
+have() { # installed version of an npm package in .tools, or nothing
+  node -p "try { require('./.tools/node_modules/$1/package.json').version } catch { '' }" 2>/dev/null
+}
+
+if [ "$(have @oh-my-pi/pi-coding-agent)" = "$want_omp" ] && [ "$(have @mariozechner/pi-coding-agent)" = "$want_pi" ] \
+  && [ "$(have bun)" = "$want_bun" ] && .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
+  step "agents already installed: omp $want_omp, pi $want_pi, bun $want_bun"
+else
+  step "installing omp $want_omp, pi $want_pi and bun $want_bun from the npm registry into .tools/ (about a minute)"
+  (cd .tools && npm ci --no-audit --no-fund --loglevel=error)
+  if ! .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
+    step "linking bun's platform binary"
+    (cd .tools/node_modules/bun && node install.js)
+  fi
+fi
+step "bun $(.tools/node_modules/.bin/bun --version), node $(node --version)"
+
+step "building bin/agenthost"
+mkdir -p bin
+go build -o bin/agenthost ./cmd/agenthost
+step "done: bin/agenthost doctor tells what is installed and whether each agent starts"
