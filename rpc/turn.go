@@ -43,6 +43,9 @@ type turnState struct {
 	done     chan struct{}
 	settled  bool
 	waiting  bool
+	// probing: a non-terminal agent_end was seen and get_state is being
+	// polled to learn whether the agent settled without a terminal one.
+	probing bool
 }
 
 // PromptOptions adjust a prompt.
@@ -262,6 +265,7 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 		if t.starts > 0 {
 			t.starts--
 		}
+		t.probing = false
 	case EventMessageEnd:
 		var m MessageEndEvent
 		if json.Unmarshal(line, &m) == nil {
@@ -280,8 +284,17 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 			IsTerminal *bool `json:"isTerminal"`
 		}
 		_ = json.Unmarshal(line, &e)
-		if (e.IsTerminal == nil || *e.IsTerminal) && t.starts == 0 {
-			settle = true
+		if t.starts == 0 {
+			if e.IsTerminal == nil || *e.IsTerminal {
+				settle = true
+			} else if !t.probing {
+				// omp marks an agent_end non-terminal when more may follow
+				// (auto-compaction), and has been seen to send no terminal
+				// one after it. Ask the agent whether it settled.
+				t.probing = true
+				c.wg.Add(1)
+				go c.probeSettled(t)
+			}
 		}
 	case EventPromptResult:
 		var e PromptResultEvent
@@ -293,6 +306,44 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 	c.mu.Unlock()
 	if settle {
 		c.settleTurn(t, nil)
+	}
+}
+
+// probeSettled polls get_state after a non-terminal agent_end until the
+// agent is idle with nothing queued (the turn settles), a new run starts, or
+// the turn ends otherwise. No event announces that state, hence the poll.
+func (c *Client) probeSettled(t *turnState) {
+	defer c.wg.Done()
+	ctx, cancel := c.lifetimeCtx()
+	defer cancel()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		c.mu.Lock()
+		live := t.probing && !t.settled
+		c.mu.Unlock()
+		if !live {
+			return
+		}
+		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := c.GetState(qctx)
+		qcancel()
+		if err == nil && !st.IsStreaming && !st.IsCompacting && st.Queued() == 0 {
+			c.mu.Lock()
+			still := t.probing
+			c.mu.Unlock()
+			if still {
+				c.settleTurn(t, nil)
+			}
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-t.done:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

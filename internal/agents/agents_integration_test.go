@@ -177,7 +177,6 @@ func runToolRoundTrip(t *testing.T, in *agents.Install, kind agents.Kind, api st
 		<-done
 		t.Errorf("%s did not exit within %v of stdin EOF", kind, exitTimeout)
 	}
-	t.Log(dumpReqs(sim.Requests()))
 	t.Logf("%s over %s: spawn → agent_end %v, stdin EOF → exit %v, %d model requests",
 		kind, api, turn.Round(time.Millisecond), time.Since(exitStart).Round(time.Millisecond), len(sim.Requests()))
 }

@@ -72,7 +72,7 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 	}
 	model := map[string]any{
 		"id": modelName, "name": "Scripted model (modelsim)", "reasoning": false, "input": []string{"text"},
-		"contextWindow": 128000, "maxTokens": 4096,
+		"contextWindow": 1000000, "maxTokens": 4096,
 		"cost": map[string]int{"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
 	}
 	provider := map[string]any{"baseUrl": modelURL, "api": api, "models": []any{model}}

@@ -13,14 +13,16 @@ import (
 const (
 	// maxBig bounds [[big:N]] so a typo cannot make the server build gigabytes.
 	maxBig = 64 << 20
-	// chunkMax bounds one streamed text or argument piece.
-	chunkMax = 16 << 10
+	// chunkMax bounds one streamed text or argument piece. Agents repeat the
+	// whole partial message in every update, so big answers come in few pieces.
+	chunkMax = 256 << 10
 	// pieces is how many pieces a short text or argument string is streamed in, so clients
 	// always have to reassemble.
 	pieces = 4
 	// echoBytes is how much of the user message the default answer repeats.
 	echoBytes = 40
-	// bigFiller is the text [[big:N]] repeats.
+	// bigFiller starts the text [[big:N]] writes; numbered words follow,
+	// so the text never repeats itself (omp stops answers it sees looping).
 	bigFiller = "lorem ipsum "
 )
 
@@ -237,9 +239,19 @@ func stripReminders(s string) string {
 	}
 }
 
-// bigText returns exactly n bytes of repeated filler.
+// bigText returns exactly n bytes: the filler, then numbered words ("w0 w1 w2 ..."). The
+// numbers matter: omp's loop guard aborts and retries a stream whose tail is one unit repeated
+// byte for byte, which plain repetition of the filler would be.
 func bigText(n int) string {
-	return strings.Repeat(bigFiller, n/len(bigFiller)+1)[:n]
+	var b strings.Builder
+	b.Grow(n + 16)
+	b.WriteString(bigFiller)
+	for i := 0; b.Len() < n; i++ {
+		b.WriteString("w")
+		b.WriteString(strconv.Itoa(i))
+		b.WriteByte(' ')
+	}
+	return b.String()[:n]
 }
 
 // prefix returns at most n bytes of s, cut at a character boundary.

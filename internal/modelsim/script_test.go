@@ -128,9 +128,18 @@ func TestStripReminders(t *testing.T) {
 func TestBigText(t *testing.T) {
 	t.Parallel()
 	for _, n := range []int{0, 1, 12, 13, 1000} {
-		if got := bigText(n); len(got) != n || got != bigText(n) || !strings.HasPrefix(strings.Repeat(bigFiller, 100), got) {
+		if got := bigText(n); len(got) != n || got != bigText(n) || !strings.HasPrefix(bigText(n+100), got) {
 			t.Errorf("bigText(%d) = %.30q", n, got)
 		}
+	}
+	// No word after the filler repeats, so there is no exact cycle for a loop guard to find.
+	words := strings.Fields(strings.TrimPrefix(bigText(1<<20), bigFiller))
+	seen := map[string]bool{}
+	for _, w := range words[:len(words)-1] { // the last word may be cut
+		if seen[w] {
+			t.Fatalf("word %q repeats", w)
+		}
+		seen[w] = true
 	}
 }
 

@@ -101,11 +101,11 @@ func TestServer_ChatBig(t *testing.T) {
 		if len(cs.text) != n {
 			t.Fatalf("big:%d gave %d bytes", n, len(cs.text))
 		}
-		if !strings.HasPrefix("lorem ipsum lorem ipsum ", cs.text[:min(n, 24)]) {
+		if !strings.HasPrefix("lorem ipsum w0 w1 w2 w3 ", cs.text[:min(n, 24)]) {
 			t.Errorf("big:%d starts %q", n, cs.text[:min(n, 24)])
 		}
 		for i, p := range cs.textPieces {
-			if len(p) > 16<<10 {
+			if len(p) > chunkMax {
 				t.Errorf("big:%d piece %d is %d bytes, over 16 KiB", n, i, len(p))
 			}
 		}

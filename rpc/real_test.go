@@ -1,0 +1,383 @@
+package rpc_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/rpc"
+)
+
+// These tests drive the real omp and pi, installed by `make setup`, on the
+// scripted model. They fail (never skip) when the agents are missing.
+
+type realAgent struct {
+	c   *rpc.Client
+	sim *modelsim.Server
+	dir string // the agent's workspace
+}
+
+func startReal(t *testing.T, kind agents.Kind, opts rpc.Options, extra ...string) *realAgent {
+	t.Helper()
+	in, err := agents.Find()
+	if err != nil {
+		t.Fatalf("the real agents are needed (run make setup): %v", err)
+	}
+	argv, err := in.Argv(kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	sim := modelsim.New(modelsim.Options{})
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	home := t.TempDir()
+	env, err := agents.Home(home, kind, sim.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	spec := rpc.Spec{Argv: argv, Model: agents.ModelID, Dir: dir, Env: env, SessionDir: filepath.Join(home, "sessions"), ExtraArgs: extra}
+	c, err := rpc.Spawn(ctx, spec, rpc.SpawnOptions{Options: opts})
+	if err != nil {
+		t.Fatalf("spawn %s: %v", kind, err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return &realAgent{c: c, sim: sim, dir: dir}
+}
+
+func bothAgents(t *testing.T, f func(t *testing.T, kind agents.Kind)) {
+	for _, k := range []agents.Kind{agents.OMP, agents.Pi} {
+		t.Run(string(k), func(t *testing.T) { f(t, k) })
+	}
+}
+
+func tctx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestReal_ToolsStateAndCommands(t *testing.T) {
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		ctx := tctx(t, 120*time.Second)
+
+		// A bash tool call: the model asks, the agent runs it, the model
+		// answers "done" after seeing the result.
+		turn, err := a.c.Run(ctx, `[[tool:bash {"command":"echo hi-from-bash"}]]`, nil)
+		if err != nil {
+			t.Fatalf("bash turn: %v", err)
+		}
+		if turn.Text != "done" || turn.StopReason != "stop" {
+			t.Fatalf("bash turn: text %q stop %q", turn.Text, turn.StopReason)
+		}
+		var sawTool bool
+		for _, e := range turn.Events {
+			if e.Type == rpc.EventToolExecutionEnd {
+				var te rpc.ToolExecutionEvent
+				if err := e.Decode(&te); err != nil {
+					t.Fatal(err)
+				}
+				sawTool = te.ToolName == "bash" && strings.Contains(string(te.Result), "hi-from-bash")
+			}
+		}
+		if !sawTool {
+			t.Fatal("no tool_execution_end for bash with its output")
+		}
+		if !modelSaw(a.sim, "hi-from-bash") {
+			t.Fatal("the model never received the tool result")
+		}
+
+		// The write tool writes into the workspace.
+		if _, err := a.c.Run(ctx, `[[tool:write {"path":"note.txt","content":"written by the agent"}]]`, nil); err != nil {
+			t.Fatalf("write turn: %v", err)
+		}
+		if b, err := os.ReadFile(filepath.Join(a.dir, "note.txt")); err != nil || string(b) != "written by the agent" {
+			t.Fatalf("note.txt: %q %v", b, err)
+		}
+
+		st, err := a.c.GetState(ctx)
+		if err != nil || st.IsStreaming || st.SessionID == "" || st.Model == nil || st.Model.ID != "fake-model" {
+			t.Fatalf("get_state: %+v %v", st, err)
+		}
+		msgs, err := a.c.GetMessages(ctx)
+		if err != nil || len(msgs) < 6 || msgs[0].Role != "user" {
+			t.Fatalf("get_messages: %d messages, %v", len(msgs), err)
+		}
+		res, err := a.c.Bash(ctx, "echo rpc-bash; exit 3")
+		if err != nil || !strings.Contains(res.Output, "rpc-bash") || res.ExitCode == nil || *res.ExitCode != 3 {
+			t.Fatalf("bash command: %+v %v", res, err)
+		}
+
+		// Earlier context reaches the model on the next turn.
+		if _, err := a.c.Run(ctx, "and now?", nil); err != nil {
+			t.Fatal(err)
+		}
+		reqs := a.sim.Requests()
+		last := reqs[len(reqs)-1]
+		if !strings.Contains(flatten(last), "hi-from-bash") {
+			t.Fatal("the last model request lacks the earlier turns")
+		}
+
+		// An unknown command and a malformed line get id-less errors,
+		// matched to the right caller; the agent keeps going.
+		_, err = a.c.Request(ctx, "no_such_command", nil)
+		var re *rpc.ResponseError
+		if !errors.As(err, &re) || !strings.Contains(re.Message, "no_such_command") {
+			t.Fatalf("unknown command: %v", err)
+		}
+		_, err = a.c.RequestLine(ctx, []byte(`{"type":"get_state",`))
+		if !errors.As(err, &re) || re.Command != "parse" {
+			t.Fatalf("parse error: %v", err)
+		}
+		if _, err := a.c.GetState(ctx); err != nil {
+			t.Fatalf("after the errors: %v", err)
+		}
+
+		// Model switch: list, switch, and a refused switch.
+		models, err := a.c.GetAvailableModels(ctx)
+		if err != nil || len(models) == 0 {
+			t.Fatalf("get_available_models: %v %v", models, err)
+		}
+		m, err := a.c.SetModel(ctx, models[0].Provider, models[0].ID)
+		if err != nil || m.ID != models[0].ID {
+			t.Fatalf("set_model: %+v %v", m, err)
+		}
+		if _, err := a.c.SetModel(ctx, "fake", "no-such-model"); !errors.As(err, &re) {
+			t.Fatalf("set_model to a missing model: %v", err)
+		}
+
+		// Session commands.
+		if err := a.c.SetSessionName(ctx, "room-42"); err != nil {
+			t.Fatalf("set_session_name: %v", err)
+		}
+		stats, err := a.c.GetSessionStats(ctx)
+		if err != nil || stats.UserMessages < 3 {
+			t.Fatalf("get_session_stats: %+v %v", stats, err)
+		}
+		old := st.SessionFile
+		if cancelled, err := a.c.NewSession(ctx, ""); err != nil || cancelled {
+			t.Fatalf("new_session: %v %v", cancelled, err)
+		}
+		st2, err := a.c.GetState(ctx)
+		if err != nil || st2.SessionID == st.SessionID || st2.MessageCount != 0 {
+			t.Fatalf("after new_session: %+v %v", st2, err)
+		}
+		if old != "" {
+			if cancelled, err := a.c.SwitchSession(ctx, old); err != nil || cancelled {
+				t.Fatalf("switch_session: %v %v", cancelled, err)
+			}
+			st3, err := a.c.GetState(ctx)
+			if err != nil || st3.SessionID != st.SessionID {
+				t.Fatalf("after switch_session: %+v %v", st3, err)
+			}
+		}
+	})
+}
+
+func modelSaw(sim *modelsim.Server, s string) bool {
+	for _, r := range sim.Requests() {
+		if strings.Contains(flatten(r), s) {
+			return true
+		}
+	}
+	return false
+}
+
+func flatten(r modelsim.Request) string {
+	b, _ := json.Marshal(r.Messages)
+	return string(b)
+}
+
+func TestReal_AbortMidTurn(t *testing.T) {
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		ctx := tctx(t, 120*time.Second)
+		started := make(chan struct{}, 1)
+		a.c.On(rpc.EventMessageUpdate, func(rpc.Event) {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+		})
+		if err := a.c.Prompt(ctx, "[[slow:200ms]] [[big:20000]]", nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("the answer never started streaming")
+		}
+		if err := a.c.Abort(ctx); err != nil {
+			t.Fatalf("abort: %v", err)
+		}
+		turn, err := a.c.WaitTurn(ctx)
+		if err != nil {
+			t.Fatalf("aborted turn: %v", err)
+		}
+		if turn.StopReason != "aborted" {
+			t.Fatalf("stop reason %q (%s)", turn.StopReason, turn.ErrorMessage)
+		}
+		// The agent is usable afterwards.
+		if turn, err := a.c.Run(ctx, "[[say:after abort]]", nil); err != nil || turn.Text != "after abort" {
+			t.Fatalf("turn after abort: %v %v", turn, err)
+		}
+	})
+}
+
+// Large frames: omp over protocol v2 (chunked, reassembled), pi as one long
+// line. Both must arrive losslessly.
+func TestReal_LargeMessage(t *testing.T) {
+	const n = 1_500_000
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		ctx := tctx(t, 120*time.Second)
+		if kind == agents.OMP && a.c.ProtocolVersion() != 2 {
+			t.Fatalf("omp protocol v%d, want 2", a.c.ProtocolVersion())
+		}
+		turn, err := a.c.Run(ctx, "[[big:1500000]]", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(turn.Text) != n || strings.Contains(turn.Text, "elided") {
+			t.Fatalf("text %d bytes, want %d: %.200q stop %s err %s", len(turn.Text), n, turn.Text, turn.StopReason, turn.ErrorMessage)
+		}
+		msgs, err := a.c.GetMessages(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := msgs[len(msgs)-1].Text(); got != turn.Text {
+			t.Fatalf("get_messages returned %d bytes, the turn %d", len(got), len(turn.Text))
+		}
+		if errs := a.c.Errors(); len(errs) != 0 {
+			t.Fatalf("protocol errors: %v", errs)
+		}
+	})
+}
+
+func TestReal_HostTools(t *testing.T) {
+	a := startReal(t, agents.OMP, rpc.Options{})
+	ctx := tctx(t, 120*time.Second)
+	var mu sync.Mutex
+	var gotArgs string
+	blocking := make(chan struct{})
+	cancelled := make(chan struct{})
+	err := a.c.SetHostTools(ctx, []rpc.HostTool{
+		{
+			Name: "lookup", Description: "Look up a key in the host's table.",
+			Parameters: json.RawMessage(`{"type":"object","properties":{"key":{"type":"string"}},"required":["key"]}`),
+			Run: func(ctx context.Context, call *rpc.HostToolCall) (*rpc.HostToolResult, error) {
+				mu.Lock()
+				gotArgs = string(call.Arguments)
+				mu.Unlock()
+				if err := call.Update(rpc.TextResult("looking…")); err != nil {
+					return nil, err
+				}
+				return rpc.TextResult("value-of-alpha"), nil
+			},
+		},
+		{
+			Name: "fails", Description: "Always fails.",
+			Run: func(ctx context.Context, call *rpc.HostToolCall) (*rpc.HostToolResult, error) {
+				return nil, errors.New("host tool failure text")
+			},
+		},
+		{
+			Name: "wait", Description: "Waits until cancelled.",
+			Run: func(ctx context.Context, call *rpc.HostToolCall) (*rpc.HostToolResult, error) {
+				close(blocking)
+				<-ctx.Done()
+				close(cancelled)
+				return nil, ctx.Err()
+			},
+		},
+	})
+	if err != nil {
+		t.Fatalf("set_host_tools: %v", err)
+	}
+	updates := make(chan struct{}, 4)
+	a.c.On(rpc.EventToolExecutionUpdate, func(rpc.Event) {
+		select {
+		case updates <- struct{}{}:
+		default:
+		}
+	})
+	turn, err := a.c.Run(ctx, `[[tool:lookup {"key":"alpha"}]]`, nil)
+	if err != nil || turn.Text != "done" {
+		t.Fatalf("lookup turn: %+v %v", turn, err)
+	}
+	mu.Lock()
+	if !strings.Contains(gotArgs, `"alpha"`) {
+		t.Fatalf("arguments %s", gotArgs)
+	}
+	mu.Unlock()
+	if !modelSaw(a.sim, "value-of-alpha") {
+		t.Fatal("the model never saw the host tool's result")
+	}
+	select {
+	case <-updates:
+	default:
+		t.Fatal("no tool_execution_update for the streamed partial result")
+	}
+
+	if _, err := a.c.Run(ctx, `[[tool:fails {}]]`, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !modelSaw(a.sim, "host tool failure text") {
+		t.Fatal("the model never saw the failing tool's error")
+	}
+
+	// Abort while the host tool runs: omp sends host_tool_cancel and the
+	// tool's context ends.
+	if err := a.c.Prompt(ctx, `[[tool:wait {}]]`, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-blocking:
+	case <-ctx.Done():
+		t.Fatal("the wait tool was never called")
+	}
+	if err := a.c.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cancelled:
+	case <-ctx.Done():
+		t.Fatal("the host tool's context was never cancelled")
+	}
+	if _, err := a.c.WaitTurn(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Closing stdin while idle: both agents exit by themselves, status 0, well
+// within the grace period.
+func TestReal_StdinEOF(t *testing.T) {
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		t0 := time.Now()
+		if err := a.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d >= rpc.DefaultGrace {
+			t.Fatalf("close took %v: the agent did not exit on stdin EOF", d)
+		}
+		t.Logf("%s exited %v after stdin EOF", kind, time.Since(t0))
+	})
+}
