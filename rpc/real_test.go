@@ -381,3 +381,28 @@ func TestReal_StdinEOF(t *testing.T) {
 		t.Logf("%s exited %v after stdin EOF", kind, time.Since(t0))
 	})
 }
+
+// Provider errors: the agents retry (pi ends the failed run with agent_end
+// before it announces the retry). The turn must end with the retried answer,
+// not at the first failure.
+func TestReal_RetryAfterProviderErrors(t *testing.T) {
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		ctx := tctx(t, 120*time.Second)
+		turn, err := a.c.Run(ctx, "[[status:500 x3]] [[say:recovered]]", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var types []string
+		for _, e := range turn.Events {
+			types = append(types, e.Type)
+		}
+		t.Logf("%s events: %v", kind, types)
+		if kind == agents.Pi && !strings.Contains(strings.Join(types, " "), "agent_end auto_retry_start agent_start") {
+			t.Fatalf("pi did not end the failed run before retrying; the test no longer covers that: %v", types)
+		}
+		if turn.Text != "recovered" {
+			t.Fatalf("text %q stop %q err %q; events %v", turn.Text, turn.StopReason, turn.ErrorMessage, types)
+		}
+	})
+}

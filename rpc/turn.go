@@ -43,9 +43,11 @@ type turnState struct {
 	done     chan struct{}
 	settled  bool
 	waiting  bool
-	// probing: a non-terminal agent_end was seen and get_state is being
-	// polled to learn whether the agent settled without a terminal one.
-	probing bool
+	// probing: a non-terminal or failed agent_end was seen and get_state
+	// is being polled to learn whether the agent settled; confirmIdle is
+	// how many consecutive idle answers (250 ms apart) settle the turn.
+	probing     bool
+	confirmIdle int
 }
 
 // PromptOptions adjust a prompt.
@@ -284,17 +286,35 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 			IsTerminal *bool `json:"isTerminal"`
 		}
 		_ = json.Unmarshal(line, &e)
-		if t.starts == 0 {
-			if e.IsTerminal == nil || *e.IsTerminal {
-				settle = true
-			} else if !t.probing {
-				// omp marks an agent_end non-terminal when more may follow
-				// (auto-compaction), and has been seen to send no terminal
-				// one after it. Ask the agent whether it settled.
-				t.probing = true
-				c.wg.Add(1)
-				go c.probeSettled(t)
+		errored := t.result.StopReason == StopReasonError
+		switch {
+		case t.starts > 0:
+			// a stale end, or one run of several still to start
+		case (e.IsTerminal == nil || *e.IsTerminal) && !errored:
+			settle = true
+		case !t.probing:
+			// omp marks an agent_end non-terminal when more may follow
+			// (auto-compaction) and has been seen to send no terminal one
+			// after it; pi sends a failed run's agent_end before it decides
+			// to retry (auto_retry_start). Ask the agent whether it settled.
+			t.probing = true
+			t.confirmIdle = 1
+			if errored {
+				t.confirmIdle = 2
 			}
+			c.wg.Add(1)
+			go c.probeSettled(t)
+		}
+	case EventAutoRetryStart:
+		// A retry run follows; it will start with its own agent_start.
+		t.probing = false
+		t.starts++
+	case EventAutoRetryEnd:
+		var e struct {
+			Success bool `json:"success"`
+		}
+		if json.Unmarshal(line, &e) == nil && !e.Success && t.starts == 0 {
+			settle = true
 		}
 	case EventPromptResult:
 		var e PromptResultEvent
@@ -309,15 +329,17 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 	}
 }
 
-// probeSettled polls get_state after a non-terminal agent_end until the
-// agent is idle with nothing queued (the turn settles), a new run starts, or
-// the turn ends otherwise. No event announces that state, hence the poll.
+// probeSettled polls get_state after a non-terminal or failed agent_end
+// until the agent is idle with nothing queued (the turn settles), a new run
+// or a retry starts, or the turn ends otherwise. No event announces that
+// state, hence the poll.
 func (c *Client) probeSettled(t *turnState) {
 	defer c.wg.Done()
 	ctx, cancel := c.lifetimeCtx()
 	defer cancel()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	idle := 0
 	for {
 		c.mu.Lock()
 		live := t.probing && !t.settled
@@ -329,13 +351,19 @@ func (c *Client) probeSettled(t *turnState) {
 		st, err := c.GetState(qctx)
 		qcancel()
 		if err == nil && !st.IsStreaming && !st.IsCompacting && st.Queued() == 0 {
+			idle++
 			c.mu.Lock()
-			still := t.probing
+			still, need := t.probing, t.confirmIdle
 			c.mu.Unlock()
-			if still {
-				c.settleTurn(t, nil)
+			if !still {
+				return
 			}
-			return
+			if idle >= need {
+				c.settleTurn(t, nil)
+				return
+			}
+		} else {
+			idle = 0
 		}
 		select {
 		case <-tick.C:
