@@ -1,0 +1,55 @@
+//go:build !linux
+
+package custody
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+)
+
+// Other platforms: no subreaper, no /proc, no marker scan, no cgroup. The
+// leader is started in its own process group (Unix) and Close signals that
+// group; descendants that leave it are not found.
+
+type procInfo struct {
+	pid, ppid, pgid, sid int
+	start                uint64
+}
+
+type procTable struct{ byStart []procInfo }
+
+func (t *procTable) marker(procInfo) string  { return "" }
+func (t *procTable) cmdline(procInfo) string { return "?" }
+
+type cgroup struct{}
+
+func (*cgroup) members() map[int]bool { return nil }
+func (*cgroup) kill()                 {}
+func (*cgroup) remove()               {}
+func (*cgroup) started()              {}
+
+type otherPlatform struct{ self int }
+
+func newPlatform(Options) (platform, error) { return &otherPlatform{self: os.Getpid()}, nil }
+
+func (p *otherPlatform) ownerID() string                     { return fmt.Sprintf("%d.0", p.self) }
+func (p *otherPlatform) selfPid() int                        { return p.self }
+func (p *otherPlatform) containment(bool) Containment        { return ContainGroupOnly }
+func (p *otherPlatform) prepare(cmd *exec.Cmd)               { prepareGroup(cmd) }
+func (p *otherPlatform) startTime(int) uint64                { return 0 }
+func (p *otherPlatform) table() *procTable                   { return nil }
+func (p *otherPlatform) reap(int) bool                       { return false }
+func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
+
+// state: without /proc only the leader's exit (seen by Wait) is known.
+func (p *otherPlatform) state(ident) (alive, zombie bool, ppid int) { return false, false, 0 }
+
+func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
+	if pr, err := os.FindProcess(id.pid); err == nil {
+		_ = signalProcess(pr, sig)
+	}
+	return false
+}
+
+func (p *otherPlatform) signalGroup(leader ident, sig sysSignal) { signalGroupOther(leader.pid, sig) }

@@ -1,0 +1,28 @@
+//go:build !linux
+
+package custody
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Orphan is a process left behind by a crashed host (Linux only).
+type Orphan struct {
+	PID     int    `json:"pid"`
+	Cmdline string `json:"cmdline"`
+	Marker  string `json:"marker"`
+	Host    int    `json:"host"`
+}
+
+// ErrUnsupported: finding orphans needs /proc (Linux).
+var ErrUnsupported = errors.New("custody: finding orphans is supported on Linux only")
+
+// FindOrphans is Linux only.
+func FindOrphans() ([]Orphan, error) { return nil, ErrUnsupported }
+
+// KillOrphans is Linux only.
+func KillOrphans(context.Context, []Orphan, time.Duration) ([]int, error) {
+	return nil, ErrUnsupported
+}
