@@ -166,6 +166,10 @@ func lastLine(s string) string {
 	return s
 }
 
+// Process returns the agent process the client owns (nil when attached to
+// a plain reader/writer). Its Stop is the client's to call, through Close.
+func (c *Client) Process() Process { return c.owned }
+
 // attachProcess makes the client own p: stderr is drained into a bounded
 // tail, and Close stops p.
 func (c *Client) attachProcess(p Process) {

@@ -70,7 +70,7 @@ func countUsage(req Request, p plan) usage {
 }
 
 // sse writes server-sent events, pausing between them, until the client goes away or the
-// server closes.
+// server closes. It lives for one request, so it keeps that request's context.
 type sse struct {
 	w     http.ResponseWriter
 	rc    *http.ResponseController

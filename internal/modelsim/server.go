@@ -67,14 +67,15 @@ type Options struct {
 //
 //   - The last message is a tool result: the text "done", or TEXT if the last user message
 //     carries [[after:TEXT]].
-//   - [[status:CODE]] or [[status:CODE xN]] in the last user message, while the last message is
-//     that user message: HTTP CODE with an OpenAI-style JSON error (and "retry-after: 0" for
-//     429) the first N times (default 1) that exact user message is seen, then the answer below.
+//   - [[status:CODE]] or [[status:CODE xN]] in the last user message: HTTP CODE with an
+//     OpenAI-style JSON error (and "retry-after: 0" for 429) the first N times (default 1) a
+//     request ends with that exact user message, then the answers below. CODE is 400–599.
 //   - [[tool:NAME ARGS_JSON]] (ARGS_JSON optional, default {}): a call of tool NAME with those
 //     arguments, streamed in pieces; several directives give several calls in one answer. Only
 //     honoured when the request offers tools, so side requests such as title generation get text.
 //   - [[say:TEXT]]: the text TEXT (sent before any tool calls).
-//   - [[big:N]]: a deterministic ASCII text of exactly N bytes, streamed in chunks of ≤16 KiB.
+//   - [[big:N]]: a deterministic ASCII text of exactly N bytes, streamed in chunks of ≤256 KiB
+//     (few, because agents resend the whole partial message on every update).
 //   - [[slow:DURATION]] (a Go duration): that pause between streamed chunks.
 //   - Otherwise: "ok: " followed by the first 40 bytes of the last user message (cut at a
 //     character boundary).
@@ -91,7 +92,6 @@ type Server struct {
 	mu       sync.Mutex
 	started  bool
 	closed   bool
-	ln       net.Listener
 	srv      *http.Server
 	url      string
 	reqs     []Request      // ring buffer of the request log
@@ -162,7 +162,6 @@ func (s *Server) Start(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	s.ln = ln
 	s.url = "http://" + ln.Addr().String() + "/v1"
 	s.started = true
 	go func() {

@@ -1,0 +1,48 @@
+// Package agentproc joins the RPC client to process custody: agents spawned
+// through Starter run in custody scopes, and the scope's receipt is
+// available once the client has closed.
+package agentproc
+
+import (
+	"context"
+	"os/exec"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/rpc"
+)
+
+// Starter is an rpc.Starter that starts each agent in its own custody scope.
+type Starter struct {
+	Custodian *custody.Custodian
+}
+
+var _ rpc.Starter = Starter{}
+
+// Start implements rpc.Starter.
+func (s Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error) {
+	scope, err := s.Custodian.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return Process{scope}, nil
+}
+
+// Process is a custody scope seen as an rpc.Process.
+type Process struct {
+	*custody.Scope
+}
+
+// Stop closes the scope; its receipt is then available from Receipt.
+func (p Process) Stop(ctx context.Context) error {
+	_, err := p.Scope.Close(ctx)
+	return err
+}
+
+// Receipt returns the custody receipt of an agent the client owned, once
+// the client has closed; nil otherwise (or if it was not started here).
+func Receipt(c *rpc.Client) *custody.Receipt {
+	if p, ok := c.Process().(Process); ok {
+		return p.Receipt()
+	}
+	return nil
+}
