@@ -32,9 +32,11 @@ func Confirmed(ok bool) UIResponse { return UIResponse{confirmed: &ok} }
 // Cancelled dismisses any dialog.
 func Cancelled() UIResponse { return UIResponse{cancelled: true} }
 
-// UIHandler answers one dialog. ctx is cancelled when the agent withdraws the
-// dialog, its timeout passes, or the client closes; the handler should then
-// return promptly (its answer is dropped).
+// UIHandler answers one dialog. ctx is cancelled when the dialog's timeout
+// passes, the client closes, or (omp only) the agent withdraws the dialog;
+// the handler should then return promptly (its answer is dropped). pi sends
+// nothing when an extension withdraws a dialog, so with pi the handler runs
+// until it answers, and that late answer is ignored by the agent.
 type UIHandler func(ctx context.Context, req *UIRequest) UIResponse
 
 // Dialog is a UI request delivered on a channel (see UIChannel).
@@ -112,7 +114,7 @@ func (c *Client) handleUIRequest(line []byte) {
 		_, live := c.uiCancel[req.ID]
 		delete(c.uiCancel, req.ID)
 		c.mu.Unlock()
-		if !live || ctx.Err() != nil && handler != nil {
+		if !live || (ctx.Err() != nil && handler != nil) {
 			return // withdrawn, timed out or closed: the agent moved on
 		}
 		frame := map[string]any{"type": "extension_ui_response", "id": req.ID}

@@ -8,6 +8,7 @@
 //   ctx.ui.input(title, placeholder, opts?) -> string | undefined
 //   ctx.ui.editor(title, prefill)         -> string | undefined
 //   ctx.ui.notify(message, type), ctx.ui.setStatus(key, text | undefined)
+//   ctx.hasUI (true in RPC mode for both, omp's plain rpc included)
 //
 // The parameter schema is plain JSON Schema, which both accept (pi wants
 // TypeBox or JSON Schema, omp Zod, TypeBox or JSON Schema), so the file needs
@@ -60,7 +61,8 @@ export default function (pi: any) {
 					const inp = await ui.input("Your name", "type a name");
 					const ed = await ui.editor("Edit the note", "line one\nline two");
 					ui.setStatus("ask_user", undefined);
-					text = `select=${show(sel)} confirm=${ok} input=${show(inp)} editor=${show(ed)}`;
+					// hasUI tells extensions they may ask (they often check it).
+					text = `hasUI=${ctx.hasUI} select=${show(sel)} confirm=${ok} input=${show(inp)} editor=${show(ed)}`;
 				}
 			}
 			return { content: [{ type: "text", text }], details: {} };
