@@ -250,8 +250,9 @@ type Scope struct {
 	stdout, stderr *os.File
 	outOnce        sync.Once
 
-	exited  chan struct{}
-	exitErr error
+	exited   chan struct{}
+	exitErr  error
+	exitedAt time.Time // set before exited closes
 
 	cg *cgroup // nil without cgroup containment
 
@@ -397,6 +398,7 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	go func() {
 		defer c.wg.Done()
 		s.exitErr = cmd.Wait()
+		s.exitedAt = time.Now()
 		close(s.exited)
 		c.poke()
 	}()

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/rpc"
@@ -23,9 +25,10 @@ type promptFlags struct {
 	json    bool
 	timeout time.Duration
 	cwd     string
+	verbose bool
 }
 
-func newPromptCmd(logger func() *slog.Logger) *cobra.Command {
+func newPromptCmd(logger func() *slog.Logger, verbose func() bool) *cobra.Command {
 	var f promptFlags
 	cmd := &cobra.Command{
 		Use:   "prompt [flags] MESSAGE [-- COMMAND ARGS...]",
@@ -40,7 +43,11 @@ verbatim as an RPC agent instead of omp or pi, to smoke-test any agent that
 speaks the protocol.
 
 Exits 0 only for a turn that settled; otherwise one line on stderr and a
-non-zero code (1 failed, 2 usage, 3 timed out).`,
+non-zero code (1 failed, 2 usage, 3 timed out).
+
+The agent and everything it starts run in a custody scope: nothing is left
+running afterwards. -v prints the custody receipt on stderr; --json ends with
+it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			msg := args[0]
@@ -56,7 +63,8 @@ non-zero code (1 failed, 2 usage, 3 timed out).`,
 			} else if len(args) != 1 {
 				return &exitError{2, errors.New("prompt: give exactly one MESSAGE (quote it)")}
 			}
-			return runPrompt(cmd.Context(), cmd.OutOrStdout(), logger(), f, msg, custom)
+			f.verbose = verbose()
+			return runPrompt(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), logger(), f, msg, custom)
 		},
 	}
 	fl := cmd.Flags()
@@ -68,7 +76,7 @@ non-zero code (1 failed, 2 usage, 3 timed out).`,
 	return cmd
 }
 
-func runPrompt(ctx context.Context, stdout io.Writer, log *slog.Logger, f promptFlags, msg string, custom []string) error {
+func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, f promptFlags, msg string, custom []string) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 
@@ -80,16 +88,25 @@ func runPrompt(ctx context.Context, stdout io.Writer, log *slog.Logger, f prompt
 	if f.cwd != "" {
 		spec.Dir = f.cwd
 	}
+	cust, err := custody.New(custody.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := cust.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 
 	var out sync.Mutex
-	opts := rpc.SpawnOptions{Options: rpc.Options{Logger: log}}
+	opts := rpc.SpawnOptions{Options: rpc.Options{Logger: log}, Starter: agentproc.Starter{Custodian: cust}}
 	c, err := rpc.Spawn(ctx, spec, opts)
 	if err != nil {
 		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
 	}
 	defer c.Close()
+	enc := json.NewEncoder(stdout)
 	if f.json {
-		enc := json.NewEncoder(stdout)
 		c.On("", func(ev rpc.Event) {
 			out.Lock()
 			defer out.Unlock()
@@ -97,14 +114,26 @@ func runPrompt(ctx context.Context, stdout io.Writer, log *slog.Logger, f prompt
 		})
 	}
 	turn, err := c.Run(ctx, msg, nil)
+	// Close before printing: every frame reaches --json output first, and
+	// the receipt exists.
+	if cerr := c.Close(); cerr != nil {
+		log.Warn("closing the agent", "err", cerr)
+		if err == nil {
+			err = cerr
+		}
+	}
+	if r := agentproc.Receipt(c); r != nil {
+		if f.json {
+			_ = enc.Encode(map[string]any{"type": "agenthost_receipt", "receipt": r})
+		}
+		if f.verbose {
+			fmt.Fprintln(stderr, r)
+		}
+	}
 	if err != nil {
 		return classify(ctx, err)
 	}
-	// Deliver every frame to --json output before printing the result.
-	if err := c.Close(); err != nil {
-		log.Warn("closing the agent", "err", err)
-	}
-	if turn.StopReason == "error" || turn.StopReason == "aborted" {
+	if turn.StopReason == rpc.StopReasonError || turn.StopReason == rpc.StopReasonAborted {
 		reason := turn.ErrorMessage
 		if reason == "" {
 			reason = "stop reason " + turn.StopReason
@@ -112,9 +141,7 @@ func runPrompt(ctx context.Context, stdout io.Writer, log *slog.Logger, f prompt
 		return &exitError{1, fmt.Errorf("the turn ended without an answer: %s", oneLine(reason))}
 	}
 	if !f.json {
-		out.Lock()
 		fmt.Fprintln(stdout, turn.Text)
-		out.Unlock()
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ func newRoot() *cobra.Command {
 		}
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	root.AddCommand(newPromptCmd(logger), newDoctorCmd(logger), newBenchCmd())
+	isVerbose := func() bool { return verbose }
+	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd())
 	return root
 }
