@@ -1,0 +1,42 @@
+package deptest
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/agenthost/agenthost"
+
+// allowed lists, for each package with a rule, the non-standard-library
+// packages it may depend on (directly or not), by prefix.
+var allowed = map[string][]string{
+	// The protocol client stands alone: standard library only.
+	module + "/rpc": nil,
+	// Custody: standard library and x/sys, nothing of ours.
+	module + "/custody": {"golang.org/x/sys/"},
+	// The scripted model and the agent installs are leaves too.
+	module + "/internal/modelsim": nil,
+	module + "/internal/agents":   nil,
+}
+
+func TestDependencyRules(t *testing.T) {
+	for pkg, ok := range allowed {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if dep == pkg {
+				continue
+			}
+			permitted := false
+			for _, prefix := range ok {
+				permitted = permitted || strings.HasPrefix(dep, prefix)
+			}
+			if !permitted {
+				t.Errorf("%s depends on %s, which its rule forbids", pkg, dep)
+			}
+		}
+	}
+}
