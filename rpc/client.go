@@ -334,8 +334,10 @@ func (c *Client) On(typ string, fn func(Event)) (unsubscribe func()) {
 		defer c.lmu.Unlock()
 		if typ == "" {
 			c.all = without(c.all, l)
+		} else if rest := without(c.listeners[typ], l); len(rest) > 0 {
+			c.listeners[typ] = rest
 		} else {
-			c.listeners[typ] = without(c.listeners[typ], l)
+			delete(c.listeners, typ)
 		}
 	}
 }
@@ -622,12 +624,7 @@ func (c *Client) transportErr() error {
 // reportError keeps a protocol error, logs it (without payload) and hands
 // it to error listeners.
 func (c *Client) reportError(err error) {
-	c.mu.Lock()
-	c.errs = append(c.errs, err)
-	if len(c.errs) > c.opts.KeptErrors {
-		c.errs = c.errs[len(c.errs)-c.opts.KeptErrors:]
-	}
-	c.mu.Unlock()
+	c.keepError(err)
 	var pe *ProtocolError
 	if errors.As(err, &pe) {
 		c.log.Warn("rpc: protocol error", "op", pe.Op, "err", pe.Err)
@@ -639,6 +636,16 @@ func (c *Client) reportError(err error) {
 	c.lmu.RUnlock()
 	if n > 0 {
 		c.enqueue(dispatchItem{err: err})
+	}
+}
+
+// keepError adds err to the bounded list Errors returns.
+func (c *Client) keepError(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.errs = append(c.errs, err)
+	if len(c.errs) > c.opts.KeptErrors {
+		c.errs = append(c.errs[:0:0], c.errs[len(c.errs)-c.opts.KeptErrors:]...)
 	}
 }
 

@@ -136,9 +136,7 @@ func (c *Client) enqueue(it dispatchItem) {
 	case <-t.C:
 	}
 	err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
-	c.mu.Lock()
-	c.errs = append(c.errs, err)
-	c.mu.Unlock()
+	c.keepError(err)
 	c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
 	c.failTurn(err)
 	c.retire(err)
@@ -160,13 +158,10 @@ func (c *Client) dispatchLoop() {
 }
 
 func (c *Client) dispatch(it dispatchItem) {
+	// The slices are copy-on-write (On and unsubscribe replace them), so
+	// these snapshots can be used after the lock without copying.
 	c.lmu.RLock()
-	var ls []*listener
-	if it.err == nil {
-		ls = append(ls, c.listeners[it.ev.Type]...)
-		ls = append(ls, c.all...)
-	}
-	els := c.errLs
+	typed, all, els := c.listeners[it.ev.Type], c.all, c.errLs
 	c.lmu.RUnlock()
 	if it.err != nil {
 		for _, l := range els {
@@ -174,14 +169,14 @@ func (c *Client) dispatch(it dispatchItem) {
 		}
 		return
 	}
-	for _, l := range ls {
-		if perr := c.safeCall(l.fn, it.ev); perr != nil {
-			c.mu.Lock()
-			c.errs = append(c.errs, perr)
-			c.mu.Unlock()
-			c.log.Error("rpc: event listener panicked", "type", it.ev.Type)
-			for _, el := range els {
-				c.safeCallErr(el.fn, perr)
+	for _, group := range [2][]*listener{typed, all} {
+		for _, l := range group {
+			if perr := c.safeCall(l.fn, it.ev); perr != nil {
+				c.keepError(perr)
+				c.log.Error("rpc: event listener panicked", "type", it.ev.Type)
+				for _, el := range els {
+					c.safeCallErr(el.fn, perr)
+				}
 			}
 		}
 	}
