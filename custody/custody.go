@@ -40,7 +40,7 @@ const (
 	DefaultGrace        = time.Second
 	DefaultTermGrace    = time.Second
 	DefaultConfirm      = 5 * time.Second
-	DefaultScanInterval = 100 * time.Millisecond
+	DefaultScanInterval = 250 * time.Millisecond
 )
 
 var (
@@ -63,7 +63,7 @@ type Options struct {
 	// reaped after SIGKILL (default 5 s).
 	Confirm time.Duration
 	// ScanInterval is how often descendants are discovered while scopes
-	// are open (default 100 ms).
+	// are open (default 250 ms). Close scans on its own schedule.
 	ScanInterval time.Duration
 	// NoCgroup disables the cgroup v2 upgrade.
 	NoCgroup bool
@@ -98,6 +98,7 @@ type Custodian struct {
 	log    *slog.Logger
 	owner  string // "<pid>.<start>" of this host
 	plat   platform
+	scanMu sync.Mutex // one scan at a time
 	mu     sync.Mutex
 	scopes map[*Scope]struct{}
 	closed bool
@@ -169,11 +170,11 @@ const (
 type Found string
 
 const (
-	FoundLeader Found = "leader"  // the command itself
-	FoundParent Found = "parent"  // a descendant by parent walk
-	FoundGroup  Found = "group"   // in the leader's process group or session
-	FoundMarker Found = "marker"  // carries the scope's environment marker
-	FoundCgroup Found = "cgroup"  // listed in the scope's cgroup
+	FoundLeader Found = "leader" // the command itself
+	FoundParent Found = "parent" // a descendant by parent walk
+	FoundGroup  Found = "group"  // in the leader's process group or session
+	FoundMarker Found = "marker" // carries the scope's environment marker
+	FoundCgroup Found = "cgroup" // listed in the scope's cgroup
 )
 
 // Ended says how an owned process ended.
@@ -439,8 +440,13 @@ func (c *Custodian) discoverLoop() {
 	}
 }
 
-// scan reads the process table once and updates every open scope.
+// scan reads the process table once and updates every open scope: new
+// descendants are assigned in one pass over the table (oldest first, so a
+// parent is always assigned before its children), then each scope's owned
+// processes are checked against the same table.
 func (c *Custodian) scan() {
+	c.scanMu.Lock()
+	defer c.scanMu.Unlock()
 	c.mu.Lock()
 	scopes := make([]*Scope, 0, len(c.scopes))
 	for s := range c.scopes {
@@ -450,41 +456,89 @@ func (c *Custodian) scan() {
 	if len(scopes) == 0 {
 		return
 	}
-	table := c.plat.table()
+	t := c.plat.table()
+	now := time.Now()
+	if t != nil {
+		c.assign(t, scopes)
+	}
 	for _, s := range scopes {
-		s.update(table)
+		s.refresh(t, now)
 	}
 }
 
-// update adds newly found descendants and marks owned processes gone,
-// reaping those that are this host's zombie children.
-func (s *Scope) update(t *procTable) {
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t != nil {
-		members := s.cg.members()
-		for _, p := range t.byStart {
-			id := ident{p.pid, p.start}
-			if _, ok := s.procs[id]; ok {
-				continue
-			}
-			found := Found("")
-			switch {
-			case p.pgid == s.leader.pid || p.sid == s.leader.pid:
-				found = FoundGroup
-			case s.ownsPid(p.ppid, p.start):
-				found = FoundParent
-			case members[p.pid]:
-				found = FoundCgroup
-			case t.marker(p) == s.marker:
-				found = FoundMarker
-			}
-			if found != "" && p.pid != s.c.plat.selfPid() {
-				s.procs[id] = &owned{id: id, cmdline: t.cmdline(p), found: found}
+// assign takes every process not yet owned into the scope it belongs to.
+func (c *Custodian) assign(t *procTable, scopes []*Scope) {
+	byLeader := map[int]*Scope{}
+	byMarker := map[string]*Scope{}
+	owner := map[int]*Scope{} // pid of an owned, live process -> scope
+	known := map[ident]bool{}
+	var members map[int]*Scope
+	for _, s := range scopes {
+		s.mu.Lock()
+		byLeader[s.leader.pid] = s
+		byMarker[s.marker] = s
+		for id, o := range s.procs {
+			known[id] = true
+			if !o.gone {
+				owner[id.pid] = s
 			}
 		}
+		// cgroup.procs is read only while a scope closes: its members are
+		// found by the other means meanwhile, and the read is not free.
+		if s.phase > 0 {
+			for pid := range s.cg.members() {
+				if members == nil {
+					members = map[int]*Scope{}
+				}
+				members[pid] = s
+			}
+		}
+		s.mu.Unlock()
 	}
+	self := c.plat.selfPid()
+	for _, p := range t.byStart {
+		id := ident{p.pid, p.start}
+		if known[id] || p.pid == self {
+			continue
+		}
+		var s *Scope
+		var found Found
+		switch {
+		case byLeader[p.pgid] != nil:
+			s, found = byLeader[p.pgid], FoundGroup
+		case byLeader[p.sid] != nil:
+			s, found = byLeader[p.sid], FoundGroup
+		case owner[p.ppid] != nil:
+			s, found = owner[p.ppid], FoundParent
+		case members[p.pid] != nil:
+			s, found = members[p.pid], FoundCgroup
+		default:
+			if m := t.marker(p); m != "" {
+				if s = byMarker[m]; s != nil {
+					found = FoundMarker
+				}
+			}
+		}
+		if s == nil {
+			continue
+		}
+		if found == FoundGroup && s.leader.pid == p.pid && s.leader.start != p.start {
+			continue // a new process reusing an old leader's pid
+		}
+		s.mu.Lock()
+		s.procs[id] = &owned{id: id, cmdline: t.cmdline(p), found: found}
+		s.mu.Unlock()
+		owner[p.pid] = s
+		known[id] = true
+	}
+}
+
+// refresh marks owned processes gone, reaping those that are this host's
+// zombie children. t may be nil (no /proc): then only the leader's exit is
+// seen.
+func (s *Scope) refresh(t *procTable, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for id, o := range s.procs {
 		if o.gone {
 			continue
@@ -497,28 +551,21 @@ func (s *Scope) update(t *procTable) {
 			}
 			continue
 		}
-		alive, zombie, ppid := s.c.plat.state(id)
-		if zombie && ppid == s.c.plat.selfPid() {
+		if t == nil {
+			continue
+		}
+		p, ok := t.lookup(id)
+		switch {
+		case !ok:
+			s.markGone(o, now, false)
+		case p.state == 'Z' && p.ppid == s.c.plat.selfPid():
 			if s.c.plat.reap(id.pid) {
 				s.markGone(o, now, true)
 			}
-			continue
-		}
-		if !alive {
-			s.markGone(o, now, false)
+		case p.state == 'Z':
+			s.markGone(o, now, false) // dead; its parent reaps it
 		}
 	}
-}
-
-// ownsPid: a process with that pid is owned, alive, and started no later
-// than childStart (so a reused pid is not taken for a parent).
-func (s *Scope) ownsPid(pid int, childStart uint64) bool {
-	for id, o := range s.procs {
-		if id.pid == pid && !o.gone && id.start <= childStart {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Scope) markGone(o *owned, at time.Time, reaped bool) {
@@ -735,7 +782,6 @@ type platform interface {
 	prepare(cmd *exec.Cmd)
 	startTime(pid int) uint64
 	table() *procTable
-	state(id ident) (alive, zombie bool, ppid int)
 	reap(pid int) bool
 	signal(id ident, sig sysSignal) (reused bool)
 	signalGroup(leader ident, sig sysSignal)

@@ -1,3 +1,5 @@
+//go:build linux
+
 package custody
 
 import (
@@ -392,4 +394,19 @@ func mustOrphans(t *testing.T) []Orphan {
 		t.Fatal(err)
 	}
 	return o
+}
+
+func TestParseStat(t *testing.T) {
+	line := "1234 (we ird) (name)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 18446744073709551615\n"
+	pi, ok := parseStat(1234, []byte(line))
+	if !ok || pi.state != 'S' || pi.ppid != 1 || pi.pgid != 1234 || pi.sid != 1234 || pi.start != 987654 {
+		t.Fatalf("%+v %v", pi, ok)
+	}
+	if _, ok := parseStat(1, []byte("1 (x) S 1 2")); ok {
+		t.Fatal("short line accepted")
+	}
+	self, ok := readStat(os.Getpid())
+	if !ok || self.pid != os.Getpid() || self.ppid != os.Getppid() || self.start == 0 {
+		t.Fatalf("self: %+v", self)
+	}
 }

@@ -35,7 +35,17 @@ type procInfo struct {
 // procTable is one read of /proc, oldest process first.
 type procTable struct {
 	byStart []procInfo
+	byPid   map[int]int // pid -> index in byStart
 	plat    *linuxPlatform
+}
+
+// lookup finds a process by identity in the table.
+func (t *procTable) lookup(id ident) (procInfo, bool) {
+	i, ok := t.byPid[id.pid]
+	if !ok || t.byStart[i].start != id.start {
+		return procInfo{}, false
+	}
+	return t.byStart[i], true
 }
 
 func (t *procTable) marker(p procInfo) string { return t.plat.marker(p) }
@@ -89,34 +99,68 @@ func (p *linuxPlatform) prepare(cmd *exec.Cmd) {
 	cmd.SysProcAttr.Setsid = true
 }
 
-// readStat parses /proc/PID/stat. The command name may hold spaces and
-// parentheses, so fields are counted from the last ')'.
+// readStat parses /proc/PID/stat.
 func readStat(pid int) (procInfo, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	var buf [512]byte
+	return readStatBuf(pid, buf[:])
+}
+
+// readStatBuf reads /proc/PID/stat into buf (no allocation when the path
+// and line fit) and parses it.
+func readStatBuf(pid int, buf []byte) (procInfo, bool) {
+	var path [32]byte
+	p := append(append(append(path[:0], "/proc/"...), strconv.Itoa(pid)...), "/stat"...)
+	fd, err := unix.Open(string(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return procInfo{}, false
 	}
-	return parseStat(pid, b)
+	n, err := unix.Read(fd, buf)
+	unix.Close(fd)
+	if err != nil || n <= 0 {
+		return procInfo{}, false
+	}
+	return parseStat(pid, buf[:n])
 }
 
+// parseStat reads fields 3 (state), 4 (ppid), 5 (pgrp), 6 (session) and
+// 22 (start time) of a stat line. The command name (field 2) may hold
+// spaces and parentheses, so fields are counted from the last ')'.
 func parseStat(pid int, b []byte) (procInfo, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
 		return procInfo{}, false
 	}
-	f := strings.Fields(string(b[i+2:]))
-	// f[0] is field 3 (state); start time is field 22, f[19].
-	if len(f) < 20 || len(f[0]) == 0 {
-		return procInfo{}, false
+	b = b[i+2:]
+	pi := procInfo{pid: pid, state: b[0]}
+	field := 3
+	var num uint64
+	inNum := false
+	for j := 0; j <= len(b) && field <= 22; j++ {
+		if j < len(b) && b[j] != ' ' && b[j] != '\n' {
+			if c := b[j]; c >= '0' && c <= '9' {
+				num = num*10 + uint64(c-'0')
+			}
+			inNum = true
+			continue
+		}
+		if !inNum {
+			continue
+		}
+		switch field {
+		case 4:
+			pi.ppid = int(num)
+		case 5:
+			pi.pgid = int(num)
+		case 6:
+			pi.sid = int(num)
+		case 22:
+			pi.start = num
+			return pi, true
+		}
+		field++
+		num, inNum = 0, false
 	}
-	ppid, _ := strconv.Atoi(f[1])
-	pgid, _ := strconv.Atoi(f[2])
-	sid, _ := strconv.Atoi(f[3])
-	start, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return procInfo{}, false
-	}
-	return procInfo{pid: pid, ppid: ppid, pgid: pgid, sid: sid, start: start, state: f[0][0]}, true
+	return procInfo{}, false
 }
 
 func (p *linuxPlatform) startTime(pid int) uint64 {
@@ -133,17 +177,22 @@ func (p *linuxPlatform) table() *procTable {
 	d.Close()
 	t := &procTable{plat: p, byStart: make([]procInfo, 0, len(names))}
 	live := make(map[ident]struct{}, len(names))
+	var buf [512]byte
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
 		if err != nil {
 			continue
 		}
-		if pi, ok := readStat(pid); ok {
+		if pi, ok := readStatBuf(pid, buf[:]); ok {
 			t.byStart = append(t.byStart, pi)
 			live[ident{pi.pid, pi.start}] = struct{}{}
 		}
 	}
 	sort.Slice(t.byStart, func(i, j int) bool { return t.byStart[i].start < t.byStart[j].start })
+	t.byPid = make(map[int]int, len(t.byStart))
+	for i, pi := range t.byStart {
+		t.byPid[pi.pid] = i
+	}
 	p.mu.Lock()
 	for id := range p.markers {
 		if _, ok := live[id]; !ok {

@@ -15,9 +15,12 @@ import (
 type procInfo struct {
 	pid, ppid, pgid, sid int
 	start                uint64
+	state                byte
 }
 
 type procTable struct{ byStart []procInfo }
+
+func (t *procTable) lookup(ident) (procInfo, bool) { return procInfo{}, false }
 
 func (t *procTable) marker(procInfo) string  { return "" }
 func (t *procTable) cmdline(procInfo) string { return "?" }
@@ -41,9 +44,6 @@ func (p *otherPlatform) startTime(int) uint64                { return 0 }
 func (p *otherPlatform) table() *procTable                   { return nil }
 func (p *otherPlatform) reap(int) bool                       { return false }
 func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
-
-// state: without /proc only the leader's exit (seen by Wait) is known.
-func (p *otherPlatform) state(ident) (alive, zombie bool, ppid int) { return false, false, 0 }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
 	if pr, err := os.FindProcess(id.pid); err == nil {
