@@ -410,3 +410,22 @@ func TestParseStat(t *testing.T) {
 		t.Fatalf("self: %+v", self)
 	}
 }
+
+// Custody reaps by pid only: an unrelated child of the host, started and
+// waited for with exec while scopes are open and discovery runs, keeps its
+// exit status.
+func TestCustodian_NeverStealsExitStatus(t *testing.T) {
+	c := newCustodian(t, Options{ScanInterval: time.Millisecond})
+	s, err := c.Start(ctxFor(t, 10*time.Second), exec.Command("/bin/cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctxFor(t, 10*time.Second))
+	for i := 0; i < 50; i++ {
+		err := exec.Command("/bin/sh", "-c", "exit 7").Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+			t.Fatalf("run %d: exit status lost: %v", i, err)
+		}
+	}
+}

@@ -240,21 +240,41 @@ func (c *Client) Start(ctx context.Context) error {
 		_, err := c.GetState(ctx)
 		hs <- err
 	}()
+	var hsErr error
+	firstSeen := false
 	select {
 	case err := <-c.firstFrame:
 		if err != nil {
 			return err
 		}
-	case err := <-hs:
-		if err != nil {
-			return fmt.Errorf("rpc: start: %w", err)
-		}
-		hs <- nil
+		firstSeen = true
+		hsErr = <-hs
+	case hsErr = <-hs:
 	case <-ctx.Done():
 		return fmt.Errorf("rpc: start: %w", ctx.Err())
 	}
-	if err := <-hs; err != nil {
-		return fmt.Errorf("rpc: start: %w", err)
+	if hsErr != nil && !firstSeen {
+		// What the agent wrote (a broken first frame, its exit) explains
+		// more than a failed write or a bare timeout: wait for the reader's
+		// verdict on the first frame while the transport runs down.
+		select {
+		case ferr := <-c.firstFrame:
+			if ferr != nil {
+				return ferr
+			}
+		case <-c.done:
+			select {
+			case ferr := <-c.firstFrame:
+				if ferr != nil {
+					return ferr
+				}
+			default:
+			}
+		case <-ctx.Done():
+		}
+	}
+	if hsErr != nil {
+		return fmt.Errorf("rpc: start: %w", hsErr)
 	}
 	// omp announces ready before answering; if it offered v2, wait for the
 	// negotiation so later large frames arrive chunked, not elided.
@@ -595,6 +615,14 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 		c.mu.Unlock()
 		if closed {
 			return ErrClosed
+		}
+		if c.owned != nil {
+			// The stdin pipe closes when the agent exits: say so.
+			select {
+			case <-c.owned.Exited():
+				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Cause: c.owned.ExitErr(), Stderr: c.Stderr()})
+			default:
+			}
 		}
 		return fmt.Errorf("rpc: writing to agent: %w", err)
 	}

@@ -406,3 +406,83 @@ func TestReal_RetryAfterProviderErrors(t *testing.T) {
 		}
 	})
 }
+
+// Steering, follow-ups, abort-and-prompt and wait-for-idle on a running
+// turn: the turn goes on through them and ends with the last answer.
+func TestReal_QueueIntoRunningTurn(t *testing.T) {
+	bothAgents(t, func(t *testing.T, kind agents.Kind) {
+		a := startReal(t, kind, rpc.Options{})
+		ctx := tctx(t, 120*time.Second)
+		streaming := make(chan struct{}, 1)
+		a.c.On(rpc.EventMessageUpdate, func(rpc.Event) {
+			select {
+			case streaming <- struct{}{}:
+			default:
+			}
+		})
+		waitStreaming := func() {
+			t.Helper()
+			for {
+				select {
+				case <-streaming:
+				default:
+				}
+				select {
+				case <-streaming:
+					return
+				case <-ctx.Done():
+					t.Fatal("no streaming")
+				}
+			}
+		}
+
+		// Follow-up: delivered once the agent would stop.
+		if err := a.c.Prompt(ctx, "[[slow:100ms]] [[big:2000]]", nil); err != nil {
+			t.Fatal(err)
+		}
+		waitStreaming()
+		if err := a.c.FollowUp(ctx, "[[say:followed up]]", nil); err != nil {
+			t.Fatalf("follow_up: %v", err)
+		}
+		turn, err := a.c.WaitTurn(ctx)
+		if err != nil || turn.Text != "followed up" {
+			t.Fatalf("follow-up turn: %q %v", turn.Text, err)
+		}
+
+		// Steer: delivered after the current assistant message.
+		if err := a.c.Prompt(ctx, "[[slow:100ms]] [[big:2000]]", nil); err != nil {
+			t.Fatal(err)
+		}
+		waitStreaming()
+		if err := a.c.Steer(ctx, "[[say:steered]]", nil); err != nil {
+			t.Fatalf("steer: %v", err)
+		}
+		turn, err = a.c.WaitTurn(ctx)
+		if err != nil || turn.Text != "steered" {
+			t.Fatalf("steered turn: %q %v", turn.Text, err)
+		}
+		if err := a.c.WaitForIdle(ctx); err != nil {
+			t.Fatalf("wait for idle: %v", err)
+		}
+
+		if kind != agents.OMP {
+			return
+		}
+		// abort_and_prompt (omp): the running answer is cut, the new prompt
+		// answers, and the one turn ends with it.
+		if err := a.c.Prompt(ctx, "[[slow:200ms]] [[big:20000]]", nil); err != nil {
+			t.Fatal(err)
+		}
+		waitStreaming()
+		if err := a.c.AbortAndPrompt(ctx, "[[say:replaced]]", nil); err != nil {
+			t.Fatalf("abort_and_prompt: %v", err)
+		}
+		turn, err = a.c.WaitTurn(ctx)
+		if err != nil || turn.Text != "replaced" {
+			t.Fatalf("abort_and_prompt turn: %q %v", turn.Text, err)
+		}
+		if err := a.c.WaitForIdle(ctx); err != nil {
+			t.Fatalf("wait for idle: %v", err)
+		}
+	})
+}

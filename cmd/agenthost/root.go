@@ -2,7 +2,6 @@ package main
 
 import (
 	"log/slog"
-	"os"
 
 	"github.com/spf13/cobra"
 )
@@ -20,7 +19,7 @@ func newRoot() *cobra.Command {
 		if !verbose {
 			return slog.New(slog.DiscardHandler)
 		}
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		return slog.New(slog.NewTextHandler(root.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	isVerbose := func() bool { return verbose }
 	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd())
