@@ -31,6 +31,30 @@ var piClientJS []byte
 // FloodEnv names the file of frames the flood agent writes.
 const FloodEnv = "FLOOD_FILE"
 
+type textBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type floodFrame struct {
+	Type    string `json:"type"`
+	Message struct {
+		Role       string         `json:"role"`
+		Content    []textBlock    `json:"content"`
+		API        string         `json:"api"`
+		Provider   string         `json:"provider"`
+		Model      string         `json:"model"`
+		Usage      map[string]int `json:"usage"`
+		StopReason string         `json:"stopReason"`
+		Timestamp  int64          `json:"timestamp"`
+	} `json:"message"`
+	Event struct {
+		Type         string `json:"type"`
+		ContentIndex int    `json:"contentIndex"`
+		Delta        string `json:"delta"`
+	} `json:"assistantMessageEvent"`
+}
+
 // WriteFrames writes n message_update frames of about 1 KB each, the shape
 // omp streams, and returns the bytes written.
 func WriteFrames(w io.Writer, n int) (int64, error) {
@@ -43,16 +67,14 @@ func WriteFrames(w io.Writer, n int) (int64, error) {
 		if len(text) > 800 {
 			text = text[len(text)-800:]
 		}
-		frame := map[string]any{
-			"type": "message_update",
-			"message": map[string]any{
-				"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}},
-				"api": "openai-completions", "provider": "fake", "model": "fake-model",
-				"usage":      map[string]any{"input": 10, "output": i, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 10 + i},
-				"stopReason": "stop", "timestamp": 1764400000000,
-			},
-			"assistantMessageEvent": map[string]any{"type": "text_delta", "contentIndex": 0, "delta": word},
-		}
+		// A struct, not a map: "type" first, as the agents write it.
+		frame := floodFrame{Type: "message_update"}
+		frame.Message.Role = "assistant"
+		frame.Message.Content = []textBlock{{Type: "text", Text: text}}
+		frame.Message.API, frame.Message.Provider, frame.Message.Model = "openai-completions", "fake", "fake-model"
+		frame.Message.Usage = map[string]int{"input": 10, "output": i, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 10 + i}
+		frame.Message.StopReason, frame.Message.Timestamp = "stop", 1764400000000
+		frame.Event.Type, frame.Event.Delta = "text_delta", word
 		b, err := json.Marshal(frame)
 		if err != nil {
 			return total, err

@@ -1,0 +1,68 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestWriteFrames(t *testing.T) {
+	var b bytes.Buffer
+	n, err := WriteFrames(&b, 500)
+	if err != nil || n != int64(b.Len()) {
+		t.Fatalf("%d %v", n, err)
+	}
+	lines := bytes.Split(bytes.TrimSpace(b.Bytes()), []byte("\n"))
+	if len(lines) != 500 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal(l, &m); err != nil || m["type"] != "message_update" {
+			t.Fatalf("bad frame %q", l)
+		}
+	}
+	if avg := b.Len() / 500; avg < 700 || avg > 1400 {
+		t.Fatalf("frames average %d bytes, want about 1 KB", avg)
+	}
+}
+
+// Both Go consumers see every frame the node flood agent writes.
+func TestConsumers(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is needed: %v", err)
+	}
+	dir := t.TempDir()
+	frames := filepath.Join(dir, "frames.jsonl")
+	f, err := os.Create(frames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteFrames(f, 3000); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	flood := filepath.Join(dir, "flood.js")
+	if err := os.WriteFile(flood, floodJS, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(FloodEnv, frames)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for name, consume := range map[string]func(context.Context, []string) (int, error){"floor": ConsumeFloor, "client": ConsumeClient} {
+		n, err := consume(ctx, []string{node, flood})
+		if err != nil || n != 3000 {
+			t.Fatalf("%s: %d frames, %v", name, n, err)
+		}
+	}
+}
