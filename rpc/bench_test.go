@@ -109,4 +109,3 @@ func BenchmarkJSONDecode(b *testing.B) {
 		}
 	}
 }
-

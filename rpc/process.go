@@ -15,12 +15,17 @@ import (
 // stdin closes, and between SIGTERM and SIGKILL.
 const DefaultGrace = time.Second
 
-// groupStarter is the built-in Starter: the agent leads its own process
-// group, and Stop signals that group. Descendants that leave the group
-// (setsid) are out of its reach; custody covers those.
-type groupStarter struct{ grace time.Duration }
+// GroupStarter is the built-in Starter, used when SpawnOptions.Starter is
+// nil: the agent leads its own process group, and Stop closes stdin, waits
+// Grace, then signals that group with SIGTERM and, after Grace again,
+// SIGKILL. Descendants that leave the group (setsid) are out of its reach;
+// the custody package covers those.
+type GroupStarter struct {
+	Grace time.Duration // default DefaultGrace
+}
 
-func (g groupStarter) Start(ctx context.Context, cmd *exec.Cmd) (Process, error) {
+// Start implements Starter.
+func (g GroupStarter) Start(ctx context.Context, cmd *exec.Cmd) (Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -51,7 +56,7 @@ func (g groupStarter) Start(ctx context.Context, cmd *exec.Cmd) (Process, error)
 	}
 	outW.Close()
 	errW.Close()
-	grace := g.grace
+	grace := g.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
 	}

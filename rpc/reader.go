@@ -268,12 +268,13 @@ func (c *Client) handleResponse(line []byte) {
 	p.ch <- &r
 }
 
+// dropTombstoneLocked removes the placeholder of a timed-out request that
+// was answered by id after all.
 func (c *Client) dropTombstoneLocked(id string) {
-	for cmd, q := range c.byCommand {
+	for _, q := range c.byCommand {
 		for _, p := range q {
 			if p.id == id {
 				c.removeFromCommandLocked(p)
-				_ = cmd
 				return
 			}
 		}
@@ -344,7 +345,7 @@ func (c *Client) retire(err error) {
 		return
 	}
 	c.exitErr = err
-	pend := c.pending
+	// Waiters watch done and return transportErr; forget them here.
 	c.pending = map[string]*pendingCall{}
 	c.byCommand = map[string][]*pendingCall{}
 	for _, cancel := range c.toolCancel {
@@ -354,7 +355,6 @@ func (c *Client) retire(err error) {
 		cancel()
 	}
 	c.mu.Unlock()
-	_ = pend // waiters see done and return transportErr
 	c.failTurn(err)
 	close(c.done)
 	c.firstOnce.Do(func() { c.firstFrame <- err })

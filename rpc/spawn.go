@@ -141,7 +141,7 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	cmd.Env = spec.Env
 	starter := opts.Starter
 	if starter == nil {
-		starter = groupStarter{grace: opts.Grace}
+		starter = GroupStarter{Grace: opts.Grace}
 	}
 	p, err := starter.Start(ctx, cmd)
 	if err != nil {

@@ -1,5 +1,3 @@
-//go:build unix
-
 package rpc_test
 
 import (
@@ -9,14 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -758,44 +754,16 @@ func (w *wireTap) responses(t *testing.T) map[string][][]byte {
 	return out
 }
 
-// tapStarter starts the agent in its own process group, like the built-in
-// starter, with the client's writes to stdin copied to a wireTap.
+// tapStarter starts the agent with the built-in GroupStarter and records
+// every frame the client writes to its stdin.
 type tapStarter struct{ tap *wireTap }
 
 func (s tapStarter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdin, err := cmd.StdinPipe()
+	p, err := rpc.GroupStarter{}.Start(ctx, cmd)
 	if err != nil {
 		return nil, err
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	err = cmd.Start()
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
-		return nil, err
-	}
-	p := &tapProcess{cmd: cmd, stdin: tapWriter{stdin, s.tap}, stdout: outR, stderr: errR, exited: make(chan struct{})}
-	go func() {
-		p.exitErr = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
+	return tapProcess{Process: p, stdin: tapWriter{p.Stdin(), s.tap}}, nil
 }
 
 type tapWriter struct {
@@ -812,56 +780,10 @@ func (t tapWriter) Write(p []byte) (int, error) {
 
 func (t tapWriter) Close() error { return t.w.Close() }
 
+// tapProcess is the started process with its stdin recorded.
 type tapProcess struct {
-	cmd            *exec.Cmd
-	stdin          tapWriter
-	stdout, stderr *os.File
-	exited         chan struct{}
-	exitErr        error
-	stopOnce       sync.Once
-	stopErr        error
-	outOnce        sync.Once
+	rpc.Process
+	stdin tapWriter
 }
 
-func (p *tapProcess) Stdin() io.WriteCloser   { return p.stdin }
-func (p *tapProcess) Stdout() io.Reader       { return p.stdout }
-func (p *tapProcess) Stderr() io.Reader       { return p.stderr }
-func (p *tapProcess) Exited() <-chan struct{} { return p.exited }
-
-func (p *tapProcess) ExitErr() error {
-	select {
-	case <-p.exited:
-		return p.exitErr
-	default:
-		return nil
-	}
-}
-
-func (p *tapProcess) CloseOutput() {
-	p.outOnce.Do(func() {
-		p.stdout.Close()
-		p.stderr.Close()
-	})
-}
-
-// Stop: stdin closed, a grace period, then SIGKILL to the group; strays
-// left in the group are killed either way.
-func (p *tapProcess) Stop(ctx context.Context) error {
-	p.stopOnce.Do(func() {
-		_ = p.stdin.Close()
-		t := time.NewTimer(rpc.DefaultGrace)
-		defer t.Stop()
-		select {
-		case <-p.exited:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-p.exited:
-		case <-ctx.Done():
-			p.stopErr = fmt.Errorf("agent pid %d did not exit: %w", p.cmd.Process.Pid, ctx.Err())
-		}
-	})
-	return p.stopErr
-}
+func (p tapProcess) Stdin() io.WriteCloser { return p.stdin }
