@@ -26,7 +26,10 @@ if [ "$(have @oh-my-pi/pi-coding-agent)" = "$want_omp" ] && [ "$(have @mariozech
   step "agents already installed: omp $want_omp, pi $want_pi, bun $want_bun"
 else
   step "installing omp $want_omp, pi $want_pi and bun $want_bun from the npm registry into .tools/ (about a minute)"
-  (cd .tools && npm ci --no-audit --no-fund --loglevel=error)
+  # npm install, not npm ci: omp lists optional native packages for other
+  # platforms at versions the registry does not have, which npm ci rejects
+  # as an out-of-sync lock. The lock still pins every installed version.
+  (cd .tools && npm install --no-audit --no-fund --loglevel=error)
   if ! .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
     step "linking bun's platform binary"
     (cd .tools/node_modules/bun && node install.js)
