@@ -19,12 +19,17 @@ func floodFrames(n int) []byte {
 		if len(text) > 800 {
 			text = text[len(text)-800:]
 		}
-		f, _ := json.Marshal(map[string]any{
-			"type": "message_update",
-			"message": map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}},
+		// "type" first, as the agents write it (a map would sort it last).
+		f, _ := json.Marshal(struct {
+			Type    string         `json:"type"`
+			Message map[string]any `json:"message"`
+			Event   map[string]any `json:"assistantMessageEvent"`
+		}{
+			Type: "message_update",
+			Message: map[string]any{"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}},
 				"api": "openai-completions", "provider": "fake", "model": "fake-model",
 				"usage": map[string]any{"input": 10, "output": i, "totalTokens": 10 + i}, "stopReason": "stop", "timestamp": 1764400000000},
-			"assistantMessageEvent": map[string]any{"type": "text_delta", "contentIndex": 0, "delta": "amet "},
+			Event: map[string]any{"type": "text_delta", "contentIndex": 0, "delta": "amet "},
 		})
 		b.Write(f)
 		b.WriteByte('\n')

@@ -41,10 +41,11 @@ type Options struct {
 	// line is reported as a protocol error and skipped.
 	MaxLineBytes int
 	// Backlog bounds events queued between the reader and the listeners
-	// (default 256). When it is full the reader waits for the listeners up
-	// to StallTimeout (default 2 s); past that it is an overflow, which
-	// fails the current turn with ErrBacklogOverflow and retires the
-	// transport. Responses queued behind a full backlog wait as long.
+	// (default 256; the batch being dispatched is not counted). When it is
+	// full the reader waits for the listeners up to StallTimeout (default
+	// 2 s); past that it is an overflow, which fails the current turn with
+	// ErrBacklogOverflow and retires the transport. Responses queued behind
+	// a full backlog wait as long.
 	Backlog      int
 	StallTimeout time.Duration
 	// DisableV2 keeps omp on protocol v1 even when it offers v2.
@@ -156,12 +157,21 @@ type Client struct {
 	all       []*listener
 	errLs     []*errListener
 
-	events   chan dispatchItem
+	// The backlog: the reader appends, the dispatcher takes everything
+	// queued at once, so a flood costs one wake-up per batch, not per event.
+	qmu      sync.Mutex
+	queue    []dispatchItem // at most Backlog items waiting
+	spare    []dispatchItem // the dispatcher's drained batch, reused
+	qlen     atomic.Int32   // len(queue), read by the reader without the lock
+	wake     chan struct{}  // reader -> dispatcher: items queued
+	space    chan struct{}  // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}
 	done     chan struct{} // closed when the transport has ended
 	quit     chan struct{} // closed by Close
 	readerWG sync.WaitGroup
 	wg       sync.WaitGroup // every other goroutine the client starts
+
+	slab []byte // the reader's copy space for frames; see frameCopy
 
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
@@ -171,8 +181,9 @@ type Client struct {
 }
 
 type dispatchItem struct {
-	ev  Event
-	err error
+	ev       Event
+	err      error
+	validate bool // not yet validated by the reader (see fastType)
 }
 
 type listener struct {
@@ -198,7 +209,8 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		uiCancel:   map[string]context.CancelFunc{},
 		toolCancel: map[string]context.CancelFunc{},
 		listeners:  map[string][]*listener{},
-		events:     make(chan dispatchItem, opts.Backlog),
+		wake:       make(chan struct{}, 1),
+		space:      make(chan struct{}, 1),
 		toolSem:    make(chan struct{}, opts.HostToolConcurrency),
 		done:       make(chan struct{}),
 		quit:       make(chan struct{}),
@@ -665,6 +677,26 @@ func (c *Client) reportError(err error) {
 	if n > 0 {
 		c.enqueue(dispatchItem{err: err})
 	}
+}
+
+// slabSize is the reader's copy space: frames up to a quarter of it are
+// copied into a shared slab (one allocation per many frames); larger ones
+// get their own. An Event kept by a caller keeps at most one slab alive.
+const slabSize = 16 << 10
+
+// frameCopy returns a copy of line that outlives the framer's buffer.
+// Reader goroutine only.
+func (c *Client) frameCopy(line []byte) []byte {
+	n := len(line)
+	if n > slabSize/4 {
+		return append([]byte(nil), line...)
+	}
+	if cap(c.slab)-len(c.slab) < n {
+		c.slab = make([]byte, 0, slabSize)
+	}
+	start := len(c.slab)
+	c.slab = append(c.slab, line...)
+	return c.slab[start:len(c.slab):len(c.slab)]
 }
 
 // keepError adds err to the bounded list Errors returns.

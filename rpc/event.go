@@ -53,6 +53,9 @@ var knownTypes = func() map[string]string {
 		"host_tool_call", "host_tool_cancel", "host_uri_request", "host_uri_cancel",
 		"available_commands_update", "advisor_cost_changed", "todo_reminder", "todo_auto_clear",
 		"retry_fallback_applied", "retry_fallback_succeeded", "ttsr_triggered",
+		"tool_stream_update", "command_output", "rpc_frame_error", "session_info_update",
+		"config_update", "advisor_yielded", "config_warnings_changed", "irc_message", "goal_updated",
+		"subagent_lifecycle", "subagent_progress", "subagent_event",
 	} {
 		m[t] = t
 	}
@@ -64,4 +67,35 @@ func internType(b []byte) string {
 		return s
 	}
 	return string(b)
+}
+
+// deferredTypes are the frequent frame types the reader neither acts on nor
+// tracks turns by. Their validation moves to the dispatcher.
+var deferredTypes = map[string]bool{
+	"message_update": true, "message_start": true, "turn_start": true, "turn_end": true,
+	"tool_execution_start": true, "tool_execution_update": true, "tool_execution_end": true,
+	"tool_stream_update": true, "notice": true, "queue_update": true, "advisor_cost_changed": true,
+}
+
+// fastType reads the type of a frame that starts with {"type":"<name>",
+// as both agents write their events, when name is a deferred type. It does
+// not validate the frame.
+func fastType(line []byte) (string, bool) {
+	const prefix = `{"type":"`
+	if len(line) < len(prefix)+2 || string(line[:len(prefix)]) != prefix {
+		return "", false
+	}
+	rest := line[len(prefix):]
+	end := 0
+	for end < len(rest) && end < 32 && (rest[end] >= 'a' && rest[end] <= 'z' || rest[end] == '_') {
+		end++
+	}
+	if end == 0 || end >= len(rest) || rest[end] != '"' || end+1 >= len(rest) || (rest[end+1] != ',' && rest[end+1] != '}') {
+		return "", false
+	}
+	t, ok := knownTypes[string(rest[:end])]
+	if !ok || !deferredTypes[t] {
+		return "", false
+	}
+	return t, true
 }

@@ -12,7 +12,8 @@ const (
 	// of any length.
 	DefaultMaxLineBytes = 64 << 20
 
-	framerInitialBuf = 64 << 10
+	// framerInitialBuf: large reads keep syscalls few under a flood.
+	framerInitialBuf = 256 << 10
 	// framerShrinkAbove: a buffer grown past this for one long line is
 	// released once that line is consumed, so one big frame does not pin
 	// memory for the rest of the session.

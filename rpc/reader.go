@@ -47,6 +47,26 @@ func (c *Client) readLoop() {
 
 // handleLine processes one complete frame. line aliases the framer's buffer.
 func (c *Client) handleLine(line []byte) {
+	if typ, ok := fastType(line); ok && !c.reasm.pending() {
+		// A frequent event the reader neither acts on nor ends turns by:
+		// the dispatcher validates it, on the other core, before any
+		// listener sees it, unless the dispatcher is falling behind; then
+		// the reader shares the work.
+		deferred := c.qlen.Load() < int32(c.opts.Backlog/4)
+		if !deferred {
+			if _, err := scanFrame(line); err != nil {
+				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+				return
+			}
+		}
+		ev := Event{Type: typ}
+		c.trackTurn(typ, line, &ev)
+		if ev.raw == nil {
+			ev.raw = c.frameCopy(line)
+		}
+		c.enqueue(dispatchItem{ev: ev, validate: deferred})
+		return
+	}
 	h, err := scanFrame(line)
 	if err != nil {
 		c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
@@ -64,7 +84,7 @@ func (c *Client) handleLine(line []byte) {
 		c.reasm.reset()
 		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk sequence interrupted by another frame; the chunked frame is lost")})
 	}
-	c.handleFrame(typ, h, line)
+	c.handleFrame(typ, line)
 }
 
 func (c *Client) handleChunk(line []byte) {
@@ -86,15 +106,15 @@ func (c *Client) handleChunk(line []byte) {
 		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("reassembled frame is itself a chunk")})
 		return
 	}
-	c.handleFrame(typ, h, whole)
+	c.handleFrame(typ, whole)
 }
 
-func (c *Client) handleFrame(typ string, h frameHead, line []byte) {
+func (c *Client) handleFrame(typ string, line []byte) {
 	switch typ {
 	case "response":
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: slices.Clone(line)}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: c.frameCopy(line)}})
 		}
 		return
 	case "ready":
@@ -110,7 +130,7 @@ func (c *Client) handleFrame(typ string, h frameHead, line []byte) {
 	c.trackTurn(typ, line, &ev)
 	if c.hasListeners() {
 		if ev.raw == nil {
-			ev.raw = slices.Clone(line)
+			ev.raw = c.frameCopy(line)
 		}
 		c.enqueue(dispatchItem{ev: ev})
 	}
@@ -121,37 +141,84 @@ func (c *Client) handleFrame(typ string, h frameHead, line []byte) {
 // make no progress for that long are an overflow, which fails the turn and
 // retires the transport. The reader never waits unbounded.
 func (c *Client) enqueue(it dispatchItem) {
-	select {
-	case c.events <- it:
+	if c.tryQueue(it) {
 		return
-	default:
 	}
 	t := time.NewTimer(c.opts.StallTimeout)
 	defer t.Stop()
-	select {
-	case c.events <- it:
-		return
-	case <-c.quit:
-		return
-	case <-t.C:
+	for {
+		select {
+		case <-c.space:
+			if c.tryQueue(it) {
+				return
+			}
+		case <-c.quit:
+			return
+		case <-t.C:
+			err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
+			c.keepError(err)
+			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
+			c.failTurn(err)
+			c.retire(err)
+			// Retire the agent too: with stdin closed it exits, and reading ends.
+			_ = c.w.Close()
+			return
+		}
 	}
-	err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
-	c.keepError(err)
-	c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
-	c.failTurn(err)
-	c.retire(err)
-	// Retire the agent too: with stdin closed it exits, and reading ends.
-	_ = c.w.Close()
 }
 
-// dispatchLoop runs listeners, one item at a time, until the client ends.
+// tryQueue appends it unless the backlog is full, and wakes the dispatcher.
+func (c *Client) tryQueue(it dispatchItem) bool {
+	c.qmu.Lock()
+	if len(c.queue) >= c.opts.Backlog {
+		c.qmu.Unlock()
+		return false
+	}
+	c.queue = append(c.queue, it)
+	c.qlen.Store(int32(len(c.queue)))
+	c.qmu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+	return true
+}
+
+// dispatchLoop runs listeners, one item at a time in arrival order, taking
+// the whole backlog per wake-up. When the client closes (the reader has
+// stopped by then) it delivers what is still queued, then returns: events
+// that arrived are never dropped silently.
 func (c *Client) dispatchLoop() {
 	defer c.wg.Done()
 	for {
+		quit := false
 		select {
-		case it := <-c.events:
-			c.dispatch(it)
+		case <-c.wake:
 		case <-c.quit:
+			quit = true
+		}
+		for {
+			c.qmu.Lock()
+			if len(c.queue) == 0 {
+				c.qmu.Unlock()
+				break
+			}
+			// Swap buffers: queue and spare never share an array.
+			batch := c.queue
+			c.queue = c.spare[:0]
+			c.qlen.Store(0)
+			c.qmu.Unlock()
+			select {
+			case c.space <- struct{}{}:
+			default:
+			}
+			for _, it := range batch {
+				c.dispatch(it)
+			}
+			clear(batch) // drop the frames for the collector
+			c.spare = batch
+		}
+		if quit {
 			return
 		}
 	}
@@ -163,6 +230,19 @@ func (c *Client) dispatch(it dispatchItem) {
 	c.lmu.RLock()
 	typed, all, els := c.listeners[it.ev.Type], c.all, c.errLs
 	c.lmu.RUnlock()
+	if it.validate {
+		if _, err := scanFrame(it.ev.raw); err != nil {
+			// Reported here, not through reportError: the dispatcher must
+			// never wait on its own queue.
+			perr := &ProtocolError{Op: "frame", Frame: quoteFrame(it.ev.raw), Err: err}
+			c.keepError(perr)
+			c.log.Warn("rpc: protocol error", "op", perr.Op, "err", err)
+			for _, el := range els {
+				c.safeCallErr(el.fn, perr)
+			}
+			return
+		}
+	}
 	if it.err != nil {
 		for _, l := range els {
 			c.safeCallErr(l.fn, it.err)

@@ -1,9 +1,11 @@
 package rpc
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 )
 
 // maxJSONDepth bounds nesting so a hostile frame cannot exhaust the stack.
@@ -121,12 +123,11 @@ func (s *scanner) fail(msg string) error { return &SyntaxError{Offset: s.i, Msg:
 
 func (s *scanner) ws() {
 	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
+		c := s.b[s.i]
+		if c > ' ' || (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
 			return
 		}
+		s.i++
 	}
 }
 
@@ -289,11 +290,17 @@ func (s *scanner) str() (start, end int, esc bool, err error) {
 	start = i
 	for {
 		for i+8 <= len(b) {
-			x := binary.LittleEndian.Uint64(b[i:])
-			q := x ^ (lo8 * '"')
-			bs := x ^ (lo8 * '\\')
-			t := ((x - lo8*0x20) & ^x) | ((q - lo8) & ^q) | ((bs - lo8) & ^bs)
-			if t&hi8 != 0 {
+			if i-start >= 64 {
+				// A long string (message text carries most bytes): go on
+				// with vectorised searches.
+				s.i = i
+				end, e, err := s.strLong(start)
+				return start, end, esc || e, err
+			}
+			if t := special(binary.LittleEndian.Uint64(b[i:])); t != 0 {
+				// The lowest flagged byte is exact (borrows only carry
+				// upwards): jump straight to it.
+				i += bits.TrailingZeros64(t) >> 3
 				break
 			}
 			i += 8
@@ -308,23 +315,11 @@ func (s *scanner) str() (start, end int, esc bool, err error) {
 			return start, i, esc, nil
 		case c == '\\':
 			esc = true
-			if i+1 >= len(b) {
-				s.i = i
-				return 0, 0, false, s.fail("unterminated string")
+			n, err := s.escape(i)
+			if err != nil {
+				return 0, 0, false, err
 			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
-					s.i = i
-					return 0, 0, false, s.fail("invalid \\u escape")
-				}
-				i += 6
-			default:
-				s.i = i
-				return 0, 0, false, s.fail("invalid escape")
-			}
+			i += n
 		case c < 0x20:
 			s.i = i
 			return 0, 0, false, s.fail("control character in string")
@@ -332,6 +327,95 @@ func (s *scanner) str() (start, end int, esc bool, err error) {
 			i++
 		}
 	}
+}
+
+// strLong finishes a string from s.i in time linear in its length: the next
+// quote and the next backslash are found with IndexByte, the clean runs
+// between them checked for control bytes, and a quote position is searched
+// again only once an escape has passed it.
+func (s *scanner) strLong(start int) (end int, esc bool, err error) {
+	b := s.b
+	i := s.i
+	q := -1 // absolute position of the next unescaped-looking quote
+	for {
+		if q < i {
+			rel := bytes.IndexByte(b[i:], '"')
+			if rel < 0 {
+				s.i = len(b)
+				return 0, false, s.fail("unterminated string")
+			}
+			q = i + rel
+		}
+		clean := q
+		if bs := bytes.IndexByte(b[i:q], '\\'); bs >= 0 {
+			clean = i + bs
+		}
+		if hasControl(b[i:clean]) {
+			for i < clean && b[i] >= 0x20 {
+				i++
+			}
+			s.i = i
+			return 0, false, s.fail("control character in string")
+		}
+		if clean == q {
+			s.i = q + 1
+			return q, esc, nil
+		}
+		esc = true
+		n, err := s.escape(clean)
+		if err != nil {
+			return 0, false, err
+		}
+		i = clean + n
+	}
+}
+
+// escape validates the escape sequence at b[i] (a backslash) and returns
+// its length.
+func (s *scanner) escape(i int) (int, error) {
+	b := s.b
+	if i+1 >= len(b) {
+		s.i = i
+		return 0, s.fail("unterminated string")
+	}
+	switch b[i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2, nil
+	case 'u':
+		if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+			s.i = i
+			return 0, s.fail("invalid \\u escape")
+		}
+		return 6, nil
+	}
+	s.i = i
+	return 0, s.fail("invalid escape")
+}
+
+// special flags (high bit set) the bytes of x that are a quote, a
+// backslash or a control byte; 0 when there is none.
+func special(x uint64) uint64 {
+	q := x ^ (lo8 * '"')
+	bs := x ^ (lo8 * '\\')
+	return (((x - lo8*0x20) & ^x) | ((q - lo8) & ^q) | ((bs - lo8) & ^bs)) & hi8
+}
+
+// hasControl: some byte of b is below 0x20 (forbidden raw in a string).
+func hasControl(b []byte) bool {
+	i := 0
+	for ; i+16 <= len(b); i += 16 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		y := binary.LittleEndian.Uint64(b[i+8:])
+		if (((x-lo8*0x20)&^x)|((y-lo8*0x20)&^y))&hi8 != 0 {
+			return true
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 func isHex4(b []byte) bool {
