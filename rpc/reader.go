@@ -154,6 +154,12 @@ func (c *Client) enqueue(it dispatchItem) {
 			}
 		case <-c.quit:
 			return
+		case <-c.done:
+			// Closed or retired while the backlog is full: Close must not
+			// wait on listeners that do not keep up. What is queued is
+			// still delivered; this event is counted as dropped.
+			c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
+			return
 		case <-t.C:
 			err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
 			c.keepError(err)

@@ -27,6 +27,13 @@ type realAgent struct {
 
 func startReal(t *testing.T, kind agents.Kind, opts rpc.Options, extra ...string) *realAgent {
 	t.Helper()
+	return startRealWith(t, kind, rpc.SpawnOptions{Options: opts}, func(s *rpc.Spec) { s.ExtraArgs = extra })
+}
+
+// startRealWith starts kind on a fresh scripted model and agent home;
+// adjust may change the spec before the spawn.
+func startRealWith(t *testing.T, kind agents.Kind, sopts rpc.SpawnOptions, adjust func(*rpc.Spec)) *realAgent {
+	t.Helper()
 	in, err := agents.Find()
 	if err != nil {
 		t.Fatalf("the real agents are needed (run make setup): %v", err)
@@ -48,8 +55,11 @@ func startReal(t *testing.T, kind agents.Kind, opts rpc.Options, extra ...string
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	spec := rpc.Spec{Argv: argv, Model: agents.ModelID, Dir: dir, Env: env, SessionDir: filepath.Join(home, "sessions"), ExtraArgs: extra}
-	c, err := rpc.Spawn(ctx, spec, rpc.SpawnOptions{Options: opts})
+	spec := rpc.Spec{Argv: argv, Model: agents.ModelID, Dir: dir, Env: env, SessionDir: filepath.Join(home, "sessions")}
+	if adjust != nil {
+		adjust(&spec)
+	}
+	c, err := rpc.Spawn(ctx, spec, sopts)
 	if err != nil {
 		t.Fatalf("spawn %s: %v", kind, err)
 	}

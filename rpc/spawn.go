@@ -185,8 +185,11 @@ func (c *Client) attachProcess(p Process) {
 
 // Close ends the client: every waiter is released at once with an error,
 // stdin is closed, an owned process gets its grace period and is then
-// stopped with escalating signals, and every goroutine the client started
-// is joined. Close is idempotent and returns the same result each time.
+// stopped with escalating signals, events already queued are delivered to
+// listeners, and every goroutine the client started is joined. Listeners,
+// host tools and UI handlers must return (they see their context end), or
+// Close waits for them. Close is idempotent and returns the same result
+// each time.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()

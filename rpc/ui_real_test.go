@@ -51,50 +51,18 @@ type uiAgent struct {
 // ui as its handler (nil: none) and a tap on the client's writes.
 func startUIAgent(t *testing.T, kind agents.Kind, ui *uiSwitch) *uiAgent {
 	t.Helper()
-	in, err := agents.Find()
-	if err != nil {
-		t.Fatalf("the real agents are needed (run make setup): %v", err)
-	}
-	argv, err := in.Argv(kind)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ext, err := filepath.Abs(askUserExt)
 	if err != nil {
 		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	sim := modelsim.New(modelsim.Options{})
-	if err := sim.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sim.Close() })
-	home := t.TempDir()
-	env, err := agents.Home(home, kind, sim.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	spec := rpc.Spec{
-		Argv: argv, Model: agents.ModelID, Dir: dir, Env: env,
-		SessionDir: filepath.Join(home, "sessions"), Extensions: []string{ext},
 	}
 	var opts rpc.Options
 	if ui != nil {
 		opts.UI = ui.handle
 	}
 	tap := &wireTap{}
-	c, err := rpc.Spawn(ctx, spec, rpc.SpawnOptions{Options: opts, Starter: tapStarter{tap: tap}})
-	if err != nil {
-		t.Fatalf("spawn %s: %v", kind, err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return &uiAgent{realAgent: &realAgent{c: c, sim: sim, dir: dir}, tap: tap, ui: ui}
+	a := startRealWith(t, kind, rpc.SpawnOptions{Options: opts, Starter: tapStarter{tap: tap}},
+		func(s *rpc.Spec) { s.Extensions = []string{ext} })
+	return &uiAgent{realAgent: a, tap: tap, ui: ui}
 }
 
 func TestRealUI_Dialogs(t *testing.T) {
