@@ -70,6 +70,11 @@ func TestSpawn_InvalidJSONMidStream(t *testing.T) {
 	if turn.Text != "survived" {
 		t.Fatalf("text = %q", turn.Text)
 	}
+	// Frequent event types are validated on the dispatcher; Close delivers
+	// everything queued, so every report is in by then.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
 	errs := c.Errors()
 	if len(errs) != 2 || !errors.Is(errs[0], ErrProtocol) || !errors.Is(errs[1], ErrProtocol) {
 		t.Fatalf("errors = %v", errs)
