@@ -171,8 +171,6 @@ type Client struct {
 	readerWG sync.WaitGroup
 	wg       sync.WaitGroup // every other goroutine the client starts
 
-	slab []byte // the reader's copy space for frames; see frameCopy
-
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
 	closeOnce  sync.Once
@@ -679,24 +677,10 @@ func (c *Client) reportError(err error) {
 	}
 }
 
-// slabSize is the reader's copy space: frames up to a quarter of it are
-// copied into a shared slab (one allocation per many frames); larger ones
-// get their own. An Event kept by a caller keeps at most one slab alive.
-const slabSize = 16 << 10
-
-// frameCopy returns a copy of line that outlives the framer's buffer.
-// Reader goroutine only.
-func (c *Client) frameCopy(line []byte) []byte {
-	n := len(line)
-	if n > slabSize/4 {
-		return append([]byte(nil), line...)
-	}
-	if cap(c.slab)-len(c.slab) < n {
-		c.slab = make([]byte, 0, slabSize)
-	}
-	start := len(c.slab)
-	c.slab = append(c.slab, line...)
-	return c.slab[start:len(c.slab):len(c.slab)]
+// frameCopy returns line limited to its length, so no append can reach the
+// bytes after it. The reader's framer is stable, so lines need no copy.
+func frameCopy(line []byte) []byte {
+	return line[:len(line):len(line)]
 }
 
 // keepError adds err to the bounded list Errors returns.

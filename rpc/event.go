@@ -10,6 +10,10 @@ import (
 //
 // An Event is immutable: Raw returns a copy, Decode fills a fresh value, so
 // a listener cannot change what other listeners or a retained Turn see.
+//
+// To avoid a copy per frame, an Event shares the buffer it was read into
+// (up to 64 KiB, with its neighbours): keeping a few Events for a long time
+// keeps those buffers alive. Store Raw() for long-term keeping instead.
 type Event struct {
 	Type string
 	raw  []byte

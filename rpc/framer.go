@@ -14,6 +14,9 @@ const (
 
 	// framerInitialBuf: large reads keep syscalls few under a flood.
 	framerInitialBuf = 256 << 10
+	// stableBuf is a stable framer's buffer: a pipe delivers at most 64 KiB
+	// per read, and a kept line keeps its whole buffer alive, so no more.
+	stableBuf = 64 << 10
 	// framerShrinkAbove: a buffer grown past this for one long line is
 	// released once that line is consumed, so one big frame does not pin
 	// memory for the rest of the session.
@@ -38,8 +41,9 @@ func (e *LineTooLongError) Is(target error) bool { return target == ErrLineTooLo
 // anything but LF (U+2028/U+2029 are data), drops a trailing CR, skips empty
 // lines, and holds at most max bytes of one line in memory.
 //
-// The returned line aliases the framer's buffer and is valid until the next
-// call. framer is not safe for concurrent use.
+// The returned line aliases the framer's buffer: valid until the next call,
+// or for good when the framer is stable. framer is not safe for concurrent
+// use.
 type framer struct {
 	r          io.Reader
 	buf        []byte
@@ -47,17 +51,21 @@ type framer struct {
 	scanned    int // buf[start:start+scanned] is known to hold no LF
 	max        int
 	err        error // sticky read error, returned once the buffer is drained
+	stable     bool  // lines stay valid after later calls (see fillStable)
 }
 
-func newFramer(r io.Reader, max int) *framer {
+func newFramer(r io.Reader, max int, stable bool) *framer {
 	if max <= 0 {
 		max = DefaultMaxLineBytes
 	}
 	n := framerInitialBuf
+	if stable {
+		n = stableBuf
+	}
 	if n > max+1 {
 		n = max + 1
 	}
-	return &framer{r: r, buf: make([]byte, n), max: max}
+	return &framer{r: r, buf: make([]byte, n), max: max, stable: stable}
 }
 
 // next returns the next non-empty line. A line over the cap is consumed and
@@ -71,6 +79,11 @@ func (f *framer) next() ([]byte, error) {
 			line := f.buf[f.start:lineEnd]
 			f.start = lineEnd + 1
 			f.scanned = 0
+			if len(line) > f.max {
+				// Only a buffer larger than the cap holds a whole line over
+				// it; the cap still applies.
+				return nil, &LineTooLongError{Len: int64(len(line)), Max: f.max}
+			}
 			if n := len(line); n > 0 && line[n-1] == '\r' {
 				line = line[:n-1]
 			}
@@ -106,6 +119,10 @@ func (f *framer) next() ([]byte, error) {
 // fill reads more data, making room first: compact, shrink after a long
 // line, or grow up to max+1 bytes.
 func (f *framer) fill() {
+	if f.stable {
+		f.fillStable()
+		return
+	}
 	if f.start > 0 && (f.end == len(f.buf) || f.start == f.end) {
 		if f.start == f.end && len(f.buf) > framerShrinkAbove {
 			f.buf = make([]byte, framerInitialBuf)
@@ -124,6 +141,27 @@ func (f *framer) fill() {
 		copy(nb, f.buf[:f.end])
 		f.buf = nb
 	}
+	f.read()
+}
+
+// fillStable never writes over bytes already handed out: when the buffer
+// is full it moves the unfinished line into a new buffer, so every line
+// returned stays valid for as long as its holder keeps it.
+func (f *framer) fillStable() {
+	if f.end == len(f.buf) {
+		size := stableBuf
+		if pending := f.end - f.start; pending*2 > size {
+			size = min(pending*2, f.max+1)
+		}
+		nb := make([]byte, size)
+		f.end = copy(nb, f.buf[f.start:f.end])
+		f.start = 0
+		f.buf = nb
+	}
+	f.read()
+}
+
+func (f *framer) read() {
 	n, err := f.r.Read(f.buf[f.end:])
 	f.end += n
 	if err != nil {
@@ -136,7 +174,9 @@ func (f *framer) fill() {
 func (f *framer) skipLong() error {
 	skipped := int64(f.end - f.start)
 	f.start, f.end, f.scanned = 0, 0, 0
-	if len(f.buf) > framerShrinkAbove {
+	if f.stable {
+		f.buf = make([]byte, stableBuf) // the old one may hold lines handed out
+	} else if len(f.buf) > framerShrinkAbove {
 		f.buf = make([]byte, framerInitialBuf)
 	}
 	for {

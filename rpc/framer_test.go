@@ -10,7 +10,21 @@ import (
 )
 
 func readAll(t testing.TB, r io.Reader, max int) (lines []string, tooLong []int64) {
-	f := newFramer(r, max)
+	return readAllMode(t, r, max, false)
+}
+
+// readAllMode reads every line; in stable mode it also checks, at the end,
+// that no line handed out earlier was overwritten.
+func readAllMode(t testing.TB, r io.Reader, max int, stable bool) (lines []string, tooLong []int64) {
+	f := newFramer(r, max, stable)
+	var kept [][]byte
+	defer func() {
+		for i, k := range kept {
+			if string(k) != lines[i] {
+				t.Fatalf("stable framer: line %d changed after later reads: %q, was %q", i, k, lines[i])
+			}
+		}
+	}()
 	for {
 		line, err := f.next()
 		var tl *LineTooLongError
@@ -23,6 +37,9 @@ func readAll(t testing.TB, r io.Reader, max int) (lines []string, tooLong []int6
 			t.Fatalf("next: %v", err)
 		default:
 			lines = append(lines, string(line))
+			if stable {
+				kept = append(kept, line)
+			}
 		}
 	}
 }
@@ -61,6 +78,12 @@ func TestFramer_LongLines(t *testing.T) {
 		t.Fatalf("4 MiB cap: got %d lines, too long %v", len(got), tl)
 	}
 	// Over the cap: reported with its length, skipped, reading goes on.
+	for _, stable := range []bool{false, true} {
+		got, tl = readAllMode(t, iotest.HalfReader(strings.NewReader(in)), 1<<20, stable)
+		if len(tl) != 1 || strings.Join(got, "|") != "a|b|"+strings.Repeat("y", 100) {
+			t.Fatalf("stable=%v: lines %d, too long %v", stable, len(got), tl)
+		}
+	}
 	got, tl = readAll(t, iotest.HalfReader(strings.NewReader(in)), 1<<20)
 	if len(tl) != 1 || tl[0] != int64(len(big)) {
 		t.Fatalf("too long = %v, want [%d]", tl, len(big))
@@ -92,7 +115,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 func TestFramer_ReadError(t *testing.T) {
 	boom := errors.New("boom")
-	f := newFramer(io.MultiReader(strings.NewReader("a\nb"), errReader{boom}), 0)
+	f := newFramer(io.MultiReader(strings.NewReader("a\nb"), errReader{boom}), 0, false)
 	var lines []string
 	for {
 		l, err := f.next()
@@ -141,6 +164,10 @@ func FuzzFramer(f *testing.F) {
 			}
 		}
 		got, gotLong := readAll(t, iotest.DataErrReader(&chunkReader{b: in, n: chunk}), max)
+		sgot, sLong := readAllMode(t, iotest.DataErrReader(&chunkReader{b: in, n: chunk}), max, true)
+		if strings.Join(sgot, "\n") != strings.Join(got, "\n") || len(sgot) != len(got) || len(sLong) != len(gotLong) {
+			t.Fatalf("stable framer differs: %q vs %q", sgot, got)
+		}
 		if strings.Join(got, "\n") != strings.Join(want, "\n") || len(got) != len(want) {
 			t.Fatalf("lines: got %q want %q", got, want)
 		}

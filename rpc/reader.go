@@ -14,7 +14,9 @@ import (
 // listener: events go to a bounded queue, responses straight to waiters.
 func (c *Client) readLoop() {
 	defer c.readerWG.Done()
-	fr := newFramer(c.r, c.opts.MaxLineBytes)
+	// Stable lines: events keep slices of the read buffers instead of
+	// copies (see Event).
+	fr := newFramer(c.r, c.opts.MaxLineBytes, true)
 	first := true
 	for {
 		line, err := fr.next()
@@ -62,7 +64,7 @@ func (c *Client) handleLine(line []byte) {
 		ev := Event{Type: typ}
 		c.trackTurn(typ, line, &ev)
 		if ev.raw == nil {
-			ev.raw = c.frameCopy(line)
+			ev.raw = frameCopy(line)
 		}
 		c.enqueue(dispatchItem{ev: ev, validate: deferred})
 		return
@@ -114,7 +116,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	case "response":
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: c.frameCopy(line)}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameCopy(line)}})
 		}
 		return
 	case "ready":
@@ -130,7 +132,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	c.trackTurn(typ, line, &ev)
 	if c.hasListeners() {
 		if ev.raw == nil {
-			ev.raw = c.frameCopy(line)
+			ev.raw = frameCopy(line)
 		}
 		c.enqueue(dispatchItem{ev: ev})
 	}
