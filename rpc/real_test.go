@@ -226,7 +226,7 @@ func TestReal_AbortMidTurn(t *testing.T) {
 			default:
 			}
 		})
-		if err := a.c.Prompt(ctx, "[[slow:200ms]] [[big:20000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:20000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -447,7 +447,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 
 		// Follow-up: delivered once the agent would stop.
-		if err := a.c.Prompt(ctx, "[[slow:100ms]] [[big:2000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:2000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()
@@ -460,7 +460,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 
 		// Steer: delivered after the current assistant message.
-		if err := a.c.Prompt(ctx, "[[slow:100ms]] [[big:2000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:2000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()
@@ -480,7 +480,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 		// abort_and_prompt (omp): the running answer is cut, the new prompt
 		// answers, and the one turn ends with it.
-		if err := a.c.Prompt(ctx, "[[slow:200ms]] [[big:20000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:20000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()
