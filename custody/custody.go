@@ -634,6 +634,11 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 			s.cg.kill()
 			s.signalAll(sigKill)
 		}
+	} else if !s.allGone() {
+		// A retry after a Close that could not confirm: kill again.
+		c.scan()
+		s.cg.kill()
+		s.signalAll(sigKill)
 	}
 	if err := s.waitAllGone(ctx, opts.Confirm); err != nil {
 		return nil, err

@@ -169,6 +169,7 @@ type Client struct {
 	done     chan struct{} // closed when the transport has ended
 	quit     chan struct{} // closed by Close
 	readerWG sync.WaitGroup
+	stderrWG sync.WaitGroup // the stderr drain, also counted in wg
 	wg       sync.WaitGroup // every other goroutine the client starts
 
 	firstFrame chan error // Start's handshake: result of the first frame

@@ -209,12 +209,26 @@ var fakeAgents = map[string]func(){
 			return false
 		})
 	},
-	// slow-state: answers get_state only after a prompt's turn ran, to show
-	// responses are matched while listeners block (see the test).
+	// escape: starts a setsid'd /bin/sleep that inherits stdout and stderr
+	// (out of the process group's reach); "where" answers its pid.
+	"escape": func() {
+		cmd := exec.Command("setsid", "/bin/sleep", "60")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			os.Exit(3)
+		}
+		f := newFakeIO()
+		f.serve(func(c map[string]any) bool {
+			if c["type"] == "where" {
+				f.send(map[string]any{"id": c["id"], "type": "response", "command": "where", "success": true, "data": map[string]any{"pid": cmd.Process.Pid}})
+				return true
+			}
+			return false
+		})
+	},
 	"stderr-exit": func() {
 		fmt.Fprintln(os.Stderr, "fatal: no model configured")
 		os.Exit(3)
 	},
 }
 
-var _ = exec.Command

@@ -177,8 +177,10 @@ func (c *Client) attachProcess(p Process) {
 	c.proc = ownedProcess{p: p}
 	c.stder = newTailBuffer(DefaultStderrTail)
 	c.wg.Add(1)
+	c.stderrWG.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer c.stderrWG.Done()
 		_, _ = io.Copy(c.stder, p.Stderr())
 	}()
 }
@@ -217,6 +219,12 @@ func (c *Client) Close() error {
 			}
 		}
 		c.readerWG.Wait()
+		if c.owned != nil {
+			// Let stderr drain its tail, but not wait on a descendant
+			// that keeps it open; then release the pipe fds.
+			waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
+			c.owned.CloseOutput()
+		}
 		close(c.quit)
 		c.wg.Wait()
 	})

@@ -2,6 +2,8 @@ package rpc
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"errors"
 	"fmt"
 	"strings"
@@ -216,5 +218,38 @@ func TestSpec_Args(t *testing.T) {
 	}
 	if got := fmt.Sprint(Spec{Argv: []string{"x", "y"}, Model: "m", Verbatim: true}.Args()); got != "[x y]" {
 		t.Fatalf("verbatim args = %s", got)
+	}
+}
+
+// A descendant out of the process group's reach that keeps stdout and
+// stderr open does not hold Close: the pipes are cut after the leader is
+// gone. (Custody would also end the descendant; GroupStarter cannot.)
+func TestSpawn_EscapedDescendantHoldsPipes(t *testing.T) {
+	c, err := Spawn(ctxT(t, 30*time.Second), fakeSpec(t, "escape"), SpawnOptions{Grace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Request(ctxT(t, 10*time.Second), "where", nil)
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	var m struct{ Pid int }
+	if err := json.Unmarshal(resp.Data, &m); err != nil || m.Pid == 0 {
+		c.Close()
+		t.Fatalf("where: %s %v", resp.Data, err)
+	}
+	defer func() {
+		if p, err := os.FindProcess(m.Pid); err == nil {
+			p.Kill()
+			p.Wait()
+		}
+	}()
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v with a descendant holding the pipes", d)
 	}
 }
