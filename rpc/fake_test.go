@@ -231,4 +231,3 @@ var fakeAgents = map[string]func(){
 		os.Exit(3)
 	},
 }
-

@@ -3,9 +3,9 @@ package rpc
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
