@@ -678,9 +678,9 @@ func (c *Client) reportError(err error) {
 	}
 }
 
-// frameCopy returns line limited to its length, so no append can reach the
+// frameRef returns line limited to its length, so no append can reach the
 // bytes after it. The reader's framer is stable, so lines need no copy.
-func frameCopy(line []byte) []byte {
+func frameRef(line []byte) []byte {
 	return line[:len(line):len(line)]
 }
 

@@ -47,7 +47,8 @@ func (c *Client) readLoop() {
 	}
 }
 
-// handleLine processes one complete frame. line aliases the framer's buffer.
+// handleLine processes one complete frame. line stays valid after the
+// call (the framer is stable), so events may keep it.
 func (c *Client) handleLine(line []byte) {
 	if typ, ok := fastType(line); ok && !c.reasm.pending() {
 		// A frequent event the reader neither acts on nor ends turns by:
@@ -64,7 +65,7 @@ func (c *Client) handleLine(line []byte) {
 		ev := Event{Type: typ}
 		c.trackTurn(typ, line, &ev)
 		if ev.raw == nil {
-			ev.raw = frameCopy(line)
+			ev.raw = frameRef(line)
 		}
 		c.enqueue(dispatchItem{ev: ev, validate: deferred})
 		return
@@ -116,7 +117,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	case "response":
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameCopy(line)}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
 		}
 		return
 	case "ready":
@@ -132,7 +133,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	c.trackTurn(typ, line, &ev)
 	if c.hasListeners() {
 		if ev.raw == nil {
-			ev.raw = frameCopy(line)
+			ev.raw = frameRef(line)
 		}
 		c.enqueue(dispatchItem{ev: ev})
 	}

@@ -255,7 +255,7 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 		return
 	}
 	if t.retained+len(line) <= c.opts.RetainedTurnBytes {
-		ev.raw = frameCopy(line)
+		ev.raw = frameRef(line)
 		t.result.Events = append(t.result.Events, *ev)
 		t.retained += len(line)
 	} else {
