@@ -29,6 +29,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/agenthost/agenthost/internal/procio"
 )
 
 // MarkerEnv is the environment variable stamped into every scope's command.
@@ -353,38 +355,13 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 		s.cg = c.plat.newCgroup(s.id, cmd)
 	}
 
-	stdin, err := cmd.StdinPipe()
+	pipes, err := procio.Start(cmd)
 	if err != nil {
-		s.cg.remove()
-		return nil, err
-	}
-	// os.Pipe, not StdoutPipe: the read ends are the scope's to close, and
-	// Wait does not wait on descendants that keep the write ends open.
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		s.cg.remove()
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		s.cg.remove()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	if err := cmd.Start(); err != nil {
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
 		s.cg.remove()
 		return nil, fmt.Errorf("custody: start %s: %w", cmd.Path, err)
 	}
 	s.cg.started()
-	outW.Close()
-	errW.Close()
-	s.stdin, s.stdout, s.stderr = stdin, outR, errR
+	s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
 	s.started = time.Now()
 	pid := cmd.Process.Pid
 	s.leader = ident{pid: pid, start: c.plat.startTime(pid)}
@@ -609,6 +586,10 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 	opts := c.opts
 
 	if s.getPhase() < 1 {
+		// Record everything alive now, so the receipt names even what
+		// dies before the next periodic scan (agents kill some children
+		// themselves on stdin EOF).
+		c.scan()
 		_ = s.stdin.Close()
 		s.setPhase(1)
 		if err := s.waitLeader(ctx, opts.Grace); err != nil {

@@ -439,13 +439,9 @@ func (c *Client) RequestLine(ctx context.Context, line []byte) (*Response, error
 	if bytes.IndexByte(line, '\n') >= 0 {
 		return nil, errors.New("rpc: a raw frame must not contain a newline")
 	}
-	var head struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
-	}
 	cmd, id := rawCommandKey, ""
-	if json.Unmarshal(line, &head) == nil && head.ID != "" {
-		cmd, id = head.Type, head.ID
+	if h, err := scanFrame(line); err == nil && h.hasID && len(h.id) > 0 {
+		cmd, id = headString(h.typ, h.typEsc), headString(h.id, h.idEsc)
 	}
 	if id == "" {
 		id = c.newID() // internal key only; never sent
@@ -620,12 +616,21 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 			}
 		}
 	}
-	if _, err := c.w.Write(buf); err != nil {
+	if n, err := c.w.Write(buf); err != nil {
 		c.mu.Lock()
 		closed := c.closed
 		c.mu.Unlock()
 		if closed {
 			return ErrClosed
+		}
+		if n > 0 {
+			// Half a frame is in the agent's stdin: nothing written after
+			// it can be trusted to parse. Retire the transport.
+			perr := &ProtocolError{Op: "write", Err: fmt.Errorf("only %d of %d bytes of a frame written (%v); transport retired", n, len(buf), err)}
+			c.keepError(perr)
+			c.retire(perr)
+			_ = c.w.Close()
+			return perr
 		}
 		if c.owned != nil {
 			// The stdin pipe closes when the agent exits: say so.

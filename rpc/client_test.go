@@ -2,10 +2,12 @@ package rpc
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -464,5 +466,70 @@ func TestClient_CloseReleasesEveryWaiter(t *testing.T) {
 	}
 	if err := p.c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// A write that cannot finish by the deadline: with nothing written the call
+// fails and the transport stays; with half a frame written the transport
+// is retired, since nothing after it would parse.
+func TestClient_WriteDeadline(t *testing.T) {
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdinR.Close()
+	outR, outW := io.Pipe()
+	defer outW.Close()
+	c := New(outR, stdinW, Options{NoHandshake: true})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Nobody reads stdin: a frame larger than the pipe cannot be written.
+	big := append(append([]byte(`{"type":"x","pad":"`), bytes.Repeat([]byte("p"), 1<<20)...), `"}`...)
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = c.RequestLine(short, big)
+	var pe *ProtocolError
+	if !errors.As(err, &pe) || pe.Op != "write" {
+		t.Fatalf("partial write: %v", err)
+	}
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("transport not retired after a partial frame")
+	}
+}
+
+func TestClient_WriteDeadlineNothingWritten(t *testing.T) {
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdinR.Close()
+	// Fill the pipe first, outside the client.
+	stdinW.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	for {
+		if _, err := stdinW.Write(make([]byte, 4096)); err != nil {
+			break
+		}
+	}
+	stdinW.SetWriteDeadline(time.Time{})
+	outR, outW := io.Pipe()
+	defer outW.Close()
+	c := New(outR, stdinW, Options{NoHandshake: true})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.GetState(short); err == nil || errors.Is(err, ErrProtocol) {
+		t.Fatalf("blocked write: %v", err)
+	}
+	select {
+	case <-c.Done():
+		t.Fatal("transport retired though nothing was written")
+	default:
 	}
 }

@@ -2,13 +2,14 @@ package rpc
 
 import (
 	"context"
-
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"sync"
 	"time"
+
+	"github.com/agenthost/agenthost/internal/procio"
 )
 
 // DefaultGrace is the default wait for an agent to exit on its own after
@@ -30,37 +31,15 @@ func (g GroupStarter) Start(ctx context.Context, cmd *exec.Cmd) (Process, error)
 		return nil, err
 	}
 	setProcessGroup(cmd)
-	stdin, err := cmd.StdinPipe()
+	pipes, err := procio.Start(cmd)
 	if err != nil {
 		return nil, err
 	}
-	// os.Pipe (not cmd.StdoutPipe) so the read ends are ours to close and
-	// Wait does not wait on descendants that keep them open.
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	if err := cmd.Start(); err != nil {
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
-		return nil, err
-	}
-	outW.Close()
-	errW.Close()
 	grace := g.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
 	}
-	p := &groupProcess{cmd: cmd, stdin: stdin, stdout: outR, stderr: errR, exited: make(chan struct{}), grace: grace}
+	p := &groupProcess{cmd: cmd, stdin: pipes.Stdin, stdout: pipes.Stdout, stderr: pipes.Stderr, exited: make(chan struct{}), grace: grace}
 	go p.wait() // ends when the leader exits; Stop waits for it
 	return p, nil
 }

@@ -11,10 +11,12 @@ const module = "github.com/agenthost/agenthost"
 // allowed lists, for each package with a rule, the non-standard-library
 // packages it may depend on (directly or not), by prefix.
 var allowed = map[string][]string{
-	// The protocol client stands alone: standard library only.
-	module + "/rpc": nil,
-	// Custody: standard library and x/sys, nothing of ours.
-	module + "/custody": {"golang.org/x/sys/"},
+	// The protocol client stands alone: standard library, and the pipe
+	// helper it shares with custody.
+	module + "/rpc": {module + "/internal/procio"},
+	// Custody: standard library, x/sys and the pipe helper.
+	module + "/custody":         {"golang.org/x/sys/", module + "/internal/procio"},
+	module + "/internal/procio": nil,
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,
