@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -114,9 +115,11 @@ func (c *Client) handleUIRequest(line []byte) {
 		_, live := c.uiCancel[req.ID]
 		delete(c.uiCancel, req.ID)
 		c.mu.Unlock()
-		if !live || (ctx.Err() != nil && handler != nil) {
-			return // withdrawn, timed out or closed: the agent moved on
+		if !live || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return // withdrawn (omp's cancel) or timed out: the agent moved on
 		}
+		// Otherwise the answer goes out, even one given as Close began;
+		// after the transport ended, send refuses it.
 		frame := map[string]any{"type": "extension_ui_response", "id": req.ID}
 		switch {
 		case resp.value != nil:
@@ -126,7 +129,7 @@ func (c *Client) handleUIRequest(line []byte) {
 		default:
 			frame["cancelled"] = true
 		}
-		if err := c.send(frame); err != nil {
+		if err := c.send(frame); err != nil && c.Err() == nil {
 			c.log.Warn("rpc: could not answer a UI dialog", "method", req.Method, "err", err)
 		}
 	}()

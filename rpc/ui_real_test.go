@@ -59,7 +59,7 @@ func startUIAgent(t *testing.T, kind agents.Kind, ui *uiSwitch) *uiAgent {
 	if ui != nil {
 		opts.UI = ui.handle
 	}
-	tap := &wireTap{}
+	tap := newWireTap()
 	a := startRealWith(t, kind, rpc.SpawnOptions{Options: opts, Starter: tapStarter{tap: tap}},
 		func(s *rpc.Spec) { s.Extensions = []string{ext} })
 	return &uiAgent{realAgent: a, tap: tap, ui: ui}
@@ -331,6 +331,9 @@ func TestRealUI_Dialogs(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("the released handler never returned")
 			}
+			// Its late answer still goes out (pi ignores it); wait for it
+			// before Close ends the transport.
+			a.tap.waitResponse(ctx, t, req.ID)
 		})
 
 		// After Close every goroutine of the client has finished: the tap
@@ -691,14 +694,33 @@ func (u *uiEvents) waitFor(ctx context.Context, ok func([]rpc.ExtensionUIRequest
 
 // wireTap records what the client writes to the agent's stdin.
 type wireTap struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	wrote chan struct{} // signalled after each write
 }
+
+func newWireTap() *wireTap { return &wireTap{wrote: make(chan struct{}, 1)} }
 
 func (w *wireTap) record(p []byte) {
 	w.mu.Lock()
 	w.buf.Write(p)
 	w.mu.Unlock()
+	select {
+	case w.wrote <- struct{}{}:
+	default:
+	}
+}
+
+// waitResponse waits until a response to dialog id is on the wire.
+func (w *wireTap) waitResponse(ctx context.Context, t *testing.T, id string) {
+	t.Helper()
+	for len(w.responses(t)[id]) == 0 {
+		select {
+		case <-w.wrote:
+		case <-ctx.Done():
+			t.Fatalf("no response to dialog %s reached the wire", id)
+		}
+	}
 }
 
 // responses returns the complete extension_ui_response frames written so
