@@ -2,8 +2,8 @@ package rpc
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
