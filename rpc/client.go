@@ -124,8 +124,7 @@ type Client struct {
 	log   *slog.Logger
 	r     io.Reader
 	w     io.WriteCloser
-	proc  process // nil when attached to a plain reader/writer
-	owned Process
+	owned Process // nil when attached to a plain reader/writer
 	stder *tailBuffer
 
 	wmu sync.Mutex // serialises whole frames on w

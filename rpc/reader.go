@@ -417,8 +417,8 @@ func (c *Client) handleReady(line []byte) {
 // endTransport records why reading ended and fails everything waiting.
 func (c *Client) endTransport(readErr error) {
 	var cause error
-	if c.proc != nil {
-		cause = c.proc.waitExit(exitStatusWait)
+	if c.owned != nil {
+		cause = waitExit(c.owned, exitStatusWait)
 	}
 	if cause == nil && readErr != nil && !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrClosed) {
 		cause = readErr

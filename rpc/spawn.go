@@ -108,21 +108,14 @@ type SpawnOptions struct {
 // status to put into the ExitError.
 const exitStatusWait = 500 * time.Millisecond
 
-// process is the client's view of an owned process.
-type process interface {
-	waitExit(d time.Duration) error
-}
-
-type ownedProcess struct {
-	p Process
-}
-
-func (o ownedProcess) waitExit(d time.Duration) error {
+// waitExit waits up to d for p to exit and returns its exit status (nil
+// for status 0 or when d passed first).
+func waitExit(p Process, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-o.p.Exited():
-		return o.p.ExitErr()
+	case <-p.Exited():
+		return p.ExitErr()
 	case <-t.C:
 		return nil
 	}
@@ -174,7 +167,6 @@ func (c *Client) Process() Process { return c.owned }
 // tail, and Close stops p.
 func (c *Client) attachProcess(p Process) {
 	c.owned = p
-	c.proc = ownedProcess{p: p}
 	c.stder = newTailBuffer(DefaultStderrTail)
 	c.wg.Add(1)
 	c.stderrWG.Add(1)
