@@ -275,7 +275,8 @@ func TestClient_UnsubscribeStopsDelivery(t *testing.T) {
 func TestClient_SlowListenerDoesNotDelayResponses(t *testing.T) {
 	p := newPipePeer(t, Options{})
 	release := make(chan struct{})
-	entered := make(chan struct{})
+	// Buffered: the listener may run before the test waits on it.
+	entered := make(chan struct{}, 1)
 	p.c.On("message_update", func(Event) {
 		select {
 		case entered <- struct{}{}:
@@ -285,8 +286,12 @@ func TestClient_SlowListenerDoesNotDelayResponses(t *testing.T) {
 	})
 	defer close(release)
 	p.say(`{"type":"message_update"}`)
-	<-entered // the dispatcher is now stuck in the listener
 	ctx := ctxT(t, 10*time.Second)
+	select {
+	case <-entered: // the dispatcher is now stuck in the listener
+	case <-ctx.Done():
+		t.Fatal("listener never ran")
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := p.c.GetState(ctx)
