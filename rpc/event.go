@@ -75,11 +75,18 @@ func internType(b []byte) string {
 
 // deferredTypes are the frequent frame types the reader neither acts on nor
 // tracks turns by. Their validation moves to the dispatcher.
-var deferredTypes = map[string]bool{
-	"message_update": true, "message_start": true, "turn_start": true, "turn_end": true,
-	"tool_execution_start": true, "tool_execution_update": true, "tool_execution_end": true,
-	"tool_stream_update": true, "notice": true, "queue_update": true, "advisor_cost_changed": true,
-}
+// Each maps to itself, so one lookup both checks and interns the type.
+var deferredTypes = func() map[string]string {
+	m := map[string]string{}
+	for _, t := range []string{
+		"message_update", "message_start", "turn_start", "turn_end",
+		"tool_execution_start", "tool_execution_update", "tool_execution_end",
+		"tool_stream_update", "notice", "queue_update", "advisor_cost_changed",
+	} {
+		m[t] = t
+	}
+	return m
+}()
 
 // fastType reads the type of a frame that starts with {"type":"<name>",
 // as both agents write their events, when name is a deferred type. It does
@@ -97,9 +104,6 @@ func fastType(line []byte) (string, bool) {
 	if end == 0 || end >= len(rest) || rest[end] != '"' || end+1 >= len(rest) || (rest[end+1] != ',' && rest[end+1] != '}') {
 		return "", false
 	}
-	t, ok := knownTypes[string(rest[:end])]
-	if !ok || !deferredTypes[t] {
-		return "", false
-	}
-	return t, true
+	t, ok := deferredTypes[string(rest[:end])]
+	return t, ok
 }
