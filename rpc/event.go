@@ -44,27 +44,31 @@ func (e Event) MarshalJSON() ([]byte, error) {
 
 // knownTypes interns frame types so the hot path allocates no string for
 // them. Unknown types are allocated once per frame.
-var knownTypes = func() map[string]string {
-	m := map[string]string{}
-	for _, t := range []string{
-		"response", "ready", "rpc_chunk", "prompt_result",
-		"agent_start", "agent_end", "turn_start", "turn_end",
-		"message_start", "message_update", "message_end",
-		"tool_execution_start", "tool_execution_update", "tool_execution_end",
-		"auto_retry_start", "auto_retry_end", "extension_error", "extension_ui_request",
-		"auto_compaction_start", "auto_compaction_end", "compaction_start", "compaction_end",
-		"notice", "model_changed", "thinking_level_changed", "queue_update", "session_info_changed",
-		"host_tool_call", "host_tool_cancel", "host_uri_request", "host_uri_cancel",
-		"available_commands_update", "advisor_cost_changed", "todo_reminder", "todo_auto_clear",
-		"retry_fallback_applied", "retry_fallback_succeeded", "ttsr_triggered",
-		"tool_stream_update", "command_output", "rpc_frame_error", "session_info_update",
-		"config_update", "advisor_yielded", "config_warnings_changed", "irc_message", "goal_updated",
-		"subagent_lifecycle", "subagent_progress", "subagent_event",
-	} {
-		m[t] = t
+var knownTypes = selfMap(
+	"response", "ready", "rpc_chunk", "prompt_result",
+	"agent_start", "agent_end", "turn_start", "turn_end",
+	"message_start", "message_update", "message_end",
+	"tool_execution_start", "tool_execution_update", "tool_execution_end",
+	"auto_retry_start", "auto_retry_end", "extension_error", "extension_ui_request",
+	"auto_compaction_start", "auto_compaction_end", "compaction_start", "compaction_end",
+	"notice", "model_changed", "thinking_level_changed", "queue_update", "session_info_changed",
+	"host_tool_call", "host_tool_cancel", "host_uri_request", "host_uri_cancel",
+	"available_commands_update", "advisor_cost_changed", "todo_reminder", "todo_auto_clear",
+	"retry_fallback_applied", "retry_fallback_succeeded", "ttsr_triggered",
+	"tool_stream_update", "command_output", "rpc_frame_error", "session_info_update",
+	"config_update", "advisor_yielded", "config_warnings_changed", "irc_message", "goal_updated",
+	"subagent_lifecycle", "subagent_progress", "subagent_event",
+)
+
+// selfMap maps each string to itself: a lookup by a []byte conversion
+// returns the interned string without allocating.
+func selfMap(ss ...string) map[string]string {
+	m := make(map[string]string, len(ss))
+	for _, s := range ss {
+		m[s] = s
 	}
 	return m
-}()
+}
 
 func internType(b []byte) string {
 	if s, ok := knownTypes[string(b)]; ok {
@@ -76,17 +80,11 @@ func internType(b []byte) string {
 // deferredTypes are the frequent frame types the reader neither acts on nor
 // tracks turns by. Their validation moves to the dispatcher.
 // Each maps to itself, so one lookup both checks and interns the type.
-var deferredTypes = func() map[string]string {
-	m := map[string]string{}
-	for _, t := range []string{
-		"message_update", "message_start", "turn_start", "turn_end",
-		"tool_execution_start", "tool_execution_update", "tool_execution_end",
-		"tool_stream_update", "notice", "queue_update", "advisor_cost_changed",
-	} {
-		m[t] = t
-	}
-	return m
-}()
+var deferredTypes = selfMap(
+	"message_update", "message_start", "turn_start", "turn_end",
+	"tool_execution_start", "tool_execution_update", "tool_execution_end",
+	"tool_stream_update", "notice", "queue_update", "advisor_cost_changed",
+)
 
 // fastType reads the type of a frame that starts with {"type":"<name>",
 // as both agents write their events, when name is a deferred type. It does
