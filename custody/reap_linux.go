@@ -12,17 +12,6 @@ import (
 	"time"
 )
 
-// Orphan is a process that carries an agenthost marker whose owning host is
-// gone (crashed or killed), left behind for Reap.
-type Orphan struct {
-	PID     int    `json:"pid"`
-	Cmdline string `json:"cmdline"`
-	Marker  string `json:"marker"`
-	// Host is the pid the owning host had.
-	Host  int `json:"host"`
-	start uint64
-}
-
 // FindOrphans lists processes of this user that carry a MarkerEnv whose host
 // (pid and start time) no longer runs. A process without a marker, of
 // another user, or whose host is alive is never listed.

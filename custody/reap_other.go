@@ -8,14 +8,6 @@ import (
 	"time"
 )
 
-// Orphan is a process left behind by a crashed host (Linux only).
-type Orphan struct {
-	PID     int    `json:"pid"`
-	Cmdline string `json:"cmdline"`
-	Marker  string `json:"marker"`
-	Host    int    `json:"host"`
-}
-
 // ErrUnsupported: finding orphans needs /proc (Linux).
 var ErrUnsupported = errors.New("custody: finding orphans is supported on Linux only")
 

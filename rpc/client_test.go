@@ -483,13 +483,7 @@ func TestClient_WriteDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stdinR.Close()
-	outR, outW := io.Pipe()
-	defer outW.Close()
-	c := New(outR, stdinW, Options{NoHandshake: true})
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := clientWritingTo(t, stdinW)
 	// Nobody reads stdin: a frame larger than the pipe cannot be written.
 	big := append(append([]byte(`{"type":"x","pad":"`), bytes.Repeat([]byte("p"), 1<<20)...), `"}`...)
 	short, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -506,6 +500,22 @@ func TestClient_WriteDeadline(t *testing.T) {
 	}
 }
 
+// clientWritingTo starts a client whose frames go to stdin and whose agent
+// says nothing; the test's cleanup closes it.
+func clientWritingTo(t *testing.T, stdin *os.File) *Client {
+	t.Helper()
+	outR, outW := io.Pipe()
+	c := New(outR, stdin, Options{NoHandshake: true})
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		outW.Close()
+	})
+	return c
+}
+
 func TestClient_WriteDeadlineNothingWritten(t *testing.T) {
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
@@ -520,13 +530,7 @@ func TestClient_WriteDeadlineNothingWritten(t *testing.T) {
 		}
 	}
 	stdinW.SetWriteDeadline(time.Time{})
-	outR, outW := io.Pipe()
-	defer outW.Close()
-	c := New(outR, stdinW, Options{NoHandshake: true})
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := clientWritingTo(t, stdinW)
 	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if _, err := c.GetState(short); err == nil || errors.Is(err, ErrProtocol) {
