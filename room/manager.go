@@ -105,6 +105,10 @@ type turnRun struct {
 	cancel        context.CancelCauseFunc
 	clock         *clock
 	joined        []string // messages steered or followed up into it
+	// prompted: the agent is about to get (or has) the prompt; before
+	// that, deliveries join the prompt's text (early).
+	prompted bool
+	early    []string
 }
 
 type answer struct {
@@ -394,13 +398,29 @@ func (m *Manager) enqueue(r *roomState, id, text string) {
 func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id string, msg Message) bool {
 	r.mu.Lock()
 	a := r.agent
-	live := r.turn == t && a != nil
+	live := r.turn == t
 	if live {
 		t.joined = append(t.joined, id)
+		if !t.prompted {
+			// The agent has not had the turn's prompt yet: the text
+			// goes with it.
+			t.early = append(t.early, msg.Text)
+			a = nil
+		}
 	}
 	r.mu.Unlock()
 	if !live {
 		return false
+	}
+	if a == nil {
+		err := m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.UpdateMessage(id, store.MessageStarted, t.id, "", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery, "with": "prompt"})
+			return err
+		})
+		return err == nil
 	}
 	var err error
 	if msg.Delivery == DeliverSteer {
@@ -536,10 +556,17 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (ou
 	a, err := m.ensureAgent(t.ctx, r, cfg)
 	if err == nil {
 		r.mu.Lock()
-		if r.lost {
+		lost := r.lost
+		r.lost = false
+		r.mu.Unlock()
+		if lost {
 			text = m.transcript(r.id, t.messageID) + text
-			r.lost = false
 		}
+		r.mu.Lock()
+		for _, e := range t.early {
+			text += "\n\n" + e
+		}
+		t.prompted = true
 		r.mu.Unlock()
 		var res TurnResult
 		res, err = a.Run(t.ctx, text)

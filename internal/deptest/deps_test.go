@@ -23,6 +23,9 @@ var allowed = map[string][]string{
 	// The store is SQLite and nothing of ours: rooms own the interface
 	// they need from it, so it can be swapped for another engine.
 	module + "/internal/store": sqliteDeps,
+	// Rooms know their store and nothing of the agents, the transports or
+	// the server: transports plug in through room.Transport.
+	module + "/room": append([]string{module + "/internal/store"}, sqliteDeps...),
 }
 
 // sqliteDeps are modernc.org/sqlite's own dependencies.
