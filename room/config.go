@@ -1,6 +1,7 @@
 package room
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -60,6 +61,13 @@ type Config struct {
 	// Env is added to the agent's environment: a provider key goes here,
 	// in that provider's variable. Never logged, never stored.
 	Env []string `json:"-"`
+	// MCP are the room's MCP servers, written into its agent's own
+	// configuration only (omp; pi has no MCP). The name "agenthost" is
+	// reserved.
+	MCP map[string]MCPServer `json:"-"`
+	// MaxLineBytes caps one line from the agent (0: the transport's
+	// default, 64 MiB for RPC agents).
+	MaxLineBytes int
 }
 
 // merge returns c with o's set fields over it.
@@ -87,6 +95,12 @@ func (c Config) merge(o Config) Config {
 	}
 	if len(o.Env) > 0 {
 		c.Env = append(slices.Clip(c.Env), o.Env...)
+	}
+	if o.MCP != nil {
+		c.MCP = o.MCP
+	}
+	if o.MaxLineBytes > 0 {
+		c.MaxLineBytes = o.MaxLineBytes
 	}
 	return c
 }
@@ -119,6 +133,9 @@ func (c Config) validate() error {
 	case ApprovalAsk, ApprovalYolo:
 	default:
 		return fmt.Errorf("room: approval mode %q: want %q or %q", c.ApprovalMode, ApprovalAsk, ApprovalYolo)
+	}
+	if err := validateMCP(c.MCP); err != nil {
+		return err
 	}
 	if c.ApprovalMode == ApprovalYolo {
 		return nil
@@ -154,6 +171,12 @@ type Options struct {
 	QueueLimit int
 	// ShutdownBudget bounds Close (default 10 s), shared by all rooms.
 	ShutdownBudget time.Duration
+	// Tools are offered to every room's agent beside the built-in
+	// room_post and room_info. Names are unique; "agenthost" is reserved.
+	Tools []Tool
+	// MCP, if set, resolves a room's MCP servers (replacing Config.MCP
+	// for that room); an error fails the room's agent start.
+	MCP func(ctx context.Context, room, workspace string) (map[string]MCPServer, error)
 	// TranscriptBytes bounds the transcript given to a fresh session
 	// after a lost one (default 32 KiB).
 	TranscriptBytes int

@@ -236,8 +236,17 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 			return qs[i].Answer, true
 		}
 	}
+	if timedOut {
+		// Cancelled for the room, but the turn goes on: the agent is told
+		// that nobody answered (a cancelled dialog would abort omp's turn).
+		return NoAnswer, true
+	}
 	return "", false
 }
+
+// NoAnswer is what the agent is told when nobody answered its question
+// before the deadline.
+const NoAnswer = "[no answer: nobody answered before the deadline; go on without it]"
 
 // Answer records a person's answer to a pending question: ErrNotFound
 // for an unknown one, ErrConflict for one already answered.

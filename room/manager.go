@@ -125,6 +125,9 @@ func New(opts Options) (*Manager, error) {
 		return nil, errors.New("room: Options.Root is required")
 	}
 	opts.fill()
+	if err := validateTools(opts.Tools); err != nil {
+		return nil, err
+	}
 	c := opts.Config
 	c.fill()
 	if err := c.validate(); err != nil {
@@ -623,7 +626,17 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 		}
 	}
 	spec := AgentSpec{Room: r.id, Workspace: filepath.Join(r.dir, "workspace"), Home: filepath.Join(r.dir, "home"),
-		SessionID: sess, Config: cfg, Handler: &handler{m: m, r: r}}
+		SessionID: sess, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
+	if m.opts.MCP != nil {
+		servers, err := m.opts.MCP(ctx, r.id, spec.Workspace)
+		if err == nil {
+			err = validateMCP(servers)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("resolving the room's MCP servers: %w", err)
+		}
+		spec.MCP = servers
+	}
 	a, err := m.opts.Transport.Start(ctx, spec)
 	lost := ""
 	switch {

@@ -232,7 +232,7 @@ func TestQuestionAnsweredByAPIAndByNextMessage(t *testing.T) {
 func TestUnansweredQuestionIsCancelledAndTheTurnGoesOn(t *testing.T) {
 	h := newHarness(t, Options{Config: Config{QuestionTimeout: 200 * time.Millisecond}})
 	acc := h.submit("r", "ask:Anyone?")
-	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeSettled || d["text"] != "no answer" {
+	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeSettled || d["text"] != "answer: "+NoAnswer {
 		t.Fatalf("turn: %v", d)
 	}
 	ans := h.waitEvent("r", acc.Seq, "question.answered", nil)

@@ -34,6 +34,9 @@ type AgentSpec struct {
 	// SessionID is the session to resume ("" for a new one).
 	SessionID string
 	Config    Config
+	// Tools are the room's tools; MCP its MCP servers (resolved).
+	Tools []Tool
+	MCP   map[string]MCPServer
 	// Handler receives the agent's events, approvals and questions.
 	Handler Handler
 }

@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(hostHelperEnv) != "" {
 		os.Exit(hostHelper())
 	}
+	if os.Getenv(mcpHelperEnv) != "" {
+		os.Exit(mcpHelper())
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -274,6 +277,21 @@ func TestRealQuestionsByAPIAndByNextMessage(t *testing.T) {
 		t.Fatalf("ask result %q", tool["output"])
 	}
 	h.settled("r", acc)
+}
+
+// A question nobody answers is cancelled for the room, and omp's turn
+// goes on (a cancelled ask dialog would abort it).
+func TestRealUnansweredQuestionLetsTheTurnGoOn(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{QuestionTimeout: 2 * time.Second}})
+	acc := h.submit("r", `[[tool:ask {"questions":[{"id":"c","question":"Anyone?","options":[{"label":"yes"},{"label":"no"}]}]}]]`)
+	ev, _ := h.wait("r", acc.Seq, "question.asked", nil)
+	_, ans := h.wait("r", ev.Seq, "question.answered", nil)
+	if ans["by"] != "deadline" || ans["cancelled"] != true {
+		t.Fatalf("answered: %v", ans)
+	}
+	if got := h.settled("r", acc); got != "done" {
+		t.Fatalf("turn text %q", got)
+	}
 }
 
 func TestRealSteerAndFollowUp(t *testing.T) {

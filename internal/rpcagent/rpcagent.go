@@ -7,6 +7,7 @@ package rpcagent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,6 +117,20 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		if rs.Model == "" && t.opts.ModelURL != "" {
 			rs.Model = agents.ModelID
 		}
+		if len(spec.MCP) == 0 && kind == agents.OMP {
+			// A room whose servers were removed must not keep them.
+			if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
+				return nil, fmt.Errorf("rpcagent: %w", err)
+			}
+		}
+		if len(spec.MCP) > 0 {
+			if kind != agents.OMP {
+				return nil, fmt.Errorf("rpcagent: %s has no MCP support; the room configures %d MCP server(s)", kind, len(spec.MCP))
+			}
+			if err := writeMCP(spec.Home, spec.MCP); err != nil {
+				return nil, err
+			}
+		}
 		if kind == agents.OMP {
 			// rpc-ui offers omp's ask tool; approvals as configured.
 			rs.Mode = "rpc-ui"
@@ -145,7 +160,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	rs.Dir = spec.Workspace
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout}
 	opts := rpc.SpawnOptions{
-		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: t.opts.MaxLineBytes},
+		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
@@ -164,7 +179,66 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		_ = c.Close()
 		return nil, err
 	}
+	// Host tools are omp's; pi has none, and a custom command may not.
+	if len(spec.Tools) > 0 && (kind == agents.OMP && !custom) {
+		if err := c.SetHostTools(ctx, hostTools(spec.Tools)); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("rpcagent: registering the room's tools: %w", err)
+		}
+	}
 	return a, nil
+}
+
+func hostTools(tools []room.Tool) []rpc.HostTool {
+	out := make([]rpc.HostTool, 0, len(tools))
+	for _, t := range tools {
+		out = append(out, rpc.HostTool{
+			Name: t.Name, Description: t.Description, Parameters: t.Parameters,
+			Run: func(ctx context.Context, call *rpc.HostToolCall) (*rpc.HostToolResult, error) {
+				text, err := t.Run(ctx, room.ToolCall{Args: call.Arguments})
+				if err != nil {
+					return nil, err
+				}
+				return rpc.TextResult(text), nil
+			},
+		})
+	}
+	return out
+}
+
+// writeMCP writes the room's MCP servers into its own omp agent dir (never
+// the user's); the overlay keeps workspace files from adding others.
+func writeMCP(home string, servers map[string]room.MCPServer) error {
+	type entry struct {
+		Type    string            `json:"type,omitempty"`
+		Command string            `json:"command,omitempty"`
+		Args    []string          `json:"args,omitempty"`
+		Env     map[string]string `json:"env,omitempty"`
+		URL     string            `json:"url,omitempty"`
+		Headers map[string]string `json:"headers,omitempty"`
+	}
+	out := map[string]entry{}
+	for name, s := range servers {
+		e := entry{Env: s.Env, URL: s.URL, Headers: s.Headers}
+		if len(s.Command) > 0 {
+			e.Command, e.Args = s.Command[0], s.Command[1:]
+		} else {
+			e.Type = "http"
+		}
+		out[name] = e
+	}
+	b, err := json.MarshalIndent(map[string]any{"mcpServers": out}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("rpcagent: %w", err)
+	}
+	dir := filepath.Join(home, ".omp", "agent")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("rpcagent: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mcp.json"), b, 0o600); err != nil {
+		return fmt.Errorf("rpcagent: writing the room's MCP configuration: %w", err)
+	}
+	return nil
 }
 
 // home writes the room's agent home: pointed at the built-in model when
