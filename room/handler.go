@@ -195,6 +195,9 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	now := time.Now()
 	deadline := now.Add(cfg.QuestionTimeout)
 	ch := make(chan answer, 1)
+	// qmu is held from the write to the registration: a message that saw
+	// question.asked must find the question waiting for its answer.
+	r.qmu.Lock()
 	err := m.write(func(tx Tx) error {
 		if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
 			Created: now, Deadline: deadline}); err != nil {
@@ -206,21 +209,21 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 		return err
 	})
 	if err != nil {
+		r.qmu.Unlock()
 		m.log.Error("room: recording a question failed; cancelled", "room", r.id, "err", err)
 		return "", false
 	}
-	r.mu.Lock()
 	if r.questions == nil {
 		r.questions = map[string]chan answer{}
 	}
 	r.questions[id] = ch
 	r.questionQ = append(r.questionQ, id)
-	r.mu.Unlock()
+	r.qmu.Unlock()
 	defer func() {
-		r.mu.Lock()
+		r.qmu.Lock()
 		delete(r.questions, id)
 		r.questionQ = slices.DeleteFunc(r.questionQ, func(q string) bool { return q == id })
-		r.mu.Unlock()
+		r.qmu.Unlock()
 	}()
 	a, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
@@ -275,14 +278,14 @@ func (m *Manager) answerQuestion(ctx context.Context, room, id, text, by string,
 	r := m.rooms[room]
 	m.mu.Unlock()
 	if r != nil {
-		r.mu.Lock()
+		r.qmu.Lock()
 		if ch := r.questions[id]; ch != nil {
 			select {
 			case ch <- answer{text: text, ok: ok}:
 			default:
 			}
 		}
-		r.mu.Unlock()
+		r.qmu.Unlock()
 	}
 	return nil
 }

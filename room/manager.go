@@ -17,12 +17,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,14 +94,20 @@ type roomState struct {
 	turn      *turnRun
 	lastUsed  time.Time
 	approvals map[string]chan bool
+
+	qmu       sync.Mutex // guards questions and questionQ (never under mu)
 	questions map[string]chan answer
 	questionQ []string // pending question ids, oldest first
 }
 
-type queued struct{ id, text string }
+type queued struct {
+	id, text string
+	seq      int64 // of its message.accepted event
+}
 
 type turnRun struct {
 	id, messageID string
+	messageSeq    int64
 	ctx           context.Context
 	cancel        context.CancelCauseFunc
 	clock         *clock
@@ -237,7 +244,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			}
 		}
 		r.mu.Lock()
-		r.queue = append(r.queue, queued{id: msg.ID, text: msg.Text})
+		r.queue = append(r.queue, queued{id: msg.ID, text: msg.Text, seq: msg.Seq})
 		m.ensureWorkerLocked(r)
 		r.mu.Unlock()
 	}
@@ -315,14 +322,16 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 		return Accepted{}, err
 	}
 	id := newID("m")
+	var question string
+	r.qmu.Lock()
+	if len(r.questionQ) > 0 {
+		question = r.questionQ[0]
+	}
+	r.qmu.Unlock()
 	r.mu.Lock()
 	if _, err := m.configLocked(r); err != nil {
 		r.mu.Unlock()
 		return Accepted{}, err
-	}
-	var question string
-	if len(r.questionQ) > 0 {
-		question = r.questionQ[0]
 	}
 	into := r.turn
 	if question != "" || msg.Delivery != DeliverQueue && into != nil {
@@ -371,7 +380,7 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 			return acc, nil
 		}
 	default:
-		m.enqueue(r, id, msg.Text)
+		m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
 		return acc, nil
 	}
 	// Fall back to the queue.
@@ -385,14 +394,14 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 	if err != nil {
 		return acc, err
 	}
-	m.enqueue(r, id, msg.Text)
+	m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
 	return acc, nil
 }
 
-func (m *Manager) enqueue(r *roomState, id, text string) {
+func (m *Manager) enqueue(r *roomState, q queued) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.queue = append(r.queue, queued{id: id, text: text})
+	r.queue = append(r.queue, q)
 	m.ensureWorkerLocked(r)
 }
 
@@ -499,7 +508,7 @@ func (m *Manager) runTurn(r *roomState, q queued) {
 	r.mu.Lock()
 	cfg, _ := m.configLocked(r) // validated at Submit
 	tctx, cancel := context.WithCancelCause(m.ctx)
-	t := &turnRun{id: newID("t"), messageID: q.id, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness)}
+	t := &turnRun{id: newID("t"), messageID: q.id, messageSeq: q.seq, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness)}
 	r.turn = t
 	r.lastUsed = time.Now()
 	r.mu.Unlock()
@@ -563,7 +572,7 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (ou
 		r.lost = false
 		r.mu.Unlock()
 		if lost {
-			text = m.transcript(r.id, t.messageID) + text
+			text = m.transcript(r.id, t.messageSeq) + text
 		}
 		r.mu.Lock()
 		for _, e := range t.early {
@@ -709,56 +718,40 @@ func mkdirNoLink(dir string) error {
 	return nil
 }
 
-// transcript is the room's own record of the conversation before message
-// upTo, bounded by TranscriptBytes (the newest part kept).
-func (m *Manager) transcript(room, upTo string) string {
+// transcript is the room's own record of the conversation before the
+// message accepted at seq upTo, bounded by TranscriptBytes (the newest
+// part kept).
+func (m *Manager) transcript(room string, upTo int64) string {
 	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 	defer cancel()
-	msgs, err := m.st.Messages(ctx, room, 0, 0)
-	if err != nil {
+	// Each exchange costs at least a few bytes: this many cover the budget.
+	xs, err := m.st.Exchanges(ctx, room, upTo, m.opts.TranscriptBytes/16+1)
+	if err != nil || len(xs) == 0 {
 		return ""
 	}
-	var turns []string
-	evs, _ := m.st.Events(ctx, room, 0, 0)
-	texts := map[string]string{}
-	for _, ev := range evs {
-		if ev.Type != "turn.ended" {
-			continue
+	var lines []string // newest first
+	n := 0
+	for _, x := range xs {
+		entry := "user"
+		if x.Sender != "" {
+			entry += " (" + x.Sender + ")"
 		}
-		var d struct {
-			MessageID string `json:"message_id"`
-			Text      string `json:"text"`
+		entry += ": " + x.Text + "\n"
+		if x.Answer != "" {
+			entry += "assistant: " + x.Answer + "\n"
 		}
-		if json.Unmarshal(ev.Data, &d) == nil {
-			texts[d.MessageID] = d.Text
-		}
-	}
-	for _, msg := range msgs {
-		if msg.ID == upTo {
+		if n+len(entry) > m.opts.TranscriptBytes {
 			break
 		}
-		line := "user"
-		if msg.Sender != "" {
-			line += " (" + msg.Sender + ")"
-		}
-		turns = append(turns, line+": "+msg.Text)
-		if t := texts[msg.ID]; t != "" {
-			turns = append(turns, "assistant: "+t)
-		}
+		lines = append(lines, entry)
+		n += len(entry)
 	}
-	if len(turns) == 0 {
+	if len(lines) == 0 {
 		return ""
 	}
-	body, n := "", 0
-	for i := len(turns) - 1; i >= 0; i-- {
-		if n+len(turns[i])+1 > m.opts.TranscriptBytes {
-			break
-		}
-		body = turns[i] + "\n" + body
-		n += len(turns[i]) + 1
-	}
+	slices.Reverse(lines)
 	return "[The previous agent session of this conversation was lost. The conversation so far, from the room's own record:]\n" +
-		body + "[End of the earlier conversation. The new message follows.]\n\n"
+		strings.Join(lines, "") + "[End of the earlier conversation. The new message follows.]\n\n"
 }
 
 // acquireSlot waits for a resident slot, releasing the least recently

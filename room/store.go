@@ -18,6 +18,7 @@ type Store interface {
 	Room(ctx context.Context, room string) (store.Room, error)
 	RoomIDs(ctx context.Context) ([]string, error)
 	Messages(ctx context.Context, room string, after int64, limit int) ([]store.Message, error)
+	Exchanges(ctx context.Context, room string, before int64, limit int) ([]store.Exchange, error)
 	OpenMessages(ctx context.Context) ([]store.Message, error)
 	OpenTurns(ctx context.Context) ([]store.Turn, error)
 	Approvals(ctx context.Context, room string, pending bool) ([]store.Approval, error)

@@ -248,3 +248,31 @@ func (db *DB) Receipts(ctx context.Context, room string) ([]Receipt, error) {
 	}
 	return out, wrap("receipts", rows.Err())
 }
+
+// Exchange is a message and the final text of its turn.
+type Exchange struct {
+	Sender, Text, Answer string
+}
+
+// Exchanges returns up to limit of the room's messages accepted before
+// seq before, newest first, each with its turn's final text ("" if none).
+func (db *DB) Exchanges(ctx context.Context, room string, before int64, limit int) ([]Exchange, error) {
+	if limit <= 0 || limit > MaxEventsPage {
+		limit = MaxEventsPage
+	}
+	rows, err := db.rdb.QueryContext(ctx, `SELECT m.sender, m.text, COALESCE(t.text, '') FROM messages m
+		LEFT JOIN turns t ON t.id = m.turn_id WHERE m.room = ? AND m.seq < ? ORDER BY m.seq DESC LIMIT ?`, room, before, limit)
+	if err != nil {
+		return nil, wrap("exchanges", err)
+	}
+	defer rows.Close()
+	var out []Exchange
+	for rows.Next() {
+		var x Exchange
+		if err := rows.Scan(&x.Sender, &x.Text, &x.Answer); err != nil {
+			return nil, wrap("exchanges", err)
+		}
+		out = append(out, x)
+	}
+	return out, wrap("exchanges", rows.Err())
+}
