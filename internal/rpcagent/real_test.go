@@ -531,3 +531,65 @@ func TestRealPiRoomResumesAcrossRelease(t *testing.T) {
 		t.Fatal("pi's resumed session lacks the earlier turn")
 	}
 }
+
+// pi appends onto a torn last line and then loses the history before it;
+// the room repairs the tail (keeping the torn copy) before resuming.
+func TestRealPiTornSessionTailIsRepaired(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Agent: "pi"}})
+	h.settled("r", h.submit("r", "remember marker-Q"))
+	if err := h.m.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(h.root, "*", "home", "sessions", "*.jsonl"))
+	if len(files) != 1 {
+		t.Fatalf("session files: %v", files)
+	}
+	f, err := os.OpenFile(files[0], os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(`{"type":"message","id":"torn","message":{"role":"user","content":[{"type":"te`)
+	_ = f.Close()
+	// Two resumes: pi's damage shows on the second.
+	for i, text := range []string{"first resume", "second resume"} {
+		acc := h.submit("r", text)
+		_, started := h.wait("r", acc.Seq, "agent.started", nil)
+		if started["resumed"] != true {
+			t.Fatalf("resume %d: %v", i, started)
+		}
+		h.settled("r", acc)
+		if err := h.m.Release(t.Context(), "r"); err != nil {
+			t.Fatal(err)
+		}
+		reqs := h.sim.Requests()
+		seen := false
+		for _, m := range reqs[len(reqs)-1].Messages {
+			seen = seen || strings.Contains(m.Content, "marker-Q")
+		}
+		if !seen {
+			t.Fatalf("resume %d lost the history before the torn line", i)
+		}
+	}
+	if _, err := os.Stat(files[0] + ".torn"); err != nil {
+		t.Fatalf("the torn copy was not kept: %v", err)
+	}
+}
+
+// A model the agent does not run fails the turn and keeps the selection:
+// the next turn fails the same way, never silently on another model.
+func TestRealRefusedModelFailsTheTurnAndIsKept(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Model: "fake/no-such-model"}})
+	for range 2 {
+		acc := h.submit("r", "hello")
+		d := h.ended("r", acc)
+		// omp refuses an unknown --model at start (exit 1, models.yml
+		// named in its stderr); a model it accepts but does not run is
+		// caught by the state check (ErrSelectionRefused).
+		if d["outcome"] != room.OutcomeFailed || !strings.Contains(d["reason"].(string), "starting the agent") {
+			t.Fatalf("turn: %v", d)
+		}
+	}
+	if h.modelSaw("hello") {
+		t.Fatal("a turn reached a model the room did not select")
+	}
+}
