@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -168,13 +169,66 @@ func (c *Client) Process() Process { return c.owned }
 func (c *Client) attachProcess(p Process) {
 	c.owned = p
 	c.stder = newTailBuffer(DefaultStderrTail)
-	c.wg.Add(1)
+	out := &readActivity{r: c.r}
+	c.r = out
+	c.wg.Add(2)
 	c.stderrWG.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer c.stderrWG.Done()
 		_, _ = io.Copy(c.stder, p.Stderr())
 	}()
+	go c.watchExit(p, out)
+}
+
+// exitReadGrace is how long, after the agent exited, the reader must have
+// waited in one Read with nothing arriving before the client stops reading:
+// a descendant that inherited stdout keeps the pipe open, and without this
+// a crashed agent would look alive until the caller's deadline.
+const exitReadGrace = 750 * time.Millisecond
+
+// readActivity counts Reads on the agent's stdout: seq is odd while a Read
+// is in progress, and changes whenever one starts or returns.
+type readActivity struct {
+	r   io.Reader
+	seq atomic.Uint64
+}
+
+func (a *readActivity) Read(p []byte) (int, error) {
+	a.seq.Add(1)
+	defer a.seq.Add(1)
+	return a.r.Read(p)
+}
+
+// watchExit ends the read side once the agent has exited and its stdout
+// has gone quiet: frames still in the pipe are read first (a Read that
+// returns data restarts the wait), then the pipe is cut, the reader sees
+// the end, and waiters get the exit status and stderr tail.
+func (c *Client) watchExit(p Process, out *readActivity) {
+	defer c.wg.Done()
+	select {
+	case <-p.Exited():
+	case <-c.done:
+		return
+	}
+	t := time.NewTimer(exitReadGrace)
+	defer t.Stop()
+	for {
+		before := out.seq.Load()
+		select {
+		case <-t.C:
+		case <-c.done:
+			return
+		}
+		if now := out.seq.Load(); now == before && now%2 == 1 {
+			// One Read blocked for the whole grace: only a descendant
+			// holds the pipe open.
+			c.log.Debug("rpc: the agent exited but its stdout stays open; closing it")
+			p.CloseOutput()
+			return
+		}
+		t.Reset(exitReadGrace)
+	}
 }
 
 // Close ends the client: every waiter is released at once with an error,

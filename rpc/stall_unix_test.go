@@ -6,15 +6,37 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
 func init() {
+	// crash-held-stdout: starts a background child that inherits stdout and
+	// stderr, then on a prompt starts a turn, writes to stderr and exits 7.
+	fakeAgents["crash-held-stdout"] = func() {
+		child := exec.Command("/bin/sleep", "60")
+		child.Stdout, child.Stderr = os.Stdout, os.Stderr
+		if err := child.Start(); err != nil {
+			os.Exit(3)
+		}
+		f := newFakeIO()
+		f.serve(func(cmd map[string]any) bool {
+			if cmd["type"] == "prompt" {
+				f.send(map[string]any{"id": cmd["id"], "type": "response", "command": "prompt", "success": true})
+				f.send(map[string]any{"type": "agent_start"})
+				fmt.Fprintln(os.Stderr, "fatal: model exploded")
+				os.Exit(7)
+			}
+			return false
+		})
+	}
 	// term-ignorer: starts a group member that ignores SIGTERM (and holds
 	// none of the agent's stdio); "where" answers its pid. Exits on stdin
 	// EOF at once.
@@ -39,6 +61,28 @@ func init() {
 			}
 			return false
 		})
+	}
+}
+
+// An agent that crashes while a background child still holds its stdout:
+// the turn ends with the exit status and stderr, well before its context.
+func TestSpawn_CrashWithDescendantHoldingStdout(t *testing.T) {
+	c := spawnFake(t, "crash-held-stdout", SpawnOptions{Grace: 200 * time.Millisecond})
+	ctx := ctxT(t, 60*time.Second)
+	start := time.Now()
+	_, err := c.Run(ctx, "x", nil)
+	if !errors.Is(err, ErrProcessExited) || !strings.Contains(err.Error(), "exit status 7") || !strings.Contains(err.Error(), "model exploded") {
+		t.Fatalf("err = %v (after %v)", err, time.Since(start))
+	}
+	var ee *ExitError
+	if !errors.As(err, &ee) || !strings.Contains(ee.Stderr, "model exploded") {
+		t.Fatalf("exit error = %#v", ee)
+	}
+	t.Logf("the crash was reported %v after the prompt", time.Since(start))
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("the transport still runs after the crash was reported")
 	}
 }
 
