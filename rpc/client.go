@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -127,7 +128,10 @@ type Client struct {
 	owned Process // nil when attached to a plain reader/writer
 	stder *tailBuffer
 
-	wmu sync.Mutex // serialises whole frames on w
+	// wlock serialises whole frames on w. A channel, not a mutex, so a
+	// call waiting behind a write stuck on a full pipe can give up when its
+	// context ends.
+	wlock chan struct{}
 
 	tools hostTools
 
@@ -216,6 +220,7 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		negotiated: make(chan struct{}),
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
+		wlock:      make(chan struct{}, 1),
 	}
 }
 
@@ -601,16 +606,24 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 	}
 	buf := make([]byte, 0, len(line)+1)
 	buf = append(append(buf, line...), '\n')
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	select {
+	case c.wlock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rpc: waiting to write to agent: %w", ctx.Err())
+	case <-c.done:
+		return c.transportErr()
+	}
+	defer func() { <-c.wlock }()
 	select {
 	case <-c.done:
 		return c.transportErr()
 	default:
 	}
+	ctxDeadline := false // the writer's deadline is ctx's
 	if dl, ok := ctx.Deadline(); ok {
 		if d, ok := c.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
 			if d.SetWriteDeadline(dl) == nil {
+				ctxDeadline = true
 				defer d.SetWriteDeadline(time.Time{})
 			}
 		}
@@ -638,6 +651,10 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Cause: c.owned.ExitErr(), Stderr: c.Stderr()})
 			default:
 			}
+		}
+		if ctxDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+			// The write deadline is the context's: report it as such.
+			return fmt.Errorf("rpc: writing to agent: %w", context.DeadlineExceeded)
 		}
 		return fmt.Errorf("rpc: writing to agent: %w", err)
 	}
