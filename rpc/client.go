@@ -132,6 +132,10 @@ type Client struct {
 	// call waiting behind a write stuck on a full pipe can give up when its
 	// context ends.
 	wlock chan struct{}
+	// replies carries frames the reader wants sent (refusals it decides
+	// on): the reader never writes, so the agent can never stall it by
+	// not reading its stdin. Drained by replyLoop.
+	replies chan map[string]any
 
 	tools hostTools
 
@@ -220,7 +224,9 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		negotiated: make(chan struct{}),
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
-		wlock:      make(chan struct{}, 1),
+
+		wlock:   make(chan struct{}, 1),
+		replies: make(chan map[string]any, replyBacklog),
 	}
 }
 
@@ -244,8 +250,9 @@ func (c *Client) Start(ctx context.Context) error {
 
 	c.readerWG.Add(1)
 	go c.readLoop()
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.dispatchLoop()
+	go c.replyLoop()
 
 	if c.opts.NoHandshake {
 		return nil

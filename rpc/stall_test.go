@@ -1,7 +1,9 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -84,5 +86,146 @@ func TestClient_WriteLockHonoursContext(t *testing.T) {
 	c.Close()
 	if err := <-holder; err == nil {
 		t.Fatal("the stuck write succeeded")
+	}
+}
+
+// setTools installs host tools without the set_host_tools round trip, for
+// tests whose agent cannot answer it.
+func setTools(c *Client, tools ...HostTool) {
+	m := map[string]HostTool{}
+	for _, t := range tools {
+		m[t.Name] = t
+	}
+	c.tools.mu.Lock()
+	c.tools.tools = m
+	c.tools.mu.Unlock()
+}
+
+// fullPipe returns a pipe whose write end is full: nothing more can be
+// written until the read end is drained.
+func fullPipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	w.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	for {
+		if _, err := w.Write(make([]byte, 4096)); err != nil {
+			break
+		}
+	}
+	w.SetWriteDeadline(time.Time{})
+	return r, w
+}
+
+// More host tool calls than HostToolConcurrency while the agent reads
+// nothing: the refusal must not be written by the reader, so events keep
+// flowing; once the agent reads again, the refusal is there.
+func TestClient_HostToolExcessDoesNotStallReader(t *testing.T) {
+	stdinR, stdinW := fullPipe(t)
+	outR, outW := io.Pipe()
+	c := New(outR, stdinW, Options{NoHandshake: true, HostToolConcurrency: 1})
+	release := make(chan struct{})
+	setTools(c, HostTool{Name: "slow", Run: func(ctx context.Context, call *HostToolCall) (*HostToolResult, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return TextResult("slow done"), nil
+	}})
+	probe := make(chan struct{}, 1)
+	c.On("probe", func(Event) { probe <- struct{}{} })
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		close(release)
+		c.Close()
+		outW.Close()
+	})
+	say := func(s string) {
+		if _, err := io.WriteString(outW, s+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	say(`{"type":"host_tool_call","id":"h1","toolCallId":"t1","toolName":"slow","arguments":{}}`)
+	say(`{"type":"host_tool_call","id":"h2","toolCallId":"t2","toolName":"slow","arguments":{}}`)
+	said := make(chan struct{})
+	go func() {
+		defer close(said)
+		io.WriteString(outW, `{"type":"probe"}`+"\n")
+	}()
+	select {
+	case <-probe:
+	case <-time.After(10 * time.Second):
+		t.Fatal("event delivery stalled behind a host tool refusal the agent does not read")
+	}
+	<-said
+	// The agent reads again: the refusal of h2 arrives.
+	found := make(chan bool, 1)
+	go func() {
+		var seen []byte
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := stdinR.Read(buf)
+			seen = append(seen, bytes.Trim(buf[:n], "\x00")...)
+			if i := bytes.Index(seen, []byte(`"id":"h2"`)); i >= 0 {
+				line := seen[bytes.LastIndexByte(seen[:i], '{'):]
+				if j := bytes.IndexByte(line, '\n'); j >= 0 {
+					found <- bytes.Contains(line[:j], []byte(`"isError":true`)) && bytes.Contains(line[:j], []byte("too many concurrent calls"))
+					return
+				}
+			}
+			if err != nil {
+				found <- false
+				return
+			}
+		}
+	}()
+	select {
+	case ok := <-found:
+		if !ok {
+			t.Fatal("h2 was not refused with an error result")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refusal for h2")
+	}
+}
+
+// A dialog whose fields do not decode is still answered (cancelled), so
+// the agent does not wait forever, and reported as a protocol error.
+func TestClient_UndecodableDialogCancelled(t *testing.T) {
+	handled := make(chan struct{}, 1)
+	p := newPipePeer(t, Options{UI: func(ctx context.Context, req *UIRequest) UIResponse {
+		handled <- struct{}{}
+		return Value("x")
+	}})
+	p.say(`{"type":"extension_ui_request","id":"u9","method":"select","title":"pick","options":[1,2,3]}`)
+	got := make(chan []byte, 1)
+	go func() { // p.recv fails the test, which only the test goroutine may do
+		if p.toAgent.Scan() {
+			got <- append([]byte(nil), p.toAgent.Bytes()...)
+		}
+	}()
+	select {
+	case b := <-got:
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil || m["type"] != "extension_ui_response" || m["id"] != "u9" || m["cancelled"] != true {
+			t.Fatalf("answer = %s", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the undecodable dialog was not answered")
+	}
+	select {
+	case <-handled:
+		t.Fatal("the handler saw a dialog that did not decode")
+	default:
+	}
+	var pe *ProtocolError
+	errs := p.c.Errors()
+	if len(errs) != 1 || !errors.As(errs[0], &pe) || pe.Op != "extension_ui_request" {
+		t.Fatalf("errors = %v", errs)
 	}
 }
