@@ -137,6 +137,12 @@ type Client struct {
 	// not reading its stdin. Drained by replyLoop.
 	replies chan map[string]any
 
+	// cbmu guards cbGoroutines: the goroutines running user callbacks
+	// (listeners, host tools, UI handlers), so Close can tell it is
+	// called from one and must not wait for its own caller.
+	cbmu         sync.Mutex
+	cbGoroutines map[uint64]int
+
 	tools hostTools
 
 	nextID atomic.Uint64
@@ -181,9 +187,11 @@ type Client struct {
 
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
-	closeOnce  sync.Once
 	closeErr   error
 	reasm      *reassembler
+
+	closeStarted bool          // under mu
+	closeDone    chan struct{} // closed when Close has finished
 }
 
 type dispatchItem struct {
@@ -225,8 +233,10 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
 
-		wlock:   make(chan struct{}, 1),
-		replies: make(chan map[string]any, replyBacklog),
+		wlock:        make(chan struct{}, 1),
+		replies:      make(chan map[string]any, replyBacklog),
+		closeDone:    make(chan struct{}),
+		cbGoroutines: map[uint64]int{},
 	}
 }
 
@@ -251,7 +261,11 @@ func (c *Client) Start(ctx context.Context) error {
 	c.readerWG.Add(1)
 	go c.readLoop()
 	c.wg.Add(2)
-	go c.dispatchLoop()
+	go func() {
+		// Listeners run here: a Close they call must not wait for them.
+		defer c.enterCallbacks()()
+		c.dispatchLoop()
+	}()
 	go c.replyLoop()
 
 	if c.opts.NoHandshake {

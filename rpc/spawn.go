@@ -1,12 +1,15 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -238,43 +241,109 @@ func (c *Client) watchExit(p Process, out *readActivity) {
 // host tools and UI handlers must return (they see their context end), or
 // Close waits for them. Close is idempotent and returns the same result
 // each time.
+//
+// Called from a listener, an error listener, a host tool or a UI handler,
+// Close cannot wait for its own caller: it begins closing (waiters are
+// released, the agent is stopped in the background) and returns nil at
+// once. A Close from anywhere else then waits for the end and returns the
+// outcome.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() {
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
-		c.retire(&ExitError{Cause: ErrClosed, Stderr: ""})
-		// Close stdin without the write lock: a write blocked on a full
-		// pipe returns once the file is closed.
-		werr := c.w.Close()
-		if werr != nil && !errors.Is(werr, os.ErrClosed) {
-			c.log.Debug("rpc: closing stdin", "err", werr)
-		}
-		if c.owned != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			c.closeErr = c.owned.Stop(ctx)
-			cancel()
-			// The leader is gone; a descendant may still hold stdout. Give
-			// the reader a moment to see EOF, then cut the pipe.
-			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
-				c.owned.CloseOutput()
-			}
-		} else if rc, ok := c.r.(io.Closer); ok {
-			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
-				_ = rc.Close()
-			}
-		}
-		c.readerWG.Wait()
-		if c.owned != nil {
-			// Let stderr drain its tail, but not wait on a descendant
-			// that keeps it open; then release the pipe fds.
-			waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
+	inside := c.inCallback()
+	c.mu.Lock()
+	first := !c.closeStarted
+	c.closeStarted = true
+	c.mu.Unlock()
+	switch {
+	case first && inside:
+		// Owned by the client: it ends once the calling callback and the
+		// others have returned; a later Close waits for it.
+		go c.shutdown()
+		return nil
+	case first:
+		c.shutdown()
+	case inside:
+		return nil
+	}
+	<-c.closeDone
+	return c.closeErr
+}
+
+// shutdown does Close's work, once.
+func (c *Client) shutdown() {
+	defer close(c.closeDone)
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.retire(&ExitError{Cause: ErrClosed, Stderr: ""})
+	// Close stdin without the write lock: a write blocked on a full
+	// pipe returns once the file is closed.
+	werr := c.w.Close()
+	if werr != nil && !errors.Is(werr, os.ErrClosed) {
+		c.log.Debug("rpc: closing stdin", "err", werr)
+	}
+	if c.owned != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.closeErr = c.owned.Stop(ctx)
+		cancel()
+		// The leader is gone; a descendant may still hold stdout. Give
+		// the reader a moment to see EOF, then cut the pipe.
+		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
 			c.owned.CloseOutput()
 		}
-		close(c.quit)
-		c.wg.Wait()
-	})
-	return c.closeErr
+	} else if rc, ok := c.r.(io.Closer); ok {
+		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+			_ = rc.Close()
+		}
+	}
+	c.readerWG.Wait()
+	if c.owned != nil {
+		// Let stderr drain its tail, but not wait on a descendant
+		// that keeps it open; then release the pipe fds.
+		waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
+		c.owned.CloseOutput()
+	}
+	close(c.quit)
+	c.wg.Wait()
+}
+
+// enterCallbacks marks the calling goroutine as one that runs user
+// callbacks, until the returned func is called.
+func (c *Client) enterCallbacks() (leave func()) {
+	id := goid()
+	c.cbmu.Lock()
+	c.cbGoroutines[id]++
+	c.cbmu.Unlock()
+	return func() {
+		c.cbmu.Lock()
+		if c.cbGoroutines[id]--; c.cbGoroutines[id] <= 0 {
+			delete(c.cbGoroutines, id)
+		}
+		c.cbmu.Unlock()
+	}
+}
+
+// inCallback reports whether the caller runs on a goroutine that runs
+// user callbacks.
+func (c *Client) inCallback() bool {
+	id := goid()
+	c.cbmu.Lock()
+	defer c.cbmu.Unlock()
+	return c.cbGoroutines[id] > 0
+}
+
+// goid is the calling goroutine's id. Go offers no goroutine identity;
+// this parses the header of the caller's stack trace ("goroutine N ["),
+// whose format is stable. It is called when a callback goroutine starts
+// and in Close, never per event.
+func goid() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b, _ = bytes.CutPrefix(b, []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	n, _ := strconv.ParseUint(string(b), 10, 64)
+	return n
 }
 
 func waitGroupTimeout(wg interface{ Wait() }, d time.Duration) bool {

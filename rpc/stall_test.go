@@ -12,6 +12,114 @@ import (
 	"time"
 )
 
+// closeFromCallback is the common part of the Close-from-a-callback tests:
+// trigger makes the agent invoke a callback that calls Close and reports
+// on returned. The inner Close must return without waiting for its own
+// caller; an outside Close afterwards must return too.
+func closeFromCallback(t *testing.T, p *pipePeer, returned <-chan error, trigger func()) {
+	t.Helper()
+	trigger()
+	select {
+	case err := <-returned:
+		if err != nil {
+			t.Fatalf("Close from a callback: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close called from a callback did not return")
+	}
+	select {
+	case <-p.c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close from a callback did not end the transport")
+	}
+	outer := make(chan error, 1)
+	go func() { outer <- p.c.Close() }()
+	select {
+	case err := <-outer:
+		if err != nil {
+			t.Fatalf("later Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a later Close blocked")
+	}
+}
+
+func TestClient_CloseFromListener(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	returned := make(chan error, 2)
+	p.c.On("probe", func(Event) { returned <- p.c.Close() })
+	closeFromCallback(t, p, returned, func() { p.say(`{"type":"probe"}`) })
+}
+
+func TestClient_CloseFromErrorListener(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	returned := make(chan error, 2)
+	p.c.OnError(func(error) { returned <- p.c.Close() })
+	closeFromCallback(t, p, returned, func() { p.say(`{"type": broken`) })
+}
+
+func TestClient_CloseFromUIHandler(t *testing.T) {
+	returned := make(chan error, 2)
+	var c *Client
+	var cmu sync.Mutex
+	p := newPipePeer(t, Options{UI: func(ctx context.Context, req *UIRequest) UIResponse {
+		cmu.Lock()
+		cl := c
+		cmu.Unlock()
+		returned <- cl.Close()
+		return Cancelled()
+	}})
+	cmu.Lock()
+	c = p.c
+	cmu.Unlock()
+	closeFromCallback(t, p, returned, func() {
+		p.say(`{"type":"extension_ui_request","id":"u1","method":"confirm","title":"sure?"}`)
+	})
+}
+
+func TestClient_CloseFromHostTool(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	returned := make(chan error, 2)
+	setTools(p.c, HostTool{Name: "closer", Run: func(ctx context.Context, call *HostToolCall) (*HostToolResult, error) {
+		returned <- p.c.Close()
+		return TextResult("closed"), nil
+	}})
+	closeFromCallback(t, p, returned, func() {
+		p.say(`{"type":"host_tool_call","id":"h1","toolCallId":"t1","toolName":"closer","arguments":{}}`)
+	})
+}
+
+// setTools installs host tools without the set_host_tools round trip, for
+// tests whose agent cannot answer it.
+func setTools(c *Client, tools ...HostTool) {
+	m := map[string]HostTool{}
+	for _, t := range tools {
+		m[t.Name] = t
+	}
+	c.tools.mu.Lock()
+	c.tools.tools = m
+	c.tools.mu.Unlock()
+}
+
+// fullPipe returns a pipe whose write end is full: nothing more can be
+// written until the read end is drained.
+func fullPipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	w.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	for {
+		if _, err := w.Write(make([]byte, 4096)); err != nil {
+			break
+		}
+	}
+	w.SetWriteDeadline(time.Time{})
+	return r, w
+}
+
 // stuckWriter is an agent stdin that takes nothing: every Write blocks
 // until Close, like a full pipe the agent never drains.
 type stuckWriter struct {
@@ -87,37 +195,6 @@ func TestClient_WriteLockHonoursContext(t *testing.T) {
 	if err := <-holder; err == nil {
 		t.Fatal("the stuck write succeeded")
 	}
-}
-
-// setTools installs host tools without the set_host_tools round trip, for
-// tests whose agent cannot answer it.
-func setTools(c *Client, tools ...HostTool) {
-	m := map[string]HostTool{}
-	for _, t := range tools {
-		m[t.Name] = t
-	}
-	c.tools.mu.Lock()
-	c.tools.tools = m
-	c.tools.mu.Unlock()
-}
-
-// fullPipe returns a pipe whose write end is full: nothing more can be
-// written until the read end is drained.
-func fullPipe(t *testing.T) (r, w *os.File) {
-	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	w.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	for {
-		if _, err := w.Write(make([]byte, 4096)); err != nil {
-			break
-		}
-	}
-	w.SetWriteDeadline(time.Time{})
-	return r, w
 }
 
 // More host tool calls than HostToolConcurrency while the agent reads
