@@ -58,7 +58,9 @@ type Options struct {
 	// waits on a question nobody will answer.
 	UI UIHandler
 	// HostToolConcurrency bounds host tool calls running at once (default
-	// 32); calls beyond it are answered at once with an error result.
+	// 32); calls beyond it are refused with an error result, written by a
+	// separate goroutine so an agent that is not reading cannot stall the
+	// reader.
 	HostToolConcurrency int
 	// RetainedTurnBytes bounds the event bytes a Turn keeps (default 64 MiB);
 	// events past it are counted in Turn.DroppedEvents, not kept.
