@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -304,5 +306,47 @@ func TestClient_UndecodableDialogCancelled(t *testing.T) {
 	errs := p.c.Errors()
 	if len(errs) != 1 || !errors.As(errs[0], &pe) || pe.Op != "extension_ui_request" {
 		t.Fatalf("errors = %v", errs)
+	}
+}
+
+// Refusals beyond the reply queue's bound are dropped and reported, and
+// the reader keeps going.
+func TestClient_ReplyQueueFullReported(t *testing.T) {
+	w := newStuckWriter()
+	outR, outW := io.Pipe()
+	c := New(outR, w, Options{NoHandshake: true, HostToolConcurrency: 1})
+	setTools(c, HostTool{Name: "slow", Run: func(ctx context.Context, call *HostToolCall) (*HostToolResult, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}})
+	probe := make(chan struct{}, 1)
+	c.On("probe", func(Event) { probe <- struct{}{} })
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		outW.Close()
+	})
+	go func() {
+		for i := 0; i < replyBacklog+10; i++ {
+			io.WriteString(outW, `{"type":"host_tool_call","id":"h`+strconv.Itoa(i)+`","toolCallId":"t","toolName":"slow","arguments":{}}`+"\n")
+		}
+		io.WriteString(outW, `{"type":"probe"}`+"\n")
+	}()
+	select {
+	case <-probe:
+	case <-time.After(10 * time.Second):
+		t.Fatal("event delivery stalled")
+	}
+	dropped := 0
+	for _, err := range c.Errors() {
+		if strings.Contains(err.Error(), "host tool refusal was dropped") {
+			dropped++
+		}
+	}
+	// One call runs, replyLoop holds at most one refusal, the queue the rest.
+	if dropped < 10-2 {
+		t.Fatalf("%d refusals reported dropped; errors: %v", dropped, c.Errors())
 	}
 }
