@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -57,7 +58,9 @@ type Options struct {
 	// waits on a question nobody will answer.
 	UI UIHandler
 	// HostToolConcurrency bounds host tool calls running at once (default
-	// 32); calls beyond it are answered at once with an error result.
+	// 32); calls beyond it are refused with an error result, written by a
+	// separate goroutine so an agent that is not reading cannot stall the
+	// reader.
 	HostToolConcurrency int
 	// RetainedTurnBytes bounds the event bytes a Turn keeps (default 64 MiB);
 	// events past it are counted in Turn.DroppedEvents, not kept.
@@ -127,7 +130,20 @@ type Client struct {
 	owned Process // nil when attached to a plain reader/writer
 	stder *tailBuffer
 
-	wmu sync.Mutex // serialises whole frames on w
+	// wlock serialises whole frames on w. A channel, not a mutex, so a
+	// call waiting behind a write stuck on a full pipe can give up when its
+	// context ends.
+	wlock chan struct{}
+	// replies carries frames the reader wants sent (refusals it decides
+	// on): the reader never writes, so the agent can never stall it by
+	// not reading its stdin. Drained by replyLoop.
+	replies chan map[string]any
+
+	// cbmu guards cbGoroutines: the goroutines running user callbacks
+	// (listeners, host tools, UI handlers), so Close can tell it is
+	// called from one and must not wait for its own caller.
+	cbmu         sync.Mutex
+	cbGoroutines map[uint64]int
 
 	tools hostTools
 
@@ -173,9 +189,11 @@ type Client struct {
 
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
-	closeOnce  sync.Once
 	closeErr   error
 	reasm      *reassembler
+
+	closeStarted bool          // under mu
+	closeDone    chan struct{} // closed when Close has finished
 }
 
 type dispatchItem struct {
@@ -216,6 +234,11 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		negotiated: make(chan struct{}),
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
+
+		wlock:        make(chan struct{}, 1),
+		replies:      make(chan map[string]any, replyBacklog),
+		closeDone:    make(chan struct{}),
+		cbGoroutines: map[uint64]int{},
 	}
 }
 
@@ -239,8 +262,13 @@ func (c *Client) Start(ctx context.Context) error {
 
 	c.readerWG.Add(1)
 	go c.readLoop()
-	c.wg.Add(1)
-	go c.dispatchLoop()
+	c.wg.Add(2)
+	go func() {
+		// Listeners run here: a Close they call must not wait for them.
+		defer c.enterCallbacks()()
+		c.dispatchLoop()
+	}()
+	go c.replyLoop()
 
 	if c.opts.NoHandshake {
 		return nil
@@ -601,16 +629,24 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 	}
 	buf := make([]byte, 0, len(line)+1)
 	buf = append(append(buf, line...), '\n')
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	select {
+	case c.wlock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rpc: waiting to write to agent: %w", ctx.Err())
+	case <-c.done:
+		return c.transportErr()
+	}
+	defer func() { <-c.wlock }()
 	select {
 	case <-c.done:
 		return c.transportErr()
 	default:
 	}
+	ctxDeadline := false // the writer's deadline is ctx's
 	if dl, ok := ctx.Deadline(); ok {
 		if d, ok := c.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
 			if d.SetWriteDeadline(dl) == nil {
+				ctxDeadline = true
 				defer d.SetWriteDeadline(time.Time{})
 			}
 		}
@@ -638,6 +674,10 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Cause: c.owned.ExitErr(), Stderr: c.Stderr()})
 			default:
 			}
+		}
+		if ctxDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+			// The write deadline is the context's: report it as such.
+			return fmt.Errorf("rpc: writing to agent: %w", context.DeadlineExceeded)
 		}
 		return fmt.Errorf("rpc: writing to agent: %w", err)
 	}
