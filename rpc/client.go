@@ -133,23 +133,24 @@ type Client struct {
 
 	nextID atomic.Uint64
 
-	mu         sync.Mutex
-	started    bool
-	closed     bool
-	exitErr    error // set once the transport ended
-	pending    map[string]*pendingCall
-	byCommand  map[string][]*pendingCall
-	abandoned  map[string]struct{}
-	abandonedQ []string
-	errs       []error
-	turn       *turnState
-	uiCancel   map[string]context.CancelFunc
-	toolCancel map[string]context.CancelFunc
-	v2         bool
-	ready      *ReadyEvent
-	readyCh    chan struct{} // closed when a ready frame arrived
-	negotiated chan struct{} // closed when v2 negotiation ended (either way)
-	negotiate  bool
+	mu          sync.Mutex
+	started     bool
+	closed      bool
+	exitErr     error // set once the transport ended
+	pending     map[string]*pendingCall
+	byCommand   map[string][]*pendingCall
+	abandoned   map[string]struct{}
+	abandonedQ  []string
+	errs        []error
+	turn        *turnState
+	uiCancel    map[string]context.CancelFunc
+	toolCancel  map[string]context.CancelFunc
+	v2          bool
+	ready       *ReadyEvent
+	readyCh     chan struct{} // closed when a ready frame arrived
+	negotiated  chan struct{} // closed when v2 negotiation ended (either way)
+	negotiate   bool
+	negotiateID string // the negotiate_protocol request awaiting its answer
 
 	lmu       sync.RWMutex
 	listeners map[string][]*listener

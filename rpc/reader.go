@@ -91,6 +91,15 @@ func (c *Client) handleLine(line []byte) {
 }
 
 func (c *Client) handleChunk(line []byte) {
+	c.mu.Lock()
+	v2 := c.v2
+	c.mu.Unlock()
+	if !v2 {
+		// Chunks exist only in protocol v2; reassembling them unasked would
+		// let any agent make the client buffer up to the reassembly cap.
+		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk frame while protocol v2 is not negotiated; dropped")})
+		return
+	}
 	whole, err := c.reasm.push(line)
 	if err != nil {
 		c.reportError(&ProtocolError{Op: "chunk", Err: err})
@@ -115,6 +124,7 @@ func (c *Client) handleChunk(line []byte) {
 func (c *Client) handleFrame(typ string, line []byte) {
 	switch typ {
 	case "response":
+		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
 			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
@@ -385,8 +395,11 @@ func (c *Client) handleReady(line []byte) {
 		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
 	}
 	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	id := ""
 	if wantV2 {
 		c.negotiate = true
+		id = c.newID()
+		c.negotiateID = id
 	}
 	c.mu.Unlock()
 	if !wantV2 {
@@ -397,21 +410,43 @@ func (c *Client) handleReady(line []byte) {
 	go func() {
 		defer c.wg.Done()
 		defer close(c.negotiated)
+		defer func() {
+			c.mu.Lock()
+			c.negotiateID = ""
+			c.mu.Unlock()
+		}()
 		ctx, cancel := c.lifetimeCtx()
 		defer cancel()
-		resp, err := c.Request(ctx, "negotiate_protocol", map[string]int{"protocolVersion": 2})
-		if err != nil {
+		line, _ := encodeCommand(id, "negotiate_protocol", map[string]int{"protocolVersion": 2})
+		if _, err := c.roundTrip(ctx, id, "negotiate_protocol", line); err != nil {
 			c.log.Warn("rpc: protocol v2 negotiation failed; staying on v1", "err", err)
-			return
 		}
-		var d struct {
-			ProtocolVersion int `json:"protocolVersion"`
-		}
-		_ = json.Unmarshal(resp.Data, &d)
-		c.mu.Lock()
-		c.v2 = d.ProtocolVersion == 2 || len(resp.Data) == 0
-		c.mu.Unlock()
 	}()
+}
+
+// noteNegotiation switches to protocol v2 when line is the agent's
+// acceptance of negotiate_protocol. It runs on the reader, before the next
+// frame: omp may chunk the very next one.
+func (c *Client) noteNegotiation(line []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.negotiateID == "" {
+		return
+	}
+	h, err := scanFrame(line)
+	if err != nil || !h.hasID || headString(h.id, h.idEsc) != c.negotiateID {
+		return
+	}
+	c.negotiateID = ""
+	var r Response
+	if json.Unmarshal(line, &r) != nil || !r.Success {
+		return
+	}
+	var d struct {
+		ProtocolVersion int `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(r.Data, &d)
+	c.v2 = d.ProtocolVersion == 2 || len(r.Data) == 0
 }
 
 // endTransport records why reading ended and fails everything waiting.
