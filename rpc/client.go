@@ -17,6 +17,7 @@ import (
 // Defaults for Options.
 const (
 	DefaultBacklog             = 256
+	DefaultBacklogBytes        = 64 << 20
 	DefaultStallTimeout        = 2 * time.Second
 	DefaultHostToolConcurrency = 32
 	DefaultRetainedTurnBytes   = 64 << 20
@@ -48,6 +49,23 @@ type Options struct {
 	// a full backlog wait as long.
 	Backlog      int
 	StallTimeout time.Duration
+	// BacklogBytes bounds the frame bytes of the events not yet delivered
+	// to listeners, the batch being dispatched included (default 64 MiB):
+	// pi repeats the whole partial message in every message_update, so
+	// Backlog events alone can be gigabytes. A full byte budget is handled
+	// like a full Backlog. One event larger than the budget still passes
+	// when nothing else is queued.
+	BacklogBytes int
+	// Backpressure makes the reader wait for room in a full backlog for as
+	// long as the listeners take, instead of failing the turn after
+	// StallTimeout: the reader stops reading, and the agent's writes block
+	// on its stdout pipe. For hosts whose listeners are slow but sure (a
+	// CLI writing to a pipe); the caller's contexts still bound each turn
+	// and call, and responses wait behind the backlog as events do. Once
+	// the client is closed or retired, listeners that make no progress for
+	// StallTimeout have the waiting event dropped (counted in Errors), so
+	// Close never waits on the reader for ever.
+	Backpressure bool
 	// DisableV2 keeps omp on protocol v1 even when it offers v2.
 	DisableV2 bool
 	// NoHandshake skips the get_state probe in Start. Start then returns at
@@ -77,6 +95,9 @@ func (o *Options) fill() {
 	}
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.BacklogBytes <= 0 {
+		o.BacklogBytes = DefaultBacklogBytes
 	}
 	if o.HostToolConcurrency <= 0 {
 		o.HostToolConcurrency = DefaultHostToolConcurrency
@@ -163,6 +184,8 @@ type Client struct {
 	queue    []dispatchItem // at most Backlog items waiting
 	spare    []dispatchItem // the dispatcher's drained batch, reused
 	qlen     atomic.Int32   // len(queue), read by the reader without the lock
+	qbytes   atomic.Int64   // frame bytes queued or in the batch; only the reader adds
+	roomWait atomic.Bool    // the reader waits for room: the dispatcher signals space per event
 	wake     chan struct{}  // reader -> dispatcher: items queued
 	space    chan struct{}  // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}

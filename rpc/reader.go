@@ -149,34 +149,57 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	}
 }
 
-// enqueue hands an item to the dispatcher. When the backlog is full the
-// reader waits for room, but at most Options.StallTimeout: listeners that
-// make no progress for that long are an overflow, which fails the turn and
-// retires the transport. The reader never waits unbounded.
+// enqueue hands an item to the dispatcher. When the backlog is full (in
+// events or bytes) the reader waits for room, but at most
+// Options.StallTimeout without progress: listeners that make no progress
+// for that long are an overflow, which fails the turn and retires the
+// transport. With Options.Backpressure it waits without that limit while
+// the client runs. The reader never waits unbounded.
 func (c *Client) enqueue(it dispatchItem) {
 	if c.tryQueue(it) {
 		return
 	}
+	// Set before the next try: the dispatcher reads it after freeing bytes,
+	// so either the try sees the room or the dispatcher sends space.
+	c.roomWait.Store(true)
+	defer c.roomWait.Store(false)
 	t := time.NewTimer(c.opts.StallTimeout)
 	defer t.Stop()
+	var stall <-chan time.Time
+	if !c.opts.Backpressure {
+		stall = t.C
+	}
+	done := c.done
+	closing := false
 	for {
+		if c.tryQueue(it) {
+			return
+		}
 		select {
 		case <-c.space:
-			if c.tryQueue(it) {
-				return
-			}
+			// Progress: the stall clock starts again.
+			t.Reset(c.opts.StallTimeout)
 		case <-c.quit:
 			return
-		case <-c.done:
-			// Closed or retired while the backlog is full: Close must not
-			// wait on listeners that do not keep up. What is queued is
-			// still delivered; this event is counted as dropped.
-			c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
-			return
-		case <-t.C:
-			err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
+		case <-done:
+			if !c.opts.Backpressure {
+				// Closed or retired while the backlog is full: Close must
+				// not wait on listeners that do not keep up. What is queued
+				// is still delivered; this event is counted as dropped.
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
+				return
+			}
+			// Backpressure: keep delivering while listeners progress.
+			done, closing, stall = nil, true, t.C
+			t.Reset(c.opts.StallTimeout)
+		case <-stall:
+			if closing {
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close and listeners made no progress for %v; dropped", ErrBacklogOverflow, it.ev.Type, c.opts.StallTimeout))
+				return
+			}
+			err := fmt.Errorf("%w: %d events (%d bytes) queued and listeners made no progress for %v", ErrBacklogOverflow, c.qlen.Load(), c.qbytes.Load(), c.opts.StallTimeout)
 			c.keepError(err)
-			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
+			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "backlogBytes", c.opts.BacklogBytes, "stall", c.opts.StallTimeout)
 			c.failTurn(err)
 			c.retire(err)
 			// Retire the agent too: with stdin closed it exits, and reading ends.
@@ -186,15 +209,24 @@ func (c *Client) enqueue(it dispatchItem) {
 	}
 }
 
-// tryQueue appends it unless the backlog is full, and wakes the dispatcher.
+// tryQueue appends it unless the backlog is full (Backlog events, or
+// BacklogBytes with something already queued), and wakes the dispatcher.
 func (c *Client) tryQueue(it dispatchItem) bool {
+	n := int64(len(it.ev.raw))
 	c.qmu.Lock()
 	if len(c.queue) >= c.opts.Backlog {
 		c.qmu.Unlock()
 		return false
 	}
+	// Only the reader adds to qbytes; the dispatcher only lowers it, so
+	// the room seen here cannot shrink before the add.
+	if b := c.qbytes.Load(); b > 0 && b+n > int64(c.opts.BacklogBytes) {
+		c.qmu.Unlock()
+		return false
+	}
 	c.queue = append(c.queue, it)
 	c.qlen.Store(int32(len(c.queue)))
+	c.qbytes.Add(n)
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -233,6 +265,15 @@ func (c *Client) dispatchLoop() {
 			}
 			for _, it := range batch {
 				c.dispatch(it)
+				if n := len(it.ev.raw); n > 0 {
+					c.qbytes.Add(-int64(n))
+					if c.roomWait.Load() {
+						select {
+						case c.space <- struct{}{}:
+						default:
+						}
+					}
+				}
 			}
 			clear(batch) // drop the frames for the collector
 			c.spare = batch
