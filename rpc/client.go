@@ -84,6 +84,11 @@ type Options struct {
 	KeptErrors int
 	// Logger receives diagnostics; never frame payloads. Default: discard.
 	Logger *slog.Logger
+	// OnEvent, when set, is a listener for every frame, registered before
+	// the reader starts (as On("", OnEvent) would be), so it also sees the
+	// start handshake: omp's ready, the first responses. Spawn starts the
+	// client before returning; a listener added with On after it misses them.
+	OnEvent func(Event)
 }
 
 func (o *Options) fill() {
@@ -240,7 +245,15 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		negotiated: make(chan struct{}),
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
+		all:        onEvent(opts.OnEvent),
 	}
+}
+
+func onEvent(fn func(Event)) []*listener {
+	if fn == nil {
+		return nil
+	}
+	return []*listener{{fn: fn}}
 }
 
 // Start begins reading. Unless Options.NoHandshake is set it sends get_state
