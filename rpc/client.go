@@ -189,8 +189,8 @@ type Client struct {
 	queue    []dispatchItem // at most Backlog items waiting
 	spare    []dispatchItem // the dispatcher's drained batch, reused
 	qlen     atomic.Int32   // len(queue), read by the reader without the lock
-	qbytes   atomic.Int64   // frame bytes queued or in the batch; only the reader adds
-	roomWait atomic.Bool    // the reader waits for room: the dispatcher signals space per event
+	qbytes   atomic.Int64   // frame bytes queued or in the batch; added to under qmu
+	roomWait atomic.Int32   // enqueues waiting for room: the dispatcher signals space per event
 	wake     chan struct{}  // reader -> dispatcher: items queued
 	space    chan struct{}  // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}

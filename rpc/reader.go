@@ -161,8 +161,8 @@ func (c *Client) enqueue(it dispatchItem) {
 	}
 	// Set before the next try: the dispatcher reads it after freeing bytes,
 	// so either the try sees the room or the dispatcher sends space.
-	c.roomWait.Store(true)
-	defer c.roomWait.Store(false)
+	c.roomWait.Add(1)
+	defer c.roomWait.Add(-1)
 	t := time.NewTimer(c.opts.StallTimeout)
 	defer t.Stop()
 	var stall <-chan time.Time
@@ -218,8 +218,8 @@ func (c *Client) tryQueue(it dispatchItem) bool {
 		c.qmu.Unlock()
 		return false
 	}
-	// Only the reader adds to qbytes; the dispatcher only lowers it, so
-	// the room seen here cannot shrink before the add.
+	// qbytes grows only under qmu; the dispatcher only lowers it, so the
+	// room seen here cannot shrink before the add.
 	if b := c.qbytes.Load(); b > 0 && b+n > int64(c.opts.BacklogBytes) {
 		c.qmu.Unlock()
 		return false
@@ -267,7 +267,7 @@ func (c *Client) dispatchLoop() {
 				c.dispatch(it)
 				if n := len(it.ev.raw); n > 0 {
 					c.qbytes.Add(-int64(n))
-					if c.roomWait.Load() {
+					if c.roomWait.Load() > 0 {
 						select {
 						case c.space <- struct{}{}:
 						default:
@@ -470,14 +470,17 @@ func (c *Client) handleReady(line []byte) {
 // frame: omp may chunk the very next one.
 func (c *Client) noteNegotiation(line []byte) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.negotiateID == "" {
+	id := c.negotiateID
+	c.mu.Unlock()
+	if id == "" {
 		return
 	}
 	h, err := scanFrame(line)
-	if err != nil || !h.hasID || headString(h.id, h.idEsc) != c.negotiateID {
+	if err != nil || !h.hasID || headString(h.id, h.idEsc) != id {
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.negotiateID = ""
 	var r Response
 	if json.Unmarshal(line, &r) != nil || !r.Success {
