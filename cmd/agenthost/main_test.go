@@ -175,7 +175,7 @@ func TestPrompt_Errors(t *testing.T) {
 		{"unknown agent", []string{"prompt", "--agent", "nope", "x"}, 2, "unknown agent"},
 		{"no message", []string{"prompt"}, 2, "MESSAGE"},
 		{"unknown flag", []string{"prompt", "--nope", "x"}, 2, "nope"},
-		{"cwd missing", []string{"prompt", "--cwd", "/nonexistent/agenthost", "x", "--", "/bin/true"}, 2, "--cwd /nonexistent/agenthost: not a directory"},
+		{"cwd missing", []string{"prompt", "--cwd", "/nonexistent/agenthost", "x", "--", "/bin/true"}, 2, "--cwd /nonexistent/agenthost: no such file or directory"},
 		{"cwd is a file", []string{"prompt", "--cwd", "/dev/null", "x", "--", "/bin/true"}, 2, "--cwd /dev/null: not a directory"},
 		{"two messages", []string{"prompt", "a", "b"}, 2, "exactly one MESSAGE"},
 		{"custom command fails", []string{"prompt", "x", "--", "/bin/false"}, 1, "agent exited"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"time"
@@ -86,7 +87,14 @@ it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
 func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, f promptFlags, msg string, custom []string) (err error) {
 	if f.cwd != "" {
 		// exec would blame the agent's binary for a bad directory.
-		if fi, err := os.Stat(f.cwd); err != nil || !fi.IsDir() {
+		fi, err := os.Stat(f.cwd)
+		var pe *fs.PathError
+		switch {
+		case errors.As(err, &pe):
+			return &exitError{2, fmt.Errorf("--cwd %s: %w", f.cwd, pe.Err)}
+		case err != nil:
+			return &exitError{2, fmt.Errorf("--cwd %s: %w", f.cwd, err)}
+		case !fi.IsDir():
 			return &exitError{2, fmt.Errorf("--cwd %s: not a directory", f.cwd)}
 		}
 	}
