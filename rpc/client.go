@@ -18,6 +18,7 @@ import (
 // Defaults for Options.
 const (
 	DefaultBacklog             = 256
+	DefaultBacklogBytes        = 64 << 20
 	DefaultStallTimeout        = 2 * time.Second
 	DefaultHostToolConcurrency = 32
 	DefaultRetainedTurnBytes   = 64 << 20
@@ -49,6 +50,23 @@ type Options struct {
 	// a full backlog wait as long.
 	Backlog      int
 	StallTimeout time.Duration
+	// BacklogBytes bounds the frame bytes of the events not yet delivered
+	// to listeners, the batch being dispatched included (default 64 MiB):
+	// pi repeats the whole partial message in every message_update, so
+	// Backlog events alone can be gigabytes. A full byte budget is handled
+	// like a full Backlog. One event larger than the budget still passes
+	// when nothing else is queued.
+	BacklogBytes int
+	// Backpressure makes the reader wait for room in a full backlog for as
+	// long as the listeners take, instead of failing the turn after
+	// StallTimeout: the reader stops reading, and the agent's writes block
+	// on its stdout pipe. For hosts whose listeners are slow but sure (a
+	// CLI writing to a pipe); the caller's contexts still bound each turn
+	// and call, and responses wait behind the backlog as events do. Once
+	// the client is closed or retired, listeners that make no progress for
+	// StallTimeout have the waiting event dropped (counted in Errors), so
+	// Close never waits on the reader for ever.
+	Backpressure bool
 	// DisableV2 keeps omp on protocol v1 even when it offers v2.
 	DisableV2 bool
 	// NoHandshake skips the get_state probe in Start. Start then returns at
@@ -69,6 +87,11 @@ type Options struct {
 	KeptErrors int
 	// Logger receives diagnostics; never frame payloads. Default: discard.
 	Logger *slog.Logger
+	// OnEvent, when set, is a listener for every frame, registered before
+	// the reader starts (as On("", OnEvent) would be), so it also sees the
+	// start handshake: omp's ready, the first responses. Spawn starts the
+	// client before returning; a listener added with On after it misses them.
+	OnEvent func(Event)
 }
 
 func (o *Options) fill() {
@@ -80,6 +103,9 @@ func (o *Options) fill() {
 	}
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.BacklogBytes <= 0 {
+		o.BacklogBytes = DefaultBacklogBytes
 	}
 	if o.HostToolConcurrency <= 0 {
 		o.HostToolConcurrency = DefaultHostToolConcurrency
@@ -149,23 +175,24 @@ type Client struct {
 
 	nextID atomic.Uint64
 
-	mu         sync.Mutex
-	started    bool
-	closed     bool
-	exitErr    error // set once the transport ended
-	pending    map[string]*pendingCall
-	byCommand  map[string][]*pendingCall
-	abandoned  map[string]struct{}
-	abandonedQ []string
-	errs       []error
-	turn       *turnState
-	uiCancel   map[string]context.CancelFunc
-	toolCancel map[string]context.CancelFunc
-	v2         bool
-	ready      *ReadyEvent
-	readyCh    chan struct{} // closed when a ready frame arrived
-	negotiated chan struct{} // closed when v2 negotiation ended (either way)
-	negotiate  bool
+	mu          sync.Mutex
+	started     bool
+	closed      bool
+	exitErr     error // set once the transport ended
+	pending     map[string]*pendingCall
+	byCommand   map[string][]*pendingCall
+	abandoned   map[string]struct{}
+	abandonedQ  []string
+	errs        []error
+	turn        *turnState
+	uiCancel    map[string]context.CancelFunc
+	toolCancel  map[string]context.CancelFunc
+	v2          bool
+	ready       *ReadyEvent
+	readyCh     chan struct{} // closed when a ready frame arrived
+	negotiated  chan struct{} // closed when v2 negotiation ended (either way)
+	negotiate   bool
+	negotiateID string // the negotiate_protocol request awaiting its answer
 
 	lmu       sync.RWMutex
 	listeners map[string][]*listener
@@ -178,6 +205,8 @@ type Client struct {
 	queue    []dispatchItem // at most Backlog items waiting
 	spare    []dispatchItem // the dispatcher's drained batch, reused
 	qlen     atomic.Int32   // len(queue), read by the reader without the lock
+	qbytes   atomic.Int64   // frame bytes queued or in the batch; added to under qmu
+	roomWait atomic.Int32   // enqueues waiting for room: the dispatcher signals space per event
 	wake     chan struct{}  // reader -> dispatcher: items queued
 	space    chan struct{}  // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}
@@ -239,7 +268,15 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		replies:      make(chan map[string]any, replyBacklog),
 		closeDone:    make(chan struct{}),
 		cbGoroutines: map[uint64]int{},
+		all:        onEvent(opts.OnEvent),
 	}
+}
+
+func onEvent(fn func(Event)) []*listener {
+	if fn == nil {
+		return nil
+	}
+	return []*listener{{fn: fn}}
 }
 
 // Start begins reading. Unless Options.NoHandshake is set it sends get_state

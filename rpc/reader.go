@@ -91,6 +91,15 @@ func (c *Client) handleLine(line []byte) {
 }
 
 func (c *Client) handleChunk(line []byte) {
+	c.mu.Lock()
+	v2 := c.v2
+	c.mu.Unlock()
+	if !v2 {
+		// Chunks exist only in protocol v2; reassembling them unasked would
+		// let any agent make the client buffer up to the reassembly cap.
+		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk frame while protocol v2 is not negotiated; dropped")})
+		return
+	}
 	whole, err := c.reasm.push(line)
 	if err != nil {
 		c.reportError(&ProtocolError{Op: "chunk", Err: err})
@@ -115,6 +124,7 @@ func (c *Client) handleChunk(line []byte) {
 func (c *Client) handleFrame(typ string, line []byte) {
 	switch typ {
 	case "response":
+		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
 			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
@@ -139,34 +149,57 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	}
 }
 
-// enqueue hands an item to the dispatcher. When the backlog is full the
-// reader waits for room, but at most Options.StallTimeout: listeners that
-// make no progress for that long are an overflow, which fails the turn and
-// retires the transport. The reader never waits unbounded.
+// enqueue hands an item to the dispatcher. When the backlog is full (in
+// events or bytes) the reader waits for room, but at most
+// Options.StallTimeout without progress: listeners that make no progress
+// for that long are an overflow, which fails the turn and retires the
+// transport. With Options.Backpressure it waits without that limit while
+// the client runs. The reader never waits unbounded.
 func (c *Client) enqueue(it dispatchItem) {
 	if c.tryQueue(it) {
 		return
 	}
+	// Set before the next try: the dispatcher reads it after freeing bytes,
+	// so either the try sees the room or the dispatcher sends space.
+	c.roomWait.Add(1)
+	defer c.roomWait.Add(-1)
 	t := time.NewTimer(c.opts.StallTimeout)
 	defer t.Stop()
+	var stall <-chan time.Time
+	if !c.opts.Backpressure {
+		stall = t.C
+	}
+	done := c.done
+	closing := false
 	for {
+		if c.tryQueue(it) {
+			return
+		}
 		select {
 		case <-c.space:
-			if c.tryQueue(it) {
-				return
-			}
+			// Progress: the stall clock starts again.
+			t.Reset(c.opts.StallTimeout)
 		case <-c.quit:
 			return
-		case <-c.done:
-			// Closed or retired while the backlog is full: Close must not
-			// wait on listeners that do not keep up. What is queued is
-			// still delivered; this event is counted as dropped.
-			c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
-			return
-		case <-t.C:
-			err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
+		case <-done:
+			if !c.opts.Backpressure {
+				// Closed or retired while the backlog is full: Close must
+				// not wait on listeners that do not keep up. What is queued
+				// is still delivered; this event is counted as dropped.
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
+				return
+			}
+			// Backpressure: keep delivering while listeners progress.
+			done, closing, stall = nil, true, t.C
+			t.Reset(c.opts.StallTimeout)
+		case <-stall:
+			if closing {
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close and listeners made no progress for %v; dropped", ErrBacklogOverflow, it.ev.Type, c.opts.StallTimeout))
+				return
+			}
+			err := fmt.Errorf("%w: %d events (%d bytes) queued and listeners made no progress for %v", ErrBacklogOverflow, c.qlen.Load(), c.qbytes.Load(), c.opts.StallTimeout)
 			c.keepError(err)
-			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
+			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "backlogBytes", c.opts.BacklogBytes, "stall", c.opts.StallTimeout)
 			c.failTurn(err)
 			c.retire(err)
 			// Retire the agent too: with stdin closed it exits, and reading ends.
@@ -176,15 +209,24 @@ func (c *Client) enqueue(it dispatchItem) {
 	}
 }
 
-// tryQueue appends it unless the backlog is full, and wakes the dispatcher.
+// tryQueue appends it unless the backlog is full (Backlog events, or
+// BacklogBytes with something already queued), and wakes the dispatcher.
 func (c *Client) tryQueue(it dispatchItem) bool {
+	n := int64(len(it.ev.raw))
 	c.qmu.Lock()
 	if len(c.queue) >= c.opts.Backlog {
 		c.qmu.Unlock()
 		return false
 	}
+	// qbytes grows only under qmu; the dispatcher only lowers it, so the
+	// room seen here cannot shrink before the add.
+	if b := c.qbytes.Load(); b > 0 && b+n > int64(c.opts.BacklogBytes) {
+		c.qmu.Unlock()
+		return false
+	}
 	c.queue = append(c.queue, it)
 	c.qlen.Store(int32(len(c.queue)))
+	c.qbytes.Add(n)
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -223,6 +265,15 @@ func (c *Client) dispatchLoop() {
 			}
 			for _, it := range batch {
 				c.dispatch(it)
+				if n := len(it.ev.raw); n > 0 {
+					c.qbytes.Add(-int64(n))
+					if c.roomWait.Load() > 0 {
+						select {
+						case c.space <- struct{}{}:
+						default:
+						}
+					}
+				}
 			}
 			clear(batch) // drop the frames for the collector
 			c.spare = batch
@@ -385,8 +436,11 @@ func (c *Client) handleReady(line []byte) {
 		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
 	}
 	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	id := ""
 	if wantV2 {
 		c.negotiate = true
+		id = c.newID()
+		c.negotiateID = id
 	}
 	c.mu.Unlock()
 	if !wantV2 {
@@ -397,21 +451,46 @@ func (c *Client) handleReady(line []byte) {
 	go func() {
 		defer c.wg.Done()
 		defer close(c.negotiated)
+		defer func() {
+			c.mu.Lock()
+			c.negotiateID = ""
+			c.mu.Unlock()
+		}()
 		ctx, cancel := c.lifetimeCtx()
 		defer cancel()
-		resp, err := c.Request(ctx, "negotiate_protocol", map[string]int{"protocolVersion": 2})
-		if err != nil {
+		line, _ := encodeCommand(id, "negotiate_protocol", map[string]int{"protocolVersion": 2})
+		if _, err := c.roundTrip(ctx, id, "negotiate_protocol", line); err != nil {
 			c.log.Warn("rpc: protocol v2 negotiation failed; staying on v1", "err", err)
-			return
 		}
-		var d struct {
-			ProtocolVersion int `json:"protocolVersion"`
-		}
-		_ = json.Unmarshal(resp.Data, &d)
-		c.mu.Lock()
-		c.v2 = d.ProtocolVersion == 2 || len(resp.Data) == 0
-		c.mu.Unlock()
 	}()
+}
+
+// noteNegotiation switches to protocol v2 when line is the agent's
+// acceptance of negotiate_protocol. It runs on the reader, before the next
+// frame: omp may chunk the very next one.
+func (c *Client) noteNegotiation(line []byte) {
+	c.mu.Lock()
+	id := c.negotiateID
+	c.mu.Unlock()
+	if id == "" {
+		return
+	}
+	h, err := scanFrame(line)
+	if err != nil || !h.hasID || headString(h.id, h.idEsc) != id {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.negotiateID = ""
+	var r Response
+	if json.Unmarshal(line, &r) != nil || !r.Success {
+		return
+	}
+	var d struct {
+		ProtocolVersion int `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(r.Data, &d)
+	c.v2 = d.ProtocolVersion == 2 || len(r.Data) == 0
 }
 
 // endTransport records why reading ended and fails everything waiting.

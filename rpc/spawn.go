@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -132,6 +134,9 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	if len(spec.Argv) == 0 {
 		return nil, errors.New("rpc: spawn: empty command")
 	}
+	if err := checkDir(spec.Dir); err != nil {
+		return nil, err
+	}
 	args := spec.Args()
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = spec.Dir
@@ -154,6 +159,22 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// checkDir names a bad working directory; exec would report it as the
+// agent binary missing.
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err == nil && !fi.IsDir() {
+		err = &fs.PathError{Op: "chdir", Path: dir, Err: syscall.ENOTDIR}
+	}
+	if err != nil {
+		return fmt.Errorf("rpc: spawn: the agent's working directory: %w", err)
+	}
+	return nil
 }
 
 func lastLine(s string) string {
