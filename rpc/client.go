@@ -268,7 +268,7 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		replies:      make(chan map[string]any, replyBacklog),
 		closeDone:    make(chan struct{}),
 		cbGoroutines: map[uint64]int{},
-		all:        onEvent(opts.OnEvent),
+		all:          onEvent(opts.OnEvent),
 	}
 }
 
