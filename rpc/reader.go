@@ -57,17 +57,24 @@ func (c *Client) handleLine(line []byte) {
 		// listener sees it, unless the dispatcher is falling behind; then
 		// the reader shares the work.
 		deferred := c.qlen.Load() < int32(c.opts.Backlog/4)
-		// A frame the turn keeps is checked here: an invalid one must
-		// not stay in Turn.Events.
-		if !deferred || c.turnKeeps(len(line)) {
-			deferred = false
+		if !deferred {
 			if h, err := scanFrame(line); err != nil {
 				c.frameError(h, line, err)
 				return
 			}
 		}
 		ev := Event{Type: typ}
-		c.trackTurn(typ, line, &ev)
+		// A frame the turn keeps is checked there (an invalid one must not
+		// stay in Turn.Events), so the dispatcher need not check it again.
+		checked, err := c.trackTurn(typ, line, &ev, deferred)
+		if err != nil {
+			h, _ := scanFrame(line)
+			c.frameError(h, line, err)
+			return
+		}
+		if checked {
+			deferred = false
+		}
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
 		}
@@ -134,7 +141,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.handleUIRequest(line)
 	}
 	ev := Event{Type: typ}
-	c.trackTurn(typ, line, &ev)
+	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
@@ -412,14 +419,6 @@ func (c *Client) failWaiters(h frameHead, perr error) {
 			p.ch <- &Response{ID: id, perr: perr}
 		}
 	}
-}
-
-// turnKeeps tells whether the running turn would retain a frame of n bytes.
-func (c *Client) turnKeeps(n int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := c.turn
-	return t != nil && !t.settled && t.retained+n <= c.opts.RetainedTurnBytes
 }
 
 // dropTombstoneLocked removes the placeholder of a timed-out request that

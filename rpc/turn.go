@@ -418,9 +418,16 @@ func (c *Client) WaitForIdle(ctx context.Context) error {
 
 // trackTurn records a frame into the running turn and ends the turn on its
 // terminal frame. It may set ev.raw to the retained copy, which listeners
-// then share (an Event cannot be mutated).
-func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
+// then share (an Event cannot be mutated). A frame not yet validated
+// (unchecked) is validated before the turn keeps it: checked reports that
+// it was, and err that it is invalid (then nothing was recorded).
+func (c *Client) trackTurn(typ string, line []byte, ev *Event, unchecked bool) (checked bool, err error) {
 	c.mu.Lock()
+	defer func() {
+		if err != nil {
+			c.mu.Unlock()
+		}
+	}()
 	switch typ {
 	case EventAgentStart:
 		c.track.runOpen = true
@@ -439,9 +446,17 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 	t := c.turn
 	if t == nil || t.settled {
 		c.mu.Unlock()
-		return
+		return false, nil
 	}
 	if t.retained+len(line) <= c.opts.RetainedTurnBytes {
+		if unchecked {
+			// Only the frequent types the reader does not act on come
+			// unchecked: refusing one here changes nothing else.
+			if _, err := scanFrame(line); err != nil {
+				return false, err
+			}
+			checked = true
+		}
 		// A copy: a kept slice of the reader's buffer would pin the whole
 		// buffer for as long as the Turn lives.
 		ev.raw = bytes.Clone(line)
@@ -544,6 +559,7 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 	if settle {
 		c.settleTurn(t, nil)
 	}
+	return checked, nil
 }
 
 // startNoRunProbeLocked starts (or, after an abort, hurries) probeNoRun
