@@ -12,7 +12,8 @@ import (
 // Turn is a prompt's run to its end.
 type Turn struct {
 	// Events are the frames received during the turn, in order, bounded by
-	// Options.RetainedTurnBytes; DroppedEvents counts those not kept.
+	// Options.RetainedTurnBytes; DroppedEvents counts those not kept. They
+	// are copies: a Turn kept for long pins no read buffer.
 	Events        []Event
 	DroppedEvents int
 	// Messages are the messages that ended during the turn (message_end),
@@ -120,7 +121,9 @@ type PromptOptions struct {
 // turn it starts runs on; WaitTurn waits for its end. While a turn runs, a
 // prompt without StreamingBehavior fails with ErrTurnInProgress; one with
 // StreamingBehavior joins the running turn, and with no turn running it
-// starts one (the agent runs it as a plain prompt).
+// starts one (the agent runs it as a plain prompt). A run the agent starts
+// without a prompt of this client is tracked as a turn too (Turn.Unsolicited)
+// and counts as running.
 func (c *Client) Prompt(ctx context.Context, message string, opts *PromptOptions) error {
 	cmd := PromptCommand{Message: message}
 	if opts != nil {
