@@ -263,7 +263,7 @@ func (c *Client) noteReplyLocked(id string, r *Response) {
 			t := newTurn()
 			t.promptIDs, t.starts = []string{id}, 1
 			c.turn = t
-			c.startNoRunProbeLocked(t)
+			c.maybeNoRunProbeLocked(t)
 		} else if r.Success && c.turn != qt && c.turn != nil && !c.turn.settled {
 			// The run already started (an unsolicited turn): it is this
 			// prompt's.
@@ -288,6 +288,17 @@ func (c *Client) noteReplyLocked(id string, r *Response) {
 		t.unacked--
 	}
 	if !t.started {
+		c.maybeNoRunProbeLocked(t)
+	}
+}
+
+// maybeNoRunProbeLocked starts probeNoRun after a prompt's acknowledgement,
+// unless the agent announced itself with ready (omp): omp reports a prompt
+// that starts no run with prompt_result, and its get_state says idle while
+// it still prepares a prompt (images, slash commands), so polling it could
+// end a turn whose run is about to start.
+func (c *Client) maybeNoRunProbeLocked(t *turnState) {
+	if c.ready == nil {
 		c.startNoRunProbeLocked(t)
 	}
 }
@@ -590,10 +601,12 @@ func (c *Client) startNoRunProbeLocked(t *turnState) {
 // first asked noRunDelay after the acknowledgement, and no agent_start of
 // this turn was read before the last answer. The answers come on the same
 // stream as the events, so an agent_start written before an answer is seen
-// before it. pi marks itself streaming before it writes anything after the
-// acknowledgement; omp acknowledges first and prepares the run after, so
-// idleness must hold for a while (about 1.5 s) to count. After an
-// acknowledged abort no run is coming: two answers 250 ms apart suffice.
+// before it, and pi marks itself streaming before it writes anything after
+// the acknowledgement: one idle answer would do for pi; the margin (about
+// 1.5 s of idleness) is for agents that acknowledge first and prepare the
+// run after. omp is one, so it is polled only after an acknowledged abort
+// (see maybeNoRunProbeLocked); then no run is coming, and two answers
+// 250 ms apart suffice.
 func (c *Client) probeNoRun(t *turnState) {
 	defer c.wg.Done()
 	defer func() {
