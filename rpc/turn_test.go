@@ -290,3 +290,54 @@ func TestClient_RequestLineIDs(t *testing.T) {
 		t.Fatalf("first request: %+v %v", got.r, got.err)
 	}
 }
+
+// answerState answers the next frame the client wrote, which must be a
+// get_state, with isStreaming set as given.
+func answerState(t *testing.T, p *pipePeer, streaming bool) {
+	t.Helper()
+	m := p.recv()
+	if m["type"] != "get_state" {
+		t.Fatalf("sent %v, want get_state", m["type"])
+	}
+	p.say(fmt.Sprintf(`{"id":"%s","type":"response","command":"get_state","success":true,"data":{"isStreaming":%v,"pendingMessageCount":0}}`, m["id"], streaming))
+}
+
+// Item 3 (fake side): an agent without ready that acknowledges a prompt
+// and starts no run: the turn ends once get_state says idle, three times in
+// a row, with AgentInvoked false.
+func TestTurn_AckedPromptWithoutRunSettles(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	ctx := ctxT(t, 10*time.Second)
+	promptAcked(t, p, ctx, "/probe", nil)
+	for i := 0; i < noRunIdleAnswers; i++ {
+		answerState(t, p, false)
+	}
+	turn, err := p.c.WaitTurn(ctx)
+	if err != nil || turn.AgentInvoked {
+		t.Fatalf("turn %+v, err %v", turn, err)
+	}
+}
+
+// The no-run poll never races a run about to start: a streaming answer
+// resets the count, and an agent_start read before the last idle answer
+// keeps the turn for its run.
+func TestTurn_NoRunProbeYieldsToARun(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	ctx := ctxT(t, 10*time.Second)
+	promptAcked(t, p, ctx, "hi", nil)
+	answerState(t, p, false)
+	answerState(t, p, true) // preparing: the count starts over
+	answerState(t, p, false)
+	answerState(t, p, false)
+	// The run starts before the answer that would have been the third.
+	m := p.recv()
+	if m["type"] != "get_state" {
+		t.Fatalf("sent %v", m["type"])
+	}
+	p.say(`{"type":"agent_start"}`, fmt.Sprintf(`{"id":"%s","type":"response","command":"get_state","success":true,"data":{"isStreaming":false}}`, m["id"]))
+	p.say(assistantFrame("ran"), `{"type":"agent_end","messages":[]}`)
+	turn, err := p.c.WaitTurn(ctx)
+	if err != nil || turn.Text != "ran" || !turn.AgentInvoked {
+		t.Fatalf("turn %+v, err %v", turn, err)
+	}
+}
