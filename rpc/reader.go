@@ -112,7 +112,9 @@ func (c *Client) handleChunk(line []byte) {
 	}
 	h, err := scanFrame(whole)
 	if err != nil {
-		c.reportError(&ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)})
+		perr := &ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)}
+		c.failWaiters(h, perr)
+		c.reportError(perr)
 		return
 	}
 	typ := headString(h.typ, h.typEsc)
