@@ -29,11 +29,13 @@ func waitTurnBounded(t *testing.T, c *rpc.Client, d time.Duration) *rpc.Turn {
 }
 
 // Item 1: omp acknowledges a prompt and an abort sent right after it and
-// starts no run; the turn ends (aborted) and the next prompt works.
+// starts no run; the turn ends (aborted) and the next prompt works. The
+// answer is slow, so that should omp start the run after all, the abort
+// still cuts it and the outcome is the same.
 func TestRealTurn_AbortBeforeRunStarts(t *testing.T) {
 	a := startReal(t, agents.OMP, rpc.Options{})
 	ctx := tctx(t, 120*time.Second)
-	if err := a.c.Prompt(ctx, "[[say:never]]", nil); err != nil {
+	if err := a.c.Prompt(ctx, "[[slow:1s]] [[say:never]]", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.c.Abort(ctx); err != nil {
@@ -126,7 +128,7 @@ func TestRealTurn_RefusedAbortAndPrompt(t *testing.T) {
 		default:
 		}
 	})
-	if err := a.c.Prompt(ctx, "[[slow:300ms]] [[say:own answer]]", nil); err != nil {
+	if err := a.c.Prompt(ctx, "[[slow:1s]] [[say:own answer]]", nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
