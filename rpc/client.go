@@ -129,6 +129,10 @@ type Response struct {
 	Data    json.RawMessage `json:"data,omitempty"`
 	Error   string          `json:"error,omitempty"`
 	Code    string          `json:"code,omitempty"`
+
+	// perr: not a response but a frame naming this request that could not
+	// be used (see DuplicateKeyError); the waiter fails with it.
+	perr error
 }
 
 func (r *Response) err(late bool) error {
@@ -185,6 +189,7 @@ type Client struct {
 	abandonedQ  []string
 	errs        []error
 	turn        *turnState
+	track       turnTrack
 	uiCancel    map[string]context.CancelFunc
 	toolCancel  map[string]context.CancelFunc
 	v2          bool
@@ -553,6 +558,10 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		c.mu.Unlock()
 		return nil, err
 	}
+	if _, dup := c.pending[id]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %q", ErrDuplicateID, id)
+	}
 	c.pending[id] = p
 	c.byCommand[command] = append(c.byCommand[command], p)
 	c.mu.Unlock()
@@ -563,6 +572,9 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 	}
 	select {
 	case r := <-p.ch:
+		if r.perr != nil {
+			return nil, r.perr
+		}
 		if err := r.err(false); err != nil {
 			return r, err
 		}
@@ -574,6 +586,9 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		// A response that raced the end is still delivered.
 		select {
 		case r := <-p.ch:
+			if r.perr != nil {
+				return nil, r.perr
+			}
 			return r, r.err(false)
 		default:
 		}

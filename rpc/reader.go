@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,10 +36,10 @@ func (c *Client) readLoop() {
 		}
 		if first {
 			first = false
-			if _, serr := scanFrame(line); serr != nil {
+			if h, serr := scanFrame(line); serr != nil {
 				err := fmt.Errorf("rpc: start: the agent's first frame is not a JSON object (%v): %q", serr, quoteFrame(line))
 				c.firstOnce.Do(func() { c.firstFrame <- err })
-				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: serr})
+				c.frameError(h, line, serr)
 				continue
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
@@ -57,13 +58,23 @@ func (c *Client) handleLine(line []byte) {
 		// the reader shares the work.
 		deferred := c.qlen.Load() < int32(c.opts.Backlog/4)
 		if !deferred {
-			if _, err := scanFrame(line); err != nil {
-				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+			if h, err := scanFrame(line); err != nil {
+				c.frameError(h, line, err)
 				return
 			}
 		}
 		ev := Event{Type: typ}
-		c.trackTurn(typ, line, &ev)
+		// A frame the turn keeps is checked there (an invalid one must not
+		// stay in Turn.Events), so the dispatcher need not check it again.
+		checked, err := c.trackTurn(typ, line, &ev, deferred)
+		if err != nil {
+			h, _ := scanFrame(line)
+			c.frameError(h, line, err)
+			return
+		}
+		if checked {
+			deferred = false
+		}
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
 		}
@@ -72,7 +83,7 @@ func (c *Client) handleLine(line []byte) {
 	}
 	h, err := scanFrame(line)
 	if err != nil {
-		c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+		c.frameError(h, line, err)
 		return
 	}
 	typ := internType(h.typ)
@@ -110,7 +121,9 @@ func (c *Client) handleChunk(line []byte) {
 	}
 	h, err := scanFrame(whole)
 	if err != nil {
-		c.reportError(&ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)})
+		perr := &ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)}
+		c.failWaiters(h, perr)
+		c.reportError(perr)
 		return
 	}
 	typ := headString(h.typ, h.typEsc)
@@ -140,7 +153,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.handleUIRequest(line)
 	}
 	ev := Event{Type: typ}
-	c.trackTurn(typ, line, &ev)
+	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
@@ -291,10 +304,11 @@ func (c *Client) dispatch(it dispatchItem) {
 	typed, all, els := c.listeners[it.ev.Type], c.all, c.errLs
 	c.lmu.RUnlock()
 	if it.validate {
-		if _, err := scanFrame(it.ev.raw); err != nil {
+		if h, err := scanFrame(it.ev.raw); err != nil {
 			// Reported here, not through reportError: the dispatcher must
 			// never wait on its own queue.
 			perr := &ProtocolError{Op: "frame", Frame: quoteFrame(it.ev.raw), Err: err}
+			c.failWaiters(h, perr)
 			c.keepError(perr)
 			c.log.Warn("rpc: protocol error", "op", perr.Op, "err", err)
 			for _, el := range els {
@@ -353,15 +367,33 @@ func (c *Client) safeCallErr(fn func(error), e error) {
 
 func (c *Client) handleResponse(line []byte) {
 	var r Response
-	if err := json.Unmarshal(line, &r); err != nil {
+	// The id is decoded apart: a number (from a hand-written RequestLine)
+	// is matched by its literal text, as RequestLine keys it.
+	var wire struct {
+		*Response
+		ID json.RawMessage `json:"id"`
+	}
+	wire.Response = &r
+	if err := json.Unmarshal(line, &wire); err != nil {
 		c.reportError(&ProtocolError{Op: "response", Frame: quoteFrame(line), Err: err})
 		return
+	}
+	if id := bytes.TrimSpace(wire.ID); len(id) > 0 && !bytes.Equal(id, []byte("null")) {
+		if id[0] == '"' {
+			if err := json.Unmarshal(id, &r.ID); err != nil {
+				c.reportError(&ProtocolError{Op: "response", Frame: quoteFrame(line), Err: err})
+				return
+			}
+		} else {
+			r.ID = string(id)
+		}
 	}
 	c.mu.Lock()
 	if r.ID != "" {
 		if p, ok := c.pending[r.ID]; ok {
 			delete(c.pending, r.ID)
 			c.removeFromCommandLocked(p)
+			c.noteReplyLocked(r.ID, &r)
 			c.mu.Unlock()
 			p.ch <- &r
 			return
@@ -373,10 +405,12 @@ func (c *Client) handleResponse(line []byte) {
 			return
 		}
 		t := c.turn
-		if t != nil && slices.Contains(t.promptIDs, r.ID) {
+		if t != nil && (slices.Contains(t.promptIDs, r.ID) || slices.Contains(t.queuedIDs, r.ID)) {
+			// omp's second response to a prompt it acknowledged: a late
+			// failure ends the turn the prompt started or was queued into.
 			c.mu.Unlock()
 			if !r.Success {
-				c.failTurn(fmt.Errorf("%w: %w", ErrPromptFailed, r.err(true)))
+				c.settleTurn(t, fmt.Errorf("%w: %w", ErrPromptFailed, r.err(true)))
 			}
 			return
 		}
@@ -404,8 +438,40 @@ func (c *Client) handleResponse(line []byte) {
 		return // the late answer to a timed-out request: dropped
 	}
 	delete(c.pending, p.id)
+	c.noteReplyLocked(p.id, &r)
 	c.mu.Unlock()
 	p.ch <- &r
+}
+
+// frameError reports a frame that is not valid JSON or has a duplicated
+// "type" or "id" key, and fails the requests it names.
+func (c *Client) frameError(h frameHead, line []byte, err error) {
+	perr := &ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err}
+	c.failWaiters(h, perr)
+	c.reportError(perr)
+}
+
+// failWaiters fails each pending request a refused frame names by id (a
+// frame with a duplicated key, which may have been meant as its response),
+// so no caller waits for a response that was read and refused. Syntax
+// errors name no id reliably and fail nobody.
+func (c *Client) failWaiters(h frameHead, perr error) {
+	var dk *DuplicateKeyError
+	if !errors.As(perr, &dk) {
+		return
+	}
+	for _, id := range h.idStrings() {
+		c.mu.Lock()
+		p, ok := c.pending[id]
+		if ok {
+			delete(c.pending, id)
+			c.removeFromCommandLocked(p)
+		}
+		c.mu.Unlock()
+		if ok {
+			p.ch <- &Response{ID: id, perr: perr}
+		}
+	}
 }
 
 // dropTombstoneLocked removes the placeholder of a timed-out request that

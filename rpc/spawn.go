@@ -295,7 +295,8 @@ func (c *Client) shutdown() {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	c.retire(&ExitError{Cause: ErrClosed, Stderr: ""})
+	// The host's own close, not an agent crash: waiters get ErrClosed.
+	c.retire(ErrClosed)
 	// Close stdin without the write lock: a write blocked on a full
 	// pipe returns once the file is closed.
 	werr := c.w.Close()
