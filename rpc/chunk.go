@@ -101,13 +101,21 @@ func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
 		}
 		r.active = true
 		r.id, r.count, r.byteLength, r.next = id, count, byteLength, 0
-		r.buf = make([]byte, 0, min(byteLength, count*chunkPayloadMax))
+		// No allocation of the declared length: a chunk costs what it
+		// carries, whatever it announces.
+		r.buf = nil
 	}
 	if id != r.id || count != r.count || byteLength != r.byteLength || index != r.next {
 		return nil, errors.New("rpc_chunk sequence mismatch (id, count, length or order)")
 	}
 	if int64(len(r.buf))+int64(len(data)) > r.byteLength {
 		return nil, errors.New("rpc_chunk sequence exceeds its declared byteLength")
+	}
+	if need := len(r.buf) + len(data); need > cap(r.buf) {
+		// Double as data arrives, never past the declared length.
+		nb := make([]byte, len(r.buf), min(max(2*cap(r.buf), need), int(r.byteLength)))
+		copy(nb, r.buf)
+		r.buf = nb
 	}
 	r.buf = append(r.buf, data...)
 	r.next++

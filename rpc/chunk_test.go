@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // chunkLines splits a frame the way omp does (256 KiB of bytes per chunk).
@@ -143,4 +147,100 @@ func FuzzReassembler(f *testing.F) {
 			t.Fatalf("good sequence: got %q", got)
 		}
 	})
+}
+
+// TestReassembler_NoPreallocation: a chunk declares the reassembled length;
+// the buffer grows with the data instead, so 400 small frames that keep
+// restarting sequences (alternating ids) cost kilobytes, not 64 MiB each.
+func TestReassembler_NoPreallocation(t *testing.T) {
+	r := newReassembler()
+	lines := make([][]byte, 2)
+	for i, id := range []string{"a", "b"} {
+		lines[i], _ = json.Marshal(map[string]any{"type": "rpc_chunk", "chunkId": id, "index": 0, "count": 256,
+			"byteLength": defaultReassembledMax, "data": base64.StdEncoding.EncodeToString([]byte(`{"type":"x",`))})
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	errs := 0
+	for i := 0; i < 400; i++ {
+		if _, err := r.push(lines[i%2]); err != nil {
+			errs++
+		}
+	}
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("400 alternating chunk frames: %d errors, %d KiB allocated", errs, alloc>>10)
+	if errs != 200 {
+		t.Fatalf("%d sequences refused, want 200 (every second frame interrupts)", errs)
+	}
+	if alloc > 4<<20 {
+		t.Fatalf("allocated %d bytes for 400 small chunk frames", alloc)
+	}
+}
+
+// TestClient_ChunksNeedV2: an agent that never negotiated protocol v2 (pi,
+// or omp kept on v1) gets its rpc_chunk frames refused, not reassembled.
+func TestClient_ChunksNeedV2(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	got := make(chan Event, 1)
+	p.c.On(EventMessageEnd, func(ev Event) { got <- ev })
+	perr := make(chan error, 4)
+	p.c.OnError(func(err error) {
+		select {
+		case perr <- err:
+		default:
+		}
+	})
+	for _, l := range chunkLines(bigFrame(2<<20), "c1") {
+		p.say(string(l))
+	}
+	p.say(`{"type":"agent_end","messages":[]}`)
+	select {
+	case err := <-perr:
+		var pe *ProtocolError
+		if !errors.As(err, &pe) || pe.Op != "chunk" || !strings.Contains(err.Error(), "v2") {
+			t.Fatalf("error = %v", err)
+		}
+	case ev := <-got:
+		t.Fatalf("a chunked %s was reassembled without v2", ev.Type)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no error for a chunk without v2")
+	}
+	if p.c.ProtocolVersion() != 1 {
+		t.Fatalf("protocol v%d", p.c.ProtocolVersion())
+	}
+}
+
+// TestClient_ChunksRightAfterNegotiation: chunks that follow the
+// negotiate_protocol answer at once (in the same write) are accepted: v2
+// holds from that answer on, for the very next frame.
+func TestClient_ChunksRightAfterNegotiation(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	got := make(chan Event, 1)
+	p.c.On(EventMessageEnd, func(ev Event) { got <- ev })
+	p.say(`{"type":"ready","supportedProtocolVersions":[1,2]}`)
+	m := p.recv()
+	if m["type"] != "negotiate_protocol" {
+		t.Fatalf("client sent %v", m)
+	}
+	frame := bigFrame(2 << 20)
+	var b strings.Builder
+	b.WriteString(`{"id":"` + m["id"].(string) + `","type":"response","command":"negotiate_protocol","success":true,"data":{"protocolVersion":2}}` + "\n")
+	for _, l := range chunkLines(frame, "c1") {
+		b.Write(l)
+		b.WriteByte('\n')
+	}
+	go io.WriteString(p.agentW, b.String())
+	select {
+	case ev := <-got:
+		if !bytes.Equal(ev.Raw(), frame) {
+			t.Fatalf("reassembled %d bytes, want %d", ev.Len(), len(frame))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no reassembled frame; errors %v", p.c.Errors())
+	}
+	if p.c.ProtocolVersion() != 2 {
+		t.Fatalf("protocol v%d", p.c.ProtocolVersion())
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 // Defaults for Options.
 const (
 	DefaultBacklog             = 256
+	DefaultBacklogBytes        = 64 << 20
 	DefaultStallTimeout        = 2 * time.Second
 	DefaultHostToolConcurrency = 32
 	DefaultRetainedTurnBytes   = 64 << 20
@@ -48,6 +50,23 @@ type Options struct {
 	// a full backlog wait as long.
 	Backlog      int
 	StallTimeout time.Duration
+	// BacklogBytes bounds the frame bytes of the events not yet delivered
+	// to listeners, the batch being dispatched included (default 64 MiB):
+	// pi repeats the whole partial message in every message_update, so
+	// Backlog events alone can be gigabytes. A full byte budget is handled
+	// like a full Backlog. One event larger than the budget still passes
+	// when nothing else is queued.
+	BacklogBytes int
+	// Backpressure makes the reader wait for room in a full backlog for as
+	// long as the listeners take, instead of failing the turn after
+	// StallTimeout: the reader stops reading, and the agent's writes block
+	// on its stdout pipe. For hosts whose listeners are slow but sure (a
+	// CLI writing to a pipe); the caller's contexts still bound each turn
+	// and call, and responses wait behind the backlog as events do. Once
+	// the client is closed or retired, listeners that make no progress for
+	// StallTimeout have the waiting event dropped (counted in Errors), so
+	// Close never waits on the reader for ever.
+	Backpressure bool
 	// DisableV2 keeps omp on protocol v1 even when it offers v2.
 	DisableV2 bool
 	// NoHandshake skips the get_state probe in Start. Start then returns at
@@ -57,7 +76,9 @@ type Options struct {
 	// waits on a question nobody will answer.
 	UI UIHandler
 	// HostToolConcurrency bounds host tool calls running at once (default
-	// 32); calls beyond it are answered at once with an error result.
+	// 32); calls beyond it are refused with an error result, written by a
+	// separate goroutine so an agent that is not reading cannot stall the
+	// reader.
 	HostToolConcurrency int
 	// RetainedTurnBytes bounds the event bytes a Turn keeps (default 64 MiB);
 	// events past it are counted in Turn.DroppedEvents, not kept.
@@ -66,6 +87,11 @@ type Options struct {
 	KeptErrors int
 	// Logger receives diagnostics; never frame payloads. Default: discard.
 	Logger *slog.Logger
+	// OnEvent, when set, is a listener for every frame, registered before
+	// the reader starts (as On("", OnEvent) would be), so it also sees the
+	// start handshake: omp's ready, the first responses. Spawn starts the
+	// client before returning; a listener added with On after it misses them.
+	OnEvent func(Event)
 }
 
 func (o *Options) fill() {
@@ -77,6 +103,9 @@ func (o *Options) fill() {
 	}
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.BacklogBytes <= 0 {
+		o.BacklogBytes = DefaultBacklogBytes
 	}
 	if o.HostToolConcurrency <= 0 {
 		o.HostToolConcurrency = DefaultHostToolConcurrency
@@ -100,6 +129,10 @@ type Response struct {
 	Data    json.RawMessage `json:"data,omitempty"`
 	Error   string          `json:"error,omitempty"`
 	Code    string          `json:"code,omitempty"`
+
+	// perr: not a response but a frame naming this request that could not
+	// be used (see DuplicateKeyError); the waiter fails with it.
+	perr error
 }
 
 func (r *Response) err(late bool) error {
@@ -127,29 +160,44 @@ type Client struct {
 	owned Process // nil when attached to a plain reader/writer
 	stder *tailBuffer
 
-	wmu sync.Mutex // serialises whole frames on w
+	// wlock serialises whole frames on w. A channel, not a mutex, so a
+	// call waiting behind a write stuck on a full pipe can give up when its
+	// context ends.
+	wlock chan struct{}
+	// replies carries frames the reader wants sent (refusals it decides
+	// on): the reader never writes, so the agent can never stall it by
+	// not reading its stdin. Drained by replyLoop.
+	replies chan map[string]any
+
+	// cbmu guards cbGoroutines: the goroutines running user callbacks
+	// (listeners, host tools, UI handlers), so Close can tell it is
+	// called from one and must not wait for its own caller.
+	cbmu         sync.Mutex
+	cbGoroutines map[uint64]int
 
 	tools hostTools
 
 	nextID atomic.Uint64
 
-	mu         sync.Mutex
-	started    bool
-	closed     bool
-	exitErr    error // set once the transport ended
-	pending    map[string]*pendingCall
-	byCommand  map[string][]*pendingCall
-	abandoned  map[string]struct{}
-	abandonedQ []string
-	errs       []error
-	turn       *turnState
-	uiCancel   map[string]context.CancelFunc
-	toolCancel map[string]context.CancelFunc
-	v2         bool
-	ready      *ReadyEvent
-	readyCh    chan struct{} // closed when a ready frame arrived
-	negotiated chan struct{} // closed when v2 negotiation ended (either way)
-	negotiate  bool
+	mu          sync.Mutex
+	started     bool
+	closed      bool
+	exitErr     error // set once the transport ended
+	pending     map[string]*pendingCall
+	byCommand   map[string][]*pendingCall
+	abandoned   map[string]struct{}
+	abandonedQ  []string
+	errs        []error
+	turn        *turnState
+	track       turnTrack
+	uiCancel    map[string]context.CancelFunc
+	toolCancel  map[string]context.CancelFunc
+	v2          bool
+	ready       *ReadyEvent
+	readyCh     chan struct{} // closed when a ready frame arrived
+	negotiated  chan struct{} // closed when v2 negotiation ended (either way)
+	negotiate   bool
+	negotiateID string // the negotiate_protocol request awaiting its answer
 
 	lmu       sync.RWMutex
 	listeners map[string][]*listener
@@ -162,6 +210,8 @@ type Client struct {
 	queue    []dispatchItem // at most Backlog items waiting
 	spare    []dispatchItem // the dispatcher's drained batch, reused
 	qlen     atomic.Int32   // len(queue), read by the reader without the lock
+	qbytes   atomic.Int64   // frame bytes queued or in the batch; added to under qmu
+	roomWait atomic.Int32   // enqueues waiting for room: the dispatcher signals space per event
 	wake     chan struct{}  // reader -> dispatcher: items queued
 	space    chan struct{}  // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}
@@ -173,9 +223,11 @@ type Client struct {
 
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
-	closeOnce  sync.Once
 	closeErr   error
 	reasm      *reassembler
+
+	closeStarted bool          // under mu
+	closeDone    chan struct{} // closed when Close has finished
 }
 
 type dispatchItem struct {
@@ -216,7 +268,20 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		negotiated: make(chan struct{}),
 		firstFrame: make(chan error, 1),
 		reasm:      newReassembler(),
+
+		wlock:        make(chan struct{}, 1),
+		replies:      make(chan map[string]any, replyBacklog),
+		closeDone:    make(chan struct{}),
+		cbGoroutines: map[uint64]int{},
+		all:          onEvent(opts.OnEvent),
 	}
+}
+
+func onEvent(fn func(Event)) []*listener {
+	if fn == nil {
+		return nil
+	}
+	return []*listener{{fn: fn}}
 }
 
 // Start begins reading. Unless Options.NoHandshake is set it sends get_state
@@ -239,8 +304,13 @@ func (c *Client) Start(ctx context.Context) error {
 
 	c.readerWG.Add(1)
 	go c.readLoop()
-	c.wg.Add(1)
-	go c.dispatchLoop()
+	c.wg.Add(2)
+	go func() {
+		// Listeners run here: a Close they call must not wait for them.
+		defer c.enterCallbacks()()
+		c.dispatchLoop()
+	}()
+	go c.replyLoop()
 
 	if c.opts.NoHandshake {
 		return nil
@@ -488,6 +558,10 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		c.mu.Unlock()
 		return nil, err
 	}
+	if _, dup := c.pending[id]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %q", ErrDuplicateID, id)
+	}
 	c.pending[id] = p
 	c.byCommand[command] = append(c.byCommand[command], p)
 	c.mu.Unlock()
@@ -498,6 +572,9 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 	}
 	select {
 	case r := <-p.ch:
+		if r.perr != nil {
+			return nil, r.perr
+		}
 		if err := r.err(false); err != nil {
 			return r, err
 		}
@@ -509,6 +586,9 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		// A response that raced the end is still delivered.
 		select {
 		case r := <-p.ch:
+			if r.perr != nil {
+				return nil, r.perr
+			}
 			return r, r.err(false)
 		default:
 		}
@@ -601,16 +681,24 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 	}
 	buf := make([]byte, 0, len(line)+1)
 	buf = append(append(buf, line...), '\n')
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	select {
+	case c.wlock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rpc: waiting to write to agent: %w", ctx.Err())
+	case <-c.done:
+		return c.transportErr()
+	}
+	defer func() { <-c.wlock }()
 	select {
 	case <-c.done:
 		return c.transportErr()
 	default:
 	}
+	ctxDeadline := false // the writer's deadline is ctx's
 	if dl, ok := ctx.Deadline(); ok {
 		if d, ok := c.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
 			if d.SetWriteDeadline(dl) == nil {
+				ctxDeadline = true
 				defer d.SetWriteDeadline(time.Time{})
 			}
 		}
@@ -638,6 +726,10 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Cause: c.owned.ExitErr(), Stderr: c.Stderr()})
 			default:
 			}
+		}
+		if ctxDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+			// The write deadline is the context's: report it as such.
+			return fmt.Errorf("rpc: writing to agent: %w", context.DeadlineExceeded)
 		}
 		return fmt.Errorf("rpc: writing to agent: %w", err)
 	}

@@ -345,24 +345,48 @@ func TestClient_ListenerCannotMutateRetainedTurn(t *testing.T) {
 	}
 }
 
+// Stale ends: an agent_end read before this turn's prompt was acknowledged,
+// or one that closes a run already open when the turn began (the run of a
+// turn that Run's context ended before its agent_end), never ends the turn.
+// (This test used to send a bare agent_end after the acknowledgement and
+// call it stale; since a minimal agent may omit agent_start, such an end
+// now ends the turn: see TestTurn_AgentEndWithoutStartEndsTurn.)
 func TestClient_StaleAgentEndDoesNotEndNewTurn(t *testing.T) {
 	p := newPipePeer(t, Options{})
 	ctx := ctxT(t, 10*time.Second)
-	if err := func() error {
-		errc := make(chan error, 1)
-		go func() { errc <- p.c.Prompt(ctx, "hi", nil) }()
-		m := p.recv()
-		p.say(`{"id":"` + m["id"].(string) + `","type":"response","command":"prompt","success":true}`)
-		return <-errc
-	}(); err != nil {
+
+	// A turn whose run is open when Run's context ends: its agent_end has
+	// not come yet. The abort is left unanswered (Run gives it a second).
+	rctx, rcancel := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() {
+		_, err := p.c.Run(rctx, "first", nil)
+		runErr <- err
+	}()
+	m := p.recv()
+	p.say(`{"id":"`+m["id"].(string)+`","type":"response","command":"prompt","success":true}`, `{"type":"agent_start"}`)
+	waitFor(t, func() bool { return p.c.turnStarted() })
+	rcancel()
+	if ab := p.recv(); ab["type"] != "abort" {
+		t.Fatalf("sent %v, want abort", ab["type"])
+	}
+	if err := <-runErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: %v", err)
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- p.c.Prompt(ctx, "hi", nil) }()
+	m = p.recv()
+	// Before the acknowledgement: earlier work.
+	p.say(`{"type":"agent_end","messages":[]}`)
+	p.say(`{"id":"` + m["id"].(string) + `","type":"response","command":"prompt","success":true}`)
+	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	// An agent_end before this turn's agent_start belongs to earlier work.
-	p.say(`{"type":"agent_end","messages":[]}`)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := p.c.WaitTurn(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("turn ended by a stale agent_end: %v", err)
+		t.Fatalf("turn ended by an agent_end read before the acknowledgement: %v", err)
 	}
 	p.say(`{"type":"agent_start"}`, `{"type":"agent_end","isTerminal":false,"messages":[]}`)
 	short2, cancel2 := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -465,8 +489,9 @@ func TestClient_CloseReleasesEveryWaiter(t *testing.T) {
 	go func() { errc <- p.c.Close() }()
 	for i := 0; i < 3; i++ {
 		err := <-errc
-		if err != nil && !errors.Is(err, ErrProcessExited) {
-			t.Fatalf("waiter got %v, want ErrProcessExited", err)
+		// The host's own Close is not the agent exiting.
+		if err != nil && (!errors.Is(err, ErrClosed) || errors.Is(err, ErrProcessExited) || strings.Contains(err.Error(), "agent exited")) {
+			t.Fatalf("waiter got %v, want ErrClosed (and not ErrProcessExited)", err)
 		}
 	}
 	if err := p.c.Close(); err != nil {

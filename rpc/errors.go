@@ -33,6 +33,9 @@ var (
 	ErrPromptFailed = errors.New("rpc: prompt failed")
 	// ErrNotStarted is returned by calls made before Start.
 	ErrNotStarted = errors.New("rpc: client not started")
+	// ErrDuplicateID is returned by RequestLine for a frame whose id is
+	// that of a request still waiting for its response.
+	ErrDuplicateID = errors.New("rpc: a request with this id is already pending")
 	// ErrUnsupported is returned for a feature the agent did not offer.
 	ErrUnsupported = errors.New("rpc: not supported by the agent")
 )

@@ -21,6 +21,11 @@ const (
 	// released once that line is consumed, so one big frame does not pin
 	// memory for the rest of the session.
 	framerShrinkAbove = 1 << 20
+	// segmentMax bounds one buffer of a stable framer reading a long line:
+	// a line is kept as it arrived, in buffers of growing size up to this,
+	// and joined once at its LF. Growing one buffer by doubling instead
+	// allocates about twice the line (three times the cap for a line over it).
+	segmentMax = 4 << 20
 )
 
 // LineTooLongError reports a line longer than the framer's cap. The line was
@@ -42,16 +47,20 @@ func (e *LineTooLongError) Is(target error) bool { return target == ErrLineTooLo
 // lines, and holds at most max bytes of one line in memory.
 //
 // The returned line aliases the framer's buffer: valid until the next call,
-// or for good when the framer is stable. framer is not safe for concurrent
-// use.
+// or for good when the framer is stable. A stable framer reads a line longer
+// than its buffer into further buffers (segs) and returns it joined into one
+// exact allocation, so a line over the cap costs at most the cap. framer is
+// not safe for concurrent use.
 type framer struct {
 	r          io.Reader
 	buf        []byte
 	start, end int // unread data is buf[start:end]
 	scanned    int // buf[start:start+scanned] is known to hold no LF
 	max        int
-	err        error // sticky read error, returned once the buffer is drained
-	stable     bool  // lines stay valid after later calls (see fillStable)
+	err        error    // sticky read error, returned once the buffer is drained
+	stable     bool     // lines stay valid after later calls (see fillStable)
+	segs       [][]byte // stable only: the earlier parts of the pending line
+	segLen     int      // bytes in segs
 }
 
 func newFramer(r io.Reader, max int, stable bool) *framer {
@@ -79,10 +88,14 @@ func (f *framer) next() ([]byte, error) {
 			line := f.buf[f.start:lineEnd]
 			f.start = lineEnd + 1
 			f.scanned = 0
-			if len(line) > f.max {
+			if n := f.segLen + len(line); n > f.max {
 				// Only a buffer larger than the cap holds a whole line over
 				// it; the cap still applies.
-				return nil, &LineTooLongError{Len: int64(len(line)), Max: f.max}
+				f.dropSegs()
+				return nil, &LineTooLongError{Len: int64(n), Max: f.max}
+			}
+			if f.segLen > 0 {
+				line = f.join(line)
 			}
 			if n := len(line); n > 0 && line[n-1] == '\r' {
 				line = line[:n-1]
@@ -94,11 +107,14 @@ func (f *framer) next() ([]byte, error) {
 		}
 		f.scanned = f.end - f.start
 		if f.err != nil {
-			if f.end-f.start > f.max {
+			if f.pending() > f.max {
 				return nil, f.skipLong()
 			}
-			if f.end > f.start {
+			if f.pending() > 0 {
 				line := f.buf[f.start:f.end]
+				if f.segLen > 0 {
+					line = f.join(line)
+				}
 				f.start, f.end, f.scanned = 0, 0, 0
 				if n := len(line); n > 0 && line[n-1] == '\r' {
 					line = line[:n-1]
@@ -109,11 +125,32 @@ func (f *framer) next() ([]byte, error) {
 			}
 			return nil, f.err
 		}
-		if f.end-f.start > f.max {
+		if f.pending() > f.max {
 			return nil, f.skipLong()
 		}
 		f.fill()
 	}
+}
+
+// pending is the length of the unfinished line read so far.
+func (f *framer) pending() int { return f.segLen + f.end - f.start }
+
+// join returns the pending line (segs, then tail) in one new slice of its
+// exact length, and drops the segments.
+func (f *framer) join(tail []byte) []byte {
+	line := make([]byte, 0, f.segLen+len(tail))
+	for _, s := range f.segs {
+		line = append(line, s...)
+	}
+	line = append(line, tail...)
+	f.dropSegs()
+	return line
+}
+
+func (f *framer) dropSegs() {
+	clear(f.segs)
+	f.segs = f.segs[:0]
+	f.segLen = 0
 }
 
 // fill reads more data, making room first: compact, shrink after a long
@@ -145,18 +182,28 @@ func (f *framer) fill() {
 }
 
 // fillStable never writes over bytes already handed out: when the buffer
-// is full it moves the unfinished line into a new buffer, so every line
-// returned stays valid for as long as its holder keeps it.
+// is full it reads on into a new one, so every line returned stays valid for
+// as long as its holder keeps it. A short unfinished line moves along into
+// the new buffer; a long one stays where it is, as a segment, and the new
+// buffer grows with the line (up to segmentMax, and never past the cap in
+// total), so no byte of a long line is copied before its LF.
 func (f *framer) fillStable() {
 	if f.end == len(f.buf) {
-		size := stableBuf
-		if pending := f.end - f.start; pending*2 > size {
-			size = min(pending*2, f.max+1)
+		if pending := f.end - f.start; f.segLen == 0 && pending*2 <= stableBuf {
+			nb := make([]byte, stableBuf)
+			f.end = copy(nb, f.buf[f.start:f.end])
+			f.start = 0
+			f.buf = nb
+		} else {
+			if pending > 0 {
+				f.segs = append(f.segs, f.buf[f.start:f.end:f.end])
+				f.segLen += pending
+			}
+			// pending() <= max here, so the size is at least 1.
+			size := min(max(f.segLen, stableBuf), segmentMax, f.max+1-f.segLen)
+			f.buf = make([]byte, size)
+			f.start, f.end, f.scanned = 0, 0, 0
 		}
-		nb := make([]byte, size)
-		f.end = copy(nb, f.buf[f.start:f.end])
-		f.start = 0
-		f.buf = nb
 	}
 	f.read()
 }
@@ -172,7 +219,8 @@ func (f *framer) read() {
 // skipLong discards the rest of a line that is over the cap, reading until
 // its LF (or the end of input) without keeping it.
 func (f *framer) skipLong() error {
-	skipped := int64(f.end - f.start)
+	skipped := int64(f.pending())
+	f.dropSegs()
 	f.start, f.end, f.scanned = 0, 0, 0
 	if f.stable {
 		f.buf = make([]byte, stableBuf) // the old one may hold lines handed out

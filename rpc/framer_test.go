@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -195,4 +197,104 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 	copy(p, r.b[:n])
 	r.b = r.b[n:]
 	return n, nil
+}
+
+// hugeLineReader yields a line of n bytes of 'x', its LF, then tail, without
+// holding the line in memory.
+type hugeLineReader struct {
+	n    int64
+	tail string
+}
+
+func (r *hugeLineReader) Read(p []byte) (int, error) {
+	if r.n > 0 {
+		k := int(min(int64(len(p)), r.n))
+		for i := range p[:k] {
+			p[i] = 'x'
+		}
+		r.n -= int64(k)
+		return k, nil
+	}
+	if r.n == 0 {
+		r.n = -1
+		p[0] = '\n'
+		return 1, nil
+	}
+	if r.tail == "" {
+		return 0, io.EOF
+	}
+	k := copy(p, r.tail)
+	r.tail = r.tail[k:]
+	return k, nil
+}
+
+// TestFramer_OverCapLineCostsAtMostTheCap: a line far over the cap costs
+// the cap plus a small constant in allocations, not the doubling of a
+// growing buffer (which allocated about twice the cap).
+func TestFramer_OverCapLineCostsAtMostTheCap(t *testing.T) {
+	const max = 16 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	lines, tl := readAllMode(t, &hugeLineReader{n: 50 << 20, tail: "after\n"}, max, true)
+	runtime.ReadMemStats(&after)
+	if len(tl) != 1 || tl[0] != 50<<20 || len(lines) != 1 || lines[0] != "after" {
+		t.Fatalf("too long %v, lines %q", tl, lines)
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("allocated %d KiB for a %d MiB line with a %d MiB cap", alloc>>10, 50, max>>20)
+	if alloc > max+1<<20 {
+		t.Fatalf("allocated %d bytes for an over-cap line; want at most the cap (%d) plus 1 MiB", alloc, max)
+	}
+}
+
+// TestFramer_LongLineAcrossBuffers: lines longer than a stable buffer come
+// through whole, each its own exact slice, and later reads never change them.
+func TestFramer_LongLineAcrossBuffers(t *testing.T) {
+	var in strings.Builder
+	var want []string
+	for i, n := range []int{10, 40 << 10, 200 << 10, 5, 3 << 20, 64 << 10, 1} {
+		l := strings.Repeat(string(rune('a'+i)), n)
+		want = append(want, l)
+		in.WriteString(l + "\r\n")
+	}
+	for _, r := range []io.Reader{strings.NewReader(in.String()), iotest.HalfReader(strings.NewReader(in.String()))} {
+		got, tl := readAllMode(t, r, 4<<20, true)
+		if len(tl) != 0 || strings.Join(got, "|") != strings.Join(want, "|") {
+			t.Fatalf("got %d lines (too long %v)", len(got), tl)
+		}
+	}
+}
+
+// TestFramer_StableRandomLongLines compares the stable framer with a plain
+// split on lines around the buffer sizes, read in random pieces, with caps
+// that some lines exceed.
+func TestFramer_StableRandomLongLines(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 20; round++ {
+		max := []int{100 << 10, 1 << 20, 5 << 20}[round%3]
+		var in []byte
+		var want []string
+		var wantLong []int64
+		for i := 0; i < 12; i++ {
+			n := rng.IntN(6 << 20 >> (rng.IntN(5) * 2))
+			l := bytes.Repeat([]byte{byte('a' + i)}, n)
+			in = append(append(in, l...), '\n')
+			switch {
+			case n > max:
+				wantLong = append(wantLong, int64(n))
+			case n > 0:
+				want = append(want, string(l))
+			}
+		}
+		got, gotLong := readAllMode(t, &chunkReader{b: in, n: 1 + rng.IntN(200<<10)}, max, true)
+		if strings.Join(got, "|") != strings.Join(want, "|") || len(gotLong) != len(wantLong) {
+			t.Fatalf("round %d: %d lines, too long %v; want %d lines, too long %v", round, len(got), gotLong, len(want), wantLong)
+		}
+		for i := range gotLong {
+			if gotLong[i] != wantLong[i] {
+				t.Fatalf("round %d: too long %v, want %v", round, gotLong, wantLong)
+			}
+		}
+	}
 }

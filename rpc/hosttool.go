@@ -126,12 +126,19 @@ func (c *Client) handleHostToolCall(line []byte) {
 	select {
 	case c.toolSem <- struct{}{}:
 	default:
-		c.finishHostTool(hc, nil, fmt.Errorf("host tool %q: too many concurrent calls (limit %d)", call.ToolName, c.opts.HostToolConcurrency), cancel)
+		// Refused at once, but written by replyLoop: the reader never
+		// writes, so an agent that stops reading its stdin cannot stall it.
+		c.mu.Lock()
+		delete(c.toolCancel, call.ID)
+		c.mu.Unlock()
+		cancel()
+		c.queueReply(hostToolResultFrame(hc.ID, nil, fmt.Errorf("host tool %q: too many concurrent calls (limit %d)", call.ToolName, c.opts.HostToolConcurrency)), "host tool refusal")
 		return
 	}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer c.enterCallbacks()() // a Close from the tool must not wait for it
 		defer func() { <-c.toolSem }()
 		var res *HostToolResult
 		var err error
@@ -165,15 +172,50 @@ func (c *Client) finishHostTool(hc *HostToolCall, res *HostToolResult, err error
 	delete(c.toolCancel, hc.ID)
 	c.mu.Unlock()
 	defer cancel()
-	frame := map[string]any{"type": "host_tool_result", "id": hc.ID}
+	if werr := c.send(hostToolResultFrame(hc.ID, res, err)); werr != nil {
+		c.log.Warn("rpc: could not send a host tool result", "tool", hc.ToolName, "err", werr)
+	}
+}
+
+func hostToolResultFrame(id string, res *HostToolResult, err error) map[string]any {
+	frame := map[string]any{"type": "host_tool_result", "id": id}
 	if err != nil {
 		frame["result"] = TextResult(err.Error()).wire()
 		frame["isError"] = true
 	} else {
 		frame["result"] = res.wire()
 	}
-	if werr := c.send(frame); werr != nil {
-		c.log.Warn("rpc: could not send a host tool result", "tool", hc.ToolName, "err", werr)
+	return frame
+}
+
+// replyBacklog bounds the frames the reader queues for replyLoop (host
+// tool refusals, cancellations of undecodable dialogs). Only an agent that
+// sends that many requests without reading its stdin fills it.
+const replyBacklog = 64
+
+// queueReply hands a frame to replyLoop without blocking. When the queue
+// is full the agent has not read its stdin for replyBacklog replies: the
+// frame is dropped and the drop reported.
+func (c *Client) queueReply(frame map[string]any, what string) {
+	select {
+	case c.replies <- frame:
+	default:
+		c.reportError(fmt.Errorf("rpc: a %s was dropped: %d replies wait for the agent to read its stdin", what, replyBacklog))
+	}
+}
+
+// replyLoop writes the frames the reader queued, in order, until Close.
+func (c *Client) replyLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case frame := <-c.replies:
+			if err := c.send(frame); err != nil && c.Err() == nil {
+				c.log.Warn("rpc: could not send a reply", "type", frame["type"], "err", err)
+			}
+		case <-c.quit:
+			return
+		}
 	}
 }
 

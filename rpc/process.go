@@ -82,26 +82,54 @@ func (p *groupProcess) CloseOutput() {
 }
 
 // Stop: stdin closed, grace, SIGTERM to the group, grace, SIGKILL to the
-// group, then wait (bounded by ctx) for the leader to be reaped.
+// group, then wait (bounded by ctx) for the leader to be reaped. When the
+// leader exits before the KILL, the rest of its group still gets TERM and,
+// if members remain after a grace (they ignore TERM), KILL.
 func (p *groupProcess) Stop(ctx context.Context) error {
 	p.stopOnce.Do(func() {
 		_ = p.stdin.Close()
-		if p.waitFor(ctx, p.grace) {
-			signalGroup(p.cmd, sigTerm) // stray group members
-			return
+		if !p.waitFor(ctx, p.grace) {
+			signalGroup(p.cmd, sigTerm)
+			if !p.waitFor(ctx, p.grace) {
+				signalGroup(p.cmd, sigKill)
+				select {
+				case <-p.exited:
+				case <-ctx.Done():
+					p.stopErr = fmt.Errorf("rpc: agent pid %d did not exit after SIGKILL: %w", p.cmd.Process.Pid, ctx.Err())
+				}
+				return
+			}
 		}
+		// The leader is gone; stray members of its group may remain.
 		signalGroup(p.cmd, sigTerm)
-		if p.waitFor(ctx, p.grace) {
-			return
-		}
-		signalGroup(p.cmd, sigKill)
-		select {
-		case <-p.exited:
-		case <-ctx.Done():
-			p.stopErr = fmt.Errorf("rpc: agent pid %d did not exit after SIGKILL: %w", p.cmd.Process.Pid, ctx.Err())
+		if !p.waitGroupGone(ctx, p.grace) {
+			signalGroup(p.cmd, sigKill)
 		}
 	})
 	return p.stopErr
+}
+
+// waitGroupGone waits up to d for the agent's process group to empty. No
+// event reports the exit of a process that is not our child, so it polls,
+// at growing intervals.
+func (p *groupProcess) waitGroupGone(ctx context.Context, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	wait := time.Millisecond
+	for groupAlive(p.cmd) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+	return true
 }
 
 func (p *groupProcess) waitFor(ctx context.Context, d time.Duration) bool {

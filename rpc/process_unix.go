@@ -27,3 +27,12 @@ func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, sig)
 }
+
+// groupAlive reports whether any process of the agent's group remains
+// (zombies not yet reaped by their new parent included).
+func groupAlive(cmd *exec.Cmd) bool {
+	if cmd.Process == nil {
+		return false
+	}
+	return syscall.Kill(-cmd.Process.Pid, 0) == nil
+}

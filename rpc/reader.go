@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,10 +36,10 @@ func (c *Client) readLoop() {
 		}
 		if first {
 			first = false
-			if _, serr := scanFrame(line); serr != nil {
+			if h, serr := scanFrame(line); serr != nil {
 				err := fmt.Errorf("rpc: start: the agent's first frame is not a JSON object (%v): %q", serr, quoteFrame(line))
 				c.firstOnce.Do(func() { c.firstFrame <- err })
-				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: serr})
+				c.frameError(h, line, serr)
 				continue
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
@@ -57,13 +58,23 @@ func (c *Client) handleLine(line []byte) {
 		// the reader shares the work.
 		deferred := c.qlen.Load() < int32(c.opts.Backlog/4)
 		if !deferred {
-			if _, err := scanFrame(line); err != nil {
-				c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+			if h, err := scanFrame(line); err != nil {
+				c.frameError(h, line, err)
 				return
 			}
 		}
 		ev := Event{Type: typ}
-		c.trackTurn(typ, line, &ev)
+		// A frame the turn keeps is checked there (an invalid one must not
+		// stay in Turn.Events), so the dispatcher need not check it again.
+		checked, err := c.trackTurn(typ, line, &ev, deferred)
+		if err != nil {
+			h, _ := scanFrame(line)
+			c.frameError(h, line, err)
+			return
+		}
+		if checked {
+			deferred = false
+		}
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
 		}
@@ -72,7 +83,7 @@ func (c *Client) handleLine(line []byte) {
 	}
 	h, err := scanFrame(line)
 	if err != nil {
-		c.reportError(&ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err})
+		c.frameError(h, line, err)
 		return
 	}
 	typ := internType(h.typ)
@@ -91,6 +102,15 @@ func (c *Client) handleLine(line []byte) {
 }
 
 func (c *Client) handleChunk(line []byte) {
+	c.mu.Lock()
+	v2 := c.v2
+	c.mu.Unlock()
+	if !v2 {
+		// Chunks exist only in protocol v2; reassembling them unasked would
+		// let any agent make the client buffer up to the reassembly cap.
+		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk frame while protocol v2 is not negotiated; dropped")})
+		return
+	}
 	whole, err := c.reasm.push(line)
 	if err != nil {
 		c.reportError(&ProtocolError{Op: "chunk", Err: err})
@@ -101,7 +121,9 @@ func (c *Client) handleChunk(line []byte) {
 	}
 	h, err := scanFrame(whole)
 	if err != nil {
-		c.reportError(&ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)})
+		perr := &ProtocolError{Op: "chunk", Err: fmt.Errorf("reassembled frame: %w", err)}
+		c.failWaiters(h, perr)
+		c.reportError(perr)
 		return
 	}
 	typ := headString(h.typ, h.typEsc)
@@ -115,6 +137,7 @@ func (c *Client) handleChunk(line []byte) {
 func (c *Client) handleFrame(typ string, line []byte) {
 	switch typ {
 	case "response":
+		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
 			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
@@ -130,7 +153,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.handleUIRequest(line)
 	}
 	ev := Event{Type: typ}
-	c.trackTurn(typ, line, &ev)
+	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {
 			ev.raw = frameRef(line)
@@ -139,34 +162,57 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	}
 }
 
-// enqueue hands an item to the dispatcher. When the backlog is full the
-// reader waits for room, but at most Options.StallTimeout: listeners that
-// make no progress for that long are an overflow, which fails the turn and
-// retires the transport. The reader never waits unbounded.
+// enqueue hands an item to the dispatcher. When the backlog is full (in
+// events or bytes) the reader waits for room, but at most
+// Options.StallTimeout without progress: listeners that make no progress
+// for that long are an overflow, which fails the turn and retires the
+// transport. With Options.Backpressure it waits without that limit while
+// the client runs. The reader never waits unbounded.
 func (c *Client) enqueue(it dispatchItem) {
 	if c.tryQueue(it) {
 		return
 	}
+	// Set before the next try: the dispatcher reads it after freeing bytes,
+	// so either the try sees the room or the dispatcher sends space.
+	c.roomWait.Add(1)
+	defer c.roomWait.Add(-1)
 	t := time.NewTimer(c.opts.StallTimeout)
 	defer t.Stop()
+	var stall <-chan time.Time
+	if !c.opts.Backpressure {
+		stall = t.C
+	}
+	done := c.done
+	closing := false
 	for {
+		if c.tryQueue(it) {
+			return
+		}
 		select {
 		case <-c.space:
-			if c.tryQueue(it) {
-				return
-			}
+			// Progress: the stall clock starts again.
+			t.Reset(c.opts.StallTimeout)
 		case <-c.quit:
 			return
-		case <-c.done:
-			// Closed or retired while the backlog is full: Close must not
-			// wait on listeners that do not keep up. What is queued is
-			// still delivered; this event is counted as dropped.
-			c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
-			return
-		case <-t.C:
-			err := fmt.Errorf("%w: %d events queued and listeners made no progress for %v", ErrBacklogOverflow, c.opts.Backlog, c.opts.StallTimeout)
+		case <-done:
+			if !c.opts.Backpressure {
+				// Closed or retired while the backlog is full: Close must
+				// not wait on listeners that do not keep up. What is queued
+				// is still delivered; this event is counted as dropped.
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close with the backlog full and was dropped", ErrBacklogOverflow, it.ev.Type))
+				return
+			}
+			// Backpressure: keep delivering while listeners progress.
+			done, closing, stall = nil, true, t.C
+			t.Reset(c.opts.StallTimeout)
+		case <-stall:
+			if closing {
+				c.keepError(fmt.Errorf("%w: a %s event arrived during Close and listeners made no progress for %v; dropped", ErrBacklogOverflow, it.ev.Type, c.opts.StallTimeout))
+				return
+			}
+			err := fmt.Errorf("%w: %d events (%d bytes) queued and listeners made no progress for %v", ErrBacklogOverflow, c.qlen.Load(), c.qbytes.Load(), c.opts.StallTimeout)
 			c.keepError(err)
-			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "stall", c.opts.StallTimeout)
+			c.log.Error("rpc: event backlog overflow; retiring the transport", "backlog", c.opts.Backlog, "backlogBytes", c.opts.BacklogBytes, "stall", c.opts.StallTimeout)
 			c.failTurn(err)
 			c.retire(err)
 			// Retire the agent too: with stdin closed it exits, and reading ends.
@@ -176,15 +222,24 @@ func (c *Client) enqueue(it dispatchItem) {
 	}
 }
 
-// tryQueue appends it unless the backlog is full, and wakes the dispatcher.
+// tryQueue appends it unless the backlog is full (Backlog events, or
+// BacklogBytes with something already queued), and wakes the dispatcher.
 func (c *Client) tryQueue(it dispatchItem) bool {
+	n := int64(len(it.ev.raw))
 	c.qmu.Lock()
 	if len(c.queue) >= c.opts.Backlog {
 		c.qmu.Unlock()
 		return false
 	}
+	// qbytes grows only under qmu; the dispatcher only lowers it, so the
+	// room seen here cannot shrink before the add.
+	if b := c.qbytes.Load(); b > 0 && b+n > int64(c.opts.BacklogBytes) {
+		c.qmu.Unlock()
+		return false
+	}
 	c.queue = append(c.queue, it)
 	c.qlen.Store(int32(len(c.queue)))
+	c.qbytes.Add(n)
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -223,6 +278,15 @@ func (c *Client) dispatchLoop() {
 			}
 			for _, it := range batch {
 				c.dispatch(it)
+				if n := len(it.ev.raw); n > 0 {
+					c.qbytes.Add(-int64(n))
+					if c.roomWait.Load() > 0 {
+						select {
+						case c.space <- struct{}{}:
+						default:
+						}
+					}
+				}
 			}
 			clear(batch) // drop the frames for the collector
 			c.spare = batch
@@ -240,10 +304,11 @@ func (c *Client) dispatch(it dispatchItem) {
 	typed, all, els := c.listeners[it.ev.Type], c.all, c.errLs
 	c.lmu.RUnlock()
 	if it.validate {
-		if _, err := scanFrame(it.ev.raw); err != nil {
+		if h, err := scanFrame(it.ev.raw); err != nil {
 			// Reported here, not through reportError: the dispatcher must
 			// never wait on its own queue.
 			perr := &ProtocolError{Op: "frame", Frame: quoteFrame(it.ev.raw), Err: err}
+			c.failWaiters(h, perr)
 			c.keepError(perr)
 			c.log.Warn("rpc: protocol error", "op", perr.Op, "err", err)
 			for _, el := range els {
@@ -302,15 +367,33 @@ func (c *Client) safeCallErr(fn func(error), e error) {
 
 func (c *Client) handleResponse(line []byte) {
 	var r Response
-	if err := json.Unmarshal(line, &r); err != nil {
+	// The id is decoded apart: a number (from a hand-written RequestLine)
+	// is matched by its literal text, as RequestLine keys it.
+	var wire struct {
+		*Response
+		ID json.RawMessage `json:"id"`
+	}
+	wire.Response = &r
+	if err := json.Unmarshal(line, &wire); err != nil {
 		c.reportError(&ProtocolError{Op: "response", Frame: quoteFrame(line), Err: err})
 		return
+	}
+	if id := bytes.TrimSpace(wire.ID); len(id) > 0 && !bytes.Equal(id, []byte("null")) {
+		if id[0] == '"' {
+			if err := json.Unmarshal(id, &r.ID); err != nil {
+				c.reportError(&ProtocolError{Op: "response", Frame: quoteFrame(line), Err: err})
+				return
+			}
+		} else {
+			r.ID = string(id)
+		}
 	}
 	c.mu.Lock()
 	if r.ID != "" {
 		if p, ok := c.pending[r.ID]; ok {
 			delete(c.pending, r.ID)
 			c.removeFromCommandLocked(p)
+			c.noteReplyLocked(r.ID, &r)
 			c.mu.Unlock()
 			p.ch <- &r
 			return
@@ -322,10 +405,12 @@ func (c *Client) handleResponse(line []byte) {
 			return
 		}
 		t := c.turn
-		if t != nil && slices.Contains(t.promptIDs, r.ID) {
+		if t != nil && (slices.Contains(t.promptIDs, r.ID) || slices.Contains(t.queuedIDs, r.ID)) {
+			// omp's second response to a prompt it acknowledged: a late
+			// failure ends the turn the prompt started or was queued into.
 			c.mu.Unlock()
 			if !r.Success {
-				c.failTurn(fmt.Errorf("%w: %w", ErrPromptFailed, r.err(true)))
+				c.settleTurn(t, fmt.Errorf("%w: %w", ErrPromptFailed, r.err(true)))
 			}
 			return
 		}
@@ -353,8 +438,40 @@ func (c *Client) handleResponse(line []byte) {
 		return // the late answer to a timed-out request: dropped
 	}
 	delete(c.pending, p.id)
+	c.noteReplyLocked(p.id, &r)
 	c.mu.Unlock()
 	p.ch <- &r
+}
+
+// frameError reports a frame that is not valid JSON or has a duplicated
+// "type" or "id" key, and fails the requests it names.
+func (c *Client) frameError(h frameHead, line []byte, err error) {
+	perr := &ProtocolError{Op: "frame", Frame: quoteFrame(line), Err: err}
+	c.failWaiters(h, perr)
+	c.reportError(perr)
+}
+
+// failWaiters fails each pending request a refused frame names by id (a
+// frame with a duplicated key, which may have been meant as its response),
+// so no caller waits for a response that was read and refused. Syntax
+// errors name no id reliably and fail nobody.
+func (c *Client) failWaiters(h frameHead, perr error) {
+	var dk *DuplicateKeyError
+	if !errors.As(perr, &dk) {
+		return
+	}
+	for _, id := range h.idStrings() {
+		c.mu.Lock()
+		p, ok := c.pending[id]
+		if ok {
+			delete(c.pending, id)
+			c.removeFromCommandLocked(p)
+		}
+		c.mu.Unlock()
+		if ok {
+			p.ch <- &Response{ID: id, perr: perr}
+		}
+	}
 }
 
 // dropTombstoneLocked removes the placeholder of a timed-out request that
@@ -385,8 +502,11 @@ func (c *Client) handleReady(line []byte) {
 		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
 	}
 	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	id := ""
 	if wantV2 {
 		c.negotiate = true
+		id = c.newID()
+		c.negotiateID = id
 	}
 	c.mu.Unlock()
 	if !wantV2 {
@@ -397,21 +517,46 @@ func (c *Client) handleReady(line []byte) {
 	go func() {
 		defer c.wg.Done()
 		defer close(c.negotiated)
+		defer func() {
+			c.mu.Lock()
+			c.negotiateID = ""
+			c.mu.Unlock()
+		}()
 		ctx, cancel := c.lifetimeCtx()
 		defer cancel()
-		resp, err := c.Request(ctx, "negotiate_protocol", map[string]int{"protocolVersion": 2})
-		if err != nil {
+		line, _ := encodeCommand(id, "negotiate_protocol", map[string]int{"protocolVersion": 2})
+		if _, err := c.roundTrip(ctx, id, "negotiate_protocol", line); err != nil {
 			c.log.Warn("rpc: protocol v2 negotiation failed; staying on v1", "err", err)
-			return
 		}
-		var d struct {
-			ProtocolVersion int `json:"protocolVersion"`
-		}
-		_ = json.Unmarshal(resp.Data, &d)
-		c.mu.Lock()
-		c.v2 = d.ProtocolVersion == 2 || len(resp.Data) == 0
-		c.mu.Unlock()
 	}()
+}
+
+// noteNegotiation switches to protocol v2 when line is the agent's
+// acceptance of negotiate_protocol. It runs on the reader, before the next
+// frame: omp may chunk the very next one.
+func (c *Client) noteNegotiation(line []byte) {
+	c.mu.Lock()
+	id := c.negotiateID
+	c.mu.Unlock()
+	if id == "" {
+		return
+	}
+	h, err := scanFrame(line)
+	if err != nil || !h.hasID || headString(h.id, h.idEsc) != id {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.negotiateID = ""
+	var r Response
+	if json.Unmarshal(line, &r) != nil || !r.Success {
+		return
+	}
+	var d struct {
+		ProtocolVersion int `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(r.Data, &d)
+	c.v2 = d.ProtocolVersion == 2 || len(r.Data) == 0
 }
 
 // endTransport records why reading ended and fails everything waiting.

@@ -29,6 +29,24 @@ type frameHead struct {
 	// typEsc/idEsc: the value had escapes and must be decoded before use.
 	typEsc, idEsc bool
 	hasID         bool
+	// idNum: the id is a JSON number (id holds its literal text), as a
+	// hand-written RequestLine may send and the agent echoes back.
+	idNum bool
+	// id2 is a second id (when "id" is duplicated), so an error can reach
+	// each waiter the frame names.
+	id2            []byte
+	id2Esc, hasID2 bool
+}
+
+// DuplicateKeyError reports a frame with a top-level "type" or "id" key
+// given twice. Such a frame is refused: readers disagree on which one
+// counts (the fast path reads the first, encoding/json keeps the last).
+type DuplicateKeyError struct {
+	Key string
+}
+
+func (e *DuplicateKeyError) Error() string {
+	return fmt.Sprintf("rpc: frame has the top-level key %q twice", e.Key)
 }
 
 // scanFrame validates that b is exactly one JSON object and extracts its
@@ -37,6 +55,8 @@ type frameHead struct {
 // UTF-8 inside strings is accepted, as encoding/json accepts it).
 func scanFrame(b []byte) (frameHead, error) {
 	var h frameHead
+	var seenType, seenID bool
+	var dup string
 	s := scanner{b: b}
 	s.ws()
 	if s.i >= len(b) || b[s.i] != '{' {
@@ -65,16 +85,35 @@ func scanFrame(b []byte) (frameHead, error) {
 			key := b[ks:ke]
 			isType := string(key) == "type"
 			isID := !isType && string(key) == "id"
+			if isType {
+				if seenType {
+					dup = "type"
+				}
+				seenType = true
+			} else if isID {
+				if seenID {
+					dup = "id"
+				}
+				seenID = true
+			}
 			if (isType || isID) && s.i < len(b) && b[s.i] == '"' {
 				vs, ve, esc, err := s.str()
 				if err != nil {
 					return h, err
 				}
 				if isType {
-					h.typ, h.typEsc = b[vs:ve], esc
+					if h.typ == nil {
+						h.typ, h.typEsc = b[vs:ve], esc
+					}
 				} else {
-					h.id, h.idEsc, h.hasID = b[vs:ve], esc, true
+					h.noteID(b[vs:ve], esc, false)
 				}
+			} else if isID && s.i < len(b) && (b[s.i] == '-' || b[s.i] >= '0' && b[s.i] <= '9') {
+				vs := s.i
+				if err := s.num(); err != nil {
+					return h, err
+				}
+				h.noteID(b[vs:s.i], false, true)
 			} else if err := s.value(1); err != nil {
 				return h, err
 			}
@@ -97,7 +136,30 @@ func scanFrame(b []byte) (frameHead, error) {
 	if s.i != len(b) {
 		return h, s.fail("data after the JSON object")
 	}
+	if dup != "" {
+		return h, &DuplicateKeyError{Key: dup}
+	}
 	return h, nil
+}
+
+func (h *frameHead) noteID(raw []byte, esc, num bool) {
+	if !h.hasID {
+		h.id, h.idEsc, h.hasID, h.idNum = raw, esc, true, num
+	} else if !h.hasID2 {
+		h.id2, h.id2Esc, h.hasID2 = raw, esc, true
+	}
+}
+
+// idStrings returns the ids the frame names (for routing an error).
+func (h *frameHead) idStrings() []string {
+	var out []string
+	if h.hasID {
+		out = append(out, headString(h.id, h.idEsc))
+	}
+	if h.hasID2 {
+		out = append(out, headString(h.id2, h.id2Esc))
+	}
+	return out
 }
 
 // headString returns the frame's string value, decoding escapes if needed.

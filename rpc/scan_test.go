@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 )
 
@@ -17,7 +18,12 @@ func TestScanFrame(t *testing.T) {
 		{`{"data":[1,2.5e3,-0,true,false,null,{"a":[]}],"type":"x"}`, "x", "", false, true},
 		{`{"type":"a\"b"}`, `a"b`, "", false, true},
 		{`{"type":"\u0061"}`, "a", "", false, true},
-		{`{"id":5,"type":"t"}`, "t", "", false, true},
+		// A numeric id is kept as its literal text (RequestLine keys by it).
+		{`{"id":5,"type":"t"}`, "t", "5", true, true},
+		// A duplicated "type" or "id" is refused: readers would disagree.
+		{`{"type":"message_update","id":"1","type":"response"}`, "", "", false, false},
+		{`{"id":"1","type":"response","id":"2"}`, "", "", false, false},
+		{`{"id":"1","type":"response","data":{"id":"2","type":"x"}}`, "response", "1", true, true},
 		{`{}`, "", "", false, true},
 		{`[]`, "", "", false, false},
 		{`{"type":"x"`, "", "", false, false},
@@ -77,6 +83,15 @@ func FuzzScanFrame(f *testing.F) {
 		jerr := json.Unmarshal(b, &m)
 		valid := json.Valid(b)
 		isObj := jerr == nil && m != nil
+		var dk *DuplicateKeyError
+		if errors.As(err, &dk) {
+			// encoding/json takes the last of duplicated keys; scanFrame
+			// refuses such a frame instead.
+			if !valid || !isObj {
+				t.Fatalf("duplicate key reported for a frame encoding/json rejects: %q", b)
+			}
+			return
+		}
 		if (err == nil) != (valid && isObj) {
 			t.Fatalf("scanFrame err=%v, json valid=%v object=%v for %q", err, valid, isObj, b)
 		}

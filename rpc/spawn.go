@@ -1,13 +1,19 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -128,6 +134,9 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	if len(spec.Argv) == 0 {
 		return nil, errors.New("rpc: spawn: empty command")
 	}
+	if err := checkDir(spec.Dir); err != nil {
+		return nil, err
+	}
 	args := spec.Args()
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = spec.Dir
@@ -152,6 +161,22 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	return c, nil
 }
 
+// checkDir names a bad working directory; exec would report it as the
+// agent binary missing.
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	if err == nil && !fi.IsDir() {
+		err = &fs.PathError{Op: "chdir", Path: dir, Err: syscall.ENOTDIR}
+	}
+	if err != nil {
+		return fmt.Errorf("rpc: spawn: the agent's working directory: %w", err)
+	}
+	return nil
+}
+
 func lastLine(s string) string {
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
 		return s[i+1:]
@@ -168,13 +193,66 @@ func (c *Client) Process() Process { return c.owned }
 func (c *Client) attachProcess(p Process) {
 	c.owned = p
 	c.stder = newTailBuffer(DefaultStderrTail)
-	c.wg.Add(1)
+	out := &readActivity{r: c.r}
+	c.r = out
+	c.wg.Add(2)
 	c.stderrWG.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer c.stderrWG.Done()
 		_, _ = io.Copy(c.stder, p.Stderr())
 	}()
+	go c.watchExit(p, out)
+}
+
+// exitReadGrace is how long, after the agent exited, the reader must have
+// waited in one Read with nothing arriving before the client stops reading:
+// a descendant that inherited stdout keeps the pipe open, and without this
+// a crashed agent would look alive until the caller's deadline.
+const exitReadGrace = 750 * time.Millisecond
+
+// readActivity counts Reads on the agent's stdout: seq is odd while a Read
+// is in progress, and changes whenever one starts or returns.
+type readActivity struct {
+	r   io.Reader
+	seq atomic.Uint64
+}
+
+func (a *readActivity) Read(p []byte) (int, error) {
+	a.seq.Add(1)
+	defer a.seq.Add(1)
+	return a.r.Read(p)
+}
+
+// watchExit ends the read side once the agent has exited and its stdout
+// has gone quiet: frames still in the pipe are read first (a Read that
+// returns data restarts the wait), then the pipe is cut, the reader sees
+// the end, and waiters get the exit status and stderr tail.
+func (c *Client) watchExit(p Process, out *readActivity) {
+	defer c.wg.Done()
+	select {
+	case <-p.Exited():
+	case <-c.done:
+		return
+	}
+	t := time.NewTimer(exitReadGrace)
+	defer t.Stop()
+	for {
+		before := out.seq.Load()
+		select {
+		case <-t.C:
+		case <-c.done:
+			return
+		}
+		if now := out.seq.Load(); now == before && now%2 == 1 {
+			// One Read blocked for the whole grace: only a descendant
+			// holds the pipe open.
+			c.log.Debug("rpc: the agent exited but its stdout stays open; closing it")
+			p.CloseOutput()
+			return
+		}
+		t.Reset(exitReadGrace)
+	}
 }
 
 // Close ends the client: every waiter is released at once with an error,
@@ -184,43 +262,110 @@ func (c *Client) attachProcess(p Process) {
 // host tools and UI handlers must return (they see their context end), or
 // Close waits for them. Close is idempotent and returns the same result
 // each time.
+//
+// Called from a listener, an error listener, a host tool or a UI handler,
+// Close cannot wait for its own caller: it begins closing (waiters are
+// released, the agent is stopped in the background) and returns nil at
+// once. A Close from anywhere else then waits for the end and returns the
+// outcome.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() {
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
-		c.retire(&ExitError{Cause: ErrClosed, Stderr: ""})
-		// Close stdin without the write lock: a write blocked on a full
-		// pipe returns once the file is closed.
-		werr := c.w.Close()
-		if werr != nil && !errors.Is(werr, os.ErrClosed) {
-			c.log.Debug("rpc: closing stdin", "err", werr)
-		}
-		if c.owned != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			c.closeErr = c.owned.Stop(ctx)
-			cancel()
-			// The leader is gone; a descendant may still hold stdout. Give
-			// the reader a moment to see EOF, then cut the pipe.
-			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
-				c.owned.CloseOutput()
-			}
-		} else if rc, ok := c.r.(io.Closer); ok {
-			if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
-				_ = rc.Close()
-			}
-		}
-		c.readerWG.Wait()
-		if c.owned != nil {
-			// Let stderr drain its tail, but not wait on a descendant
-			// that keeps it open; then release the pipe fds.
-			waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
+	inside := c.inCallback()
+	c.mu.Lock()
+	first := !c.closeStarted
+	c.closeStarted = true
+	c.mu.Unlock()
+	switch {
+	case first && inside:
+		// Owned by the client: it ends once the calling callback and the
+		// others have returned; a later Close waits for it.
+		go c.shutdown()
+		return nil
+	case first:
+		c.shutdown()
+	case inside:
+		return nil
+	}
+	<-c.closeDone
+	return c.closeErr
+}
+
+// shutdown does Close's work, once.
+func (c *Client) shutdown() {
+	defer close(c.closeDone)
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	// The host's own close, not an agent crash: waiters get ErrClosed.
+	c.retire(ErrClosed)
+	// Close stdin without the write lock: a write blocked on a full
+	// pipe returns once the file is closed.
+	werr := c.w.Close()
+	if werr != nil && !errors.Is(werr, os.ErrClosed) {
+		c.log.Debug("rpc: closing stdin", "err", werr)
+	}
+	if c.owned != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.closeErr = c.owned.Stop(ctx)
+		cancel()
+		// The leader is gone; a descendant may still hold stdout. Give
+		// the reader a moment to see EOF, then cut the pipe.
+		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
 			c.owned.CloseOutput()
 		}
-		close(c.quit)
-		c.wg.Wait()
-	})
-	return c.closeErr
+	} else if rc, ok := c.r.(io.Closer); ok {
+		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+			_ = rc.Close()
+		}
+	}
+	c.readerWG.Wait()
+	if c.owned != nil {
+		// Let stderr drain its tail, but not wait on a descendant
+		// that keeps it open; then release the pipe fds.
+		waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
+		c.owned.CloseOutput()
+	}
+	close(c.quit)
+	c.wg.Wait()
+}
+
+// enterCallbacks marks the calling goroutine as one that runs user
+// callbacks, until the returned func is called.
+func (c *Client) enterCallbacks() (leave func()) {
+	id := goid()
+	c.cbmu.Lock()
+	c.cbGoroutines[id]++
+	c.cbmu.Unlock()
+	return func() {
+		c.cbmu.Lock()
+		if c.cbGoroutines[id]--; c.cbGoroutines[id] <= 0 {
+			delete(c.cbGoroutines, id)
+		}
+		c.cbmu.Unlock()
+	}
+}
+
+// inCallback reports whether the caller runs on a goroutine that runs
+// user callbacks.
+func (c *Client) inCallback() bool {
+	id := goid()
+	c.cbmu.Lock()
+	defer c.cbmu.Unlock()
+	return c.cbGoroutines[id] > 0
+}
+
+// goid is the calling goroutine's id. Go offers no goroutine identity;
+// this parses the header of the caller's stack trace ("goroutine N ["),
+// whose format is stable. It is called when a callback goroutine starts
+// and in Close, never per event.
+func goid() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b, _ = bytes.CutPrefix(b, []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	n, _ := strconv.ParseUint(string(b), 10, 64)
+	return n
 }
 
 func waitGroupTimeout(wg interface{ Wait() }, d time.Duration) bool {

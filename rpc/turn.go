@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,11 +12,15 @@ import (
 // Turn is a prompt's run to its end.
 type Turn struct {
 	// Events are the frames received during the turn, in order, bounded by
-	// Options.RetainedTurnBytes; DroppedEvents counts those not kept.
+	// Options.RetainedTurnBytes; DroppedEvents counts those not kept. They
+	// are copies: a Turn kept for long pins no read buffer.
 	Events        []Event
 	DroppedEvents int
-	// Messages are the messages that ended during the turn (message_end).
-	Messages []Message
+	// Messages are the messages that ended during the turn (message_end),
+	// bounded with Events by Options.RetainedTurnBytes (a message costs its
+	// frame's size); DroppedMessages counts those not kept.
+	Messages        []Message
+	DroppedMessages int
 	// Text is the final assistant message's text.
 	Text string
 	// StopReason is the final assistant message's stop reason ("stop",
@@ -25,29 +30,83 @@ type Turn struct {
 	ErrorMessage string
 	// Usage sums the assistant messages' usage.
 	Usage Usage
-	// AgentInvoked is false for omp's local-only slash commands.
+	// AgentInvoked is false when the prompt started no run: omp's
+	// local-only slash commands, a prompt an extension command consumed, a
+	// prompt aborted before its run began.
 	AgentInvoked bool
+	// Unsolicited: the run was not started by this client's Prompt, Run or
+	// AbortAndPrompt: the agent began it on its own (omp, when a background
+	// job completes) or on a steer or follow-up that reached it idle.
+	Unsolicited bool
 	// Started and Ended bound the turn on the host's clock.
 	Started, Ended time.Time
 }
 
 type turnState struct {
 	promptIDs []string
+	// queuedIDs are prompts queued into this turn with StreamingBehavior;
+	// omp may fail one after acknowledging it, which fails the turn.
+	queuedIDs []string
 	// starts counts the agent runs still expected to begin (agent_start);
 	// the turn ends at a terminal agent_end once none is outstanding, so a
 	// stale agent_end from an aborted run never ends a new turn.
-	starts   int
-	retained int
-	result   Turn
-	err      error
-	done     chan struct{}
-	settled  bool
-	waiting  bool
+	starts int
+	// unacked counts this turn's prompts not yet acknowledged. The agent
+	// acknowledges a prompt before it starts the prompt's run, so an
+	// agent_end read before the acknowledgement is from earlier work.
+	unacked int
+	// started: an agent_start arrived for this turn.
+	started bool
+	// staleEnds counts runs that were open (agent_start seen, no agent_end)
+	// when the turn began: their agent_end is not this turn's.
+	staleEnds int
+	retained  int
+	result    Turn
+	err       error
+	done      chan struct{}
+	settled   bool
+	waiting   bool
 	// probing: a non-terminal or failed agent_end was seen and get_state
 	// is being polled to learn whether the agent settled; confirmIdle is
 	// how many consecutive idle answers (250 ms apart) settle the turn.
 	probing     bool
 	confirmIdle int
+	// noRun: a get_state poll runs to learn whether an acknowledged
+	// prompt started no run (see probeNoRun); aborted: an abort was
+	// acknowledged before any run of this turn started. kick wakes the
+	// poll early.
+	noRun   bool
+	aborted bool
+	kick    chan struct{}
+}
+
+// turnTrack is the client's view of the agent's runs, read and written
+// under Client.mu by the reader.
+type turnTrack struct {
+	// runOpen: an agent_start was read and its agent_end not yet.
+	runOpen bool
+	// queuedInto maps a prompt sent with StreamingBehavior, until its
+	// acknowledgement, to the turn it was sent into.
+	queuedInto map[string]*turnState
+}
+
+// No-run probes (see probeNoRun). After an acknowledgement the agent may
+// still be preparing the run (omp acknowledges before its preflight), so
+// idleness must hold across noRunIdleAnswers answers spread over about
+// 1.5 s; after an acknowledged abort no run is coming, so two suffice.
+const (
+	noRunDelay        = 500 * time.Millisecond
+	noRunEvery        = 500 * time.Millisecond
+	noRunIdleAnswers  = 3
+	abortedEvery      = 250 * time.Millisecond
+	abortedIdleAnswer = 2
+)
+
+func newTurn() *turnState {
+	t := &turnState{done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	t.result.Started = time.Now()
+	t.result.AgentInvoked = true
+	return t
 }
 
 // PromptOptions adjust a prompt.
@@ -60,22 +119,54 @@ type PromptOptions struct {
 
 // Prompt sends a prompt and returns once the agent acknowledged it. The
 // turn it starts runs on; WaitTurn waits for its end. While a turn runs, a
-// prompt without StreamingBehavior fails with ErrTurnInProgress.
+// prompt without StreamingBehavior fails with ErrTurnInProgress; one with
+// StreamingBehavior joins the running turn, and with no turn running it
+// starts one (the agent runs it as a plain prompt). A run the agent starts
+// without a prompt of this client is tracked as a turn too (Turn.Unsolicited)
+// and counts as running.
 func (c *Client) Prompt(ctx context.Context, message string, opts *PromptOptions) error {
 	cmd := PromptCommand{Message: message}
 	if opts != nil {
 		cmd.Images, cmd.StreamingBehavior = opts.Images, opts.StreamingBehavior
 	}
 	if cmd.StreamingBehavior != "" {
-		_, err := c.Request(ctx, cmd.CommandType(), cmd)
-		return err
+		if queued, err := c.queuePrompt(ctx, cmd); queued {
+			return err
+		}
 	}
 	return c.startTurn(ctx, cmd.CommandType(), cmd, false)
 }
 
+// queuePrompt sends a prompt with StreamingBehavior into the running turn;
+// queued is false when no turn runs (the caller starts one instead).
+func (c *Client) queuePrompt(ctx context.Context, cmd PromptCommand) (queued bool, err error) {
+	id := c.newID()
+	line, err := encodeCommand(id, cmd.CommandType(), cmd)
+	if err != nil {
+		return true, err
+	}
+	c.mu.Lock()
+	t := c.turn
+	if t == nil || t.settled {
+		c.mu.Unlock()
+		return false, nil
+	}
+	if c.track.queuedInto == nil {
+		c.track.queuedInto = map[string]*turnState{}
+	}
+	c.track.queuedInto[id] = t
+	t.queuedIDs = append(t.queuedIDs, id)
+	c.mu.Unlock()
+	_, err = c.roundTrip(ctx, id, cmd.CommandType(), line)
+	c.mu.Lock()
+	delete(c.track.queuedInto, id)
+	c.mu.Unlock()
+	return true, err
+}
+
 // AbortAndPrompt aborts the running work and prompts at once (omp). The
 // running turn, if any, continues as this prompt's turn; without one, a new
-// turn starts.
+// turn starts. If the agent refuses it, the running turn is left as it was.
 func (c *Client) AbortAndPrompt(ctx context.Context, message string, images []ImageContent) error {
 	cmd := AbortAndPromptCommand{Message: message, Images: images}
 	return c.startTurn(ctx, cmd.CommandType(), cmd, true)
@@ -93,29 +184,39 @@ func (c *Client) startTurn(ctx context.Context, typ string, cmd Command, replace
 		return err
 	}
 	t := c.turn
+	created := false
 	switch {
 	case t != nil && !t.settled && !replace:
 		c.mu.Unlock()
 		return ErrTurnInProgress
 	case t != nil && !t.settled && replace:
 		t.starts++
+		t.unacked++
 		t.promptIDs = append(t.promptIDs, id)
 	default:
-		t = &turnState{promptIDs: []string{id}, starts: 1, done: make(chan struct{})}
-		t.result.Started = time.Now()
-		t.result.AgentInvoked = true
+		created = true
+		t = newTurn()
+		t.promptIDs, t.starts, t.unacked = []string{id}, 1, 1
+		if c.track.runOpen {
+			// A run the client no longer tracks (its turn was settled
+			// early, e.g. by Run's context) still has its end to come.
+			t.staleEnds = 1
+		}
 		c.turn = t
 	}
 	c.mu.Unlock()
 
 	resp, err := c.roundTrip(ctx, id, typ, line)
 	if err != nil {
-		if resp != nil && !replace {
-			c.settleTurn(t, fmt.Errorf("%w: %w", ErrPromptFailed, err))
-			return fmt.Errorf("%w: %w", ErrPromptFailed, err)
+		if resp != nil {
+			err = fmt.Errorf("%w: %w", ErrPromptFailed, err)
 		}
-		if !replace {
+		if created {
 			c.settleTurn(t, err)
+		} else {
+			c.mu.Lock()
+			c.rollbackPromptLocked(t, id)
+			c.mu.Unlock()
 		}
 		return err
 	}
@@ -130,6 +231,76 @@ func (c *Client) startTurn(ctx context.Context, typ string, cmd Command, replace
 		c.settleTurn(t, nil)
 	}
 	return nil
+}
+
+// rollbackPromptLocked undoes what startTurn set up for a replacing prompt
+// the agent refused or never got: the running turn goes on as before, and
+// its own agent_end still ends it. It is idempotent.
+func (c *Client) rollbackPromptLocked(t *turnState, id string) {
+	i := slices.Index(t.promptIDs, id)
+	if i < 0 {
+		return
+	}
+	t.promptIDs = slices.Delete(t.promptIDs, i, i+1)
+	if t.starts > 0 {
+		t.starts--
+	}
+	if t.unacked > 0 {
+		t.unacked--
+	}
+}
+
+// noteReplyLocked is called by the reader, under c.mu, with the first
+// response to request id, before the caller sees it: turn bookkeeping
+// happens in stream order, ahead of the events that follow the response.
+func (c *Client) noteReplyLocked(id string, r *Response) {
+	if qt, ok := c.track.queuedInto[id]; ok {
+		delete(c.track.queuedInto, id)
+		if r.Success && qt.settled && (c.turn == qt || c.turn == nil) {
+			// The turn it was queued into ended before the agent took it:
+			// the agent was idle and runs it as a new prompt. Track that
+			// run now, so WaitTurn after Prompt waits for it.
+			t := newTurn()
+			t.promptIDs, t.starts = []string{id}, 1
+			c.turn = t
+			c.maybeNoRunProbeLocked(t)
+		} else if r.Success && c.turn != qt && c.turn != nil && !c.turn.settled {
+			// The run already started (an unsolicited turn): it is this
+			// prompt's.
+			c.turn.queuedIDs = append(c.turn.queuedIDs, id)
+		}
+		return
+	}
+	t := c.turn
+	if t == nil || t.settled || !slices.Contains(t.promptIDs, id) {
+		return
+	}
+	if !r.Success {
+		if len(t.promptIDs) > 1 || t.promptIDs[0] != id {
+			// A refused AbortAndPrompt into a running turn: undo it here,
+			// in stream order, so the running turn's agent_end that may
+			// follow is not taken for a stale one.
+			c.rollbackPromptLocked(t, id)
+		}
+		return
+	}
+	if t.unacked > 0 {
+		t.unacked--
+	}
+	if !t.started {
+		c.maybeNoRunProbeLocked(t)
+	}
+}
+
+// maybeNoRunProbeLocked starts probeNoRun after a prompt's acknowledgement,
+// unless the agent announced itself with ready (omp): omp reports a prompt
+// that starts no run with prompt_result, and its get_state says idle while
+// it still prepares a prompt (images, slash commands), so polling it could
+// end a turn whose run is about to start.
+func (c *Client) maybeNoRunProbeLocked(t *turnState) {
+	if c.ready == nil {
+		c.startNoRunProbeLocked(t)
+	}
 }
 
 // WaitTurn waits for the current turn to end and returns it. Only one
@@ -207,9 +378,24 @@ func (c *Client) FollowUp(ctx context.Context, message string, images []ImageCon
 }
 
 // Abort stops the running turn; the turn then ends with the agent's
-// agent_end (stop reason "aborted").
+// agent_end (stop reason "aborted"). A turn whose run had not started when
+// the agent acknowledged the abort may never start one (omp acknowledges a
+// prompt and an abort and runs nothing): it ends once get_state reports the
+// agent idle, with stop reason "aborted" and AgentInvoked false.
 func (c *Client) Abort(ctx context.Context) error {
-	return c.Call(ctx, AbortCommand{}, nil)
+	c.mu.Lock()
+	t := c.turn
+	c.mu.Unlock()
+	if err := c.Call(ctx, AbortCommand{}, nil); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t != nil && t == c.turn && !t.settled && !t.started && t.unacked == 0 {
+		t.aborted = true
+		c.startNoRunProbeLocked(t)
+	}
+	return nil
 }
 
 // WaitForIdle returns once the agent reports it is not streaming and has
@@ -246,16 +432,48 @@ func (c *Client) WaitForIdle(ctx context.Context) error {
 
 // trackTurn records a frame into the running turn and ends the turn on its
 // terminal frame. It may set ev.raw to the retained copy, which listeners
-// then share (an Event cannot be mutated).
-func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
+// then share (an Event cannot be mutated). A frame not yet validated
+// (unchecked) is validated before the turn keeps it: checked reports that
+// it was, and err that it is invalid (then nothing was recorded).
+func (c *Client) trackTurn(typ string, line []byte, ev *Event, unchecked bool) (checked bool, err error) {
 	c.mu.Lock()
+	defer func() {
+		if err != nil {
+			c.mu.Unlock()
+		}
+	}()
+	switch typ {
+	case EventAgentStart:
+		c.track.runOpen = true
+		if c.turn == nil || c.turn.settled {
+			// A run no prompt of ours is waiting for: a follow-up or steer
+			// that reached the agent idle, or omp's own run. Track it as a
+			// turn, so it ends like any other and WaitTurn returns it.
+			t := newTurn()
+			t.result.Unsolicited = true
+			t.starts = 1
+			c.turn = t
+		}
+	case EventAgentEnd:
+		c.track.runOpen = false
+	}
 	t := c.turn
 	if t == nil || t.settled {
 		c.mu.Unlock()
-		return
+		return false, nil
 	}
 	if t.retained+len(line) <= c.opts.RetainedTurnBytes {
-		ev.raw = frameRef(line)
+		if unchecked {
+			// Only the frequent types the reader does not act on come
+			// unchecked: refusing one here changes nothing else.
+			if _, err := scanFrame(line); err != nil {
+				return false, err
+			}
+			checked = true
+		}
+		// A copy: a kept slice of the reader's buffer would pin the whole
+		// buffer for as long as the Turn lives.
+		ev.raw = bytes.Clone(line)
 		t.result.Events = append(t.result.Events, *ev)
 		t.retained += len(line)
 	} else {
@@ -267,11 +485,17 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 		if t.starts > 0 {
 			t.starts--
 		}
+		t.started = true
 		t.probing = false
 	case EventMessageEnd:
 		var m MessageEndEvent
 		if json.Unmarshal(line, &m) == nil {
-			t.result.Messages = append(t.result.Messages, m.Message)
+			if t.retained+len(line) <= c.opts.RetainedTurnBytes {
+				t.result.Messages = append(t.result.Messages, m.Message)
+				t.retained += len(line)
+			} else {
+				t.result.DroppedMessages++
+			}
 			if m.Message.Role == "assistant" {
 				t.result.Text = m.Message.Text()
 				t.result.StopReason = m.Message.StopReason
@@ -282,6 +506,23 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 			}
 		}
 	case EventAgentEnd:
+		if !t.started {
+			if t.unacked > 0 {
+				// Read before the prompt's acknowledgement: earlier work.
+				break
+			}
+			if t.staleEnds > 0 {
+				// The end of a run open before this turn began.
+				t.staleEnds--
+				break
+			}
+			// A run that ended without announcing its start (a minimal
+			// agent that sends no agent_start): this turn's run.
+			t.started = true
+			if t.starts > 0 {
+				t.starts--
+			}
+		}
 		var e struct {
 			IsTerminal *bool `json:"isTerminal"`
 		}
@@ -313,8 +554,13 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 		var e struct {
 			Success bool `json:"success"`
 		}
-		if json.Unmarshal(line, &e) == nil && !e.Success && t.starts == 0 {
-			settle = true
+		if json.Unmarshal(line, &e) == nil && !e.Success {
+			// Retrying gave up, or was cancelled ("Retry cancelled", an
+			// abort during the delay): the announced run never starts.
+			if t.starts > 0 {
+				t.starts--
+			}
+			settle = t.starts == 0 && !c.track.runOpen
 		}
 	case EventPromptResult:
 		var e PromptResultEvent
@@ -326,6 +572,119 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event) {
 	c.mu.Unlock()
 	if settle {
 		c.settleTurn(t, nil)
+	}
+	return checked, nil
+}
+
+// startNoRunProbeLocked starts (or, after an abort, hurries) probeNoRun
+// for t.
+func (c *Client) startNoRunProbeLocked(t *turnState) {
+	if t.noRun {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+		return
+	}
+	t.noRun = true
+	c.wg.Add(1)
+	go c.probeNoRun(t)
+}
+
+// probeNoRun settles a turn whose prompt was acknowledged but whose run
+// never started: pi acknowledges a prompt an extension command consumed
+// and sends nothing more; omp acknowledges a prompt and an abort sent right
+// after it and runs nothing. No event says so, hence the poll.
+//
+// The rule: the turn settles (AgentInvoked false) once get_state reports
+// the agent idle with nothing queued noRunIdleAnswers times in a row, the
+// first asked noRunDelay after the acknowledgement, and no agent_start of
+// this turn was read before the last answer. The answers come on the same
+// stream as the events, so an agent_start written before an answer is seen
+// before it, and pi marks itself streaming before it writes anything after
+// the acknowledgement: one idle answer would do for pi; the margin (about
+// 1.5 s of idleness) is for agents that acknowledge first and prepare the
+// run after. omp is one, so it is polled only after an acknowledged abort
+// (see maybeNoRunProbeLocked); then no run is coming, and two answers
+// 250 ms apart suffice.
+func (c *Client) probeNoRun(t *turnState) {
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		t.noRun = false
+		c.mu.Unlock()
+	}()
+	ctx, cancel := c.lifetimeCtx()
+	defer cancel()
+	pause := func(d time.Duration) bool {
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+		case <-t.kick:
+		case <-t.done:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+		return true
+	}
+	params := func() (live bool, every time.Duration, need int) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if t.settled || t.started {
+			return false, 0, 0
+		}
+		if t.aborted {
+			return true, abortedEvery, abortedIdleAnswer
+		}
+		return true, noRunEvery, noRunIdleAnswers
+	}
+	live, _, _ := params()
+	if !live {
+		return
+	}
+	c.mu.Lock()
+	aborted := t.aborted
+	c.mu.Unlock()
+	if !aborted && !pause(noRunDelay) {
+		return
+	}
+	idle := 0
+	for {
+		if live, _, _ := params(); !live {
+			return
+		}
+		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := c.GetState(qctx)
+		qcancel()
+		live, every, need := params()
+		if !live {
+			return
+		}
+		if err == nil && !st.IsStreaming && !st.IsCompacting && st.Queued() == 0 {
+			idle++
+		} else {
+			idle = 0
+		}
+		if idle >= need {
+			c.mu.Lock()
+			ok := !t.started && !t.settled
+			if ok {
+				t.result.AgentInvoked = false
+				if t.aborted {
+					t.result.StopReason = StopReasonAborted
+				}
+			}
+			c.mu.Unlock()
+			if ok {
+				c.settleTurn(t, nil)
+			}
+			return
+		}
+		if !pause(every) {
+			return
+		}
 	}
 }
 

@@ -79,7 +79,7 @@ func UIChannel(ch chan<- *Dialog) UIHandler {
 func (c *Client) handleUIRequest(line []byte) {
 	var req UIRequest
 	if err := json.Unmarshal(line, &req); err != nil || req.ID == "" {
-		c.reportError(&ProtocolError{Op: "extension_ui_request", Err: fmt.Errorf("malformed request: %v", err)})
+		c.malformedUIRequest(line, err)
 		return
 	}
 	if req.Method == "cancel" {
@@ -106,6 +106,7 @@ func (c *Client) handleUIRequest(line []byte) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer c.enterCallbacks()() // a Close from the handler must not wait for it
 		defer cancel()
 		resp := Cancelled()
 		if handler != nil {
@@ -143,4 +144,37 @@ func (c *Client) callUI(ctx context.Context, h UIHandler, req *UIRequest) (resp 
 		}
 	}()
 	return h(ctx, req)
+}
+
+// malformedUIRequest reports a UI request that does not decode and, when
+// its id can be read and it may be a dialog, answers it cancelled: the
+// agent would otherwise wait forever for an answer nobody will give.
+func (c *Client) malformedUIRequest(line []byte, err error) {
+	if err == nil {
+		err = errors.New("no id")
+	}
+	var head struct {
+		ID     json.RawMessage `json:"id"`
+		Method json.RawMessage `json:"method"`
+	}
+	_ = json.Unmarshal(line, &head)
+	var id, method string
+	idOK := json.Unmarshal(head.ID, &id) == nil && id != ""
+	methodOK := json.Unmarshal(head.Method, &method) == nil
+	answer := idOK && (dialogMethods[method] || !methodOK)
+	if answer {
+		err = fmt.Errorf("malformed request, answered cancelled: %v", err)
+	} else {
+		err = fmt.Errorf("malformed request: %v", err)
+	}
+	c.reportError(&ProtocolError{Op: "extension_ui_request", Err: err})
+	if !answer {
+		return
+	}
+	c.mu.Lock()
+	ended := c.exitErr != nil || c.closed
+	c.mu.Unlock()
+	if !ended {
+		c.queueReply(map[string]any{"type": "extension_ui_response", "id": id, "cancelled": true}, "cancellation of a malformed UI dialog")
+	}
 }

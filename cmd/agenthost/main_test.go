@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,7 +15,66 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// fakeAgentEnv makes the test binary a small fake RPC agent (see fakeAgent),
+// for `prompt -- COMMAND`.
+const fakeAgentEnv = "AGENTHOST_CLI_FAKE_AGENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(fakeAgentEnv) != "" {
+		fakeAgent()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// fakeFloodUpdates is how many message_updates the fake agent streams.
+const fakeFloodUpdates = 800
+
+// fakeAgent announces itself with a ready frame (as omp does), answers
+// get_state, and answers a prompt with a turn of fakeFloodUpdates
+// message_updates of about 1 KB.
+func fakeAgent() {
+	out := bufio.NewWriter(os.Stdout)
+	send := func(s string) {
+		out.WriteString(s)
+		out.WriteByte('\n')
+		out.Flush()
+	}
+	send(`{"type":"ready","supportedProtocolVersions":[1]}`)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var cmd struct{ ID, Type string }
+		if json.Unmarshal(in.Bytes(), &cmd) != nil {
+			continue
+		}
+		id, _ := json.Marshal(cmd.ID)
+		switch cmd.Type {
+		case "get_state":
+			send(`{"id":` + string(id) + `,"type":"response","command":"get_state","success":true,"data":{"isStreaming":false}}`)
+		case "prompt":
+			send(`{"id":` + string(id) + `,"type":"response","command":"prompt","success":true}`)
+			send(`{"type":"agent_start"}`)
+			text := strings.Repeat("y", 1000)
+			for i := 0; i < fakeFloodUpdates; i++ {
+				send(`{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"` + text + `"}]}}`)
+			}
+			send(`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"flooded"}],"stopReason":"stop"}}`)
+			send(`{"type":"agent_end","messages":[]}`)
+		}
+	}
+}
+
+// fakeAgentArgs runs the test binary as fakeAgent after "--".
+func fakeAgentArgs(t *testing.T) []string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeAgentEnv, "1")
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+	return []string{"--", exe, "-test.run=^$"}
+}
 
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
@@ -71,27 +131,37 @@ func TestPrompt_ReceiptAndNothingLeft(t *testing.T) {
 	}
 }
 
+// TestPrompt_JSON: every frame, from the agent's first: omp's ready and
+// the start handshake's get_state response are printed too.
 func TestPrompt_JSON(t *testing.T) {
-	out, errs, code := runCLI(t, "prompt", "--json", "--agent", "pi", "hello")
-	if code != 0 {
-		t.Fatalf("code %d err %q", code, errs)
-	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	types := map[string]bool{}
-	for _, l := range lines {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("not JSON: %q", l)
-		}
-		types[m["type"].(string)] = true
-	}
-	for _, want := range []string{"response", "agent_start", "message_end", "agent_end"} {
-		if !types[want] {
-			t.Errorf("no %s frame in --json output", want)
-		}
-	}
-	if !strings.Contains(lines[len(lines)-1], `"type":"agenthost_receipt"`) {
-		t.Fatalf("last line is not the receipt: %s", lines[len(lines)-1])
+	for _, agent := range []string{"pi", "omp"} {
+		t.Run(agent, func(t *testing.T) {
+			out, errs, code := runCLI(t, "prompt", "--json", "--agent", agent, "hello")
+			if code != 0 {
+				t.Fatalf("code %d err %q", code, errs)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			types := map[string]bool{}
+			for _, l := range lines {
+				var m struct{ Type, Command string }
+				if err := json.Unmarshal([]byte(l), &m); err != nil {
+					t.Fatalf("not JSON: %q", l)
+				}
+				types[m.Type] = true
+				types[m.Type+" "+m.Command] = true
+			}
+			for _, want := range []string{"response get_state", "response prompt", "agent_start", "message_end", "agent_end"} {
+				if !types[want] {
+					t.Errorf("no %s frame in --json output", want)
+				}
+			}
+			if agent == "omp" && !strings.Contains(lines[0], `"type":"ready"`) {
+				t.Errorf("omp's first frame is not its ready: %.200s", lines[0])
+			}
+			if !strings.Contains(lines[len(lines)-1], `"type":"agenthost_receipt"`) {
+				t.Fatalf("last line is not the receipt: %s", lines[len(lines)-1])
+			}
+		})
 	}
 }
 
@@ -103,6 +173,10 @@ func TestPrompt_Errors(t *testing.T) {
 		msg  string
 	}{
 		{"unknown agent", []string{"prompt", "--agent", "nope", "x"}, 2, "unknown agent"},
+		{"no message", []string{"prompt"}, 2, "MESSAGE"},
+		{"unknown flag", []string{"prompt", "--nope", "x"}, 2, "nope"},
+		{"cwd missing", []string{"prompt", "--cwd", "/nonexistent/agenthost", "x", "--", "/bin/true"}, 2, "--cwd /nonexistent/agenthost: no such file or directory"},
+		{"cwd is a file", []string{"prompt", "--cwd", "/dev/null", "x", "--", "/bin/true"}, 2, "--cwd /dev/null: not a directory"},
 		{"two messages", []string{"prompt", "a", "b"}, 2, "exactly one MESSAGE"},
 		{"custom command fails", []string{"prompt", "x", "--", "/bin/false"}, 1, "agent exited"},
 		{"custom command not JSON", []string{"prompt", "x", "--", "/bin/echo", "not json"}, 1, "not a JSON object"},
@@ -118,6 +192,60 @@ func TestPrompt_Errors(t *testing.T) {
 				t.Fatalf("more than one line on stderr: %q", errs)
 			}
 		})
+	}
+}
+
+// TestPrompt_JSONSlowReader: --json into a reader that pauses longer than
+// the backlog's stall timeout, then reads slowly: the agent is slowed down
+// through the pipes, no line is lost, and the turn succeeds. Every frame is
+// printed, from the agent's first (ready) and the start handshake's response.
+func TestPrompt_JSONSlowReader(t *testing.T) {
+	args := append([]string{"prompt", "--json", "--timeout", "60s", "go"}, fakeAgentArgs(t)...)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	lines := make(chan []string, 1)
+	go func() {
+		<-time.After(3 * time.Second) // the slow reader under test: (sleep 3; ...)
+		var got []string
+		br := bufio.NewReaderSize(r, 4096)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				lines <- got
+				return
+			}
+			got = append(got, l)
+			if len(got)%50 == 0 {
+				<-time.After(20 * time.Millisecond) // and then reads slowly
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	var errs bytes.Buffer
+	rerr := run(ctx, args, w, &errs)
+	w.Close()
+	got := <-lines
+	if rerr != nil {
+		t.Fatalf("run: %v (%d lines read; stderr %q)", rerr, len(got), errs.String())
+	}
+	count := map[string]int{}
+	for _, l := range got {
+		var m struct{ Type, Command string }
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("not JSON: %q", l)
+		}
+		count[m.Type+" "+m.Command]++
+	}
+	if len(got) == 0 || !strings.Contains(got[0], `"type":"ready"`) {
+		t.Fatalf("first line is not the agent's ready frame: %.100q", got)
+	}
+	if count["response get_state"] != 1 || count["response prompt"] != 1 || count["message_update "] != fakeFloodUpdates ||
+		count["agent_end "] != 1 || count["agenthost_receipt "] != 1 || len(got) != fakeFloodUpdates+7 {
+		t.Fatalf("%d lines: %v", len(got), count)
 	}
 }
 

@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -34,7 +34,9 @@ func newPromptCmd(logger func() *slog.Logger, verbose func() bool) *cobra.Comman
 		Use:   "prompt [flags] MESSAGE [-- COMMAND ARGS...]",
 		Short: "Run one turn and print the final assistant text",
 		Long: `Run one turn against an agent in RPC mode and print the final assistant text,
-or with --json every frame received, one JSON object per line.
+or with --json every frame received, one JSON object per line, from the
+agent's first. A slow reader of the --json output slows the agent down
+rather than failing the turn; --timeout still bounds everything.
 
 Without --model the agent runs on agenthost's built-in scripted model (no key
 needed, nothing leaves the machine); with --model provider/model it uses the
@@ -48,7 +50,12 @@ non-zero code (1 failed, 2 usage, 3 timed out).
 The agent and everything it starts run in a custody scope: nothing is left
 running afterwards. -v prints the custody receipt on stderr; --json ends with
 it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
-		Args: cobra.MinimumNArgs(1),
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return &exitError{2, errors.New("prompt: give a MESSAGE (see --help)")}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			msg := args[0]
 			var custom []string
@@ -67,6 +74,7 @@ it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
 			return runPrompt(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), logger(), f, msg, custom)
 		},
 	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	fl := cmd.Flags()
 	fl.StringVar(&f.agent, "agent", "omp", "agent to run: omp or pi")
 	fl.StringVar(&f.model, "model", "", "provider/model to use (default: the built-in scripted model)")
@@ -77,6 +85,19 @@ it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
 }
 
 func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, f promptFlags, msg string, custom []string) (err error) {
+	if f.cwd != "" {
+		// exec would blame the agent's binary for a bad directory.
+		fi, err := os.Stat(f.cwd)
+		var pe *fs.PathError
+		switch {
+		case errors.As(err, &pe):
+			return &exitError{2, fmt.Errorf("--cwd %s: %w", f.cwd, pe.Err)}
+		case err != nil:
+			return &exitError{2, fmt.Errorf("--cwd %s: %w", f.cwd, err)}
+		case !fi.IsDir():
+			return &exitError{2, fmt.Errorf("--cwd %s: not a directory", f.cwd)}
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 
@@ -98,21 +119,28 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 		}
 	}()
 
-	var out sync.Mutex
 	opts := rpc.SpawnOptions{Options: rpc.Options{Logger: log}, Starter: agentproc.Starter{Custodian: cust}}
+	var jw *lineWriter
+	if f.json {
+		jw = newLineWriter(stdout)
+		// Registered before the client starts: every frame, the start
+		// handshake included.
+		opts.OnEvent = func(ev rpc.Event) { jw.put(ctx, ev) }
+		// A slow reader of our stdout slows the agent down through its
+		// pipe instead of failing the turn; --timeout bounds it all.
+		opts.Backpressure = true
+		opts.StallTimeout = f.timeout
+		defer func() {
+			if !jw.close(ctx) && err == nil {
+				err = &exitError{3, errors.New("timed out writing the --json output")}
+			}
+		}()
+	}
 	c, err := rpc.Spawn(ctx, spec, opts)
 	if err != nil {
 		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
 	}
 	defer c.Close()
-	enc := json.NewEncoder(stdout)
-	if f.json {
-		c.On("", func(ev rpc.Event) {
-			out.Lock()
-			defer out.Unlock()
-			_ = enc.Encode(ev)
-		})
-	}
 	turn, err := c.Run(ctx, msg, nil)
 	// Close before printing: every frame reaches --json output first, and
 	// the receipt exists.
@@ -124,7 +152,7 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 	}
 	if r := agentproc.Receipt(c); r != nil {
 		if f.json {
-			_ = enc.Encode(map[string]any{"type": "agenthost_receipt", "receipt": r})
+			jw.put(ctx, map[string]any{"type": "agenthost_receipt", "receipt": r})
 		}
 		if f.verbose {
 			fmt.Fprintln(stderr, r)
@@ -144,6 +172,54 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 		fmt.Fprintln(stdout, turn.Text)
 	}
 	return nil
+}
+
+// lineWriter writes JSON lines to out from its own goroutine, one at a
+// time: the listener waits for it (backpressure), but only as long as the
+// turn's context, so a reader of out that never reads cannot hold the
+// client's Close past --timeout.
+type lineWriter struct {
+	lines chan []byte
+	done  chan struct{}
+}
+
+func newLineWriter(out io.Writer) *lineWriter {
+	w := &lineWriter{lines: make(chan []byte), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		var err error
+		for l := range w.lines {
+			if err == nil {
+				_, err = out.Write(l) // after an error (the reader left) lines are discarded
+			}
+		}
+	}()
+	return w
+}
+
+// put hands v over as one line, waiting for the writer while ctx lasts.
+func (w *lineWriter) put(ctx context.Context, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	select {
+	case w.lines <- append(b, '\n'):
+	case <-ctx.Done():
+	}
+}
+
+// close ends the output and waits for the writer while ctx lasts; false
+// means lines may be missing. After false the writer may still be blocked
+// on out; it ends when out is closed (the process exits).
+func (w *lineWriter) close(ctx context.Context) bool {
+	close(w.lines)
+	select {
+	case <-w.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func classify(ctx context.Context, err error) error {

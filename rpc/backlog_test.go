@@ -1,0 +1,104 @@
+package rpc
+
+import (
+	"io"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestClient_BacklogBoundsBytes: 300 message_updates of 2 MiB (pi repeats
+// the whole partial message in each) with a listener that pauses 1.5 s,
+// under the stall timeout. Every event arrives, and the backlog holds at
+// most its byte budget: the heap peaked near 900 MiB when only the event
+// count was bounded.
+func TestClient_BacklogBoundsBytes(t *testing.T) {
+	const n, size = 300, 2 << 20
+	p := newPipePeer(t, Options{})
+	var got atomic.Int32
+	all := make(chan struct{})
+	p.c.On(EventMessageUpdate, func(Event) {
+		if got.Add(1) == 1 {
+			<-time.After(1500 * time.Millisecond) // the slow listener under test
+		}
+		if got.Load() == n {
+			close(all)
+		}
+	})
+	frame := `{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"` +
+		strings.Repeat("z", size) + `"}]}}` + "\n"
+	go func() {
+		for i := 0; i < n; i++ {
+			if _, err := io.WriteString(p.agentW, frame); err != nil {
+				return
+			}
+		}
+	}()
+	runtime.GC()
+	var peak uint64
+	var ms runtime.MemStats
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(120 * time.Second)
+wait:
+	for {
+		select {
+		case <-all:
+			break wait
+		case <-tick.C:
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapAlloc)
+		case <-deadline:
+			t.Fatalf("%d of %d events after 120 s; errors %v", got.Load(), n, p.c.Errors())
+		}
+	}
+	t.Logf("peak heap %d MiB for %d events of %d MiB", peak>>20, n, size>>20)
+	if errs := p.c.Errors(); len(errs) != 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	if peak > 320<<20 {
+		t.Fatalf("peak heap %d MiB; the backlog should hold at most %d MiB", peak>>20, DefaultBacklogBytes>>20)
+	}
+}
+
+// TestClient_BackpressureWaitsForSlowListeners: with Backpressure a listener
+// slower than the stall timeout slows the agent down instead of failing the
+// turn; every event arrives and the turn ends normally.
+func TestClient_BackpressureWaitsForSlowListeners(t *testing.T) {
+	const n = 100
+	p := newPipePeer(t, Options{Backlog: 8, StallTimeout: 50 * time.Millisecond, Backpressure: true})
+	var got atomic.Int32
+	p.c.On(EventMessageUpdate, func(Event) {
+		if got.Add(1) == 1 {
+			<-time.After(500 * time.Millisecond) // ten stall timeouts
+		}
+	})
+	ctx := ctxT(t, 60*time.Second)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.c.Run(ctx, "hi", nil)
+		errc <- err
+	}()
+	m := p.recv()
+	go func() {
+		p.say(`{"id":"`+m["id"].(string)+`","type":"response","command":"prompt","success":true}`, `{"type":"agent_start"}`)
+		for i := 0; i < n; i++ {
+			p.say(`{"type":"message_update"}`)
+		}
+		p.say(`{"type":"agent_end","messages":[]}`)
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("turn: %v", err)
+	}
+	if err := p.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got.Load() != n {
+		t.Fatalf("%d of %d events delivered", got.Load(), n)
+	}
+	if errs := p.c.Errors(); len(errs) != 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+}
