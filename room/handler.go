@@ -45,12 +45,7 @@ func (h *handler) Event(ev AgentEvent) {
 	default:
 		return
 	}
-	if err := h.m.write(func(tx Tx) error {
-		_, err := tx.Append(h.r.id, ev.Kind, data)
-		return err
-	}); err != nil {
-		h.m.log.Error("room: recording an agent event failed", "room", h.r.id, "kind", ev.Kind, "err", err)
-	}
+	h.r.events.add(ev.Kind, data)
 }
 
 // await pauses the turn's clocks while a person decides, and returns the
@@ -102,6 +97,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 		delete(r.approvals, id)
 		r.mu.Unlock()
 	}()
+	r.events.flush() // the tool's own events come first
 	err := m.write(func(tx Tx) error {
 		if err := tx.PutApproval(store.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
 			Options: req.Options, Created: now, Deadline: deadline}); err != nil {
@@ -197,6 +193,7 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	ch := make(chan answer, 1)
 	// qmu is held from the write to the registration: a message that saw
 	// question.asked must find the question waiting for its answer.
+	r.events.flush()
 	r.qmu.Lock()
 	err := m.write(func(tx Tx) error {
 		if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,

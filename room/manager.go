@@ -83,6 +83,7 @@ type Manager struct {
 // roomState.mu.
 type roomState struct {
 	id, dir string
+	events  *eventLog // the agent's events, written in batches
 
 	mu        sync.Mutex
 	cfg       *Config // filled and validated at first use
@@ -267,6 +268,7 @@ func (m *Manager) room(id string) (*roomState, error) {
 	r := m.rooms[id]
 	if r == nil {
 		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, dirName(id))}
+		r.events = newEventLog(m, id)
 		m.rooms[id] = r
 	}
 	return r, nil
@@ -539,6 +541,7 @@ func (m *Manager) runTurn(r *roomState, q queued) {
 		// A turn that did not settle retires its agent before the next.
 		m.release(r, "turn "+outcome)
 	}
+	r.events.flush() // the turn's events come before its end
 	r.mu.Lock()
 	r.turn = nil
 	r.lastUsed = time.Now()

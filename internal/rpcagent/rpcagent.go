@@ -76,6 +76,10 @@ func New(opts Options) (*Transport, error) {
 	return &Transport{opts: opts}, nil
 }
 
+// maxWaitRuns bounds how many runs the agent started by itself a turn
+// waits out before its prompt.
+const maxWaitRuns = 8
+
 // mcpOverlay keeps omp from loading MCP servers from the workspace, so a
 // repository cannot inject its own.
 const mcpOverlay = "mcp:\n  enableProjectConfig: false\n"
@@ -343,6 +347,14 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	a.acked = acked
 	a.mu.Unlock()
 	err := a.c.Prompt(ctx, text, nil)
+	for tries := 0; errors.Is(err, rpc.ErrTurnInProgress) && tries < maxWaitRuns; tries++ {
+		// omp ran something by itself (a background job finished): the
+		// room's turn waits for that run, then prompts.
+		if _, werr := a.c.WaitTurn(ctx); werr != nil && ctx.Err() != nil {
+			break
+		}
+		err = a.c.Prompt(ctx, text, nil)
+	}
 	close(acked)
 	if err != nil {
 		return room.TurnResult{}, err
