@@ -543,3 +543,73 @@ func TestCloseCancelsTurnsReleasesAgentsAndKeepsTheQueue(t *testing.T) {
 		t.Fatalf("submit after close: %v", err)
 	}
 }
+
+// gateStore holds every write while its gate is shut.
+type gateStore struct {
+	Store
+	gate chan struct{}
+}
+
+func (s gateStore) Write(ctx context.Context, fn func(tx Tx) error) error {
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.Store.Write(ctx, fn)
+}
+
+// Handler.Event never waits for the store: the agent's event stream must
+// not go at the disk's pace. The events still land, in order.
+func TestAgentEventsDoNotWaitForTheStore(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	gate := make(chan struct{})
+	m, err := New(Options{Store: gateStore{SQLite(db), gate}, Transport: newFakeTransport(), Root: filepath.Join(dir, "rooms")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	r, err := m.room("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &handler{m: m, r: r}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 1000 {
+			h.Event(AgentEvent{Kind: KindText, Text: fmt.Sprintf("%d,", i)})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		close(gate)
+		t.Fatal("Handler.Event waited for the store")
+	}
+	close(gate)
+	r.events.flush()
+	evs, err := db.Events(t.Context(), "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all strings.Builder
+	for _, ev := range evs {
+		all.WriteString(field(ev, "text"))
+	}
+	var want strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&want, "%d,", i)
+	}
+	if all.String() != want.String() {
+		t.Fatalf("recorded text %.80q…, want %.80q…", all.String(), want.String())
+	}
+}

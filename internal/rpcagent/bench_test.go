@@ -19,16 +19,9 @@ import (
 	"github.com/agenthost/agenthost/room"
 )
 
-// benchAgentEnv makes the test binary a minimal RPC agent (benchAgent).
-// It is switched in init, before TestMain, so that this file needs no
-// change to real_test.go.
+// benchAgentEnv makes the test binary a minimal RPC agent (benchAgent;
+// see TestMain).
 const benchAgentEnv = "RPCAGENT_BENCH_AGENT"
-
-func init() {
-	if os.Getenv(benchAgentEnv) != "" {
-		os.Exit(benchAgent())
-	}
-}
 
 // benchAgent speaks just enough of the RPC protocol for a room: it
 // answers get_state, and a prompt with one assistant message ("ok"),

@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(mcpHelperEnv) != "" {
 		os.Exit(mcpHelper())
 	}
+	if os.Getenv(benchAgentEnv) != "" {
+		os.Exit(benchAgent())
+	}
 	goleak.VerifyTestMain(m)
 }
 
