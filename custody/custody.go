@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/internal/procio"
@@ -103,13 +104,15 @@ type Custodian struct {
 	owner  string // "<pid namespace>.<pid>.<start>" of this host
 	plat   platform
 	scanMu sync.Mutex // one scan at a time
-	mu     sync.Mutex
-	scopes map[*Scope]struct{} // open: not closed with success yet
-	closed bool
-	kick   chan struct{}
-	quit   chan struct{}
-	stop   sync.Once
-	loopWG sync.WaitGroup // the discovery loop
+	// lastScan is when the latest scan read the table (UnixNano).
+	lastScan atomic.Int64
+	mu       sync.Mutex
+	scopes   map[*Scope]struct{} // open: not closed with success yet
+	closed   bool
+	kick     chan struct{}
+	quit     chan struct{}
+	stop     sync.Once
+	loopWG   sync.WaitGroup // the discovery loop
 	// starting counts Starts past the closed check; Close waits for them
 	// so their scopes are closed with the rest. Added to under mu while
 	// !closed only.
@@ -485,7 +488,9 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		}
 	}
 	if s.getPhase() < 3 {
-		c.scan()
+		if !s.allGone() {
+			c.scan() // everything alive now is killed; newborns meet the last look
+		}
 		s.setPhase(3)
 		if !s.allGone() {
 			s.cg.kill()

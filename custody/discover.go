@@ -23,12 +23,12 @@ var hostChildren = struct {
 }{leaders: map[int]bool{}, scopes: map[*Scope]struct{}{}}
 
 // Waiting for exits during Close: a pidfd poll (or a sleep where there is
-// none) that backs off, with a full discovery scan at most every
-// closeScanEvery.
+// none) that backs off, and a full discovery scan only when none (the
+// discovery loop's included) ran for closeScanEvery.
 const (
 	closePollMin   = 2 * time.Millisecond
 	closePollMax   = 50 * time.Millisecond
-	closeScanEvery = 100 * time.Millisecond
+	closeScanEvery = 250 * time.Millisecond
 )
 
 func (c *Custodian) poke() {
@@ -71,6 +71,7 @@ func (c *Custodian) scan() {
 	}
 	t := c.plat.table()
 	now := time.Now()
+	c.lastScan.Store(now.UnixNano())
 	if t != nil {
 		c.assign(t, scopes)
 	}
@@ -321,15 +322,8 @@ func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	w := s.c.plat.exitWaiter()
 	defer w.close()
-	nextScan := time.Now()
 	backoff := closePollMin
 	for {
-		if now := time.Now(); !now.Before(nextScan) {
-			s.c.scan()
-			nextScan = now.Add(closeScanEvery)
-		} else {
-			s.refresh(nil, s.c.plat.lookup, now)
-		}
 		if s.allGone() {
 			return nil
 		}
@@ -340,10 +334,16 @@ func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
 		if left <= 0 {
 			return nil
 		}
-		wait := min(backoff, left, max(time.Until(nextScan), 0))
-		backoff = min(2*backoff, closePollMax)
-		if w.wait(s.liveIdents(), wait) {
-			backoff = closePollMin // something exited: look again soon
+		exited := w.wait(s.liveIdents(), min(backoff, left))
+		if exited {
+			backoff = closePollMin // look again soon
+		} else {
+			backoff = min(2*backoff, closePollMax)
+		}
+		if now := time.Now(); now.Sub(time.Unix(0, s.c.lastScan.Load())) >= closeScanEvery {
+			s.c.scan()
+		} else if exited {
+			s.refresh(nil, s.c.plat.lookup, now)
 		}
 	}
 }
@@ -377,13 +377,15 @@ func (s *Scope) aliveList() string {
 
 // exitWaiter waits for any of a set of processes to exit.
 type exitWaiter interface {
-	// wait blocks up to d, or until one of ids has exited (then true).
+	// wait blocks up to d, or until one of ids has exited. It reports
+	// whether one of ids may have exited (then they are worth a look).
 	wait(ids []ident, d time.Duration) bool
 	close()
 }
 
-// sleepWaiter is the exitWaiter of platforms without pidfds: it sleeps.
+// sleepWaiter is the exitWaiter of platforms without pidfds: it sleeps,
+// and cannot tell.
 type sleepWaiter struct{}
 
-func (sleepWaiter) wait(_ []ident, d time.Duration) bool { time.Sleep(d); return false }
+func (sleepWaiter) wait(_ []ident, d time.Duration) bool { time.Sleep(d); return true }
 func (sleepWaiter) close()                               {}

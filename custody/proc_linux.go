@@ -535,9 +535,10 @@ func (w *pidfdWaiter) wait(ids []ident, d time.Duration) bool {
 	}
 	pfds := make([]unix.PollFd, 0, len(ids))
 	order := make([]ident, 0, len(ids))
-	exited := false
+	exited, pending := false, false
 	for _, id := range ids {
 		if w.done[id] {
+			pending = true // exited, not yet seen gone (reaped)
 			continue
 		}
 		fd, ok := w.fds[id]
@@ -564,11 +565,11 @@ func (w *pidfdWaiter) wait(ids []ident, d time.Duration) bool {
 	}
 	if len(pfds) == 0 {
 		time.Sleep(d)
-		return false
+		return pending
 	}
 	n, err := unix.Poll(pfds, max(int(d/time.Millisecond), 1))
 	if err != nil || n <= 0 {
-		return false
+		return pending
 	}
 	for i, pf := range pfds {
 		if pf.Revents != 0 {
