@@ -400,7 +400,9 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	s.cg.started()
 	s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
 	s.started = time.Now()
-	lo := &owned{id: s.leader, cmdline: strings.Join(cmd.Args, " "), found: FoundLeader}
+	// Until cmd.Wait reaps it the leader holds its pid, so its group and
+	// session are its own at least until now.
+	lo := &owned{id: s.leader, cmdline: strings.Join(cmd.Args, " "), found: FoundLeader, lastSeen: c.plat.ticks()}
 	s.procs[s.leader], s.live[s.leader], s.groups[pid] = lo, lo, lo
 
 	// Registered even if Close began meanwhile: Close waits for this
@@ -618,6 +620,7 @@ type platform interface {
 	prepare(cmd *exec.Cmd)
 	startTime(pid int) uint64
 	hostSession() int
+	ticks() uint64 // the clock of stat start times, now
 	table() *procTable
 	// lookup reads one process by identity (false: gone, or no /proc).
 	lookup(id ident) (procInfo, bool)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -433,6 +434,14 @@ func TestReap_AfterHostKilled(t *testing.T) {
 	}
 	if alive(child) {
 		t.Fatal("orphan still running")
+	}
+	// Its host's cgroup directory (where there was one) is gone too.
+	if root, _ := probeCgroup(); root != "" {
+		f := strings.Fields(line)
+		scopeID := f[len(f)-1][strings.LastIndexByte(f[len(f)-1], '.')+1:]
+		if m, _ := filepath.Glob(filepath.Join(root, cgroupPrefix+"*"+scopeID)); len(m) != 0 {
+			t.Fatalf("the dead host's cgroup directory is left: %v", m)
+		}
 	}
 }
 

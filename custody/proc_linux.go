@@ -140,6 +140,7 @@ func (p *linuxPlatform) ownerID() string {
 }
 func (p *linuxPlatform) selfPid() int     { return p.self }
 func (p *linuxPlatform) hostSession() int { return p.selfSid }
+func (p *linuxPlatform) ticks() uint64    { return bootTicks() }
 
 func (p *linuxPlatform) lookup(id ident) (procInfo, bool) {
 	pi, ok := readStat(id.pid)

@@ -48,6 +48,7 @@ func (p *otherPlatform) prepare(cmd *exec.Cmd)               { prepareGroup(cmd)
 func (p *otherPlatform) startTime(int) uint64                { return 0 }
 func (p *otherPlatform) table() *procTable                   { return nil }
 func (p *otherPlatform) hostSession() int                    { return 0 }
+func (p *otherPlatform) ticks() uint64                       { return 0 }
 func (p *otherPlatform) lookup(ident) (procInfo, bool)       { return procInfo{}, false }
 func (p *otherPlatform) cgroupOf(int) string                 { return "" }
 func (p *otherPlatform) exitWaiter() exitWaiter              { return sleepWaiter{} }
