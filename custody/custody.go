@@ -1,18 +1,20 @@
 // Package custody starts agent processes and owns everything they start:
 // each command runs in a scope whose descendants are found (by parent walk,
-// process group and session, and an environment marker), identified by pid
-// and start time, signalled only after that identity is re-checked, and
-// confirmed gone and reaped before Close returns a receipt.
+// process group and session, an environment marker, and the cgroup), each
+// identified by pid and start time, signalled only after that identity is
+// re-checked, and confirmed gone and reaped before Close returns a receipt.
 //
 // On Linux the host becomes a child subreaper, so orphaned descendants are
-// reparented to it and reaped by it, and a cgroup v2 child group is used when
-// the host may create one. On other platforms only the process group is
+// reparented to it and reaped by it (every child it inherits, attributed to
+// its scope where possible), and a cgroup v2 child group is used when the
+// host may create one. On other platforms only the process group is
 // signalled and no descendant is discovered; see the README's platform notes.
 //
 // This is ownership tracking of discoverable processes, not a sandbox: a
-// descendant that clears its environment, leaves the session, and is
-// reparented outside the host before it is first seen can escape (the cgroup
-// closes that gap where it is available).
+// descendant with no readable marker (a cleared environment, or a
+// non-dumpable process when the host is not root) that leaves the session
+// and is reparented before it is first seen is found only by the cgroup, or
+// when it is reparented to the host while its scope is the only one open.
 package custody
 
 import (

@@ -382,10 +382,3 @@ type exitWaiter interface {
 	wait(ids []ident, d time.Duration) bool
 	close()
 }
-
-// sleepWaiter is the exitWaiter of platforms without pidfds: it sleeps,
-// and cannot tell.
-type sleepWaiter struct{}
-
-func (sleepWaiter) wait(_ []ident, d time.Duration) bool { time.Sleep(d); return true }
-func (sleepWaiter) close()                               {}

@@ -174,11 +174,9 @@ func copyExecutable(t *testing.T, src, dst string, mode os.FileMode) {
 // Issue 12 item 3: as an unprivileged user, `eval $(ssh-agent -s)` leaves
 // a non-dumpable agent (its marker cannot be read) in a session of its own,
 // reparented to the host. Close still ends it, and it is on the receipt.
-// The host runs as nobody; the test (root) checks the outcome.
-func TestScope_SSHAgentAsNobody(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Fatal("this test runs the host as nobody and needs root to do so")
-	}
+// Run as root, the test runs the host as nobody; otherwise as itself.
+func TestScope_SSHAgentUnprivileged(t *testing.T) {
+	root := os.Getuid() == 0
 	if _, err := exec.LookPath("ssh-agent"); err != nil {
 		t.Fatalf("ssh-agent: %v", err)
 	}
@@ -194,8 +192,10 @@ func TestScope_SSHAgentAsNobody(t *testing.T) {
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(tmp, 65534, 65534); err != nil {
-		t.Fatal(err)
+	if root {
+		if err := os.Chown(tmp, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -206,7 +206,9 @@ func TestScope_SSHAgentAsNobody(t *testing.T) {
 	host := exec.Command(bin, "-test.run=^$")
 	host.Dir = dir
 	host.Env = append(os.Environ(), helperEnv+"=agent-host", "TMPDIR="+tmp, "HOME="+tmp)
-	host.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if root {
+		host.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	}
 	out, err := host.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -272,11 +274,19 @@ func TestFindOrphans_LiveHostInPidNamespace(t *testing.T) {
 	host := exec.Command(exe, "-test.run=^$")
 	host.Env = append(os.Environ(), helperEnv+"=ns-host")
 	host.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	if os.Getuid() != 0 { // a user namespace of its own makes the pid namespace possible
+		host.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+		host.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+		host.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+	}
 	out, err := host.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := host.Start(); err != nil {
+		if os.Getuid() != 0 {
+			t.Skipf("no pid namespace for an unprivileged user here: %v", err)
+		}
 		t.Fatal(err)
 	}
 	defer func() {

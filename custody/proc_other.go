@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 )
 
 // Other platforms: no subreaper, no /proc, no marker scan, no cgroup. The
@@ -63,3 +64,10 @@ func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
 }
 
 func (p *otherPlatform) signalGroup(leader ident, sig sysSignal) { signalGroupOther(leader.pid, sig) }
+
+// sleepWaiter is the exitWaiter of platforms without pidfds: it sleeps,
+// and cannot tell.
+type sleepWaiter struct{}
+
+func (sleepWaiter) wait(_ []ident, d time.Duration) bool { time.Sleep(d); return true }
+func (sleepWaiter) close()                               {}
