@@ -119,7 +119,11 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 			byIdent[id] = s
 		}
 		for pid, o := range s.groups {
-			groups[pid] = groupRef{s, o}
+			// Of two leaders that held one pid, only the newer can lead a
+			// group that still has members.
+			if g, ok := groups[pid]; !ok || g.o.id.start < o.id.start {
+				groups[pid] = groupRef{s, o}
+			}
 		}
 		if s.cg != nil {
 			byCgroup[s.cg.rel] = s
@@ -174,7 +178,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 			s.procs[id] = o
 			s.live[id] = o
 			if p.pgid == p.pid || p.sid == p.pid {
-				s.groups[p.pid] = o
+				s.groups[p.pid] = o // newer than any entry it replaces
 				groups[p.pid] = groupRef{s, o}
 			}
 			s.mu.Unlock()
@@ -284,8 +288,10 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 		case p.state == 'Z':
 			s.markGone(o, now, false) // dead; its parent reaps it
 		}
-		if ok && (p.pgid == p.pid || p.sid == p.pid) && s.groups[id.pid] == nil {
-			s.groups[id.pid] = o
+		if ok && (p.pgid == p.pid || p.sid == p.pid) {
+			if g := s.groups[id.pid]; g == nil || g.id.start < id.start {
+				s.groups[id.pid] = o // it made a group or session of its own
+			}
 		}
 	}
 	if t != nil {

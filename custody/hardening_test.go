@@ -42,11 +42,18 @@ func bothPaths(t *testing.T, f func(t *testing.T, opts Options)) {
 
 // Issue 12 item 1: background jobs in the style of pi's bash tool (a
 // setsid'd shell starting a job and exiting) are reparented to the host
-// and exit there. Each is reaped (no zombie left) and on the receipt.
+// and exit there. Each is reaped (no zombie left) and on the receipt; 20
+// jobs, and a burst of 200.
 func TestScope_InheritedJobsReapedAndOnReceipt(t *testing.T) {
+	for _, n := range []int{20, 200} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) { testInheritedJobs(t, n) })
+	}
+}
+
+func testInheritedJobs(t *testing.T, n int) {
 	bothPaths(t, func(t *testing.T, opts Options) {
 		c := newCustodian(t, opts)
-		script := `i=0; while [ $i -lt 20 ]; do setsid /bin/sh -c '/bin/sleep 0.05 & echo $!'; i=$((i+1)); done; echo end; exec cat`
+		script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do setsid /bin/sh -c '/bin/sleep 0.05 & echo $!'; i=$((i+1)); done; echo end; exec cat`, n)
 		s, err := c.Start(ctxFor(t, 10*time.Second), exec.Command("/bin/sh", "-c", script))
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +74,10 @@ func TestScope_InheritedJobsReapedAndOnReceipt(t *testing.T) {
 			}
 			pids = append(pids, pid)
 		}
-		waitUntil(t, 10*time.Second, "the jobs to exit", func() bool {
+		if len(pids) != n {
+			t.Fatalf("%d pids, want %d", len(pids), n)
+		}
+		waitUntil(t, 20*time.Second, "the jobs to exit", func() bool {
 			for _, pid := range pids {
 				if alive(pid) {
 					return false
