@@ -161,3 +161,13 @@ func BenchmarkClose_CPUWhileWaiting(b *testing.B) {
 	}
 	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "%core-in-close")
 }
+
+// BenchmarkTable: one read of the process table (the cost of every scan).
+func BenchmarkTable(b *testing.B) {
+	p := newLinuxPlatform()
+	for i := 0; i < b.N; i++ {
+		if p.table() == nil {
+			b.Fatal("no table")
+		}
+	}
+}

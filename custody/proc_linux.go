@@ -186,9 +186,15 @@ func readStat(pid int) (procInfo, bool) {
 // readStatBuf reads /proc/PID/stat into buf (no allocation when the path
 // and line fit) and parses it.
 func readStatBuf(pid int, buf []byte) (procInfo, bool) {
-	var path [32]byte
-	p := append(append(append(path[:0], "/proc/"...), strconv.Itoa(pid)...), "/stat"...)
-	fd, err := unix.Open(string(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	return readStatAt(unix.AT_FDCWD, "/proc/", pid, buf)
+}
+
+// readStatAt reads dir/PID/stat, dir relative to dirfd (a table opens
+// /proc once and reads every process relative to it).
+func readStatAt(dirfd int, dir string, pid int, buf []byte) (procInfo, bool) {
+	var path [40]byte
+	p := append(append(append(path[:0], dir...), strconv.Itoa(pid)...), "/stat"...)
+	fd, err := unix.Openat(dirfd, string(p), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return procInfo{}, false
 	}
@@ -252,8 +258,9 @@ func (p *linuxPlatform) table() *procTable {
 	if err != nil {
 		return nil
 	}
+	defer d.Close()
 	names, _ := d.Readdirnames(-1)
-	d.Close()
+	dirfd := int(d.Fd())
 	t := &procTable{plat: p, byStart: make([]procInfo, 0, len(names)), tick: tick}
 	live := make(map[ident]struct{}, len(names))
 	var buf [512]byte
@@ -262,7 +269,7 @@ func (p *linuxPlatform) table() *procTable {
 		if err != nil {
 			continue
 		}
-		if pi, ok := readStatBuf(pid, buf[:]); ok {
+		if pi, ok := readStatAt(dirfd, "", pid, buf[:]); ok {
 			t.byStart = append(t.byStart, pi)
 			live[ident{pi.pid, pi.start}] = struct{}{}
 		}

@@ -51,7 +51,9 @@ func FindOrphans() ([]Orphan, error) {
 		hm, ok := parseMarker(m)
 		switch {
 		case ok && v.dead(hm, pi.pid):
-		case dir != "": // in a dead host's cgroup, whatever it carries
+		case ok:
+			continue // its own marker's host runs, or cannot be checked
+		case dir != "": // no marker, in a dead host's cgroup
 			m = strings.TrimPrefix(filepath.Base(dir), cgroupPrefix)
 			hm, _ = parseMarker(m)
 		default:
