@@ -118,6 +118,9 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 		for id := range s.live {
 			byIdent[id] = s
 		}
+		for id := range s.zombies {
+			byIdent[id] = s // dead already: never adopted again
+		}
 		for pid, o := range s.groups {
 			// Of two leaders that held one pid, only the newer can lead a
 			// group that still has members.
@@ -286,12 +289,33 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 				s.markGone(o, now, true)
 			}
 		case p.state == 'Z':
-			s.markGone(o, now, false) // dead; its parent reaps it
+			// Dead; its parent reaps it, unless it dies first and the
+			// zombie is reparented to this host: kept apart until then.
+			s.markGone(o, now, false)
+			s.zombies[id] = o
 		}
 		if ok && (p.pgid == p.pid || p.sid == p.pid) {
 			if g := s.groups[id.pid]; g == nil || g.id.start < id.start {
 				s.groups[id.pid] = o // it made a group or session of its own
 			}
+		}
+	}
+	for id, o := range s.zombies {
+		var p procInfo
+		var ok bool
+		switch {
+		case t != nil:
+			p, ok = t.lookup(id)
+		case lookup != nil:
+			p, ok = lookup(id)
+		default:
+			continue
+		}
+		if !ok {
+			delete(s.zombies, id) // reaped by its parent
+		} else if p.state == 'Z' && p.ppid == self && s.c.plat.reap(id.pid) {
+			o.reaped = true
+			delete(s.zombies, id)
 		}
 	}
 	if t != nil {

@@ -107,7 +107,7 @@ func fakeTable(p *linuxPlatform, ps ...procInfo) *procTable {
 // read or touched.
 func fakeScope(c *Custodian, leader ident) *Scope {
 	s := &Scope{c: c, id: "fake", marker: "fake-marker", leader: leader, exited: make(chan struct{}),
-		procs: map[ident]*owned{}, live: map[ident]*owned{}, groups: map[int]*owned{}}
+		procs: map[ident]*owned{}, live: map[ident]*owned{}, groups: map[int]*owned{}, zombies: map[ident]*owned{}}
 	o := &owned{id: leader, found: FoundLeader}
 	s.procs[leader], s.live[leader], s.groups[leader.pid] = o, o, o
 	return s
@@ -614,4 +614,38 @@ func TestScope_ForgetsFinished(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGone(t, rec, pids...)
+}
+
+// A process custody saw die as the zombie of another parent, and which is
+// then reparented to the host (its parent exited first), is reaped, and not
+// adopted again as a new process (which would rewrite how it ended).
+func TestScope_DeadZombieNotAdoptedAgain(t *testing.T) {
+	c := fakeCustodian()
+	leader := ident{fakePid, 100}
+	s := fakeScope(c, leader)
+	p := c.plat.(*linuxPlatform)
+	lead := procInfo{pid: fakePid, ppid: os.Getpid(), pgid: fakePid, sid: fakePid, start: 100, state: 'S'}
+	x := procInfo{pid: fakePid + 1, ppid: fakePid, pgid: fakePid + 1, sid: fakePid + 1, start: 150, state: 'S'}
+	step := func(ps ...procInfo) {
+		tab := fakeTable(p, ps...)
+		c.assign(tab, []*Scope{s})
+		s.refresh(tab, nil, time.Now())
+	}
+	step(lead, x)
+	xid := ident{x.pid, x.start}
+	if s.procs[xid] == nil {
+		t.Fatal("the child was not assigned")
+	}
+	x.state = 'Z' // dead, its parent (the leader) has not reaped it
+	step(lead, x)
+	s.setPhase(3)
+	x.ppid = os.Getpid() // the leader exited: the zombie is the host's now
+	step(x)
+	o := s.procs[xid]
+	if o.ended != EndedSelf || o.found != FoundParent {
+		t.Fatalf("the dead child was adopted again: found %q, ended %q", o.found, o.ended)
+	}
+	if !o.reaped {
+		t.Error("the reparented zombie was not reaped")
+	}
 }
