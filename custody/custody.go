@@ -285,11 +285,11 @@ type Scope struct {
 
 	closeSem chan struct{} // one Close at a time
 	mu       sync.Mutex
-	procs    map[ident]*owned // everything ever owned: the receipt
-	live     map[ident]*owned // not gone yet
-	groups   map[int]*owned   // owned group and session leaders, by pid
-	zombies  map[ident]*owned // gone, but a zombie another parent has yet to reap
-	phase    int              // 0 running, 1 stdin closed, 2 TERM sent, 3 KILL sent, 4 done
+	procs    map[ident]*owned    // everything ever owned: the receipt
+	live     map[ident]*owned    // not gone yet
+	groups   map[int]*owned      // owned group and session leaders, by pid
+	dead     map[ident]deadEntry // gone, possibly still in a table (see refresh)
+	phase    int                 // 0 running, 1 stdin closed, 2 TERM sent, 3 KILL sent, 4 done
 	receipt  *Receipt
 	started  time.Time
 	closeT0  time.Time
@@ -374,7 +374,7 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 		procs:    map[ident]*owned{},
 		live:     map[ident]*owned{},
 		groups:   map[int]*owned{},
-		zombies:  map[ident]*owned{},
+		dead:     map[ident]deadEntry{},
 	}
 	s.marker = c.owner + "." + s.id
 	env := cmd.Env

@@ -80,6 +80,13 @@ func (c *Custodian) scan() {
 	}
 }
 
+// deadEntry is a process gone since at, kept until a table read after at
+// no longer has it.
+type deadEntry struct {
+	o  *owned
+	at time.Time
+}
+
 // groupRef is an owned process that leads a process group or session: the
 // group's id is its pid, and the group is the scope's only while that pid
 // cannot have been reused (see owns).
@@ -118,7 +125,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 		for id := range s.live {
 			byIdent[id] = s
 		}
-		for id := range s.zombies {
+		for id := range s.dead {
 			byIdent[id] = s // dead already: never adopted again
 		}
 		for pid, o := range s.groups {
@@ -289,10 +296,7 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 				s.markGone(o, now, true)
 			}
 		case p.state == 'Z':
-			// Dead; its parent reaps it, unless it dies first and the
-			// zombie is reparented to this host: kept apart until then.
-			s.markGone(o, now, false)
-			s.zombies[id] = o
+			s.markGone(o, now, false) // dead; its parent reaps it (see dead)
 		}
 		if ok && (p.pgid == p.pid || p.sid == p.pid) {
 			if g := s.groups[id.pid]; g == nil || g.id.start < id.start {
@@ -300,22 +304,34 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			}
 		}
 	}
-	for id, o := range s.zombies {
+	// A process gone may still be in a table: one read before it was
+	// reaped (a scan runs beside Close's own looks), or as a zombie its
+	// parent has yet to reap (and which is the host's to reap if its
+	// parent exits first). It is kept apart until a table read after it
+	// went no longer has it; only scans (one at a time) drop it.
+	for id, d := range s.dead {
 		var p procInfo
 		var ok bool
 		switch {
 		case t != nil:
+			if !t.at.After(d.at) {
+				continue // read before it went
+			}
 			p, ok = t.lookup(id)
+			if !ok {
+				delete(s.dead, id)
+				continue
+			}
 		case lookup != nil:
-			p, ok = lookup(id)
+			if p, ok = lookup(id); !ok {
+				continue
+			}
 		default:
+			delete(s.dead, id) // no tables here to meet it again
 			continue
 		}
-		if !ok {
-			delete(s.zombies, id) // reaped by its parent
-		} else if p.state == 'Z' && p.ppid == self && s.c.plat.reap(id.pid) {
-			o.reaped = true
-			delete(s.zombies, id)
+		if !d.o.reaped && p.state == 'Z' && p.ppid == self && s.c.plat.reap(id.pid) {
+			d.o.reaped = true
 		}
 	}
 	if t != nil {
@@ -333,6 +349,7 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 func (s *Scope) markGone(o *owned, at time.Time, reaped bool) {
 	o.gone, o.at, o.reaped = true, at, reaped
 	delete(s.live, o.id)
+	s.dead[o.id] = deadEntry{o, time.Now()}
 	switch s.phase {
 	case 0, 1:
 		o.ended = EndedSelf

@@ -95,7 +95,7 @@ func testInheritedJobs(t *testing.T, n int) {
 
 // fakeTable builds a process table from ps, in the given order.
 func fakeTable(p *linuxPlatform, ps ...procInfo) *procTable {
-	t := &procTable{plat: p, byStart: ps, byPid: map[int]int{}}
+	t := &procTable{plat: p, byStart: ps, byPid: map[int]int{}, at: time.Now()}
 	for i, pi := range ps {
 		t.byPid[pi.pid] = i
 	}
@@ -107,7 +107,7 @@ func fakeTable(p *linuxPlatform, ps ...procInfo) *procTable {
 // read or touched.
 func fakeScope(c *Custodian, leader ident) *Scope {
 	s := &Scope{c: c, id: "fake", marker: "fake-marker", leader: leader, exited: make(chan struct{}),
-		procs: map[ident]*owned{}, live: map[ident]*owned{}, groups: map[int]*owned{}, zombies: map[ident]*owned{}}
+		procs: map[ident]*owned{}, live: map[ident]*owned{}, groups: map[int]*owned{}, dead: map[ident]deadEntry{}}
 	o := &owned{id: leader, found: FoundLeader}
 	s.procs[leader], s.live[leader], s.groups[leader.pid] = o, o, o
 	return s
@@ -647,5 +647,33 @@ func TestScope_DeadZombieNotAdoptedAgain(t *testing.T) {
 	}
 	if !o.reaped {
 		t.Error("the reparented zombie was not reaped")
+	}
+}
+
+// A scan whose table was read before Close's own look found a process gone
+// (reaped) does not adopt it again from that stale table.
+func TestAssign_StaleTableAfterGone(t *testing.T) {
+	c := fakeCustodian()
+	leader := ident{fakePid, 100}
+	s := fakeScope(c, leader)
+	p := c.plat.(*linuxPlatform)
+	lead := procInfo{pid: fakePid, ppid: os.Getpid(), pgid: fakePid, sid: fakePid, start: 100, state: 'S'}
+	x := procInfo{pid: fakePid + 1, ppid: fakePid, pgid: fakePid, sid: fakePid, start: 150, state: 'S'}
+	tab := fakeTable(p, lead, x)
+	c.assign(tab, []*Scope{s})
+	s.refresh(tab, nil, time.Now())
+	xid := ident{x.pid, x.start}
+	if s.live[xid] == nil {
+		t.Fatal("the child was not assigned")
+	}
+	stale := fakeTable(p, lead, x)       // the discovery loop reads its table...
+	s.refresh(nil, p.lookup, time.Now()) // ...Close's own look finds the child gone...
+	if s.live[xid] != nil {
+		t.Fatal("the child is not gone (its pid is fake: a lookup cannot find it)")
+	}
+	s.setPhase(3)
+	c.assign(stale, []*Scope{s}) // ...and the loop assigns from its table
+	if o := s.procs[xid]; o.found != FoundGroup || o.ended != EndedSelf || s.live[xid] != nil {
+		t.Fatalf("adopted again from a stale table: found %q, ended %q", o.found, o.ended)
 	}
 }

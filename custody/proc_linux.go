@@ -41,6 +41,7 @@ type procTable struct {
 	// tick is the boot-time clock, in the ticks of a stat start time, read
 	// before the table: every process in it was alive at tick or later.
 	tick   uint64
+	at     time.Time        // when the read began
 	groups map[int]struct{} // every pgid and sid in the table, built on demand
 }
 
@@ -253,7 +254,7 @@ func (p *linuxPlatform) startTime(pid int) uint64 {
 }
 
 func (p *linuxPlatform) table() *procTable {
-	tick := bootTicks()
+	at, tick := time.Now(), bootTicks()
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
@@ -261,7 +262,7 @@ func (p *linuxPlatform) table() *procTable {
 	defer d.Close()
 	names, _ := d.Readdirnames(-1)
 	dirfd := int(d.Fd())
-	t := &procTable{plat: p, byStart: make([]procInfo, 0, len(names)), tick: tick}
+	t := &procTable{plat: p, byStart: make([]procInfo, 0, len(names)), tick: tick, at: at}
 	live := make(map[ident]struct{}, len(names))
 	var buf [512]byte
 	for _, n := range names {

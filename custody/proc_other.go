@@ -23,6 +23,7 @@ type procTable struct {
 	byStart []procInfo
 	byPid   map[int]int
 	tick    uint64
+	at      time.Time
 }
 
 func (t *procTable) lookup(ident) (procInfo, bool) { return procInfo{}, false }
