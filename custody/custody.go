@@ -631,7 +631,8 @@ type platform interface {
 	// cgroupOf is the cgroup v2 path of a process ("" if unknown).
 	cgroupOf(pid int) string
 	exitWaiter() exitWaiter
-	reap(pid int) bool
+	// reap collects a zombie child by identity; true once it is gone.
+	reap(id ident) bool
 	signal(id ident, sig sysSignal) (reused bool)
 	signalGroup(leader ident, sig sysSignal)
 	newCgroup(id string, cmd *exec.Cmd) *cgroup

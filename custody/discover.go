@@ -203,7 +203,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 	for _, i := range pending {
 		p := t.byStart[i]
 		if p.state == 'Z' && p.ppid == self && !hostChildren.leaders[p.pid] && p.sid != hostSid {
-			c.plat.reap(p.pid)
+			c.plat.reap(ident{p.pid, p.start})
 		}
 	}
 }
@@ -292,7 +292,7 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 		case !ok:
 			s.markGone(o, now, false)
 		case p.state == 'Z' && p.ppid == self:
-			if s.c.plat.reap(id.pid) {
+			if s.c.plat.reap(id) {
 				s.markGone(o, now, true)
 			}
 		case p.state == 'Z':
@@ -330,7 +330,7 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			delete(s.dead, id) // no tables here to meet it again
 			continue
 		}
-		if !d.o.reaped && p.state == 'Z' && p.ppid == self && s.c.plat.reap(id.pid) {
+		if !d.o.reaped && p.state == 'Z' && p.ppid == self && s.c.plat.reap(id) {
 			d.o.reaped = true
 		}
 	}

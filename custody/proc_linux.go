@@ -336,12 +336,26 @@ func (p *linuxPlatform) state(id ident) (alive, zombie bool, ppid int) {
 	return true, false, pi.ppid
 }
 
-// reap collects one zombie child by pid, never with -1, so exec.Cmd.Wait
-// keeps the statuses of the processes it started.
-func (p *linuxPlatform) reap(pid int) bool {
-	var ws unix.WaitStatus
-	wpid, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-	return wpid == pid || errors.Is(err, unix.ECHILD)
+// reap collects one zombie child by identity, never with -1: through a
+// pidfd opened before its start time is checked, so neither a child that
+// exec.Cmd waits for nor a process that took the pid loses its exit
+// status. It reports whether the process is gone (collected, or already).
+func (p *linuxPlatform) reap(id ident) bool {
+	fd, err := unix.PidfdOpen(id.pid, 0)
+	if err != nil {
+		return true // no such process
+	}
+	defer unix.Close(fd)
+	if pi, ok := readStat(id.pid); !ok || pi.start != id.start {
+		return true // the pid names another process now
+	}
+	var info unix.Siginfo
+	err = unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOHANG, nil)
+	if errors.Is(err, unix.ECHILD) {
+		return true // collected by another waiter
+	}
+	// With WNOHANG and nothing to collect, Linux returns a zeroed siginfo.
+	return err == nil && info.Signo == int32(unix.SIGCHLD)
 }
 
 // signal sends sig to id through a pidfd opened before the identity check,

@@ -54,7 +54,7 @@ func (p *otherPlatform) ticks() uint64                       { return 0 }
 func (p *otherPlatform) lookup(ident) (procInfo, bool)       { return procInfo{}, false }
 func (p *otherPlatform) cgroupOf(int) string                 { return "" }
 func (p *otherPlatform) exitWaiter() exitWaiter              { return sleepWaiter{} }
-func (p *otherPlatform) reap(int) bool                       { return false }
+func (p *otherPlatform) reap(ident) bool                     { return false }
 func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {

@@ -240,7 +240,7 @@ func KillOrphans(ctx context.Context, orphans []Orphan, grace time.Duration) ([]
 	alive := func() []Orphan {
 		var left []Orphan
 		for _, o := range orphans {
-			if a, z, ppid := p.state(ident{o.PID, o.start}); a || (z && ppid == p.self && !p.reap(o.PID)) {
+			if a, z, ppid := p.state(ident{o.PID, o.start}); a || (z && ppid == p.self && !p.reap(ident{o.PID, o.start})) {
 				left = append(left, o)
 			}
 		}
