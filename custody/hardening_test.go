@@ -41,9 +41,11 @@ func bothPaths(t *testing.T, f func(t *testing.T, opts Options)) {
 }
 
 // Issue 12 item 1: background jobs in the style of pi's bash tool (a
-// setsid'd shell starting a job and exiting) are reparented to the host
-// and exit there. Each is reaped (no zombie left) and on the receipt; 20
-// jobs, and a burst of 200.
+// setsid'd shell starting a job and exiting) are reparented to the host and
+// die there, mostly never seen alive (discovery scans only when Close
+// looks). Each is reaped (no zombie left) and on the receipt; 20 jobs, and a
+// burst of 200. The jobs wait to be killed, so that none ends before its
+// shell (which could reap it unseen).
 func TestScope_InheritedJobsReapedAndOnReceipt(t *testing.T) {
 	for _, n := range []int{20, 200} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) { testInheritedJobs(t, n) })
@@ -52,8 +54,9 @@ func TestScope_InheritedJobsReapedAndOnReceipt(t *testing.T) {
 
 func testInheritedJobs(t *testing.T, n int) {
 	bothPaths(t, func(t *testing.T, opts Options) {
+		opts.ScanInterval = time.Hour
 		c := newCustodian(t, opts)
-		script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do setsid /bin/sh -c '/bin/sleep 0.05 & echo $!'; i=$((i+1)); done; echo end; exec cat`, n)
+		script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do setsid /bin/sh -c '/bin/sleep 3018 & echo $!'; i=$((i+1)); done; echo end; exec cat`, n)
 		s, err := c.Start(ctxFor(t, 10*time.Second), exec.Command("/bin/sh", "-c", script))
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +80,12 @@ func testInheritedJobs(t *testing.T, n int) {
 		if len(pids) != n {
 			t.Fatalf("%d pids, want %d", len(pids), n)
 		}
-		waitUntil(t, 20*time.Second, "the jobs to exit", func() bool {
+		// Every shell has exited (the loop waited for each): the jobs are
+		// the host's children now.
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		waitUntil(t, 20*time.Second, "the jobs to die", func() bool {
 			for _, pid := range pids {
 				if alive(pid) {
 					return false
@@ -591,13 +599,16 @@ func TestReap_CgroupOfDeadHost(t *testing.T) {
 // on the receipt), so discovery and Close look only at the live ones.
 func TestScope_ForgetsFinished(t *testing.T) {
 	c := newCustodian(t, Options{NoCgroup: true, ScanInterval: time.Hour})
-	s, pids, r := startSh(t, c, `p=""; i=0; while [ $i -lt 50 ]; do /bin/sleep 0.3 & p="$p $!"; i=$((i+1)); done; echo $p; wait; echo done; exec cat`)
+	s, pids, r := startSh(t, c, `p=""; i=0; while [ $i -lt 50 ]; do /bin/sleep 3017 & p="$p $!"; i=$((i+1)); done; echo $p; wait; echo done; exec cat`)
 	c.scan() // sees all 50 alive
 	s.mu.Lock()
 	live := len(s.live)
 	s.mu.Unlock()
 	if live != 51 {
 		t.Fatalf("%d live processes, want the leader and 50 sleeps", live)
+	}
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL) // the shell reaps them
 	}
 	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "done" {
 		t.Fatalf("waiting for the sleeps: %q %v", line, err)
