@@ -381,15 +381,15 @@ func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
 		if left <= 0 {
 			return nil
 		}
-		exited := w.wait(s.liveIdents(), min(backoff, left))
+		exited, pending := w.wait(s.liveIdents(), min(backoff, left))
 		if exited {
-			backoff = closePollMin // look again soon
+			backoff = closePollMin // more may follow: look again soon
 		} else {
 			backoff = min(2*backoff, closePollMax)
 		}
 		if now := time.Now(); now.Sub(time.Unix(0, s.c.lastScan.Load())) >= closeScanEvery {
 			s.c.scan()
-		} else if exited {
+		} else if exited || pending {
 			s.refresh(nil, s.c.plat.lookup, now)
 		}
 	}
@@ -424,8 +424,9 @@ func (s *Scope) aliveList() string {
 
 // exitWaiter waits for any of a set of processes to exit.
 type exitWaiter interface {
-	// wait blocks up to d, or until one of ids has exited. It reports
-	// whether one of ids may have exited (then they are worth a look).
-	wait(ids []ident, d time.Duration) bool
+	// wait blocks up to d, or until one of ids exits. exited: one did
+	// (or may have) just now; pending: one exited earlier and is still
+	// among ids (not yet seen gone). Either makes ids worth a look.
+	wait(ids []ident, d time.Duration) (exited, pending bool)
 	close()
 }

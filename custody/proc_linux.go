@@ -545,7 +545,7 @@ type pidfdWaiter struct {
 	done map[ident]bool // seen exiting: not polled again
 }
 
-func (w *pidfdWaiter) wait(ids []ident, d time.Duration) bool {
+func (w *pidfdWaiter) wait(ids []ident, d time.Duration) (exited, pending bool) {
 	want := make(map[ident]bool, len(ids))
 	for _, id := range ids {
 		want[id] = true
@@ -558,7 +558,6 @@ func (w *pidfdWaiter) wait(ids []ident, d time.Duration) bool {
 	}
 	pfds := make([]unix.PollFd, 0, len(ids))
 	order := make([]ident, 0, len(ids))
-	exited, pending := false, false
 	for _, id := range ids {
 		if w.done[id] {
 			pending = true // exited, not yet seen gone (reaped)
@@ -584,22 +583,22 @@ func (w *pidfdWaiter) wait(ids []ident, d time.Duration) bool {
 		order = append(order, id)
 	}
 	if exited {
-		return true
+		return true, pending
 	}
 	if len(pfds) == 0 {
 		time.Sleep(d)
-		return pending
+		return false, pending
 	}
 	n, err := unix.Poll(pfds, max(int(d/time.Millisecond), 1))
 	if err != nil || n <= 0 {
-		return pending
+		return false, pending
 	}
 	for i, pf := range pfds {
 		if pf.Revents != 0 {
 			w.done[order[i]] = true
 		}
 	}
-	return true
+	return true, pending
 }
 
 func (w *pidfdWaiter) close() {

@@ -70,5 +70,8 @@ func (p *otherPlatform) signalGroup(leader ident, sig sysSignal) { signalGroupOt
 // and cannot tell.
 type sleepWaiter struct{}
 
-func (sleepWaiter) wait(_ []ident, d time.Duration) bool { time.Sleep(d); return true }
-func (sleepWaiter) close()                               {}
+func (sleepWaiter) wait(_ []ident, d time.Duration) (exited, pending bool) {
+	time.Sleep(d)
+	return false, true
+}
+func (sleepWaiter) close() {}
