@@ -1,18 +1,20 @@
 // Package custody starts agent processes and owns everything they start:
 // each command runs in a scope whose descendants are found (by parent walk,
-// process group and session, and an environment marker), identified by pid
-// and start time, signalled only after that identity is re-checked, and
-// confirmed gone and reaped before Close returns a receipt.
+// process group and session, an environment marker, and the cgroup), each
+// identified by pid and start time, signalled only after that identity is
+// re-checked, and confirmed gone and reaped before Close returns a receipt.
 //
 // On Linux the host becomes a child subreaper, so orphaned descendants are
-// reparented to it and reaped by it, and a cgroup v2 child group is used when
-// the host may create one. On other platforms only the process group is
+// reparented to it and reaped by it (every child it inherits, attributed to
+// its scope where possible), and a cgroup v2 child group is used when the
+// host may create one. On other platforms only the process group is
 // signalled and no descendant is discovered; see the README's platform notes.
 //
 // This is ownership tracking of discoverable processes, not a sandbox: a
-// descendant that clears its environment, leaves the session, and is
-// reparented outside the host before it is first seen can escape (the cgroup
-// closes that gap where it is available).
+// descendant with no readable marker (a cleared environment, or a
+// non-dumpable process when the host is not root) that leaves the session
+// and is reparented before it is first seen is found only by the cgroup, or
+// when it is reparented to the host while its scope is the only one open.
 package custody
 
 import (
@@ -28,13 +30,16 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/internal/procio"
 )
 
 // MarkerEnv is the environment variable stamped into every scope's command.
-// Its value is "<host pid>.<host start time>.<scope id>".
+// Its value is "<host pid namespace>.<host pid>.<host start time>.<scope
+// id>": the namespace (the inode of the host's /proc/self/ns/pid) tells
+// which pid namespace the host's pid is counted in.
 const MarkerEnv = "AGENTHOST_SCOPE"
 
 // Defaults for Options.
@@ -98,15 +103,23 @@ func (o *Options) fill() {
 type Custodian struct {
 	opts   Options
 	log    *slog.Logger
-	owner  string // "<pid>.<start>" of this host
+	owner  string // "<pid namespace>.<pid>.<start>" of this host
 	plat   platform
 	scanMu sync.Mutex // one scan at a time
-	mu     sync.Mutex
-	scopes map[*Scope]struct{}
-	closed bool
-	kick   chan struct{}
-	quit   chan struct{}
-	wg     sync.WaitGroup
+	// lastScan is when the latest scan read the table (UnixNano).
+	lastScan atomic.Int64
+	mu       sync.Mutex
+	scopes   map[*Scope]struct{} // open: not closed with success yet
+	closed   bool
+	kick     chan struct{}
+	quit     chan struct{}
+	stop     sync.Once
+	loopWG   sync.WaitGroup // the discovery loop
+	// starting counts Starts past the closed check; Close waits for them
+	// so their scopes are closed with the rest. Added to under mu while
+	// !closed only.
+	starting sync.WaitGroup
+	wg       sync.WaitGroup // leader waiters
 }
 
 // New makes the host a child subreaper (Linux) and starts discovery.
@@ -125,35 +138,41 @@ func New(opts Options) (*Custodian, error) {
 	}
 	c.plat = plat
 	c.owner = plat.ownerID()
-	c.wg.Add(1)
+	c.loopWG.Add(1)
 	go c.discoverLoop()
 	return c, nil
 }
 
-// Close stops discovery. Scopes still open are closed first (with a
-// bounded context); their errors are joined.
+// Close closes every scope still open (each with a bounded context) and
+// stops discovery; Start fails with ErrClosed from the first call on, and a
+// Start already under way has its scope closed with the rest. Errors are
+// joined; then the scopes that failed stay open and a later Close retries
+// them, so Close never reports nil while an owned process may run.
 func (c *Custodian) Close() error {
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
 	c.closed = true
-	var open []*Scope
+	c.mu.Unlock()
+	c.starting.Wait()
+	c.mu.Lock()
+	open := make([]*Scope, 0, len(c.scopes))
 	for s := range c.scopes {
 		open = append(open, s)
 	}
 	c.mu.Unlock()
 	var errs []error
 	for _, s := range open {
-		ctx, cancel := context.WithTimeout(context.Background(), c.opts.Grace+c.opts.TermGrace+c.opts.Confirm+time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.Grace+c.opts.TermGrace+2*c.opts.Confirm+time.Second)
 		_, err := s.Close(ctx)
 		cancel()
 		errs = append(errs, err)
 	}
-	close(c.quit)
-	c.wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c.stop.Do(func() { close(c.quit) })
+	c.loopWG.Wait()
+	c.wg.Wait() // every leader has exited: each scope's Close saw it
+	return nil
 }
 
 // Containment says how a scope's processes were contained.
@@ -177,6 +196,10 @@ const (
 	FoundGroup  Found = "group"  // in the leader's process group or session
 	FoundMarker Found = "marker" // carries the scope's environment marker
 	FoundCgroup Found = "cgroup" // listed in the scope's cgroup
+	// FoundInherited: the host's child by inheritance (an orphan reparented
+	// to it), in a session of its own, that only this scope could have
+	// started (the only scope open when it was born).
+	FoundInherited Found = "inherited"
 )
 
 // Ended says how an owned process ended.
@@ -232,13 +255,14 @@ type ident struct {
 }
 
 type owned struct {
-	id      ident
-	cmdline string
-	found   Found
-	ended   Ended
-	at      time.Time
-	reaped  bool
-	gone    bool
+	id       ident
+	cmdline  string
+	found    Found
+	ended    Ended
+	at       time.Time
+	reaped   bool
+	gone     bool
+	lastSeen uint64 // the latest table tick it was seen in
 }
 
 // Scope is one started command and everything it starts.
@@ -261,8 +285,11 @@ type Scope struct {
 
 	closeSem chan struct{} // one Close at a time
 	mu       sync.Mutex
-	procs    map[ident]*owned
-	phase    int // 0 running, 1 stdin closed, 2 TERM sent, 3 KILL sent, 4 done
+	procs    map[ident]*owned    // everything ever owned: the receipt
+	live     map[ident]*owned    // not gone yet
+	groups   map[int]*owned      // owned group and session leaders, by pid
+	dead     map[ident]deadEntry // gone, possibly still in a table (see refresh)
+	phase    int                 // 0 running, 1 stdin closed, 2 TERM sent, 3 KILL sent, 4 done
 	receipt  *Receipt
 	started  time.Time
 	closeT0  time.Time
@@ -332,7 +359,9 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
+	c.starting.Add(1)
 	c.mu.Unlock()
+	defer c.starting.Done()
 
 	var rb [8]byte
 	_, _ = rand.Read(rb[:])
@@ -343,6 +372,9 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 		exited:   make(chan struct{}),
 		closeSem: make(chan struct{}, 1),
 		procs:    map[ident]*owned{},
+		live:     map[ident]*owned{},
+		groups:   map[int]*owned{},
+		dead:     map[ident]deadEntry{},
 	}
 	s.marker = c.owner + "." + s.id
 	env := cmd.Env
@@ -352,30 +384,46 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	cmd.Env = append(stripMarker(env), MarkerEnv+"="+s.marker)
 	c.plat.prepare(cmd)
 	if !c.opts.NoCgroup {
-		s.cg = c.plat.newCgroup(s.id, cmd)
+		s.cg = c.plat.newCgroup(s.marker, cmd)
 	}
 
+	// The leader is registered before any scan can see it as the host's
+	// child: its exit status is cmd.Wait's alone.
+	hostChildren.mu.Lock()
 	pipes, err := procio.Start(cmd)
 	if err != nil {
-		s.cg.remove()
+		hostChildren.mu.Unlock()
+		_ = s.cg.remove()
 		return nil, fmt.Errorf("custody: start %s: %w", cmd.Path, err)
 	}
+	pid := cmd.Process.Pid
+	hostChildren.leaders[pid] = true
+	s.leader = ident{pid: pid, start: c.plat.startTime(pid)}
+	hostChildren.scopes[s] = struct{}{}
+	hostChildren.mu.Unlock()
 	s.cg.started()
 	s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
 	s.started = time.Now()
-	pid := cmd.Process.Pid
-	s.leader = ident{pid: pid, start: c.plat.startTime(pid)}
-	s.procs[s.leader] = &owned{id: s.leader, cmdline: strings.Join(cmd.Args, " "), found: FoundLeader}
+	// Until cmd.Wait reaps it the leader holds its pid, so its group and
+	// session are its own at least until now.
+	lo := &owned{id: s.leader, cmdline: strings.Join(cmd.Args, " "), found: FoundLeader, lastSeen: c.plat.ticks()}
+	s.procs[s.leader], s.live[s.leader], s.groups[pid] = lo, lo, lo
 
+	// Registered even if Close began meanwhile: Close waits for this
+	// Start and then closes the scope with the rest.
 	c.mu.Lock()
 	c.scopes[s] = struct{}{}
+	c.wg.Add(1)
 	c.mu.Unlock()
 	// cmd.Wait is the only waiter for the leader; custody reaps only
 	// other processes, by pid, so it never takes this exit status.
-	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		s.exitErr = cmd.Wait()
+		err := cmd.Wait()
+		hostChildren.mu.Lock()
+		delete(hostChildren.leaders, pid)
+		hostChildren.mu.Unlock()
+		s.exitErr = err
 		s.exitedAt = time.Now()
 		close(s.exited)
 		c.poke()
@@ -392,169 +440,6 @@ func stripMarker(env []string) []string {
 		}
 	}
 	return out
-}
-
-func (c *Custodian) poke() {
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
-}
-
-// discoverLoop scans for descendants while scopes are open.
-func (c *Custodian) discoverLoop() {
-	defer c.wg.Done()
-	t := time.NewTicker(c.opts.ScanInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.quit:
-			return
-		case <-t.C:
-		case <-c.kick:
-		}
-		c.scan()
-	}
-}
-
-// scan reads the process table once and updates every open scope: new
-// descendants are assigned in one pass over the table (oldest first, so a
-// parent is always assigned before its children), then each scope's owned
-// processes are checked against the same table.
-func (c *Custodian) scan() {
-	c.scanMu.Lock()
-	defer c.scanMu.Unlock()
-	c.mu.Lock()
-	scopes := make([]*Scope, 0, len(c.scopes))
-	for s := range c.scopes {
-		scopes = append(scopes, s)
-	}
-	c.mu.Unlock()
-	if len(scopes) == 0 {
-		return
-	}
-	t := c.plat.table()
-	now := time.Now()
-	if t != nil {
-		c.assign(t, scopes)
-	}
-	for _, s := range scopes {
-		s.refresh(t, now)
-	}
-}
-
-// assign takes every process not yet owned into the scope it belongs to.
-func (c *Custodian) assign(t *procTable, scopes []*Scope) {
-	byLeader := map[int]*Scope{}
-	byMarker := map[string]*Scope{}
-	owner := map[int]*Scope{} // pid of an owned, live process -> scope
-	known := map[ident]bool{}
-	var members map[int]*Scope
-	for _, s := range scopes {
-		s.mu.Lock()
-		byLeader[s.leader.pid] = s
-		byMarker[s.marker] = s
-		for id, o := range s.procs {
-			known[id] = true
-			if !o.gone {
-				owner[id.pid] = s
-			}
-		}
-		// cgroup.procs is read only while a scope closes: its members are
-		// found by the other means meanwhile, and the read is not free.
-		if s.phase > 0 {
-			for pid := range s.cg.members() {
-				if members == nil {
-					members = map[int]*Scope{}
-				}
-				members[pid] = s
-			}
-		}
-		s.mu.Unlock()
-	}
-	self := c.plat.selfPid()
-	for _, p := range t.byStart {
-		id := ident{p.pid, p.start}
-		if known[id] || p.pid == self {
-			continue
-		}
-		var s *Scope
-		var found Found
-		switch {
-		case byLeader[p.pgid] != nil:
-			s, found = byLeader[p.pgid], FoundGroup
-		case byLeader[p.sid] != nil:
-			s, found = byLeader[p.sid], FoundGroup
-		case owner[p.ppid] != nil:
-			s, found = owner[p.ppid], FoundParent
-		case members[p.pid] != nil:
-			s, found = members[p.pid], FoundCgroup
-		default:
-			if m := t.marker(p); m != "" {
-				if s = byMarker[m]; s != nil {
-					found = FoundMarker
-				}
-			}
-		}
-		if s == nil {
-			continue
-		}
-		if found == FoundGroup && s.leader.pid == p.pid && s.leader.start != p.start {
-			continue // a new process reusing an old leader's pid
-		}
-		s.mu.Lock()
-		s.procs[id] = &owned{id: id, cmdline: t.cmdline(p), found: found}
-		s.mu.Unlock()
-		owner[p.pid] = s
-		known[id] = true
-	}
-}
-
-// refresh marks owned processes gone, reaping those that are this host's
-// zombie children. t may be nil (no /proc): then only the leader's exit is
-// seen.
-func (s *Scope) refresh(t *procTable, now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, o := range s.procs {
-		if o.gone {
-			continue
-		}
-		if id == s.leader {
-			select {
-			case <-s.exited:
-				s.markGone(o, now, true)
-			default:
-			}
-			continue
-		}
-		if t == nil {
-			continue
-		}
-		p, ok := t.lookup(id)
-		switch {
-		case !ok:
-			s.markGone(o, now, false)
-		case p.state == 'Z' && p.ppid == s.c.plat.selfPid():
-			if s.c.plat.reap(id.pid) {
-				s.markGone(o, now, true)
-			}
-		case p.state == 'Z':
-			s.markGone(o, now, false) // dead; its parent reaps it
-		}
-	}
-}
-
-func (s *Scope) markGone(o *owned, at time.Time, reaped bool) {
-	o.gone, o.at, o.reaped = true, at, reaped
-	switch s.phase {
-	case 0, 1:
-		o.ended = EndedSelf
-	case 2:
-		o.ended = EndedTerm
-	default:
-		o.ended = EndedKill
-	}
 }
 
 // Close ends the scope: stdin closed, Grace for the leader to exit, SIGTERM
@@ -609,7 +494,9 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		}
 	}
 	if s.getPhase() < 3 {
-		c.scan()
+		if !s.allGone() {
+			c.scan() // everything alive now is killed; newborns meet the last look
+		}
 		s.setPhase(3)
 		if !s.allGone() {
 			s.cg.kill()
@@ -633,17 +520,36 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("custody: close: waiting for the leader's exit status: %w", ctx.Err())
 	}
-	c.scan() // a last look for anything born at the very end
-	if !s.allGone() {
+	// The last look, for anything born at the very end: what it finds is
+	// killed and waited for, and the look repeated; where there is a
+	// cgroup, its removal proves it empty.
+	for look := 0; ; look++ {
+		if testHookLastLook != nil {
+			testHookLastLook(s)
+		}
+		c.scan()
+		if s.allGone() && s.cg.remove() == nil {
+			break
+		}
+		if look == lastLooks {
+			alive := s.aliveList()
+			if alive == "" {
+				alive = "the cgroup is not empty"
+			}
+			return nil, fmt.Errorf("%w: %s", ErrNotConfirmed, alive)
+		}
+		s.cg.kill()
 		s.signalAll(sigKill)
 		if err := s.waitAllGone(ctx, opts.Confirm); err != nil {
 			return nil, err
 		}
 	}
-	s.cg.remove()
 	c.mu.Lock()
 	delete(c.scopes, s)
 	c.mu.Unlock()
+	hostChildren.mu.Lock()
+	delete(hostChildren.scopes, s)
+	hostChildren.mu.Unlock()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -686,79 +592,29 @@ func (s *Scope) waitLeader(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// waitAllGone rescans every few milliseconds until every owned process is
-// gone or d passes; ctx ending is an error. Exits have no event that covers
-// non-children, hence the bounded poll.
-func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	exited := s.exited
-	for {
-		s.c.scan()
-		if s.allGone() {
-			return nil
-		}
-		select {
-		case <-exited:
-			exited = nil // seen once; a closed channel would spin
-		case <-tick.C:
-		case <-deadline.C:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("custody: close: %w", ctx.Err())
-		}
-	}
-}
-
-func (s *Scope) allGone() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, o := range s.procs {
-		if !o.gone {
-			return false
-		}
-	}
-	return true
-}
-
-func (s *Scope) aliveList() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var parts []string
-	for _, o := range s.procs {
-		if !o.gone {
-			parts = append(parts, fmt.Sprintf("pid %d (%s)", o.id.pid, trimCmd(o.cmdline)))
-		}
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
-}
-
 // signalAll signals the leader's group and every owned process still
 // alive, each after re-checking its identity; one whose pid now names
 // another process is recorded as already gone and left alone.
 func (s *Scope) signalAll(sig sysSignal) {
-	s.mu.Lock()
-	var targets []ident
-	for id, o := range s.procs {
-		if !o.gone {
-			targets = append(targets, id)
-		}
-	}
-	s.mu.Unlock()
+	targets := s.liveIdents()
 	s.c.plat.signalGroup(s.leader, sig)
 	for _, id := range targets {
 		if s.c.plat.signal(id, sig) {
 			s.mu.Lock()
-			if o := s.procs[id]; o != nil && !o.gone {
+			if o := s.live[id]; o != nil {
 				o.gone, o.at, o.ended = true, time.Now(), EndedAlreadyGone
+				delete(s.live, id)
 			}
 			s.mu.Unlock()
 		}
 	}
 }
+
+// lastLooks bounds how often Close's last look may find something new.
+const lastLooks = 2
+
+// testHookLastLook runs right before Close's last look (tests only).
+var testHookLastLook func(*Scope)
 
 // platform is what custody needs from the operating system.
 type platform interface {
@@ -767,8 +623,16 @@ type platform interface {
 	containment(cgroup bool) Containment
 	prepare(cmd *exec.Cmd)
 	startTime(pid int) uint64
+	hostSession() int
+	ticks() uint64 // the clock of stat start times, now
 	table() *procTable
-	reap(pid int) bool
+	// lookup reads one process by identity (false: gone, or no /proc).
+	lookup(id ident) (procInfo, bool)
+	// cgroupOf is the cgroup v2 path of a process ("" if unknown).
+	cgroupOf(pid int) string
+	exitWaiter() exitWaiter
+	// reap collects a zombie child by identity; true once it is gone.
+	reap(id ident) bool
 	signal(id ident, sig sysSignal) (reused bool)
 	signalGroup(leader ident, sig sysSignal)
 	newCgroup(id string, cmd *exec.Cmd) *cgroup

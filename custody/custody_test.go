@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,31 +19,79 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 const helperEnv = "AGENTHOST_CUSTODY_HELPER"
 
-// TestMain lets the test binary play a crashing host: it starts a scope
-// whose command leaves a child behind, prints the child's pid, and waits to
-// be killed.
+// TestMain lets the test binary play a host (see runHelper) when
+// helperEnv names a role.
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "host" {
-		signal.Ignore(syscall.SIGTERM)
-		c, err := New(Options{})
-		if err != nil {
-			fmt.Println("error", err)
-			os.Exit(1)
-		}
-		s, err := c.Start(context.Background(), exec.Command("/bin/sh", "-c", "/bin/sleep 3001 & echo $!; exec cat"))
-		if err != nil {
-			fmt.Println("error", err)
-			os.Exit(1)
-		}
-		line, _ := bufio.NewReader(s.Stdout()).ReadString('\n')
-		fmt.Print(line)
-		time.Sleep(time.Hour) // killed by the test
+	if role := os.Getenv(helperEnv); role != "" {
+		runHelper(role)
+		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
+}
+
+// runHelper plays a host:
+//   - "host": starts a scope whose command leaves a child behind (the
+//     script in AGENTHOST_CUSTODY_SCRIPT, or a /bin/sleep), prints the
+//     child's pid and the scope's marker, and waits to be killed;
+//   - "ns-host": the same as the init of a new pid namespace, with its own
+//     /proc;
+//   - "agent-host": runs ssh-agent the way a shell tool does, prints the
+//     agent's pid, closes the scope and prints the outcome.
+func runHelper(role string) {
+	fail := func(err error) {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	signal.Ignore(syscall.SIGTERM)
+	if role == "ns-host" {
+		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			fail(err)
+		}
+		if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
+			fail(err)
+		}
+	}
+	c, err := New(Options{NoCgroup: role == "ns-host"})
+	if err != nil {
+		fail(err)
+	}
+	script := os.Getenv("AGENTHOST_CUSTODY_SCRIPT")
+	if script == "" {
+		script = "/bin/sleep 3001 & echo $!; exec cat"
+	}
+	if role == "agent-host" {
+		script = `eval "$(ssh-agent -s)" >/dev/null; echo $SSH_AGENT_PID; exec cat`
+	}
+	s, err := c.Start(context.Background(), exec.Command("/bin/sh", "-c", script))
+	if err != nil {
+		fail(err)
+	}
+	line, _ := bufio.NewReader(s.Stdout()).ReadString('\n')
+	if role != "agent-host" {
+		fmt.Println(strings.TrimSpace(line), s.Marker())
+		time.Sleep(time.Hour) // killed by the test
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(line))
+	_, err = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	fmt.Println(pid, "environ-readable="+strconv.FormatBool(err == nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := s.Close(ctx)
+	onReceipt := false
+	if r != nil {
+		for _, e := range r.Processes {
+			onReceipt = onReceipt || e.PID == pid
+		}
+	}
+	fmt.Printf("closed err=%v onreceipt=%v\n", err, onReceipt)
+	if err := c.Close(); err != nil {
+		fail(err)
+	}
 }
 
 func newCustodian(t *testing.T, opts Options) *Custodian {
@@ -341,7 +390,7 @@ func TestReap_AfterHostKilled(t *testing.T) {
 	if err != nil {
 		t.Fatalf("host: %v", err)
 	}
-	child, err := strconv.Atoi(strings.TrimSpace(line))
+	child, err := strconv.Atoi(strings.Fields(line + " x")[0])
 	if err != nil {
 		t.Fatalf("host said %q", line)
 	}
@@ -385,6 +434,14 @@ func TestReap_AfterHostKilled(t *testing.T) {
 	}
 	if alive(child) {
 		t.Fatal("orphan still running")
+	}
+	// Its host's cgroup directory (where there was one) is gone too.
+	if root, _ := probeCgroup(); root != "" {
+		f := strings.Fields(line)
+		scopeID := f[len(f)-1][strings.LastIndexByte(f[len(f)-1], '.')+1:]
+		if m, _ := filepath.Glob(filepath.Join(root, cgroupPrefix+"*"+scopeID)); len(m) != 0 {
+			t.Fatalf("the dead host's cgroup directory is left: %v", m)
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ type Orphan struct {
 	Cmdline string `json:"cmdline"`
 	Marker  string `json:"marker"`
 	// Host is the pid the owning host had.
-	Host  int    `json:"host"`
-	start uint64 // with PID, the identity checked before a signal (Linux)
+	Host int `json:"host"`
+	// Cgroup is the dead host's cgroup directory it was found in, if any.
+	Cgroup string `json:"cgroup,omitempty"`
+	start  uint64 // with PID, the identity checked before a signal (Linux)
 }

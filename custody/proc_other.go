@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 )
 
 // Other platforms: no subreaper, no /proc, no marker scan, no cgroup. The
@@ -18,31 +19,42 @@ type procInfo struct {
 	state                byte
 }
 
-type procTable struct{ byStart []procInfo }
+type procTable struct {
+	byStart []procInfo
+	byPid   map[int]int
+	tick    uint64
+	at      time.Time
+}
 
 func (t *procTable) lookup(ident) (procInfo, bool) { return procInfo{}, false }
+func (t *procTable) groupInUse(int) bool           { return true }
 
 func (t *procTable) marker(procInfo) string  { return "" }
 func (t *procTable) cmdline(procInfo) string { return "?" }
 
-type cgroup struct{}
+type cgroup struct{ rel string }
 
 func (*cgroup) members() map[int]bool { return nil }
 func (*cgroup) kill()                 {}
-func (*cgroup) remove()               {}
+func (*cgroup) remove() error         { return nil }
 func (*cgroup) started()              {}
 
 type otherPlatform struct{ self int }
 
 func newPlatform(Options) (platform, error) { return &otherPlatform{self: os.Getpid()}, nil }
 
-func (p *otherPlatform) ownerID() string                     { return fmt.Sprintf("%d.0", p.self) }
+func (p *otherPlatform) ownerID() string                     { return fmt.Sprintf("0.%d.0", p.self) }
 func (p *otherPlatform) selfPid() int                        { return p.self }
 func (p *otherPlatform) containment(bool) Containment        { return ContainGroupOnly }
 func (p *otherPlatform) prepare(cmd *exec.Cmd)               { prepareGroup(cmd) }
 func (p *otherPlatform) startTime(int) uint64                { return 0 }
 func (p *otherPlatform) table() *procTable                   { return nil }
-func (p *otherPlatform) reap(int) bool                       { return false }
+func (p *otherPlatform) hostSession() int                    { return 0 }
+func (p *otherPlatform) ticks() uint64                       { return 0 }
+func (p *otherPlatform) lookup(ident) (procInfo, bool)       { return procInfo{}, false }
+func (p *otherPlatform) cgroupOf(int) string                 { return "" }
+func (p *otherPlatform) exitWaiter() exitWaiter              { return sleepWaiter{} }
+func (p *otherPlatform) reap(ident) bool                     { return false }
 func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
@@ -53,3 +65,13 @@ func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
 }
 
 func (p *otherPlatform) signalGroup(leader ident, sig sysSignal) { signalGroupOther(leader.pid, sig) }
+
+// sleepWaiter is the exitWaiter of platforms without pidfds: it sleeps,
+// and cannot tell.
+type sleepWaiter struct{}
+
+func (sleepWaiter) wait(_ []ident, d time.Duration) (exited, pending bool) {
+	time.Sleep(d)
+	return false, true
+}
+func (sleepWaiter) close() {}
