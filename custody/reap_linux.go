@@ -289,7 +289,7 @@ func removeDeadCgroups(ctx context.Context, p *linuxPlatform, orphans []Orphan, 
 		if kill[dir] {
 			cg.kill()
 			deadline := time.Now().Add(grace)
-			for len(cg.members()) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+			for len(reapZombieMembers(p, cg)) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond) // cgroup.events would tell; a bounded poll is enough here
 			}
 		}
@@ -309,4 +309,21 @@ func pids(os []Orphan) []int {
 		out[i] = o.PID
 	}
 	return out
+}
+
+// reapZombieMembers collects the group's zombies that are this process's
+// children (a host that is a subreaper inherits a dead host's orphans, and
+// an unreaped zombie keeps the group from being removed), and returns the
+// members left. None of them is an exec.Cmd child of ours: they belong to
+// the dead host's group.
+func reapZombieMembers(p *linuxPlatform, cg *cgroup) map[int]bool {
+	members := cg.members()
+	for pid := range members {
+		if pi, ok := readStat(pid); ok && pi.state == 'Z' && pi.ppid == p.self {
+			if p.reap(ident{pid, pi.start}) {
+				delete(members, pid)
+			}
+		}
+	}
+	return members
 }
