@@ -286,14 +286,21 @@ func removeDeadCgroups(ctx context.Context, p *linuxPlatform, orphans []Orphan, 
 	var errs []error
 	for _, dir := range v.deadCgroups(os.Getuid()) {
 		cg := &cgroup{dir: dir, fd: -1}
-		if kill[dir] {
-			cg.kill()
-			deadline := time.Now().Add(grace)
-			for len(reapZombieMembers(p, cg)) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond) // cgroup.events would tell; a bounded poll is enough here
-			}
+		if !kill[dir] {
+			_ = cg.remove() // an empty leftover; a busy one is not ours to end
+			continue
 		}
-		if err := cg.remove(); err != nil && kill[dir] {
+		cg.kill()
+		// The group stays busy until its last zombie is reaped, by us or by
+		// whoever inherited it (init may take a second): retry within grace.
+		deadline := time.Now().Add(grace)
+		err := cg.remove()
+		for err != nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond) // cgroup.events would tell; a bounded poll is enough here
+			reapZombieMembers(p, cg)
+			err = cg.remove()
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("custody: removing %s: %w", dir, err))
 		}
 	}
@@ -313,17 +320,12 @@ func pids(os []Orphan) []int {
 
 // reapZombieMembers collects the group's zombies that are this process's
 // children (a host that is a subreaper inherits a dead host's orphans, and
-// an unreaped zombie keeps the group from being removed), and returns the
-// members left. None of them is an exec.Cmd child of ours: they belong to
-// the dead host's group.
-func reapZombieMembers(p *linuxPlatform, cg *cgroup) map[int]bool {
-	members := cg.members()
-	for pid := range members {
+// an unreaped zombie keeps the group from being removed). None of them is
+// an exec.Cmd child of ours: they belong to the dead host's group.
+func reapZombieMembers(p *linuxPlatform, cg *cgroup) {
+	for pid := range cg.members() {
 		if pi, ok := readStat(pid); ok && pi.state == 'Z' && pi.ppid == p.self {
-			if p.reap(ident{pid, pi.start}) {
-				delete(members, pid)
-			}
+			p.reap(ident{pid, pi.start})
 		}
 	}
-	return members
 }
