@@ -446,7 +446,7 @@ func TestRealIdleReleaseWakeAndEviction(t *testing.T) {
 // markerProcs lists live processes whose custody marker names this host.
 func markerProcs(t *testing.T) []int {
 	t.Helper()
-	self := strconv.Itoa(os.Getpid()) + "."
+	self := strconv.Itoa(os.Getpid())
 	var out []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -463,8 +463,11 @@ func markerProcs(t *testing.T) []int {
 			continue
 		}
 		for _, kv := range strings.Split(string(env), "\x00") {
-			if strings.HasPrefix(kv, custody.MarkerEnv+"="+self) {
-				out = append(out, pid)
+			// <pid namespace>.<host pid>.<host start>.<scope>
+			if m, ok := strings.CutPrefix(kv, custody.MarkerEnv+"="); ok {
+				if parts := strings.Split(m, "."); len(parts) == 4 && parts[1] == self {
+					out = append(out, pid)
+				}
 			}
 		}
 	}
