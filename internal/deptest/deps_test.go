@@ -20,6 +20,18 @@ var allowed = map[string][]string{
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,
+	// The store is SQLite and nothing of ours: rooms own the interface
+	// they need from it, so it can be swapped for another engine.
+	module + "/internal/store": sqliteDeps,
+	// Rooms know their store and nothing of the agents, the transports or
+	// the server: transports plug in through room.Transport.
+	module + "/room": append([]string{module + "/internal/store"}, sqliteDeps...),
+}
+
+// sqliteDeps are modernc.org/sqlite's own dependencies.
+var sqliteDeps = []string{
+	"modernc.org/", "golang.org/x/sys/", "github.com/dustin/go-humanize", "github.com/google/uuid",
+	"github.com/mattn/go-isatty", "github.com/ncruces/go-strftime", "github.com/remyoudompheng/bigfft",
 }
 
 func TestDependencyRules(t *testing.T) {

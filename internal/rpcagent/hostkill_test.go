@@ -1,0 +1,202 @@
+package rpcagent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// hostHelperEnv makes the test binary a room host (dir and model URL,
+// separated by a space) that accepts three messages, says "ready" once the
+// first one's bash tool runs, and waits to be killed.
+const hostHelperEnv = "RPCAGENT_TEST_HOST"
+
+func hostHelper() int {
+	dir, modelURL, _ := strings.Cut(os.Getenv(hostHelperEnv), " ")
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "host helper:", err)
+		return 1
+	}
+	ctx := context.Background()
+	in, err := agents.Find()
+	if err != nil {
+		return fail(err)
+	}
+	db, err := store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		return fail(err)
+	}
+	cust, err := custody.New(custody.Options{})
+	if err != nil {
+		return fail(err)
+	}
+	tr, err := New(Options{Custodian: cust, Install: in, ModelURL: modelURL})
+	if err != nil {
+		return fail(err)
+	}
+	m, err := room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"),
+		Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		return fail(err)
+	}
+	watch, _ := db.Watch("r")
+	for _, text := range []string{"Run it: " + bashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"} {
+		if _, err := m.Submit(ctx, "r", room.Message{Text: text}); err != nil {
+			return fail(err)
+		}
+	}
+	var after int64
+	for range watch {
+		evs, _ := db.Events(ctx, "r", after, 0)
+		for _, ev := range evs {
+			after = ev.Seq
+			if ev.Type == "tool.started" {
+				fmt.Println("ready")
+			}
+		}
+	}
+	return 0
+}
+
+// A host killed with SIGKILL mid-turn, then restarted on the same data:
+// the queued messages run in order, the running turn ends failed ("host
+// restarted"), and the processes the dead host left are found by their
+// marker and reaped.
+func TestRealHostKilledAndRestarted(t *testing.T) {
+	dir := t.TempDir()
+	sim := startSim(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), hostHelperEnv+"="+dir+" "+sim.URL())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		ok := false
+		for sc.Scan() {
+			if sc.Text() == "ready" && !ok {
+				ok = true
+				ready <- true
+			}
+		}
+		if !ok {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			_ = cmd.Wait()
+			t.Fatalf("host helper ended: %s", stderr.String())
+		}
+	case <-time.After(120 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("host helper never got its turn running: %s", stderr.String())
+	}
+	// The background sleep runs (tool.started comes before the command).
+	for deadline := time.Now().Add(60 * time.Second); !sleepRuns(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the background /bin/sleep never started")
+		}
+		time.Sleep(20 * time.Millisecond) // no event for another process's start
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	// What the dead host left: found by marker, reaped.
+	var left []custody.Orphan
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		all, err := custody.FindOrphans()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left = left[:0]
+		for _, o := range all {
+			if o.Host == cmd.Process.Pid {
+				left = append(left, o)
+			}
+		}
+		if slices.ContainsFunc(left, func(o custody.Orphan) bool { return strings.Contains(o.Cmdline, "sleep 3600") }) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the agent may still be exiting; no event to wait on
+	}
+	sleeps := 0
+	for _, o := range left {
+		if strings.Contains(o.Cmdline, "sleep 3600") {
+			sleeps++
+		}
+	}
+	if sleeps == 0 {
+		t.Fatalf("the dead host's background sleep is not among its orphans: %+v", left)
+	}
+	if alive, err := custody.KillOrphans(t.Context(), left, time.Second); err != nil {
+		t.Fatalf("reaping the orphans: %v (alive %v)", err, alive)
+	}
+
+	h := startHost(t, dir, sim, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	evs, err := h.db.Events(t.Context(), "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted []string
+	for _, ev := range evs {
+		if ev.Type == "message.accepted" {
+			accepted = append(accepted, field(ev.Data, "message_id"))
+		}
+	}
+	if len(accepted) != 3 {
+		t.Fatalf("%d messages accepted before the kill", len(accepted))
+	}
+	if d := h.ended("r", room.Accepted{ID: accepted[0]}); d["outcome"] != room.OutcomeFailed || d["reason"] != "host restarted" {
+		t.Fatalf("the running turn: %v", d)
+	}
+	for i, id := range accepted[1:] {
+		if got, want := h.settled("r", room.Accepted{ID: id}), []string{"ok: queued one", "ok: queued two"}[i]; got != want {
+			t.Fatalf("recovered turn %d: %q", i, got)
+		}
+	}
+}
+
+// sleepRuns reports whether a "/bin/sleep 3600" runs.
+func sleepRuns() bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && string(cmd) == "/bin/sleep\x003600\x00" {
+			return true
+		}
+	}
+	return false
+}

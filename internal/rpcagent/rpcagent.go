@@ -1,0 +1,531 @@
+// Package rpcagent is the room transport for agents in RPC mode (omp, pi,
+// or any command speaking their protocol): each room's agent runs in a
+// custody scope, in the room's workspace, with its own home and session
+// directory, and its dialogs become the room's approvals and questions.
+package rpcagent
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agentproc"
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/room"
+	"github.com/agenthost/agenthost/rpc"
+)
+
+// Defaults for Options.
+const (
+	DefaultStartTimeout   = 90 * time.Second
+	DefaultRefreshTimeout = 30 * time.Second
+	// MaxDetail bounds tool input and output copied into room events.
+	MaxDetail = 4 << 10
+)
+
+// Options configure a Transport.
+type Options struct {
+	// Custodian owns every agent process (required).
+	Custodian *custody.Custodian
+	// Install locates omp and pi (required unless every room runs a
+	// custom command).
+	Install *agents.Install
+	// ModelURL, if set, points every agent home at that scripted model
+	// (the built-in one) and selects it unless a room names a model.
+	ModelURL string
+	// StartTimeout bounds an agent's start and session checks (default
+	// 90 s); RefreshTimeout the state refresh after a turn (default 30 s).
+	StartTimeout, RefreshTimeout time.Duration
+	// MaxLineBytes caps one line from the agent (0: rpc's default).
+	MaxLineBytes int
+	Logger       *slog.Logger
+}
+
+// Transport implements room.Transport over rpc.
+type Transport struct{ opts Options }
+
+var _ room.Transport = (*Transport)(nil)
+
+// New returns a Transport.
+func New(opts Options) (*Transport, error) {
+	if opts.Custodian == nil {
+		return nil, errors.New("rpcagent: Options.Custodian is required")
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.RefreshTimeout <= 0 {
+		opts.RefreshTimeout = DefaultRefreshTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Transport{opts: opts}, nil
+}
+
+// maxWaitRuns bounds how many runs the agent started by itself a turn
+// waits out before its prompt.
+const maxWaitRuns = 8
+
+// mcpOverlay keeps omp from loading MCP servers from the workspace, so a
+// repository cannot inject its own.
+const mcpOverlay = "mcp:\n  enableProjectConfig: false\n"
+
+// Start implements room.Transport.
+func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
+	defer cancel()
+	cfg := spec.Config
+	kind := agents.Kind(cfg.Agent)
+	if kind == "" {
+		kind = agents.OMP
+	}
+	sessions := filepath.Join(spec.Home, "sessions")
+	if err := os.MkdirAll(sessions, 0o700); err != nil {
+		return nil, fmt.Errorf("rpcagent: %w", err)
+	}
+	var rs rpc.Spec
+	custom := len(cfg.Command) > 0
+	if custom {
+		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(os.Environ(), cfg.Env...)}
+	} else {
+		if kind != agents.OMP && kind != agents.Pi {
+			return nil, fmt.Errorf("rpcagent: unknown agent %q (omp or pi)", kind)
+		}
+		if t.opts.Install == nil {
+			return nil, errors.New("rpcagent: no agent install (Options.Install)")
+		}
+		argv, err := t.opts.Install.Argv(kind)
+		if err != nil {
+			return nil, err
+		}
+		env, err := t.home(spec.Home, kind)
+		if err != nil {
+			return nil, err
+		}
+		rs = rpc.Spec{Argv: argv, Model: cfg.Model, Thinking: cfg.Thinking, AppendSystemPrompt: cfg.Instructions,
+			SessionDir: sessions, Env: append(env, cfg.Env...)}
+		if rs.Model == "" && t.opts.ModelURL != "" {
+			rs.Model = agents.ModelID
+		}
+		if len(spec.MCP) == 0 && kind == agents.OMP {
+			// A room whose servers were removed must not keep them.
+			if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
+				return nil, fmt.Errorf("rpcagent: %w", err)
+			}
+		}
+		if len(spec.MCP) > 0 {
+			if kind != agents.OMP {
+				return nil, fmt.Errorf("rpcagent: %s has no MCP support; the room configures %d MCP server(s)", kind, len(spec.MCP))
+			}
+			if err := writeMCP(spec.Home, spec.MCP); err != nil {
+				return nil, err
+			}
+		}
+		if kind == agents.OMP {
+			// rpc-ui offers omp's ask tool; approvals as configured.
+			rs.Mode = "rpc-ui"
+			overlay := filepath.Join(spec.Home, "agenthost-overlay.yml")
+			if err := os.WriteFile(overlay, []byte(mcpOverlay), 0o600); err != nil {
+				return nil, fmt.Errorf("rpcagent: %w", err)
+			}
+			rs.ExtraArgs = append(rs.ExtraArgs, "--approval-mode", cfg.ApprovalMode, "--config", overlay)
+		}
+		if spec.SessionID != "" {
+			file, err := findSession(sessions, spec.SessionID)
+			if err != nil {
+				return nil, err
+			}
+			if err := repairTail(file); err != nil {
+				return nil, err
+			}
+			// An absolute path: an id given where a path is expected
+			// makes both agents create a junk session in the cwd.
+			flag := "--resume"
+			if kind == agents.Pi {
+				flag = "--session"
+			}
+			rs.ExtraArgs = append(rs.ExtraArgs, flag, file)
+		}
+	}
+	rs.Dir = spec.Workspace
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout}
+	opts := rpc.SpawnOptions{
+		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
+		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
+	}
+	c, err := rpc.Spawn(ctx, rs, opts)
+	if err != nil {
+		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
+	}
+	a.c = c
+	a.unsub = c.On("", a.event)
+	st, err := c.GetState(ctx)
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("rpcagent: reading the agent's state: %w", err)
+	}
+	a.session = st.SessionID
+	if err := verifySelection(ctx, c, st, rs.Model, cfg.Thinking); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	// Host tools are omp's; pi has none, and a custom command may not.
+	if len(spec.Tools) > 0 && (kind == agents.OMP && !custom) {
+		if err := c.SetHostTools(ctx, hostTools(spec.Tools)); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("rpcagent: registering the room's tools: %w", err)
+		}
+	}
+	return a, nil
+}
+
+func hostTools(tools []room.Tool) []rpc.HostTool {
+	out := make([]rpc.HostTool, 0, len(tools))
+	for _, t := range tools {
+		out = append(out, rpc.HostTool{
+			Name: t.Name, Description: t.Description, Parameters: t.Parameters,
+			Run: func(ctx context.Context, call *rpc.HostToolCall) (*rpc.HostToolResult, error) {
+				text, err := t.Run(ctx, room.ToolCall{Args: call.Arguments})
+				if err != nil {
+					return nil, err
+				}
+				return rpc.TextResult(text), nil
+			},
+		})
+	}
+	return out
+}
+
+// writeMCP writes the room's MCP servers into its own omp agent dir (never
+// the user's); the overlay keeps workspace files from adding others.
+func writeMCP(home string, servers map[string]room.MCPServer) error {
+	type entry struct {
+		Type    string            `json:"type,omitempty"`
+		Command string            `json:"command,omitempty"`
+		Args    []string          `json:"args,omitempty"`
+		Env     map[string]string `json:"env,omitempty"`
+		URL     string            `json:"url,omitempty"`
+		Headers map[string]string `json:"headers,omitempty"`
+	}
+	out := map[string]entry{}
+	for name, s := range servers {
+		e := entry{Env: s.Env, URL: s.URL, Headers: s.Headers}
+		if len(s.Command) > 0 {
+			e.Command, e.Args = s.Command[0], s.Command[1:]
+		} else {
+			e.Type = "http"
+		}
+		out[name] = e
+	}
+	b, err := json.MarshalIndent(map[string]any{"mcpServers": out}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("rpcagent: %w", err)
+	}
+	dir := filepath.Join(home, ".omp", "agent")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("rpcagent: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mcp.json"), b, 0o600); err != nil {
+		return fmt.Errorf("rpcagent: writing the room's MCP configuration: %w", err)
+	}
+	return nil
+}
+
+// home writes the room's agent home: pointed at the built-in model when
+// there is one, and otherwise an empty home whose provider key comes in
+// the room's environment.
+func (t *Transport) home(dir string, kind agents.Kind) ([]string, error) {
+	if t.opts.ModelURL != "" {
+		return agents.Home(dir, kind, t.opts.ModelURL)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("rpcagent: %w", err)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
+	return append(env, "HOME="+dir), nil
+}
+
+// findSession returns the session file of id in dir (named
+// "<time>_<id>.jsonl" by both agents), or room.ErrSessionNotFound.
+func findSession(dir, id string) (string, error) {
+	if strings.ContainsAny(id, "/\\") || id == "" {
+		return "", fmt.Errorf("%w: %q", room.ErrSessionNotFound, id)
+	}
+	m, _ := filepath.Glob(filepath.Join(dir, "*_"+id+".jsonl"))
+	if len(m) == 0 {
+		return "", fmt.Errorf("%w: no file for session %s", room.ErrSessionNotFound, id)
+	}
+	return m[len(m)-1], nil
+}
+
+// repairTail drops a torn last line (a crash mid-write) from a session
+// file, keeping the original beside it: pi appends onto a torn line and
+// then loses the history before it.
+func repairTail(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("rpcagent: session file: %w", err)
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	body := bytes.TrimRight(data, "\n")
+	last := body[bytes.LastIndexByte(body, '\n')+1:]
+	if json.Valid(last) && data[len(data)-1] == '\n' {
+		return nil
+	}
+	if json.Valid(last) {
+		return appendNewline(path)
+	}
+	if err := os.WriteFile(path+".torn", data, 0o600); err != nil {
+		return fmt.Errorf("rpcagent: keeping the torn session file: %w", err)
+	}
+	keep := body[:len(body)-len(last)]
+	if err := os.WriteFile(path+".tmp", keep, 0o600); err != nil {
+		return fmt.Errorf("rpcagent: repairing the session file: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("rpcagent: repairing the session file: %w", err)
+	}
+	return nil
+}
+
+func appendNewline(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("rpcagent: session file: %w", err)
+	}
+	_, err = f.Write([]byte("\n"))
+	return errors.Join(err, f.Close())
+}
+
+// verifySelection checks that the agent runs the model and thinking level
+// the room asked for; set_thinking_level always succeeds, so only the
+// state tells.
+func verifySelection(ctx context.Context, c *rpc.Client, st *rpc.State, model, thinking string) error {
+	if model != "" && st.Model != nil {
+		if got := st.Model.Provider + "/" + st.Model.ID; got != model {
+			return fmt.Errorf("%w: model %s, the agent runs %s", room.ErrSelectionRefused, model, got)
+		}
+	}
+	if thinking != "" && st.ThinkingLevel != thinking {
+		return fmt.Errorf("%w: thinking level %s, the agent runs %q", room.ErrSelectionRefused, thinking, st.ThinkingLevel)
+	}
+	return nil
+}
+
+// agent is one running RPC agent.
+type agent struct {
+	c       *rpc.Client
+	h       room.Handler
+	session string
+	refresh time.Duration
+	unsub   func()
+	mu      sync.Mutex
+	acked   chan struct{} // closed once the current turn's prompt was answered
+}
+
+func (a *agent) SessionID() string { return a.session }
+
+func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
+	acked := make(chan struct{})
+	a.mu.Lock()
+	a.acked = acked
+	a.mu.Unlock()
+	err := a.c.Prompt(ctx, text, nil)
+	for tries := 0; errors.Is(err, rpc.ErrTurnInProgress) && tries < maxWaitRuns; tries++ {
+		// omp ran something by itself (a background job finished): the
+		// room's turn waits for that run, then prompts.
+		if _, werr := a.c.WaitTurn(ctx); werr != nil && ctx.Err() != nil {
+			break
+		}
+		err = a.c.Prompt(ctx, text, nil)
+	}
+	close(acked)
+	if err != nil {
+		return room.TurnResult{}, err
+	}
+	turn, err := a.c.WaitTurn(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Stop the agent's work; the room retires it anyway.
+			actx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = a.c.Abort(actx)
+			cancel()
+		}
+		return room.TurnResult{}, err
+	}
+	switch turn.StopReason {
+	case rpc.StopReasonError:
+		return room.TurnResult{}, fmt.Errorf("the agent's turn failed: %s", firstLine(turn.ErrorMessage))
+	case rpc.StopReasonAborted:
+		return room.TurnResult{}, errors.New("the agent aborted the turn")
+	}
+	// The post-turn refresh is bounded: when it fails the turn still
+	// ends, marked uncertain.
+	rctx, cancel := context.WithTimeout(ctx, a.refresh)
+	defer cancel()
+	_, serr := a.c.GetState(rctx)
+	return room.TurnResult{Text: turn.Text, Uncertain: serr != nil}, nil
+}
+
+// Steer and FollowUp wait until the running turn's prompt was
+// acknowledged: sent before it, they would reach an idle agent, which
+// queues them (pi) or starts a run of its own (omp).
+func (a *agent) Steer(ctx context.Context, text string) error {
+	if err := a.waitPrompted(ctx); err != nil {
+		return err
+	}
+	return a.c.Steer(ctx, text, nil)
+}
+
+func (a *agent) FollowUp(ctx context.Context, text string) error {
+	if err := a.waitPrompted(ctx); err != nil {
+		return err
+	}
+	return a.c.FollowUp(ctx, text, nil)
+}
+
+func (a *agent) waitPrompted(ctx context.Context) error {
+	a.mu.Lock()
+	acked := a.acked
+	a.mu.Unlock()
+	if acked == nil {
+		return errors.New("rpcagent: no turn to deliver into")
+	}
+	select {
+	case <-acked:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.c.Done():
+		return errors.New("rpcagent: the agent is gone")
+	}
+}
+
+func (a *agent) Done() <-chan struct{} { return a.c.Done() }
+
+func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
+	err := a.c.Close()
+	a.unsub()
+	var raw json.RawMessage
+	if r := agentproc.Receipt(a.c); r != nil {
+		raw, _ = json.Marshal(r)
+	}
+	return raw, err
+}
+
+// event normalises the agent's frames for the room.
+func (a *agent) event(ev rpc.Event) {
+	switch ev.Type {
+	case rpc.EventMessageUpdate:
+		var u rpc.MessageUpdateEvent
+		if ev.Decode(&u) == nil {
+			if d, err := u.Update(); err == nil && d.Type == "text_delta" && d.Delta != "" {
+				a.h.Event(room.AgentEvent{Kind: room.KindText, Text: d.Delta})
+				return
+			}
+		}
+	case rpc.EventToolExecutionStart:
+		var s rpc.ToolExecutionStartEvent
+		if ev.Decode(&s) == nil {
+			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: s.ToolName, CallID: s.ToolCallID, Input: bound(string(s.Args))})
+			return
+		}
+	case rpc.EventToolExecutionEnd:
+		var e rpc.ToolExecutionEndEvent
+		if ev.Decode(&e) == nil {
+			out := string(e.Result)
+			if r, err := e.DecodeResult(); err == nil {
+				out = r.Text()
+			}
+			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: e.ToolName, CallID: e.ToolCallID, Output: bound(out), IsError: e.IsError})
+			return
+		}
+	}
+	a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+}
+
+// approvalPrefix and approvalOptions are omp's permission prompt: a select
+// titled "Allow tool: <tool>\n<details>" offering exactly Approve and Deny.
+const approvalPrefix = "Allow tool: "
+
+var approvalOptions = []string{"Approve", "Deny"}
+
+// dialog turns the agent's dialogs into approvals and questions.
+func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
+	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
+		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
+		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options}) {
+			return rpc.Value("Approve")
+		}
+		// Any reply but Approve denies; say it plainly.
+		return rpc.Value("Deny")
+	}
+	title := req.Title
+	if title == "" {
+		title = req.Message
+	}
+	var options []string
+	switch req.Method {
+	case "select":
+		options = req.Options
+	case "confirm":
+		options = []string{"yes", "no"}
+	}
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options})
+	switch {
+	case !ok:
+		return rpc.Cancelled()
+	case req.Method == "confirm":
+		return rpc.Confirmed(strings.EqualFold(strings.TrimSpace(ans), "yes"))
+	}
+	return rpc.Value(ans)
+}
+
+// secretRE finds values that look like credentials in an approval's
+// details ("token=...", "Authorization: Bearer ...", long key-like words).
+var secretRE = regexp.MustCompile(`(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)["']?\s*[:=]\s*["']?(?:bearer\s+)?)[^\s"']+|\b(?:sk|ghp|gho|xox[bp])[-_][A-Za-z0-9_-]{12,}`)
+
+func redact(s string) string {
+	return secretRE.ReplaceAllStringFunc(s, func(m string) string {
+		if sub := secretRE.FindStringSubmatch(m); sub[1] != "" {
+			return sub[1] + "[redacted]"
+		}
+		return "[redacted]"
+	})
+}
+
+// bound cuts s to MaxDetail bytes on a rune boundary.
+func bound(s string) string {
+	if len(s) <= MaxDetail {
+		return s
+	}
+	cut := MaxDetail
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… [%d bytes cut]", len(s)-cut)
+}
+
+func firstLine(s string) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	if sc.Scan() {
+		return sc.Text()
+	}
+	return s
+}

@@ -1,0 +1,138 @@
+package rpcagent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agenthost/agenthost/room"
+)
+
+// mcpHelperEnv makes the test binary a minimal MCP server on stdio with
+// one tool, echo_upper; the variable's value is a file it creates when it
+// starts (so a test can tell whether omp started it).
+const mcpHelperEnv = "RPCAGENT_TEST_MCP"
+
+func mcpHelper() int {
+	_ = os.WriteFile(os.Getenv(mcpHelperEnv), []byte("started"), 0o600)
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	out := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				Name      string `json:"name"`
+				Arguments struct {
+					Text string `json:"text"`
+				} `json:"arguments"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(in.Bytes(), &req) != nil || len(req.ID) == 0 {
+			continue // a notification
+		}
+		var result any
+		switch req.Method {
+		case "initialize":
+			result = map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{"tools": map[string]any{}},
+				"serverInfo": map[string]any{"name": "probe", "version": "1"}}
+		case "tools/list":
+			result = map[string]any{"tools": []any{map[string]any{
+				"name": "echo_upper", "description": "Upper-cases text",
+				"inputSchema": map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}},
+			}}}
+		case "tools/call":
+			result = map[string]any{"content": []any{map[string]any{"type": "text", "text": "probe:" + strings.ToUpper(req.Params.Arguments.Text)}}}
+		default:
+			_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": -32601, "message": "unknown method"}})
+			continue
+		}
+		_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
+	}
+	return 0
+}
+
+func TestRealRoomToolsAndMCP(t *testing.T) {
+	dir := t.TempDir()
+	started := filepath.Join(dir, "probe-started")
+	injected := filepath.Join(dir, "injected-started")
+	lookup := room.Tool{
+		Name: "lookup", Description: "Look a key up.",
+		Run: func(ctx context.Context, call room.ToolCall) (string, error) {
+			return fmt.Sprintf("value-42 for room %s", call.Room), nil
+		},
+	}
+	h := startHost(t, "", nil, room.Options{
+		Tools: []room.Tool{lookup},
+		Config: room.Config{ApprovalMode: room.ApprovalYolo, MCP: map[string]room.MCPServer{
+			"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: started}},
+		}},
+	})
+	acc := h.submit("r", `[[tool:room_post {"text":"hello people"}]]`)
+	h.settled("r", acc)
+	_, post := h.wait("r", acc.Seq, "room.post", nil)
+	if post["text"] != "hello people" || post["turn_id"] == "" {
+		t.Fatalf("room.post: %v", post)
+	}
+	for _, tc := range []struct{ call, want string }{
+		{`[[tool:room_info {}]]`, `"room":"r"`},
+		{`[[tool:lookup {}]]`, "value-42 for room r"},
+		{`[[tool:mcp__probe_echo_upper {"text":"hi"}]]`, "probe:HI"},
+	} {
+		acc := h.submit("r", tc.call)
+		_, tool := h.wait("r", acc.Seq, "tool.ended", nil)
+		if !strings.Contains(tool["output"].(string), tc.want) {
+			t.Fatalf("%s: output %q, want %q", tc.call, tool["output"], tc.want)
+		}
+		h.settled("r", acc)
+	}
+	if _, err := os.Stat(started); err != nil {
+		t.Fatalf("the room's MCP server never started: %v", err)
+	}
+	// The workspace's own MCP file is ignored, also after a restart.
+	files, _ := filepath.Glob(filepath.Join(h.root, "*", "workspace"))
+	if len(files) != 1 {
+		t.Fatalf("workspaces: %v", files)
+	}
+	evil, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"injected": map[string]any{
+		"command": os.Args[0], "args": []string{"-test.run=^$"}, "env": map[string]string{mcpHelperEnv: injected},
+	}}})
+	for _, name := range []string{".mcp.json", "mcp.json"} {
+		if err := os.WriteFile(filepath.Join(files[0], name), evil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.m.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	acc = h.submit("r", `[[tool:mcp__probe_echo_upper {"text":"again"}]]`)
+	_, tool := h.wait("r", acc.Seq, "tool.ended", nil)
+	if !strings.Contains(tool["output"].(string), "probe:AGAIN") {
+		t.Fatalf("after restart: %q", tool["output"])
+	}
+	h.settled("r", acc)
+	if _, err := os.Stat(injected); err == nil {
+		t.Fatal("omp started an MCP server from the workspace's own configuration")
+	}
+}
+
+func TestRoomMCPNamesAreChecked(t *testing.T) {
+	for _, name := range []string{"agenthost", "AgentHost", "bad name", ""} {
+		_, err := room.New(room.Options{Store: room.SQLite(nil), Transport: &Transport{}, Root: t.TempDir(),
+			Config: room.Config{MCP: map[string]room.MCPServer{name: {URL: "http://127.0.0.1:1/mcp"}}}})
+		if err == nil {
+			t.Errorf("MCP server name %q accepted", name)
+		}
+	}
+	_, err := room.New(room.Options{Store: room.SQLite(nil), Transport: &Transport{}, Root: t.TempDir(),
+		Tools: []room.Tool{{Name: "room_post", Run: func(context.Context, room.ToolCall) (string, error) { return "", nil }}}})
+	if err == nil {
+		t.Error("a tool named like a built-in was accepted")
+	}
+}

@@ -1,0 +1,278 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// MaxEventsPage bounds one Events call.
+const MaxEventsPage = 10000
+
+// Events returns up to limit of the room's events after sequence number
+// after, in order (limit <= 0 or over MaxEventsPage means MaxEventsPage).
+// It reads committed events only, while writes go on.
+func (db *DB) Events(ctx context.Context, room string, after int64, limit int) ([]Event, error) {
+	if limit <= 0 || limit > MaxEventsPage {
+		limit = MaxEventsPage
+	}
+	rows, err := db.rdb.QueryContext(ctx,
+		"SELECT seq, type, time_ns, data FROM events WHERE room = ? AND seq > ? ORDER BY seq LIMIT ?", room, after, limit)
+	if err != nil {
+		return nil, wrap("events", err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var ev Event
+		var t int64
+		var data []byte
+		if err := rows.Scan(&ev.Seq, &ev.Type, &t, &data); err != nil {
+			return nil, wrap("events", err)
+		}
+		ev.Room, ev.Time, ev.Data = room, fromNS(t), data
+		out = append(out, ev)
+	}
+	return out, wrap("events", rows.Err())
+}
+
+// LastSeq is the room's last committed sequence number (0 for none).
+func (db *DB) LastSeq(ctx context.Context, room string) (int64, error) {
+	var s int64
+	err := db.rdb.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = ?", room).Scan(&s)
+	return s, wrap("last seq", err)
+}
+
+// Room returns a room's stored state, ErrNotFound for an unknown room.
+func (db *DB) Room(ctx context.Context, id string) (Room, error) {
+	r := Room{ID: id}
+	var created int64
+	var cfg []byte
+	err := db.rdb.QueryRowContext(ctx, `SELECT created_ns, agent, session_id, config,
+		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`, id).
+		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.LastSeq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Room{}, fmt.Errorf("store: room %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Room{}, wrap("room", err)
+	}
+	r.Created, r.Config = fromNS(created), cfg
+	return r, nil
+}
+
+// RoomIDs lists the rooms' ids in order.
+func (db *DB) RoomIDs(ctx context.Context) ([]string, error) {
+	rows, err := db.rdb.QueryContext(ctx, "SELECT id FROM rooms ORDER BY id")
+	if err != nil {
+		return nil, wrap("rooms", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, wrap("rooms", err)
+		}
+		out = append(out, id)
+	}
+	return out, wrap("rooms", rows.Err())
+}
+
+const messageCols = `id, room, seq, sender, text, delivery, status, outcome, reason, turn_id, accepted_ns, started_ns, ended_ns`
+
+func scanMessages(rows *sql.Rows, err error) ([]Message, error) {
+	if err != nil {
+		return nil, wrap("messages", err)
+	}
+	defer rows.Close()
+	var out []Message
+	for rows.Next() {
+		var m Message
+		var a, s, e int64
+		if err := rows.Scan(&m.ID, &m.Room, &m.Seq, &m.Sender, &m.Text, &m.Delivery, &m.Status,
+			&m.Outcome, &m.Reason, &m.TurnID, &a, &s, &e); err != nil {
+			return nil, wrap("messages", err)
+		}
+		m.Accepted, m.Started, m.Ended = fromNS(a), fromNS(s), fromNS(e)
+		out = append(out, m)
+	}
+	return out, wrap("messages", rows.Err())
+}
+
+// Messages returns the room's messages in order of acceptance, up to
+// limit after the message accepted at seq after.
+func (db *DB) Messages(ctx context.Context, room string, after int64, limit int) ([]Message, error) {
+	if limit <= 0 || limit > MaxEventsPage {
+		limit = MaxEventsPage
+	}
+	return scanMessages(db.rdb.QueryContext(ctx,
+		"SELECT "+messageCols+" FROM messages WHERE room = ? AND seq > ? ORDER BY seq LIMIT ?", room, after, limit))
+}
+
+// Message returns one message of the room, ErrNotFound for an unknown one.
+func (db *DB) Message(ctx context.Context, room, id string) (Message, error) {
+	ms, err := scanMessages(db.rdb.QueryContext(ctx, "SELECT "+messageCols+" FROM messages WHERE id = ? AND room = ?", id, room))
+	if err != nil {
+		return Message{}, err
+	}
+	if len(ms) == 0 {
+		return Message{}, fmt.Errorf("store: message %q: %w", id, ErrNotFound)
+	}
+	return ms[0], nil
+}
+
+// OpenMessages returns every message not yet ended, in every room, by
+// room and order of acceptance: what a restarted host must finish.
+func (db *DB) OpenMessages(ctx context.Context) ([]Message, error) {
+	return scanMessages(db.rdb.QueryContext(ctx,
+		"SELECT "+messageCols+" FROM messages WHERE status <> 'ended' ORDER BY room, seq"))
+}
+
+const turnCols = `id, room, message_id, outcome, reason, text, started_ns, ended_ns`
+
+func scanTurns(rows *sql.Rows, err error) ([]Turn, error) {
+	if err != nil {
+		return nil, wrap("turns", err)
+	}
+	defer rows.Close()
+	var out []Turn
+	for rows.Next() {
+		var t Turn
+		var s, e int64
+		if err := rows.Scan(&t.ID, &t.Room, &t.MessageID, &t.Outcome, &t.Reason, &t.Text, &s, &e); err != nil {
+			return nil, wrap("turns", err)
+		}
+		t.Started, t.Ended = fromNS(s), fromNS(e)
+		out = append(out, t)
+	}
+	return out, wrap("turns", rows.Err())
+}
+
+// OpenTurns returns the turns that started and never ended, in every room.
+func (db *DB) OpenTurns(ctx context.Context) ([]Turn, error) {
+	return scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE ended_ns = 0 ORDER BY room, started_ns"))
+}
+
+// Turn returns one turn, ErrNotFound for an unknown one.
+func (db *DB) Turn(ctx context.Context, id string) (Turn, error) {
+	ts, err := scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE id = ?", id))
+	if err != nil {
+		return Turn{}, err
+	}
+	if len(ts) == 0 {
+		return Turn{}, fmt.Errorf("store: turn %q: %w", id, ErrNotFound)
+	}
+	return ts[0], nil
+}
+
+// Approvals returns the room's approvals in order of creation (all rooms
+// for room ""), only the pending ones if pending is set.
+func (db *DB) Approvals(ctx context.Context, room string, pending bool) ([]Approval, error) {
+	q := "SELECT id, room, turn_id, tool, input, options, created_ns, deadline_ns, decision, by, resolved_ns FROM approvals WHERE (? = '' OR room = ?)"
+	if pending {
+		q += " AND decision = ''"
+	}
+	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", room, room)
+	if err != nil {
+		return nil, wrap("approvals", err)
+	}
+	defer rows.Close()
+	var out []Approval
+	for rows.Next() {
+		var a Approval
+		var opts []byte
+		var c, d, r int64
+		if err := rows.Scan(&a.ID, &a.Room, &a.TurnID, &a.Tool, &a.Input, &opts, &c, &d, &a.Decision, &a.By, &r); err != nil {
+			return nil, wrap("approvals", err)
+		}
+		if err := json.Unmarshal(opts, &a.Options); err != nil {
+			return nil, wrap("approvals", err)
+		}
+		a.Created, a.Deadline, a.Resolved = fromNS(c), fromNS(d), fromNS(r)
+		out = append(out, a)
+	}
+	return out, wrap("approvals", rows.Err())
+}
+
+// Questions returns the room's questions in order of creation (all rooms
+// for room ""), only the pending ones if pending is set.
+func (db *DB) Questions(ctx context.Context, room string, pending bool) ([]Question, error) {
+	q := "SELECT id, room, turn_id, title, options, created_ns, deadline_ns, answer, by, answered_ns FROM questions WHERE (? = '' OR room = ?)"
+	if pending {
+		q += " AND by = ''"
+	}
+	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", room, room)
+	if err != nil {
+		return nil, wrap("questions", err)
+	}
+	defer rows.Close()
+	var out []Question
+	for rows.Next() {
+		var x Question
+		var opts []byte
+		var c, d, a int64
+		if err := rows.Scan(&x.ID, &x.Room, &x.TurnID, &x.Title, &opts, &c, &d, &x.Answer, &x.By, &a); err != nil {
+			return nil, wrap("questions", err)
+		}
+		if err := json.Unmarshal(opts, &x.Options); err != nil {
+			return nil, wrap("questions", err)
+		}
+		x.Created, x.Deadline, x.Answered = fromNS(c), fromNS(d), fromNS(a)
+		out = append(out, x)
+	}
+	return out, wrap("questions", rows.Err())
+}
+
+// Receipts returns the room's custody receipts, oldest first.
+func (db *DB) Receipts(ctx context.Context, room string) ([]Receipt, error) {
+	rows, err := db.rdb.QueryContext(ctx, "SELECT id, time_ns, receipt FROM receipts WHERE room = ? ORDER BY id", room)
+	if err != nil {
+		return nil, wrap("receipts", err)
+	}
+	defer rows.Close()
+	var out []Receipt
+	for rows.Next() {
+		r := Receipt{Room: room}
+		var t int64
+		var raw []byte
+		if err := rows.Scan(&r.ID, &t, &raw); err != nil {
+			return nil, wrap("receipts", err)
+		}
+		r.Time, r.Receipt = fromNS(t), raw
+		out = append(out, r)
+	}
+	return out, wrap("receipts", rows.Err())
+}
+
+// Exchange is a message and the final text of its turn.
+type Exchange struct {
+	Sender, Text, Answer string
+}
+
+// Exchanges returns up to limit of the room's messages accepted before
+// seq before, newest first, each with its turn's final text ("" if none).
+func (db *DB) Exchanges(ctx context.Context, room string, before int64, limit int) ([]Exchange, error) {
+	if limit <= 0 || limit > MaxEventsPage {
+		limit = MaxEventsPage
+	}
+	rows, err := db.rdb.QueryContext(ctx, `SELECT m.sender, m.text, COALESCE(t.text, '') FROM messages m
+		LEFT JOIN turns t ON t.id = m.turn_id WHERE m.room = ? AND m.seq < ? ORDER BY m.seq DESC LIMIT ?`, room, before, limit)
+	if err != nil {
+		return nil, wrap("exchanges", err)
+	}
+	defer rows.Close()
+	var out []Exchange
+	for rows.Next() {
+		var x Exchange
+		if err := rows.Scan(&x.Sender, &x.Text, &x.Answer); err != nil {
+			return nil, wrap("exchanges", err)
+		}
+		out = append(out, x)
+	}
+	return out, wrap("exchanges", rows.Err())
+}

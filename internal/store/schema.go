@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are applied in order; migrations[i] brings the schema to
+// version i+1. Never edit a released one: append a new one.
+var migrations = []string{
+	// 1: rooms, the event log, messages, turns, approvals, questions,
+	// receipts. Times are Unix nanoseconds; 0 means not yet.
+	`
+CREATE TABLE rooms (
+	id         TEXT PRIMARY KEY,
+	created_ns INTEGER NOT NULL,
+	agent      TEXT NOT NULL DEFAULT '',
+	session_id TEXT NOT NULL DEFAULT '',
+	config     BLOB NOT NULL DEFAULT '{}'
+) WITHOUT ROWID;
+CREATE TABLE events (
+	room    TEXT NOT NULL,
+	seq     INTEGER NOT NULL,
+	type    TEXT NOT NULL,
+	time_ns INTEGER NOT NULL,
+	data    BLOB NOT NULL,
+	PRIMARY KEY (room, seq)
+) WITHOUT ROWID;
+CREATE TABLE messages (
+	id          TEXT PRIMARY KEY,
+	room        TEXT NOT NULL,
+	seq         INTEGER NOT NULL,
+	sender      TEXT NOT NULL,
+	text        TEXT NOT NULL,
+	delivery    TEXT NOT NULL,
+	status      TEXT NOT NULL,
+	outcome     TEXT NOT NULL DEFAULT '',
+	reason      TEXT NOT NULL DEFAULT '',
+	turn_id     TEXT NOT NULL DEFAULT '',
+	accepted_ns INTEGER NOT NULL,
+	started_ns  INTEGER NOT NULL DEFAULT 0,
+	ended_ns    INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX messages_room ON messages (room, seq);
+CREATE INDEX messages_open ON messages (status) WHERE status <> 'ended';
+CREATE TABLE turns (
+	id         TEXT PRIMARY KEY,
+	room       TEXT NOT NULL,
+	message_id TEXT NOT NULL,
+	outcome    TEXT NOT NULL DEFAULT '',
+	reason     TEXT NOT NULL DEFAULT '',
+	text       TEXT NOT NULL DEFAULT '',
+	started_ns INTEGER NOT NULL,
+	ended_ns   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX turns_room ON turns (room, started_ns);
+CREATE INDEX turns_open ON turns (ended_ns) WHERE ended_ns = 0;
+CREATE TABLE approvals (
+	id          TEXT PRIMARY KEY,
+	room        TEXT NOT NULL,
+	turn_id     TEXT NOT NULL,
+	tool        TEXT NOT NULL,
+	input       TEXT NOT NULL,
+	options     BLOB NOT NULL,
+	created_ns  INTEGER NOT NULL,
+	deadline_ns INTEGER NOT NULL,
+	decision    TEXT NOT NULL DEFAULT '',
+	by          TEXT NOT NULL DEFAULT '',
+	resolved_ns INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX approvals_room ON approvals (room, created_ns);
+CREATE TABLE questions (
+	id          TEXT PRIMARY KEY,
+	room        TEXT NOT NULL,
+	turn_id     TEXT NOT NULL,
+	title       TEXT NOT NULL,
+	options     BLOB NOT NULL,
+	created_ns  INTEGER NOT NULL,
+	deadline_ns INTEGER NOT NULL,
+	answer      TEXT NOT NULL DEFAULT '',
+	by          TEXT NOT NULL DEFAULT '',
+	answered_ns INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX questions_room ON questions (room, created_ns);
+CREATE TABLE receipts (
+	id      INTEGER PRIMARY KEY AUTOINCREMENT,
+	room    TEXT NOT NULL,
+	time_ns INTEGER NOT NULL,
+	receipt BLOB NOT NULL
+);
+CREATE INDEX receipts_room ON receipts (room, id);
+`,
+}
+
+// SchemaVersion is the schema version this agenthost writes.
+var SchemaVersion = len(migrations)
+
+// migrate brings the schema to SchemaVersion, one transaction per step,
+// and refuses a store from a newer agenthost.
+func migrate(ctx context.Context, db *sql.DB) error {
+	var v int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return fmt.Errorf("store: schema version: %w", err)
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("%w: version %d, this agenthost knows %d", ErrNewerSchema, v, len(migrations))
+	}
+	for ; v < len(migrations); v++ {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("store: migrate to %d: %w", v+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("store: migrate to %d: %w", v+1, err)
+		}
+		// PRAGMA takes no parameters; v+1 is our own integer.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("store: migrate to %d: %w", v+1, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("store: migrate to %d: %w", v+1, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,411 @@
+// Package store is agenthost's embedded store: SQLite (modernc.org/sqlite,
+// no cgo) in WAL mode, holding rooms, messages, turns, approvals,
+// questions and custody receipts beside an append-only event log with a
+// per-room sequence number that increases by exactly one per event.
+//
+// Writes go through one writer goroutine that commits every write queued
+// while the previous commit ran in a single transaction (group commit), so
+// many concurrent writers share one fsync. A Write returns nil only once
+// its transaction is committed with synchronous=FULL: what it wrote
+// survives a SIGKILL of the host. Each Write runs under its own savepoint,
+// so one failing write never undoes another in the same batch.
+//
+// Reads use a separate pool and see committed data while writes go on, so
+// the event log can be replayed from any sequence number while it grows.
+//
+// The room package owns the interface it needs from a store; this package
+// is its SQLite implementation, kept free of room logic so the event log
+// can later move to another engine.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Defaults for Options.
+const (
+	// DefaultQueue bounds the writes waiting for the writer.
+	DefaultQueue = 4096
+	// DefaultMaxBatch bounds the writes committed in one transaction, so
+	// one commit's latency stays small under a flood.
+	DefaultMaxBatch = 1024
+	// DefaultBusyTimeout is SQLite's wait for a lock held by another
+	// connection (a checkpoint, a reader upgrading).
+	DefaultBusyTimeout = 5 * time.Second
+	// DefaultReadConns is the size of the read pool.
+	DefaultReadConns = 4
+)
+
+var (
+	// ErrClosed is returned by calls after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrLocked is returned by Open when another process holds the store.
+	ErrLocked = errors.New("store: in use by another process")
+	// ErrNotFound is returned for an unknown room, message, approval...
+	ErrNotFound = errors.New("store: not found")
+	// ErrNewerSchema is returned by Open for a store written by a newer
+	// agenthost, which this one must not touch.
+	ErrNewerSchema = errors.New("store: schema is newer than this agenthost")
+	// ErrConflict is returned when a write finds the row in a state that
+	// forbids it (an approval already resolved).
+	ErrConflict = errors.New("store: conflict")
+)
+
+// Options configure a store. The zero value is usable.
+type Options struct {
+	// Queue bounds the writes waiting for the writer (default 4096); a
+	// Write waits for room, bounded by its context.
+	Queue int
+	// MaxBatch bounds the writes in one transaction (default 1024).
+	MaxBatch int
+	// ReadConns is the read pool's size (default 4).
+	ReadConns int
+	// NoSync sets synchronous=NORMAL: a commit is then durable against a
+	// crash of the process but not of the machine. For benchmarks only.
+	NoSync bool
+	Logger *slog.Logger
+}
+
+func (o *Options) fill() {
+	if o.Queue <= 0 {
+		o.Queue = DefaultQueue
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.ReadConns <= 0 {
+		o.ReadConns = DefaultReadConns
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// DB is an open store. Safe for concurrent use; Close it last.
+type DB struct {
+	opts  Options
+	log   *slog.Logger
+	path  string
+	lock  *os.File
+	wdb   *sql.DB // one connection, owned by the writer goroutine
+	rdb   *sql.DB // read pool
+	reqs  chan *writeReq
+	quit  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	shut  bool
+	watch map[string]map[chan struct{}]struct{}
+	// seqs caches each room's last sequence number; only the writer
+	// goroutine touches it.
+	seqs map[string]int64
+}
+
+// Open opens (creating if needed) the store at path, takes its lock file
+// (path + ".lock") so that a second process on the same store fails with
+// ErrLocked, and brings the schema up to date.
+func Open(ctx context.Context, path string, opts Options) (*DB, error) {
+	opts.fill()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	lock, err := lockFile(path + ".lock")
+	if err != nil {
+		return nil, err
+	}
+	db := &DB{
+		opts: opts, log: opts.Logger, path: path, lock: lock,
+		reqs:  make(chan *writeReq, opts.Queue),
+		quit:  make(chan struct{}),
+		done:  make(chan struct{}),
+		watch: map[string]map[chan struct{}]struct{}{},
+		seqs:  map[string]int64{},
+	}
+	sync := "FULL"
+	if opts.NoSync {
+		sync = "NORMAL"
+	}
+	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(%s)&_pragma=foreign_keys(1)&_txlock=immediate",
+		path, DefaultBusyTimeout.Milliseconds(), sync)
+	if db.wdb, err = sql.Open("sqlite", dsn); err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	db.wdb.SetMaxOpenConns(1)
+	db.wdb.SetConnMaxIdleTime(0)
+	if err := migrate(ctx, db.wdb); err != nil {
+		_ = db.wdb.Close()
+		_ = lock.Close()
+		return nil, err
+	}
+	rdsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=query_only(1)", path, DefaultBusyTimeout.Milliseconds())
+	if db.rdb, err = sql.Open("sqlite", rdsn); err != nil {
+		_ = db.wdb.Close()
+		_ = lock.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	db.rdb.SetMaxOpenConns(opts.ReadConns)
+	go db.writeLoop()
+	return db, nil
+}
+
+// Path is the database file's path.
+func (db *DB) Path() string { return db.path }
+
+// Close lets queued writes finish, stops the writer and closes the
+// database. Later calls return ErrClosed.
+func (db *DB) Close() error {
+	db.mu.Lock()
+	if db.shut {
+		db.mu.Unlock()
+		return ErrClosed
+	}
+	db.shut = true
+	for _, set := range db.watch {
+		for ch := range set {
+			close(ch)
+		}
+	}
+	db.watch = nil
+	db.mu.Unlock()
+	close(db.quit)
+	<-db.done
+	err := errors.Join(db.rdb.Close(), db.wdb.Close())
+	// The lock goes last: another process may open the store only once
+	// this one has let go of it.
+	err = errors.Join(err, db.lock.Close())
+	if err != nil {
+		return fmt.Errorf("store: close: %w", err)
+	}
+	return nil
+}
+
+// Watch returns a channel that receives a value after each commit that
+// appended events to room (several commits may coalesce into one value),
+// and a function that stops the watch. The channel is closed when the
+// store closes. A watcher reads what is new with Events after its last
+// seen sequence number, so it never loses an event to a slow read.
+func (db *DB) Watch(room string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.shut {
+		close(ch)
+		return ch, func() {}
+	}
+	set := db.watch[room]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		db.watch[room] = set
+	}
+	set[ch] = struct{}{}
+	return ch, func() {
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if s := db.watch[room]; s != nil {
+			if _, ok := s[ch]; ok {
+				delete(s, ch)
+				if len(s) == 0 {
+					delete(db.watch, room)
+				}
+			}
+		}
+	}
+}
+
+func (db *DB) notify(rooms map[string]struct{}) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for room := range rooms {
+		for ch := range db.watch[room] {
+			select {
+			case ch <- struct{}{}:
+			default: // a signal is pending; the watcher reads all anyway
+			}
+		}
+	}
+}
+
+// writeReq is one Write waiting for the writer. state moves from pending
+// to running (the writer took it) or to abandoned (its caller gave up
+// first), once, so a caller never returns while its write may still land.
+type writeReq struct {
+	ctx   context.Context
+	fn    func(*Writer) error
+	state atomic.Int32
+	err   error
+	done  chan struct{}
+}
+
+const (
+	reqPending int32 = iota
+	reqRunning
+	reqAbandoned
+)
+
+// Write runs fn in a write transaction, batched with other writes, and
+// returns once that transaction is committed (nil) or fn's changes were
+// rolled back (fn's error, or the commit's). If ctx ends before the writer
+// takes the write, nothing is written and ctx's error is returned; once
+// taken, Write waits for the commit, which SQLite's busy timeout bounds.
+// fn must not block or keep w.
+func (db *DB) Write(ctx context.Context, fn func(w *Writer) error) error {
+	r := &writeReq{ctx: ctx, fn: fn, done: make(chan struct{})}
+	db.mu.Lock()
+	shut := db.shut
+	db.mu.Unlock()
+	if shut {
+		return ErrClosed
+	}
+	select {
+	case db.reqs <- r:
+	case <-ctx.Done():
+		return fmt.Errorf("store: write: %w", ctx.Err())
+	case <-db.quit:
+		return ErrClosed
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		if r.state.CompareAndSwap(reqPending, reqAbandoned) {
+			return fmt.Errorf("store: write: %w", ctx.Err())
+		}
+	case <-db.done:
+		// Queued as Close stopped the writer: never taken.
+		if r.state.CompareAndSwap(reqPending, reqAbandoned) {
+			return ErrClosed
+		}
+	}
+	<-r.done // taken: its commit is under way
+	return r.err
+}
+
+func (db *DB) writeLoop() {
+	defer close(db.done)
+	batch := make([]*writeReq, 0, db.opts.MaxBatch)
+	for {
+		var first *writeReq
+		select {
+		case first = <-db.reqs:
+		case <-db.quit:
+			// Finish what was queued before Close.
+			for {
+				select {
+				case r := <-db.reqs:
+					batch = append(batch[:0], r)
+					db.drain(&batch)
+					db.commit(batch)
+				default:
+					return
+				}
+			}
+		}
+		batch = append(batch[:0], first)
+		db.drain(&batch)
+		db.commit(batch)
+	}
+}
+
+// drain adds the writes already queued, up to MaxBatch.
+func (db *DB) drain(batch *[]*writeReq) {
+	for len(*batch) < db.opts.MaxBatch {
+		select {
+		case r := <-db.reqs:
+			*batch = append(*batch, r)
+		default:
+			return
+		}
+	}
+}
+
+func (db *DB) commit(batch []*writeReq) {
+	live := batch[:0]
+	for _, r := range batch {
+		if r.state.CompareAndSwap(reqPending, reqRunning) {
+			live = append(live, r)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	finish := func(err error) {
+		for _, r := range live {
+			if r.err == nil {
+				r.err = err
+			}
+			close(r.done)
+		}
+	}
+	ctx := context.Background()
+	tx, err := db.wdb.BeginTx(ctx, nil)
+	if err != nil {
+		finish(fmt.Errorf("store: begin: %w", err))
+		return
+	}
+	touched := map[string]struct{}{}
+	w := &Writer{tx: tx, db: db}
+	for _, r := range live {
+		if err := db.runOne(ctx, w, r); err != nil {
+			r.err = err
+			continue
+		}
+		for room := range w.rooms {
+			touched[room] = struct{}{}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		// Nothing of the batch landed: forget cached sequence numbers.
+		clear(db.seqs)
+		db.log.Error("store: commit failed", "err", err, "writes", len(live))
+		finish(fmt.Errorf("store: commit: %w", err))
+		return
+	}
+	finish(nil)
+	if len(touched) > 0 {
+		db.notify(touched)
+	}
+}
+
+// runOne runs one write under a savepoint; on failure its changes, and
+// the sequence numbers it took, are undone.
+func (db *DB) runOne(ctx context.Context, w *Writer, r *writeReq) (err error) {
+	if _, err := w.tx.ExecContext(ctx, "SAVEPOINT w"); err != nil {
+		return fmt.Errorf("store: savepoint: %w", err)
+	}
+	w.rooms = map[string]struct{}{}
+	w.taken = map[string]int64{}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("store: write panicked: %v", p)
+		}
+		if err != nil {
+			for room, before := range w.taken {
+				if before < 0 {
+					delete(db.seqs, room)
+				} else {
+					db.seqs[room] = before
+				}
+			}
+			w.rooms = nil
+			if _, rerr := w.tx.ExecContext(ctx, "ROLLBACK TO w; RELEASE w"); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("store: rollback: %w", rerr))
+			}
+			return
+		}
+		if _, rerr := w.tx.ExecContext(ctx, "RELEASE w"); rerr != nil {
+			err = fmt.Errorf("store: release: %w", rerr)
+		}
+	}()
+	return r.fn(w)
+}

@@ -1,0 +1,585 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain lets the test binary play a host that writes to a store until
+// it is killed (see TestKilledHostLosesNoAcknowledgedWrite).
+func TestMain(m *testing.M) {
+	if path := os.Getenv("STORE_TEST_WRITER"); path != "" {
+		os.Exit(writerHelper(path))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func writerHelper(path string) int {
+	ctx := context.Background()
+	db, err := Open(ctx, path, Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	out := bufio.NewWriter(os.Stdout)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				id := fmt.Sprintf("m-%d-%d", g, i)
+				err := db.Write(ctx, func(w *Writer) error {
+					ev, err := w.Append("r", "message.accepted", map[string]string{"message_id": id})
+					if err != nil {
+						return err
+					}
+					return w.PutMessage(Message{ID: id, Room: "r", Seq: ev.Seq, Text: "x", Delivery: "queue", Status: MessageAccepted, Accepted: ev.Time})
+				})
+				if err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(1)
+				}
+				mu.Lock()
+				fmt.Fprintln(out, id)
+				out.Flush()
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return 0
+}
+
+func openTest(t *testing.T, opts Options) *DB {
+	t.Helper()
+	db, err := Open(t.Context(), filepath.Join(t.TempDir(), "agenthost.db"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func appendOne(ctx context.Context, db *DB, room, typ string, data any) (Event, error) {
+	var ev Event
+	err := db.Write(ctx, func(w *Writer) error {
+		var err error
+		ev, err = w.Append(room, typ, data)
+		return err
+	})
+	return ev, err
+}
+
+func TestSequenceIsContiguousUnderConcurrentWriters(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	rooms := []string{"a", "b", "c"}
+	const writers, each = 8, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				room := rooms[(g+i)%len(rooms)]
+				if _, err := appendOne(ctx, db, room, "test", map[string]int{"g": g, "i": i}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, room := range rooms {
+		evs, err := db.Events(ctx, room, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := map[int]int{}
+		for i, ev := range evs {
+			if ev.Seq != int64(i+1) {
+				t.Fatalf("room %s: event %d has seq %d", room, i, ev.Seq)
+			}
+			var d struct{ G, I int }
+			if err := json.Unmarshal(ev.Data, &d); err != nil {
+				t.Fatal(err)
+			}
+			// One writer's events keep its order.
+			if prev, ok := last[d.G]; ok && d.I <= prev {
+				t.Fatalf("room %s: writer %d's event %d after %d", room, d.G, d.I, prev)
+			}
+			last[d.G] = d.I
+		}
+		if s, _ := db.LastSeq(ctx, room); s != int64(len(evs)) {
+			t.Fatalf("room %s: LastSeq %d, %d events", room, s, len(evs))
+		}
+		total += len(evs)
+	}
+	if total != writers*each {
+		t.Fatalf("%d events stored, want %d", total, writers*each)
+	}
+}
+
+func TestReplayWhileWritingSeesExactSequence(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	const n = 1000
+	watch, stop := db.Watch("r")
+	defer stop()
+	go func() {
+		for i := range n {
+			if _, err := appendOne(ctx, db, "r", "tick", map[string]int{"i": i}); err != nil {
+				return
+			}
+		}
+	}()
+	var after int64
+	deadline := time.After(60 * time.Second)
+	for after < n {
+		evs, err := db.Events(ctx, "r", after, 137) // pages cut across commits
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.Seq != after+1 {
+				t.Fatalf("gap or duplicate: seq %d after %d", ev.Seq, after)
+			}
+			var d struct{ I int64 }
+			_ = json.Unmarshal(ev.Data, &d)
+			if d.I != ev.Seq-1 {
+				t.Fatalf("seq %d holds event %d", ev.Seq, d.I)
+			}
+			after = ev.Seq
+		}
+		if len(evs) > 0 {
+			continue
+		}
+		select {
+		case <-watch:
+		case <-deadline:
+			t.Fatalf("replay stuck at %d of %d", after, n)
+		}
+	}
+}
+
+func TestFailedWriteUndoesOnlyItself(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	// Hold the writer so that the next writes share one batch.
+	hold, held := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = db.Write(ctx, func(w *Writer) error {
+			close(held)
+			<-hold
+			return nil
+		})
+	}()
+	<-held
+	boom := errors.New("boom")
+	var wg sync.WaitGroup
+	results := make([]error, 3)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = db.Write(ctx, func(w *Writer) error {
+				if _, err := w.Append("r", "x", map[string]int{"i": i}); err != nil {
+					return err
+				}
+				if i == 1 {
+					return boom
+				}
+				return nil
+			})
+		}()
+	}
+	waitQueued(t, db, 3)
+	close(hold)
+	wg.Wait()
+	if !errors.Is(results[1], boom) || results[0] != nil || results[2] != nil {
+		t.Fatalf("results %v", results)
+	}
+	evs, err := db.Events(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || evs[0].Seq != 1 || evs[1].Seq != 2 {
+		t.Fatalf("events %+v", evs)
+	}
+	// The failed write's sequence number was given back.
+	ev, err := appendOne(ctx, db, "r", "x", nil)
+	if err != nil || ev.Seq != 3 {
+		t.Fatalf("next append: seq %d, %v", ev.Seq, err)
+	}
+}
+
+// waitQueued waits until n writes wait for the writer.
+func waitQueued(t *testing.T, db *DB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(db.reqs) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes queued, want %d", len(db.reqs), n)
+		}
+		time.Sleep(time.Millisecond) // polling a queue length: no event exists for it
+	}
+}
+
+func TestWriteAbandonedBeforeTakenWritesNothing(t *testing.T) {
+	db := openTest(t, Options{})
+	hold, held := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = db.Write(t.Context(), func(w *Writer) error {
+			close(held)
+			<-hold
+			return nil
+		})
+	}()
+	<-held
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := appendOne(ctx, db, "r", "x", nil)
+		done <- err
+	}()
+	waitQueued(t, db, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned write: %v", err)
+	}
+	close(hold)
+	if _, err := appendOne(t.Context(), db, "other", "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	if evs, _ := db.Events(t.Context(), "r", 0, 0); len(evs) != 0 {
+		t.Fatalf("abandoned write landed: %+v", evs)
+	}
+}
+
+func TestPanickingWriteIsAnError(t *testing.T) {
+	db := openTest(t, Options{})
+	err := db.Write(t.Context(), func(w *Writer) error {
+		_, _ = w.Append("r", "x", nil)
+		panic("bad")
+	})
+	if err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("err %v", err)
+	}
+	if ev, err := appendOne(t.Context(), db, "r", "x", nil); err != nil || ev.Seq != 1 {
+		t.Fatalf("after panic: seq %d, %v", ev.Seq, err)
+	}
+}
+
+func TestEventDataMustBeAnObject(t *testing.T) {
+	db := openTest(t, Options{})
+	for _, bad := range []any{json.RawMessage(`[1]`), json.RawMessage(`{"a":`), 42, "s"} {
+		if _, err := appendOne(t.Context(), db, "r", "x", bad); err == nil {
+			t.Errorf("data %v accepted", bad)
+		}
+	}
+}
+
+func TestEventJSONIsFlat(t *testing.T) {
+	at := time.Date(2026, 12, 1, 2, 3, 4, 5, time.UTC)
+	for _, tc := range []struct {
+		data json.RawMessage
+		want string
+	}{
+		{json.RawMessage(`{"text":"hi"}`), `{"seq":7,"type":"text.delta","room":"r\"1","time":"2026-12-01T02:03:04.000000005Z","text":"hi"}`},
+		{json.RawMessage(`{}`), `{"seq":7,"type":"text.delta","room":"r\"1","time":"2026-12-01T02:03:04.000000005Z"}`},
+	} {
+		b, err := json.Marshal(Event{Room: `r"1`, Seq: 7, Type: "text.delta", Time: at, Data: tc.data})
+		if err != nil || string(b) != tc.want {
+			t.Fatalf("got %s (%v), want %s", b, err, tc.want)
+		}
+	}
+}
+
+func TestSecondOpenIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agenthost.db")
+	db, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(t.Context(), path, Options{}); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second open: %v", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second close: %v", err)
+	}
+	if err := db.Write(t.Context(), func(*Writer) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("write after close: %v", err)
+	}
+	db2, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	_ = db2.Close()
+}
+
+func TestNewerSchemaIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agenthost.db")
+	db, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(fmt.Sprintf("PRAGMA user_version = %d", SchemaVersion+1)); err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.Close()
+	if _, err := Open(t.Context(), path, Options{}); !errors.Is(err, ErrNewerSchema) {
+		t.Fatalf("open: %v", err)
+	}
+}
+
+func TestRecordsRoundTrip(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	now := time.Now()
+	err := db.Write(ctx, func(w *Writer) error {
+		ev, err := w.Append("r", "message.accepted", map[string]string{"message_id": "m1"})
+		if err != nil {
+			return err
+		}
+		if err := w.PutMessage(Message{ID: "m1", Room: "r", Seq: ev.Seq, Sender: "ann", Text: "hi", Delivery: "queue", Status: MessageAccepted, Accepted: ev.Time}); err != nil {
+			return err
+		}
+		if err := w.PutMessage(Message{ID: "m2", Room: "r", Seq: ev.Seq + 1, Text: "later", Delivery: "queue", Status: MessageQueued, Accepted: now}); err != nil {
+			return err
+		}
+		if err := w.PutTurn(Turn{ID: "t1", Room: "r", MessageID: "m1", Started: now}); err != nil {
+			return err
+		}
+		if err := w.UpdateMessage("m1", MessageStarted, "t1", "", ""); err != nil {
+			return err
+		}
+		if err := w.SetSession("r", "omp", "sess-1"); err != nil {
+			return err
+		}
+		if err := w.PutApproval(Approval{ID: "a1", Room: "r", TurnID: "t1", Tool: "bash", Input: "ls", Options: []string{"Approve", "Deny"}, Created: now, Deadline: now.Add(time.Minute)}); err != nil {
+			return err
+		}
+		return w.PutQuestion(Question{ID: "q1", Room: "r", TurnID: "t1", Title: "which?", Options: []string{"a", "b"}, Created: now, Deadline: now.Add(time.Minute)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	room, err := db.Room(ctx, "r")
+	if err != nil || room.SessionID != "sess-1" || room.Agent != "omp" || room.LastSeq != 1 {
+		t.Fatalf("room %+v, %v", room, err)
+	}
+	if _, err := db.Room(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown room: %v", err)
+	}
+	open, err := db.OpenMessages(ctx)
+	if err != nil || len(open) != 2 || open[0].ID != "m1" || open[0].Status != MessageStarted || open[0].TurnID != "t1" {
+		t.Fatalf("open messages %+v, %v", open, err)
+	}
+	turns, err := db.OpenTurns(ctx)
+	if err != nil || len(turns) != 1 || turns[0].ID != "t1" {
+		t.Fatalf("open turns %+v, %v", turns, err)
+	}
+	if ap, err := db.Approvals(ctx, "r", true); err != nil || len(ap) != 1 || ap[0].Options[1] != "Deny" {
+		t.Fatalf("approvals %+v, %v", ap, err)
+	}
+
+	// Guarded transitions: each happens once.
+	resolve := func(id string) error {
+		return db.Write(ctx, func(w *Writer) error { return w.ResolveApproval("r", id, "allow", "person") })
+	}
+	if err := resolve("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := resolve("a1"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("resolve twice: %v", err)
+	}
+	if err := resolve("zz"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("resolve unknown: %v", err)
+	}
+	if err := db.Write(ctx, func(w *Writer) error { return w.ResolveApproval("other", "a1", "deny", "person") }); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("resolve in another room: %v", err)
+	}
+	answer := func() error {
+		return db.Write(ctx, func(w *Writer) error { return w.AnswerQuestion("r", "q1", "a", "person") })
+	}
+	if err := answer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := answer(); !errors.Is(err, ErrConflict) {
+		t.Fatalf("answer twice: %v", err)
+	}
+	end := func() error {
+		return db.Write(ctx, func(w *Writer) error {
+			if err := w.EndTurn("t1", "settled", "", "done"); err != nil {
+				return err
+			}
+			return w.UpdateMessage("m1", MessageEnded, "", "settled", "")
+		})
+	}
+	if err := end(); err != nil {
+		t.Fatal(err)
+	}
+	if err := end(); !errors.Is(err, ErrConflict) {
+		t.Fatalf("end twice: %v", err)
+	}
+	m, err := db.Message(ctx, "r", "m1")
+	if err != nil || m.Status != MessageEnded || m.Outcome != "settled" || m.TurnID != "t1" || m.Ended.IsZero() {
+		t.Fatalf("message %+v, %v", m, err)
+	}
+	if err := db.Write(ctx, func(w *Writer) error { return w.UpdateMessage("nope", MessageQueued, "", "", "") }); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("update unknown message: %v", err)
+	}
+	if _, err := putReceipt(ctx, db, "r"); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := db.Receipts(ctx, "r")
+	if err != nil || len(rs) != 1 || string(rs[0].Receipt) != `{"ok":true}` {
+		t.Fatalf("receipts %+v, %v", rs, err)
+	}
+}
+
+func putReceipt(ctx context.Context, db *DB, room string) (int64, error) {
+	var id int64
+	err := db.Write(ctx, func(w *Writer) error {
+		var err error
+		id, err = w.PutReceipt(room, json.RawMessage(`{"ok":true}`))
+		return err
+	})
+	return id, err
+}
+
+// A host killed with SIGKILL loses no write it acknowledged: a helper
+// process writes as fast as it can and prints each id once Write returned;
+// every printed id is in the store after the kill.
+func TestKilledHostLosesNoAcknowledgedWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agenthost.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "STORE_TEST_WRITER="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var acked []string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		acked = append(acked, sc.Text())
+		if len(acked) == 2000 {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			break
+		}
+	}
+	for sc.Scan() {
+		acked = append(acked, sc.Text()) // printed before the kill landed
+	}
+	_ = cmd.Wait()
+	if len(acked) < 2000 {
+		t.Fatalf("helper acknowledged %d writes: %s", len(acked), stderr.String())
+	}
+	db, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, id := range acked {
+		if _, err := db.Message(t.Context(), "r", id); err != nil {
+			t.Fatalf("acknowledged message %s lost: %v", id, err)
+		}
+	}
+	evs, err := db.Events(t.Context(), "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("seq %d at %d after recovery", ev.Seq, i)
+		}
+	}
+	// Writes go on from the recovered sequence.
+	ev, err := appendOne(t.Context(), db, "r", "x", nil)
+	if err != nil || ev.Seq != int64(len(evs)+1) {
+		t.Fatalf("append after recovery: seq %d (%d events), %v", ev.Seq, len(evs), err)
+	}
+}
+
+// Writes racing Close either land (nil, and are stored) or fail with
+// ErrClosed; none hangs.
+func TestWritesRacingCloseEndCleanly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agenthost.db")
+	db, err := Open(t.Context(), path, Options{Queue: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	landed := 0
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				_, err := appendOne(ctx, db, "r", "x", map[string]int{"g": g, "i": i})
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				landed++
+				mu.Unlock()
+			}
+		}()
+	}
+	waitQueued(t, db, 4)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	db, err = Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if s, _ := db.LastSeq(t.Context(), "r"); s != int64(landed) {
+		t.Fatalf("%d writes acknowledged, %d stored", landed, s)
+	}
+}

@@ -1,0 +1,246 @@
+package room
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/store"
+)
+
+// fakeTransport starts fakeAgents. Its agents act on the prompt text:
+//
+//	hang          wait until the turn's context ends
+//	fail          the turn fails
+//	approve:TOOL  ask for approval, answer "allowed" or "denied"
+//	ask:TITLE     ask a question, answer "answer: <text>" or "no answer"
+//	anything else answered "ok: <text>", with one text delta
+type fakeTransport struct {
+	mu       sync.Mutex
+	starts   []AgentSpec
+	sessions map[string]bool // sessions that can be resumed
+	// forget makes resumes fail (ErrSessionNotFound); silent makes them
+	// quietly start a new session, as pi and omp do for a missing path.
+	forget, silent bool
+	prompts        []string
+	live           map[*fakeAgent]bool
+	n              int
+}
+
+func newFakeTransport() *fakeTransport {
+	return &fakeTransport{sessions: map[string]bool{}, live: map[*fakeAgent]bool{}}
+}
+
+func (f *fakeTransport) Start(ctx context.Context, spec AgentSpec) (Agent, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts = append(f.starts, spec)
+	sess := spec.SessionID
+	if sess != "" && (f.forget || f.silent || !f.sessions[sess]) {
+		if !f.silent {
+			return nil, fmt.Errorf("%w: %s", ErrSessionNotFound, sess)
+		}
+		sess = ""
+	}
+	if sess == "" {
+		f.n++
+		sess = fmt.Sprintf("sess-%d", f.n)
+		f.sessions[sess] = true
+	}
+	a := &fakeAgent{f: f, spec: spec, session: sess, done: make(chan struct{})}
+	f.live[a] = true
+	return a, nil
+}
+
+func (f *fakeTransport) resident() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live)
+}
+
+func (f *fakeTransport) lastPrompt() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.prompts) == 0 {
+		return ""
+	}
+	return f.prompts[len(f.prompts)-1]
+}
+
+type fakeAgent struct {
+	f       *fakeTransport
+	spec    AgentSpec
+	session string
+	once    sync.Once
+	done    chan struct{}
+	mu      sync.Mutex
+	steered []string
+}
+
+func (a *fakeAgent) SessionID() string { return a.session }
+
+func (a *fakeAgent) Run(ctx context.Context, text string) (TurnResult, error) {
+	a.f.mu.Lock()
+	a.f.prompts = append(a.f.prompts, text)
+	a.f.mu.Unlock()
+	h := a.spec.Handler
+	h.Event(AgentEvent{Kind: KindActivity})
+	switch {
+	case text == "hang":
+		select {
+		case <-ctx.Done():
+			return TurnResult{}, ctx.Err()
+		case <-a.done:
+			return TurnResult{}, errors.New("agent closed")
+		}
+	case text == "fail":
+		return TurnResult{}, errors.New("the model failed")
+	case strings.HasPrefix(text, "approve:"):
+		tool := strings.TrimPrefix(text, "approve:")
+		h.Event(AgentEvent{Kind: KindToolStarted, Tool: tool, CallID: "c1", Input: "ls"})
+		ok := h.Approve(ctx, ApprovalRequest{Tool: tool, Input: "ls", Options: []string{"Approve", "Deny"}})
+		if ctx.Err() != nil {
+			return TurnResult{}, ctx.Err()
+		}
+		if ok {
+			return TurnResult{Text: "allowed"}, nil
+		}
+		return TurnResult{Text: "denied"}, nil
+	case strings.HasPrefix(text, "ask:"):
+		ans, ok := h.Ask(ctx, QuestionRequest{Title: strings.TrimPrefix(text, "ask:"), Options: []string{"red", "blue"}})
+		if ctx.Err() != nil {
+			return TurnResult{}, ctx.Err()
+		}
+		if !ok {
+			return TurnResult{Text: "no answer"}, nil
+		}
+		return TurnResult{Text: "answer: " + ans}, nil
+	}
+	h.Event(AgentEvent{Kind: KindText, Text: "ok: "})
+	a.mu.Lock()
+	steered := strings.Join(a.steered, "+")
+	a.mu.Unlock()
+	if steered != "" {
+		return TurnResult{Text: "ok: " + text + " +" + steered}, nil
+	}
+	return TurnResult{Text: "ok: " + text}, nil
+}
+
+func (a *fakeAgent) Steer(ctx context.Context, text string) error {
+	a.mu.Lock()
+	a.steered = append(a.steered, text)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *fakeAgent) FollowUp(ctx context.Context, text string) error { return a.Steer(ctx, text) }
+
+func (a *fakeAgent) Close(ctx context.Context) (json.RawMessage, error) {
+	a.once.Do(func() { close(a.done) })
+	a.f.mu.Lock()
+	delete(a.f.live, a)
+	a.f.mu.Unlock()
+	return json.RawMessage(`{"processes":[]}`), nil
+}
+
+func (a *fakeAgent) Done() <-chan struct{} { return a.done }
+
+// harness is a manager on a fresh store with a fake transport.
+type harness struct {
+	t  *testing.T
+	db *store.DB
+	f  *fakeTransport
+	m  *Manager
+}
+
+func newHarness(t *testing.T, opts Options) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, db: db, f: newFakeTransport()}
+	opts.Store, opts.Transport, opts.Root = SQLite(db), h.f, filepath.Join(dir, "rooms")
+	h.m, err = New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = h.m.Close()
+		_ = db.Close()
+	})
+	return h
+}
+
+func (h *harness) submit(room, text string) Accepted {
+	h.t.Helper()
+	return h.submitAs(room, text, DeliverQueue)
+}
+
+func (h *harness) submitAs(room, text, delivery string) Accepted {
+	h.t.Helper()
+	acc, err := h.m.Submit(h.t.Context(), room, Message{Text: text, Sender: "ann", Delivery: delivery})
+	if err != nil {
+		h.t.Fatalf("submit %q to %q: %v", text, room, err)
+	}
+	return acc
+}
+
+// waitEvent waits for the room's first event after seq after of type typ
+// that match accepts (nil: any), and returns it.
+func (h *harness) waitEvent(room string, after int64, typ string, match func(map[string]any) bool) store.Event {
+	h.t.Helper()
+	watch, stop := h.db.Watch(room)
+	defer stop()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	for {
+		evs, err := h.db.Events(h.t.Context(), room, after, 0)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		for _, ev := range evs {
+			after = ev.Seq
+			if ev.Type != typ {
+				continue
+			}
+			var d map[string]any
+			_ = json.Unmarshal(ev.Data, &d)
+			if match == nil || match(d) {
+				return ev
+			}
+		}
+		select {
+		case <-watch:
+		case <-deadline.C:
+			h.t.Fatalf("room %q: no %s event after seq %d", room, typ, after)
+		}
+	}
+}
+
+// turnEnded waits for the end of the turn of message id and returns its
+// data.
+func (h *harness) turnEnded(room string, acc Accepted) map[string]any {
+	h.t.Helper()
+	ev := h.waitEvent(room, acc.Seq, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	var d map[string]any
+	_ = json.Unmarshal(ev.Data, &d)
+	return d
+}
+
+func field(ev store.Event, key string) string {
+	var d map[string]any
+	_ = json.Unmarshal(ev.Data, &d)
+	s, _ := d[key].(string)
+	return s
+}

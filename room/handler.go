@@ -1,0 +1,288 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/store"
+)
+
+// handler is a room's Handler, given to its agent.
+type handler struct {
+	m *Manager
+	r *roomState
+}
+
+// turn returns the room's running turn (nil for a run the agent started
+// by itself).
+func (h *handler) turn() *turnRun {
+	h.r.mu.Lock()
+	defer h.r.mu.Unlock()
+	return h.r.turn
+}
+
+func (h *handler) Event(ev AgentEvent) {
+	t := h.turn()
+	turnID := ""
+	if t != nil {
+		t.clock.activity()
+		turnID = t.id
+	}
+	if ev.Kind == KindActivity {
+		return
+	}
+	data := map[string]any{"turn_id": turnID}
+	switch ev.Kind {
+	case KindText:
+		data["text"] = ev.Text
+	case KindToolStarted:
+		data["tool"], data["call_id"], data["input"] = ev.Tool, ev.CallID, ev.Input
+	case KindToolEnded:
+		data["tool"], data["call_id"], data["output"], data["is_error"] = ev.Tool, ev.CallID, ev.Output, ev.IsError
+	default:
+		return
+	}
+	h.r.events.add(ev.Kind, data)
+}
+
+// await pauses the turn's clocks while a person decides, and returns the
+// decision from ch, or timedOut at the deadline, or neither when the turn
+// (or ctx, or the manager) ends first.
+func await[T any](ctx context.Context, m *Manager, t *turnRun, deadline time.Time, ch <-chan T) (v T, got, timedOut bool) {
+	var tdone <-chan struct{}
+	if t != nil {
+		t.clock.pause()
+		defer t.clock.resume()
+		tdone = t.ctx.Done()
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case v = <-ch:
+		return v, true, false
+	case <-timer.C:
+		return v, false, true
+	case <-ctx.Done():
+	case <-tdone:
+	case <-m.ctx.Done():
+	}
+	return v, false, false
+}
+
+func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
+	m, r := h.m, h.r
+	t := h.turn()
+	turnID := ""
+	if t != nil {
+		turnID = t.id
+	}
+	r.mu.Lock()
+	cfg, _ := m.configLocked(r)
+	r.mu.Unlock()
+	id := newID("a")
+	now := time.Now()
+	deadline := now.Add(cfg.ApprovalTimeout)
+	ch := make(chan bool, 1)
+	r.mu.Lock()
+	if r.approvals == nil {
+		r.approvals = map[string]chan bool{}
+	}
+	r.approvals[id] = ch
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.approvals, id)
+		r.mu.Unlock()
+	}()
+	r.events.flush() // the tool's own events come first
+	err := m.write(func(tx Tx) error {
+		if err := tx.PutApproval(store.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
+			Options: req.Options, Created: now, Deadline: deadline}); err != nil {
+			return err
+		}
+		_, err := tx.Append(r.id, "approval.requested", map[string]any{
+			"approval_id": id, "turn_id": turnID, "tool": req.Tool, "input": req.Input, "options": req.Options, "deadline": deadline.UTC(),
+		})
+		return err
+	})
+	if err != nil {
+		m.log.Error("room: recording an approval failed; denied", "room", r.id, "err", err)
+		return false
+	}
+	if m.opts.Policy != nil {
+		if d := m.opts.Policy(r.id, req); d != Ask {
+			if err := m.resolveApproval(context.Background(), r.id, id, d == Allow, "policy"); err == nil {
+				return d == Allow
+			}
+		}
+	}
+	allow, got, timedOut := await(ctx, m, t, deadline, ch)
+	if got {
+		return allow
+	}
+	by := "cancel"
+	if timedOut {
+		by = "deadline"
+	}
+	// Nobody decided: deny, unless a person got there first.
+	err = m.resolveApproval(context.Background(), r.id, id, false, by)
+	if errors.Is(err, ErrConflict) {
+		aps, _ := m.st.Approvals(context.Background(), r.id, false)
+		i := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id })
+		return i >= 0 && aps[i].Decision == "allow"
+	}
+	return false
+}
+
+// Approve records a person's decision on a pending approval:
+// ErrNotFound for an unknown one, ErrConflict for one already resolved.
+func (m *Manager) Approve(ctx context.Context, room, id string, allow bool) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	return m.resolveApproval(ctx, room, id, allow, "person")
+}
+
+func (m *Manager) resolveApproval(ctx context.Context, room, id string, allow bool, by string) error {
+	decision := "deny"
+	if allow {
+		decision = "allow"
+	}
+	err := m.st.Write(ctx, func(tx Tx) error {
+		if err := tx.ResolveApproval(room, id, decision, by); err != nil {
+			return err
+		}
+		_, err := tx.Append(room, "approval.resolved", map[string]string{"approval_id": id, "decision": decision, "by": by})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	r := m.rooms[room]
+	m.mu.Unlock()
+	if r != nil {
+		r.mu.Lock()
+		if ch := r.approvals[id]; ch != nil {
+			select {
+			case ch <- allow:
+			default:
+			}
+		}
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
+	m, r := h.m, h.r
+	t := h.turn()
+	turnID := ""
+	if t != nil {
+		turnID = t.id
+	}
+	r.mu.Lock()
+	cfg, _ := m.configLocked(r)
+	r.mu.Unlock()
+	id := newID("q")
+	now := time.Now()
+	deadline := now.Add(cfg.QuestionTimeout)
+	ch := make(chan answer, 1)
+	// qmu is held from the write to the registration: a message that saw
+	// question.asked must find the question waiting for its answer.
+	r.events.flush()
+	r.qmu.Lock()
+	err := m.write(func(tx Tx) error {
+		if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
+			Created: now, Deadline: deadline}); err != nil {
+			return err
+		}
+		_, err := tx.Append(r.id, "question.asked", map[string]any{
+			"question_id": id, "turn_id": turnID, "title": req.Title, "options": req.Options, "deadline": deadline.UTC(),
+		})
+		return err
+	})
+	if err != nil {
+		r.qmu.Unlock()
+		m.log.Error("room: recording a question failed; cancelled", "room", r.id, "err", err)
+		return "", false
+	}
+	if r.questions == nil {
+		r.questions = map[string]chan answer{}
+	}
+	r.questions[id] = ch
+	r.questionQ = append(r.questionQ, id)
+	r.qmu.Unlock()
+	defer func() {
+		r.qmu.Lock()
+		delete(r.questions, id)
+		r.questionQ = slices.DeleteFunc(r.questionQ, func(q string) bool { return q == id })
+		r.qmu.Unlock()
+	}()
+	a, got, timedOut := await(ctx, m, t, deadline, ch)
+	if got {
+		return a.text, a.ok
+	}
+	by := "cancel"
+	if timedOut {
+		by = "deadline"
+	}
+	if err := m.answerQuestion(context.Background(), r.id, id, "", by, false); errors.Is(err, ErrConflict) {
+		qs, _ := m.st.Questions(context.Background(), r.id, false)
+		if i := slices.IndexFunc(qs, func(q store.Question) bool { return q.ID == id }); i >= 0 {
+			return qs[i].Answer, true
+		}
+	}
+	if timedOut {
+		// Cancelled for the room, but the turn goes on: the agent is told
+		// that nobody answered (a cancelled dialog would abort omp's turn).
+		return NoAnswer, true
+	}
+	return "", false
+}
+
+// NoAnswer is what the agent is told when nobody answered its question
+// before the deadline.
+const NoAnswer = "[no answer: nobody answered before the deadline; go on without it]"
+
+// Answer records a person's answer to a pending question: ErrNotFound
+// for an unknown one, ErrConflict for one already answered.
+func (m *Manager) Answer(ctx context.Context, room, id, text string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if len(text) > MaxMessageBytes {
+		return fmt.Errorf("%w: answer over %d bytes", ErrBadMessage, MaxMessageBytes)
+	}
+	return m.answerQuestion(ctx, room, id, text, "person", true)
+}
+
+func (m *Manager) answerQuestion(ctx context.Context, room, id, text, by string, ok bool) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
+		if err := tx.AnswerQuestion(room, id, text, by); err != nil {
+			return err
+		}
+		_, err := tx.Append(room, "question.answered", map[string]any{"question_id": id, "answer": text, "by": by, "cancelled": !ok})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	r := m.rooms[room]
+	m.mu.Unlock()
+	if r != nil {
+		r.qmu.Lock()
+		if ch := r.questions[id]; ch != nil {
+			select {
+			case ch <- answer{text: text, ok: ok}:
+			default:
+			}
+		}
+		r.qmu.Unlock()
+	}
+	return nil
+}

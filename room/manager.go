@@ -1,0 +1,949 @@
+// Package room hosts conversations ("rooms"): each room owns at most one
+// resident agent (through a Transport), one agent session, one workspace
+// and one agent home, runs one turn at a time in the order messages were
+// accepted, and records every step in a durable, replayable event log.
+//
+// A message is accepted only once it is durably stored; its life is then
+// visible as events (message.accepted, message.queued, turn.started,
+// turn.ended), and its turn ends with exactly one outcome: settled,
+// failed, cancelled or timed_out. Approvals and questions are durable
+// objects answered through the Manager; a deadline denies (never allows)
+// an approval. A host that died is recovered at Start: queued messages run
+// again in order, turns that were running end failed ("host restarted"),
+// and pending approvals are denied.
+package room
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/store"
+)
+
+// Turn outcomes.
+const (
+	OutcomeSettled   = "settled"
+	OutcomeFailed    = "failed"
+	OutcomeCancelled = "cancelled"
+	OutcomeTimedOut  = "timed_out"
+)
+
+var (
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("room: manager closed")
+	// ErrNotStarted is returned before Start.
+	ErrNotStarted = errors.New("room: manager not started")
+	// ErrQueueFull is returned by Submit when the room's queue is full.
+	ErrQueueFull = errors.New("room: queue full")
+	// ErrNoTurn is returned by Cancel when no turn runs.
+	ErrNoTurn = errors.New("room: no turn running")
+	// ErrBadMessage is returned for a message Submit cannot take.
+	ErrBadMessage = errors.New("room: invalid message")
+	// ErrNotFound and ErrConflict come from the store: an unknown
+	// approval or question, or one already resolved.
+	ErrNotFound = store.ErrNotFound
+	ErrConflict = store.ErrConflict
+)
+
+// Why a turn's context ended, when the room ended it.
+var (
+	errCancelled = errors.New("cancelled")
+	errShutdown  = errors.New("host shutting down")
+)
+
+// Manager runs rooms. Create it with New, call Start, and Close it last.
+type Manager struct {
+	opts Options
+	st   Store
+	log  *slog.Logger
+
+	ctx    context.Context // the manager's lifetime
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // workers, janitor, clocks
+
+	mu        sync.Mutex
+	started   bool
+	closing   bool
+	rooms     map[string]*roomState
+	resident  int
+	slotFreed chan struct{} // closed and replaced when a slot frees
+}
+
+// roomState is a room's life in memory. Lock order: Manager.mu before
+// roomState.mu.
+type roomState struct {
+	id, dir string
+	events  *eventLog // the agent's events, written in batches
+
+	mu        sync.Mutex
+	cfg       *Config // filled and validated at first use
+	queue     []queued
+	working   bool // a worker goroutine serves the queue
+	agent     Agent
+	session   string
+	lost      bool // the next prompt carries the transcript
+	turn      *turnRun
+	lastUsed  time.Time
+	approvals map[string]chan bool
+
+	qmu       sync.Mutex // guards questions and questionQ (never under mu)
+	questions map[string]chan answer
+	questionQ []string // pending question ids, oldest first
+}
+
+type queued struct {
+	id, text string
+	seq      int64 // of its message.accepted event
+}
+
+type turnRun struct {
+	id, messageID string
+	messageSeq    int64
+	ctx           context.Context
+	cancel        context.CancelCauseFunc
+	clock         *clock
+	joined        []string // messages steered or followed up into it
+	// prompted: the agent is about to get (or has) the prompt; before
+	// that, deliveries join the prompt's text (early).
+	prompted bool
+	early    []string
+}
+
+type answer struct {
+	text string
+	ok   bool
+}
+
+// New checks opts and returns a Manager; Start recovers and starts it.
+func New(opts Options) (*Manager, error) {
+	if opts.Store == nil || opts.Transport == nil {
+		return nil, errors.New("room: Options.Store and Options.Transport are required")
+	}
+	if opts.Root == "" {
+		return nil, errors.New("room: Options.Root is required")
+	}
+	opts.fill()
+	if err := validateTools(opts.Tools); err != nil {
+		return nil, err
+	}
+	c := opts.Config
+	c.fill()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Manager{
+		opts: opts, st: opts.Store, log: opts.Logger, ctx: ctx, cancel: cancel,
+		rooms: map[string]*roomState{}, slotFreed: make(chan struct{}),
+	}, nil
+}
+
+func newID(prefix string) string {
+	var b [9]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// Start recovers what a previous host left (see the package doc) and
+// starts serving rooms.
+func (m *Manager) Start(ctx context.Context) error {
+	m.mu.Lock()
+	if m.started || m.closing {
+		m.mu.Unlock()
+		return errors.New("room: Start called twice")
+	}
+	m.started = true
+	m.mu.Unlock()
+	if err := os.MkdirAll(m.opts.Root, 0o700); err != nil {
+		return fmt.Errorf("room: root: %w", err)
+	}
+	if err := m.recover(ctx); err != nil {
+		return err
+	}
+	m.wg.Add(1)
+	go m.janitor()
+	return nil
+}
+
+func (m *Manager) recover(ctx context.Context) error {
+	turns, err := m.st.OpenTurns(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range turns {
+		err := m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.EndTurn(t.ID, OutcomeFailed, "host restarted", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(t.Room, "turn.ended", map[string]string{
+				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": "host restarted", "text": "",
+			})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	aps, err := m.st.Approvals(ctx, "", true)
+	if err != nil {
+		return err
+	}
+	for _, a := range aps {
+		if err := m.resolveApproval(ctx, a.Room, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
+			return err
+		}
+	}
+	qs, err := m.st.Questions(ctx, "", true)
+	if err != nil {
+		return err
+	}
+	for _, q := range qs {
+		if err := m.answerQuestion(ctx, q.Room, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
+			return err
+		}
+	}
+	msgs, err := m.st.OpenMessages(ctx)
+	if err != nil {
+		return err
+	}
+	for _, msg := range msgs {
+		if msg.Status == store.MessageStarted {
+			// Its turn died with the host (or it was steered into one).
+			err := m.st.Write(ctx, func(tx Tx) error {
+				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, "host restarted")
+			})
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		r, err := m.room(msg.Room)
+		if err != nil {
+			m.log.Error("room: stored message for an invalid room id", "err", err)
+			continue
+		}
+		if msg.Status == store.MessageAccepted {
+			err := m.st.Write(ctx, func(tx Tx) error {
+				if err := tx.UpdateMessage(msg.ID, store.MessageQueued, "", "", ""); err != nil {
+					return err
+				}
+				_, err := tx.Append(msg.Room, "message.queued", map[string]any{"message_id": msg.ID, "recovered": true})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+		}
+		r.mu.Lock()
+		r.queue = append(r.queue, queued{id: msg.ID, text: msg.Text, seq: msg.Seq})
+		m.ensureWorkerLocked(r)
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// room returns the room's state, creating it.
+func (m *Manager) room(id string) (*roomState, error) {
+	if err := ValidateID(id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return nil, ErrClosed
+	}
+	if !m.started {
+		return nil, ErrNotStarted
+	}
+	r := m.rooms[id]
+	if r == nil {
+		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, dirName(id))}
+		r.events = newEventLog(m, id)
+		m.rooms[id] = r
+	}
+	return r, nil
+}
+
+// config returns the room's filled configuration.
+func (m *Manager) configLocked(r *roomState) (Config, error) {
+	if r.cfg == nil {
+		c := m.opts.Config
+		if m.opts.RoomConfig != nil {
+			c = c.merge(m.opts.RoomConfig(r.id))
+		}
+		c.fill()
+		if err := c.validate(); err != nil {
+			return Config{}, err
+		}
+		r.cfg = &c
+	}
+	return *r.cfg, nil
+}
+
+// Message is what Submit takes.
+type Message struct {
+	Text   string
+	Sender string
+	// Delivery is DeliverQueue (default), DeliverSteer or DeliverFollowUp.
+	Delivery string
+}
+
+// Accepted is a durably accepted message.
+type Accepted struct {
+	ID string `json:"id"`
+	// Seq is the sequence number of its message.accepted event.
+	Seq int64 `json:"seq"`
+}
+
+// Submit accepts a message into the room and returns once it is durably
+// stored. A question pending in the room takes the message as its answer;
+// otherwise it is queued (or, for steer and follow_up while a turn runs,
+// delivered into that turn).
+func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepted, error) {
+	switch {
+	case msg.Delivery == "":
+		msg.Delivery = DeliverQueue
+	case msg.Delivery != DeliverQueue && msg.Delivery != DeliverSteer && msg.Delivery != DeliverFollowUp:
+		return Accepted{}, fmt.Errorf("%w: delivery %q", ErrBadMessage, msg.Delivery)
+	}
+	if msg.Text == "" || len(msg.Text) > MaxMessageBytes {
+		return Accepted{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrBadMessage, MaxMessageBytes)
+	}
+	r, err := m.room(room)
+	if err != nil {
+		return Accepted{}, err
+	}
+	id := newID("m")
+	var question string
+	r.qmu.Lock()
+	if len(r.questionQ) > 0 {
+		question = r.questionQ[0]
+	}
+	r.qmu.Unlock()
+	r.mu.Lock()
+	if _, err := m.configLocked(r); err != nil {
+		r.mu.Unlock()
+		return Accepted{}, err
+	}
+	into := r.turn
+	if question != "" || msg.Delivery != DeliverQueue && into != nil {
+		// Answers and deliveries into a turn take no queue place.
+	} else if len(r.queue) >= m.opts.QueueLimit {
+		r.mu.Unlock()
+		return Accepted{}, fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
+	}
+	r.mu.Unlock()
+
+	now := time.Now()
+	var acc Accepted
+	status := store.MessageQueued
+	if question != "" || msg.Delivery != DeliverQueue && into != nil {
+		status = store.MessageAccepted
+	}
+	err = m.st.Write(ctx, func(tx Tx) error {
+		ev, err := tx.Append(room, "message.accepted", map[string]string{
+			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
+		})
+		if err != nil {
+			return err
+		}
+		acc = Accepted{ID: id, Seq: ev.Seq}
+		if err := tx.PutMessage(store.Message{ID: id, Room: room, Seq: ev.Seq, Sender: msg.Sender, Text: msg.Text,
+			Delivery: msg.Delivery, Status: status, Accepted: now}); err != nil {
+			return err
+		}
+		if status == store.MessageQueued {
+			_, err = tx.Append(room, "message.queued", map[string]any{"message_id": id})
+		}
+		return err
+	})
+	if err != nil {
+		return Accepted{}, err
+	}
+	switch {
+	case question != "":
+		err := m.answerQuestion(ctx, room, question, msg.Text, "message", true)
+		if err == nil {
+			return acc, m.endMessage(ctx, room, id, "", OutcomeSettled, "answered question "+question)
+		}
+		// The question was answered meanwhile: the message runs as a turn.
+	case msg.Delivery != DeliverQueue && into != nil:
+		if m.deliver(ctx, r, into, id, msg) {
+			return acc, nil
+		}
+	default:
+		m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
+		return acc, nil
+	}
+	// Fall back to the queue.
+	err = m.st.Write(ctx, func(tx Tx) error {
+		if err := tx.UpdateMessage(id, store.MessageQueued, "", "", ""); err != nil {
+			return err
+		}
+		_, err := tx.Append(room, "message.queued", map[string]any{"message_id": id})
+		return err
+	})
+	if err != nil {
+		return acc, err
+	}
+	m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
+	return acc, nil
+}
+
+func (m *Manager) enqueue(r *roomState, q queued) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queue = append(r.queue, q)
+	m.ensureWorkerLocked(r)
+}
+
+// deliver steers or follows up a message into the running turn; false if
+// that turn is over or the agent refused.
+func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id string, msg Message) bool {
+	r.mu.Lock()
+	a := r.agent
+	live := r.turn == t
+	if live {
+		t.joined = append(t.joined, id)
+		if !t.prompted {
+			// The agent has not had the turn's prompt yet: the text
+			// goes with it.
+			t.early = append(t.early, msg.Text)
+			a = nil
+		}
+	}
+	r.mu.Unlock()
+	if !live {
+		return false
+	}
+	if a == nil {
+		err := m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.UpdateMessage(id, store.MessageStarted, t.id, "", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery, "with": "prompt"})
+			return err
+		})
+		return err == nil
+	}
+	var err error
+	if msg.Delivery == DeliverSteer {
+		err = a.Steer(ctx, msg.Text)
+	} else {
+		err = a.FollowUp(ctx, msg.Text)
+	}
+	if err == nil {
+		err = m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.UpdateMessage(id, store.MessageStarted, t.id, "", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery})
+			return err
+		})
+	}
+	if err != nil {
+		m.log.Warn("room: delivery into the running turn failed; queued instead", "room", r.id, "err", err)
+		r.mu.Lock()
+		for i, j := range t.joined {
+			if j == id {
+				t.joined = append(t.joined[:i], t.joined[i+1:]...)
+				break
+			}
+		}
+		r.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+func (m *Manager) endMessage(ctx context.Context, room, id, turnID, outcome, reason string) error {
+	return m.st.Write(ctx, func(tx Tx) error {
+		return tx.UpdateMessage(id, store.MessageEnded, turnID, outcome, reason)
+	})
+}
+
+func (m *Manager) ensureWorkerLocked(r *roomState) {
+	if r.working {
+		return
+	}
+	r.working = true
+	m.wg.Add(1)
+	go m.work(r)
+}
+
+// work serves the room's queue, one turn at a time, until it is empty.
+func (m *Manager) work(r *roomState) {
+	defer m.wg.Done()
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 || m.ctx.Err() != nil {
+			r.working = false
+			r.mu.Unlock()
+			return
+		}
+		q := r.queue[0]
+		r.queue = r.queue[1:]
+		r.mu.Unlock()
+		m.runTurn(r, q)
+	}
+}
+
+// write is a store write that must not be lost to a cancelled turn: it
+// runs on its own bounded context.
+func (m *Manager) write(fn func(tx Tx) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return m.st.Write(ctx, fn)
+}
+
+func (m *Manager) runTurn(r *roomState, q queued) {
+	r.mu.Lock()
+	cfg, _ := m.configLocked(r) // validated at Submit
+	tctx, cancel := context.WithCancelCause(m.ctx)
+	t := &turnRun{id: newID("t"), messageID: q.id, messageSeq: q.seq, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness)}
+	r.turn = t
+	r.lastUsed = time.Now()
+	r.mu.Unlock()
+	defer cancel(nil)
+
+	err := m.write(func(tx Tx) error {
+		if err := tx.PutTurn(store.Turn{ID: t.id, Room: r.id, MessageID: q.id, Started: time.Now()}); err != nil {
+			return err
+		}
+		if err := tx.UpdateMessage(q.id, store.MessageStarted, t.id, "", ""); err != nil {
+			return err
+		}
+		_, err := tx.Append(r.id, "turn.started", map[string]string{"turn_id": t.id, "message_id": q.id})
+		return err
+	})
+	outcome, reason, text := OutcomeFailed, "", ""
+	if err != nil {
+		reason = "store: " + err.Error()
+	} else {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			t.clock.watch(tctx, cancel)
+		}()
+		outcome, reason, text = m.execute(r, t, cfg, q.text)
+	}
+	if outcome != OutcomeSettled {
+		// A turn that did not settle retires its agent before the next.
+		m.release(r, "turn "+outcome)
+	}
+	r.events.flush() // the turn's events come before its end
+	r.mu.Lock()
+	r.turn = nil
+	r.lastUsed = time.Now()
+	joined := t.joined
+	r.mu.Unlock()
+	err = m.write(func(tx Tx) error {
+		if err := tx.EndTurn(t.id, outcome, reason, text); err != nil {
+			return err
+		}
+		for _, id := range append([]string{q.id}, joined...) {
+			if err := tx.UpdateMessage(id, store.MessageEnded, "", outcome, reason); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Append(r.id, "turn.ended", map[string]string{
+			"turn_id": t.id, "message_id": q.id, "outcome": outcome, "reason": reason, "text": text,
+		})
+		return err
+	})
+	if err != nil {
+		m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
+	}
+}
+
+// execute runs the turn on the room's agent and judges its outcome.
+func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (outcome, reason, final string) {
+	a, err := m.ensureAgent(t.ctx, r, cfg)
+	if err == nil {
+		r.mu.Lock()
+		lost := r.lost
+		r.lost = false
+		r.mu.Unlock()
+		if lost {
+			text = m.transcript(r.id, t.messageSeq) + text
+		}
+		r.mu.Lock()
+		for _, e := range t.early {
+			text += "\n\n" + e
+		}
+		t.prompted = true
+		r.mu.Unlock()
+		var res TurnResult
+		res, err = a.Run(t.ctx, text)
+		if err == nil && t.ctx.Err() == nil {
+			if res.Uncertain {
+				return OutcomeSettled, "uncertain: the agent's state could not be confirmed after the turn", res.Text
+			}
+			return OutcomeSettled, "", res.Text
+		}
+	}
+	switch cause := context.Cause(t.ctx); {
+	case errors.Is(cause, errCancelled):
+		return OutcomeCancelled, "cancelled", ""
+	case errors.Is(cause, errShutdown):
+		return OutcomeCancelled, errShutdown.Error(), ""
+	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled):
+		return OutcomeTimedOut, cause.Error(), ""
+	case err != nil:
+		return OutcomeFailed, err.Error(), ""
+	default:
+		return OutcomeFailed, cause.Error(), ""
+	}
+}
+
+// ensureAgent returns the room's resident agent, starting it through the
+// resume ladder: resume the recorded session and verify it; if it cannot
+// be resumed, start fresh, say so (context.lost), and owe the agent the
+// room's transcript.
+func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Agent, error) {
+	r.mu.Lock()
+	a := r.agent
+	r.mu.Unlock()
+	if a != nil {
+		select {
+		case <-a.Done():
+			m.release(r, "agent exited")
+		default:
+			return a, nil
+		}
+	}
+	if err := m.acquireSlot(ctx, r); err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			m.freeSlot()
+		}
+	}()
+	sess := r.sessionID(ctx, m.st)
+	for _, d := range []string{filepath.Join(r.dir, "workspace"), filepath.Join(r.dir, "home")} {
+		if err := mkdirNoLink(d); err != nil {
+			return nil, err
+		}
+	}
+	spec := AgentSpec{Room: r.id, Workspace: filepath.Join(r.dir, "workspace"), Home: filepath.Join(r.dir, "home"),
+		SessionID: sess, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
+	if m.opts.MCP != nil {
+		servers, err := m.opts.MCP(ctx, r.id, spec.Workspace)
+		if err == nil {
+			err = validateMCP(servers)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("resolving the room's MCP servers: %w", err)
+		}
+		spec.MCP = servers
+	}
+	a, err := m.opts.Transport.Start(ctx, spec)
+	lost := ""
+	switch {
+	case sess == "":
+	case errors.Is(err, ErrSessionNotFound):
+		lost = "the agent could not resume session " + sess
+		spec.SessionID = ""
+		a, err = m.opts.Transport.Start(ctx, spec)
+	case err == nil && a.SessionID() != sess:
+		lost = "the agent started session " + a.SessionID() + " instead of resuming " + sess
+	}
+	if err != nil {
+		return nil, fmt.Errorf("starting the agent: %w", err)
+	}
+	started = true
+	r.mu.Lock()
+	r.agent, r.session = a, a.SessionID()
+	if lost != "" {
+		r.lost = true
+	}
+	r.mu.Unlock()
+	err = m.write(func(tx Tx) error {
+		if err := tx.SetSession(r.id, cfg.Agent, a.SessionID()); err != nil {
+			return err
+		}
+		if _, err := tx.Append(r.id, "agent.started", map[string]any{
+			"session_id": a.SessionID(), "resumed": sess != "" && lost == "",
+		}); err != nil {
+			return err
+		}
+		if lost != "" {
+			_, err := tx.Append(r.id, "context.lost", map[string]string{"previous_session_id": sess, "reason": lost})
+			return err
+		}
+		return nil
+	})
+	return a, err
+}
+
+// sessionID is the room's recorded session.
+func (r *roomState) sessionID(ctx context.Context, st Store) string {
+	r.mu.Lock()
+	s := r.session
+	r.mu.Unlock()
+	if s != "" {
+		return s
+	}
+	if rec, err := st.Room(ctx, r.id); err == nil {
+		return rec.SessionID
+	}
+	return ""
+}
+
+// mkdirNoLink creates dir; an existing symlink there is refused, so a
+// workspace cannot be pointed outside the root.
+func mkdirNoLink(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return fmt.Errorf("room: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("room: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("room: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("room: %s is not a plain directory", filepath.Base(dir))
+	}
+	return nil
+}
+
+// transcript is the room's own record of the conversation before the
+// message accepted at seq upTo, bounded by TranscriptBytes (the newest
+// part kept).
+func (m *Manager) transcript(room string, upTo int64) string {
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	// Each exchange costs at least a few bytes: this many cover the budget.
+	xs, err := m.st.Exchanges(ctx, room, upTo, m.opts.TranscriptBytes/16+1)
+	if err != nil || len(xs) == 0 {
+		return ""
+	}
+	var lines []string // newest first
+	n := 0
+	for _, x := range xs {
+		entry := "user"
+		if x.Sender != "" {
+			entry += " (" + x.Sender + ")"
+		}
+		entry += ": " + x.Text + "\n"
+		if x.Answer != "" {
+			entry += "assistant: " + x.Answer + "\n"
+		}
+		if n+len(entry) > m.opts.TranscriptBytes {
+			break
+		}
+		lines = append(lines, entry)
+		n += len(entry)
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	slices.Reverse(lines)
+	return "[The previous agent session of this conversation was lost. The conversation so far, from the room's own record:]\n" +
+		strings.Join(lines, "") + "[End of the earlier conversation. The new message follows.]\n\n"
+}
+
+// acquireSlot waits for a resident slot, releasing the least recently
+// used idle room when all are taken.
+func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
+	for {
+		m.mu.Lock()
+		if m.resident < m.opts.MaxResident {
+			m.resident++
+			m.mu.Unlock()
+			return nil
+		}
+		var victim *roomState
+		for _, r := range m.rooms {
+			if r == self {
+				continue
+			}
+			r.mu.Lock()
+			if r.agent != nil && r.turn == nil && (victim == nil || r.lastUsed.Before(victim.lastUsed)) {
+				victim = r
+			}
+			r.mu.Unlock()
+		}
+		freed := m.slotFreed
+		m.mu.Unlock()
+		if victim != nil {
+			m.releaseIfIdle(victim, "evicted: max resident reached")
+			continue
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for an agent slot (%d resident): %w", m.opts.MaxResident, context.Cause(ctx))
+		}
+	}
+}
+
+func (m *Manager) freeSlot() {
+	m.mu.Lock()
+	m.resident--
+	close(m.slotFreed)
+	m.slotFreed = make(chan struct{})
+	m.mu.Unlock()
+}
+
+// releaseIfIdle releases the room's agent unless a turn runs.
+func (m *Manager) releaseIfIdle(r *roomState, reason string) {
+	r.mu.Lock()
+	busy := r.turn != nil
+	r.mu.Unlock()
+	if !busy {
+		m.release(r, reason)
+	}
+}
+
+// release closes the room's agent, if resident, and records its receipt.
+func (m *Manager) release(r *roomState, reason string) {
+	r.mu.Lock()
+	a := r.agent
+	r.agent = nil
+	r.mu.Unlock()
+	if a == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.ShutdownBudget)
+	receipt, err := a.Close(ctx)
+	cancel()
+	m.freeSlot()
+	data := map[string]any{"reason": reason}
+	if len(receipt) > 0 {
+		data["receipt"] = receipt
+	}
+	if err != nil {
+		data["error"] = err.Error()
+		m.log.Error("room: releasing the agent", "room", r.id, "err", err)
+	}
+	werr := m.write(func(tx Tx) error {
+		if len(receipt) > 0 {
+			if _, err := tx.PutReceipt(r.id, receipt); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Append(r.id, "agent.released", data)
+		return err
+	})
+	if werr != nil {
+		m.log.Error("room: recording a release failed", "room", r.id, "err", werr)
+	}
+}
+
+// janitor releases rooms idle for IdleAfter.
+func (m *Manager) janitor() {
+	defer m.wg.Done()
+	tick := time.NewTicker(min(m.opts.IdleAfter/4, 5*time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var idle []*roomState
+		m.mu.Lock()
+		for _, r := range m.rooms {
+			r.mu.Lock()
+			if r.agent != nil && r.turn == nil && len(r.queue) == 0 && time.Since(r.lastUsed) >= m.opts.IdleAfter {
+				idle = append(idle, r)
+			}
+			r.mu.Unlock()
+		}
+		m.mu.Unlock()
+		for _, r := range idle {
+			m.releaseIfIdle(r, "idle")
+		}
+	}
+}
+
+// Cancel ends the room's running turn as cancelled.
+func (m *Manager) Cancel(ctx context.Context, room string) error {
+	r, err := m.room(room)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	t := r.turn
+	r.mu.Unlock()
+	if t == nil {
+		return ErrNoTurn
+	}
+	t.cancel(errCancelled)
+	return nil
+}
+
+// Release releases the room's agent (not while a turn runs).
+func (m *Manager) Release(ctx context.Context, room string) error {
+	r, err := m.room(room)
+	if err != nil {
+		return err
+	}
+	m.releaseIfIdle(r, "released on request")
+	return nil
+}
+
+// Close stops accepting messages, cancels running turns ("host shutting
+// down"; their queued successors stay queued in the store for the next
+// start), and releases every agent within ShutdownBudget, recording each
+// receipt.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	m.closing = true
+	rooms := make([]*roomState, 0, len(m.rooms))
+	for _, r := range m.rooms {
+		rooms = append(rooms, r)
+	}
+	m.mu.Unlock()
+	for _, r := range rooms {
+		r.mu.Lock()
+		if r.turn != nil {
+			r.turn.cancel(errShutdown)
+		}
+		r.mu.Unlock()
+	}
+	m.cancel()
+	deadline := time.Now().Add(m.opts.ShutdownBudget)
+	done := make(chan struct{})
+	go func() {
+		m.wg.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-time.After(time.Until(deadline)):
+		err = errors.New("room: close: turns still running after the shutdown budget")
+	}
+	// Workers are done (or out of budget): release every agent left,
+	// all at once.
+	var wg sync.WaitGroup
+	for _, r := range rooms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.release(r, "host shutting down")
+		}()
+	}
+	wg.Wait()
+	return err
+}

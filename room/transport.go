@@ -1,0 +1,114 @@
+package room
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+)
+
+// Transport starts agents for rooms. The RPC client is its first
+// implementation; an ACP one fits the same interface.
+type Transport interface {
+	// Start starts an agent for spec.Room. With spec.SessionID set it
+	// resumes that session: it returns ErrSessionNotFound when the agent
+	// has no such session, and otherwise an Agent whose SessionID the room
+	// checks (an agent may silently start a new session instead).
+	Start(ctx context.Context, spec AgentSpec) (Agent, error)
+}
+
+// ErrSessionNotFound is returned by Transport.Start when the session to
+// resume does not exist (or cannot be loaded).
+var ErrSessionNotFound = errors.New("room: agent session not found")
+
+// ErrSelectionRefused is returned by Transport.Start when the agent
+// refused the room's model or thinking level: the turn fails, and the
+// room keeps both its session and its selection.
+var ErrSelectionRefused = errors.New("room: model selection refused")
+
+// AgentSpec is what a room asks of its agent.
+type AgentSpec struct {
+	Room string
+	// Workspace is the room's working directory; Home is the agent's own
+	// home (configuration, sessions), never shared between rooms.
+	Workspace, Home string
+	// SessionID is the session to resume ("" for a new one).
+	SessionID string
+	Config    Config
+	// Tools are the room's tools; MCP its MCP servers (resolved).
+	Tools []Tool
+	MCP   map[string]MCPServer
+	// Handler receives the agent's events, approvals and questions.
+	Handler Handler
+}
+
+// Agent is one running agent process with its session.
+type Agent interface {
+	// SessionID is the session the agent reports it is in.
+	SessionID() string
+	// Run runs one turn for text and returns when the agent settled, or
+	// an error when the turn failed or ctx ended (the agent is then
+	// retired by the room).
+	Run(ctx context.Context, text string) (TurnResult, error)
+	// Steer and FollowUp deliver text into the running turn.
+	Steer(ctx context.Context, text string) error
+	FollowUp(ctx context.Context, text string) error
+	// Close ends the agent and everything it started, and returns the
+	// custody receipt (JSON), if any.
+	Close(ctx context.Context) (json.RawMessage, error)
+	// Done is closed when the agent process is gone.
+	Done() <-chan struct{}
+}
+
+// TurnResult is how a turn ended on the agent's side.
+type TurnResult struct {
+	Text string
+	// Uncertain: the agent's state could not be confirmed after the turn
+	// (the post-turn refresh failed); the turn still ended.
+	Uncertain bool
+}
+
+// Handler is the room's side of a running agent. Its methods are called
+// from the transport's goroutines.
+type Handler interface {
+	// Event reports agent activity (it also feeds the liveness watchdog).
+	// It must not block.
+	Event(AgentEvent)
+	// Approve blocks until the tool call is allowed or denied (a person,
+	// the policy, the deadline or a cancel decides).
+	Approve(ctx context.Context, req ApprovalRequest) bool
+	// Ask blocks until the question is answered (ok) or cancelled.
+	Ask(ctx context.Context, req QuestionRequest) (answer string, ok bool)
+}
+
+// Kinds of AgentEvent.
+const (
+	KindText        = "text.delta"
+	KindToolStarted = "tool.started"
+	KindToolEnded   = "tool.ended"
+	// KindActivity is any other frame: it only proves the agent is alive.
+	KindActivity = "activity"
+)
+
+// AgentEvent is a normalised agent event.
+type AgentEvent struct {
+	Kind    string
+	Text    string // KindText
+	Tool    string // KindTool*
+	CallID  string
+	Input   string // KindToolStarted, bounded by the transport
+	Output  string // KindToolEnded, bounded by the transport
+	IsError bool   // KindToolEnded
+}
+
+// ApprovalRequest is an agent's request to run a tool.
+type ApprovalRequest struct {
+	Tool    string
+	Input   string // redacted and bounded by the transport
+	Options []string
+}
+
+// QuestionRequest is an agent's question to people.
+type QuestionRequest struct {
+	Title   string
+	Options []string
+}
