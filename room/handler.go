@@ -72,16 +72,23 @@ func await[T any](ctx context.Context, m *Manager, t *turnRun, deadline time.Tim
 	return v, false, false
 }
 
+// context returns what a request for a person needs: the running turn
+// (nil in a run the agent started by itself), its id and the room's
+// configuration.
+func (h *handler) context() (*turnRun, string, Config) {
+	r := h.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cfg, _ := h.m.configLocked(r) // validated at Submit
+	if r.turn == nil {
+		return nil, "", cfg
+	}
+	return r.turn, r.turn.id, cfg
+}
+
 func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	m, r := h.m, h.r
-	t := h.turn()
-	turnID := ""
-	if t != nil {
-		turnID = t.id
-	}
-	r.mu.Lock()
-	cfg, _ := m.configLocked(r)
-	r.mu.Unlock()
+	t, turnID, cfg := h.context()
 	id := newID("a")
 	now := time.Now()
 	deadline := now.Add(cfg.ApprovalTimeout)
@@ -179,21 +186,14 @@ func (m *Manager) resolveApproval(ctx context.Context, room, id string, allow bo
 
 func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	m, r := h.m, h.r
-	t := h.turn()
-	turnID := ""
-	if t != nil {
-		turnID = t.id
-	}
-	r.mu.Lock()
-	cfg, _ := m.configLocked(r)
-	r.mu.Unlock()
+	t, turnID, cfg := h.context()
 	id := newID("q")
 	now := time.Now()
 	deadline := now.Add(cfg.QuestionTimeout)
 	ch := make(chan answer, 1)
+	r.events.flush()
 	// qmu is held from the write to the registration: a message that saw
 	// question.asked must find the question waiting for its answer.
-	r.events.flush()
 	r.qmu.Lock()
 	err := m.write(func(tx Tx) error {
 		if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
