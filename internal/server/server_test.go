@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,7 +290,10 @@ func (h *harness) ended(rm string, acc room.Accepted) map[string]any {
 }
 
 func TestMessageTurnAndStream(t *testing.T) {
-	h := newHarness(t, room.Options{}, Options{})
+	turnAndStream(t, newHarness(t, room.Options{}, Options{}))
+}
+
+func turnAndStream(t *testing.T, h *harness) {
 	acc := h.post("r1", "hello")
 	if d := h.ended("r1", acc); d["outcome"] != "settled" || d["text"] != "ok: hello" {
 		t.Fatalf("turn ended %v", d)
@@ -328,7 +332,7 @@ func TestMessageTurnAndStream(t *testing.T) {
 		t.Fatalf("messages: %v", msgs)
 	}
 	list := h.do("GET", "/v1/rooms", nil).json(t)["rooms"].([]any)
-	if len(list) != 1 || list[0].(map[string]any)["id"] != "r1" {
+	if !slices.ContainsFunc(list, func(r any) bool { return r.(map[string]any)["id"] == "r1" }) {
 		t.Fatalf("rooms: %v", list)
 	}
 	rel := h.do("DELETE", "/v1/rooms/r1", nil)
@@ -345,7 +349,10 @@ func TestMessageTurnAndStream(t *testing.T) {
 }
 
 func TestApprovalsQuestionsAndCancel(t *testing.T) {
-	h := newHarness(t, room.Options{}, Options{})
+	approvalsQuestionsAndCancel(t, newHarness(t, room.Options{}, Options{}))
+}
+
+func approvalsQuestionsAndCancel(t *testing.T, h *harness) {
 	acc := h.post("r", "approve:bash")
 	req := h.until("r", acc.Seq, func(ev sse) bool { return ev.typ == "approval.requested" })
 	id := req.data["approval_id"].(string)
@@ -459,6 +466,8 @@ func badCases() []badCase {
 		{"room id with a control character", "GET", "/v1/rooms/a%01b", nil, nil, 400, "invalid room id"},
 		{"room id not UTF-8", "GET", "/v1/rooms/a%ffb", nil, nil, 400, "not UTF-8"},
 		{"room id with a space at the end", "GET", "/v1/rooms/a%20", nil, nil, 400, "leading or trailing space"},
+		{"release a bad room id", "DELETE", "/v1/rooms/%2E", nil, nil, 400, "invalid room id"},
+		{"cancel in a bad room id", "POST", "/v1/rooms/a%5Cb/cancel", nil, nil, 400, "invalid room id"},
 		{"unknown room", "GET", "/v1/rooms/nope", nil, nil, 404, "not found"},
 		{"unknown room's messages", "GET", "/v1/rooms/nope/messages", nil, nil, 404, "not found"},
 		{"unknown room's events", "GET", "/v1/rooms/nope/events", nil, nil, 404, "not found"},
@@ -520,15 +529,18 @@ func TestBadInputs(t *testing.T) {
 }
 
 func TestQueueFullIs429(t *testing.T) {
-	h := newHarness(t, room.Options{QueueLimit: 1}, Options{})
-	acc := h.post("r", "hang")
-	h.until("r", acc.Seq, func(ev sse) bool { return ev.typ == "turn.started" })
-	h.post("r", "second")
-	r := h.do("POST", "/v1/rooms/r/messages", map[string]string{"text": "third"})
+	queueFull(t, newHarness(t, room.Options{QueueLimit: 1}, Options{}))
+}
+
+func queueFull(t *testing.T, h *harness) {
+	acc := h.post("qf", "hang")
+	h.until("qf", acc.Seq, func(ev sse) bool { return ev.typ == "turn.started" })
+	h.post("qf", "second")
+	r := h.do("POST", "/v1/rooms/qf/messages", map[string]string{"text": "third"})
 	if r.status != http.StatusTooManyRequests || !strings.Contains(r.json(t)["error"].(string), "queue full") {
 		t.Fatalf("third: %d %s", r.status, r.body)
 	}
-	if r := h.do("POST", "/v1/rooms/r/cancel", nil); r.status != http.StatusAccepted {
+	if r := h.do("POST", "/v1/rooms/qf/cancel", nil); r.status != http.StatusAccepted {
 		t.Fatalf("cancel: %d", r.status)
 	}
 }
@@ -743,4 +755,166 @@ func cutCount(h *harness) float64 {
 		}
 	}
 	return -1
+}
+
+// TestOpenAPIMatchesRoutes: the document names exactly the routes the
+// mux serves, and every status the server answered in the flows of this
+// package is documented for its route (and every documented one was
+// seen, but 503, which needs a shutdown mid-request).
+func TestOpenAPIMatchesRoutes(t *testing.T) {
+	h := newHarness(t, room.Options{QueueLimit: 1}, Options{})
+	var doc struct {
+		OpenAPI string                                `json:"openapi"`
+		Paths   map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	r := h.do("GET", "/v1/openapi.json", nil)
+	if err := json.Unmarshal(r.body, &doc); err != nil || r.status != 200 || doc.OpenAPI != "3.1.0" {
+		t.Fatalf("openapi.json: %d %v", r.status, err)
+	}
+	documented := map[string]map[int]bool{}
+	for path, ops := range doc.Paths {
+		for method, raw := range ops {
+			if method == "parameters" {
+				continue
+			}
+			var op struct {
+				Responses map[string]json.RawMessage `json:"responses"`
+			}
+			if err := json.Unmarshal(raw, &op); err != nil {
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			pattern := strings.ToUpper(method) + " " + path
+			if path == "/" {
+				pattern = "GET /{$}"
+			}
+			documented[pattern] = map[int]bool{}
+			for code := range op.Responses {
+				n, err := strconv.Atoi(code)
+				if err != nil {
+					t.Fatalf("%s: response %q", pattern, code)
+				}
+				documented[pattern][n] = true
+			}
+		}
+	}
+	for _, rt := range h.s.routes() {
+		if documented[rt.pattern] == nil {
+			t.Errorf("route %s is not in the document", rt.pattern)
+		}
+	}
+	for pattern := range documented {
+		if !slices.ContainsFunc(h.s.routes(), func(rt route) bool { return rt.pattern == pattern }) {
+			t.Errorf("the document has %s, which the server does not serve", pattern)
+		}
+	}
+
+	turnAndStream(t, h)
+	approvalsQuestionsAndCancel(t, h)
+	queueFull(t, h)
+	known := h.post("known", "hello")
+	h.ended("known", known)
+	runBadCases(t, h)
+	for _, path := range []string{"/", "/healthz", "/metrics", "/v1/openapi.json", "/v1/rooms"} {
+		h.do("GET", path, nil)
+		h.do("GET", path, nil, "Authorization", "Bearer wrong")
+	}
+	for _, rt := range h.s.routes() {
+		method, path, _ := strings.Cut(rt.pattern, " ")
+		path = strings.NewReplacer("{$}", "", "{room}", "known", "{id}", "x").Replace(path)
+		h.do(method, path, nil, "Authorization", "Bearer wrong")
+	}
+
+	h.seen.mu.Lock()
+	defer h.seen.mu.Unlock()
+	for pattern, codes := range h.seen.m {
+		if pattern == "" {
+			continue // no route: 404 and 405, documented in the info
+		}
+		for code := range codes {
+			if !documented[pattern][code] {
+				t.Errorf("%s answered %d, which the document does not list", pattern, code)
+			}
+		}
+	}
+	for pattern, codes := range documented {
+		for code := range codes {
+			if code != http.StatusServiceUnavailable && !h.seen.m[pattern][code] {
+				t.Errorf("the document lists %d for %s, which no test saw", code, pattern)
+			}
+		}
+	}
+}
+
+// metricValue returns the sample of the line starting with name (labels
+// included), or -1.
+func metricValue(body, name string) float64 {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
+
+// waitMetrics polls /metrics until every want holds: the observer counts
+// asynchronously, and no event says when it has.
+func waitMetrics(t *testing.T, h *harness, want map[string]float64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		body := string(h.do("GET", "/metrics", nil).body)
+		var bad []string
+		for name, v := range want {
+			if got := metricValue(body, name); got != v {
+				bad = append(bad, fmt.Sprintf("%s = %v, want %v", name, got, v))
+			}
+		}
+		if len(bad) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %s", strings.Join(bad, "; "))
+		}
+		<-tick.C
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	h := newHarness(t, room.Options{}, Options{})
+	acc := h.post("m", "approve:bash")
+	req := h.until("m", acc.Seq, func(ev sse) bool { return ev.typ == "approval.requested" })
+	waitMetrics(t, h, map[string]float64{
+		"agenthost_rooms_resident":           1,
+		"agenthost_turns_running":            1,
+		`agenthost_pending{kind="approval"}`: 1,
+		"agenthost_stream_clients":           0,
+	})
+	if r := h.do("POST", "/v1/rooms/m/approvals/"+req.data["approval_id"].(string), map[string]string{"decision": "deny"}); r.status != 200 {
+		t.Fatalf("deny: %d", r.status)
+	}
+	h.ended("m", acc)
+	acc = h.post("m", "fail")
+	h.ended("m", acc) // a failed turn retires the agent
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	s, err := h.open(ctx, "m", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	st, _ := h.m.State(ctx, "m")
+	waitMetrics(t, h, map[string]float64{
+		`agenthost_turns_total{outcome="settled"}`:                        1,
+		`agenthost_turns_total{outcome="failed"}`:                         1,
+		`agenthost_turn_duration_seconds_count{outcome="settled"}`:        1,
+		`agenthost_approvals_resolved_total{by="person",decision="deny"}`: 1,
+		`agenthost_receipts_total{outcome="clean"}`:                       1,
+		"agenthost_events_written_total":                                  float64(st.LastSeq),
+		"agenthost_rooms_resident":                                        0,
+		"agenthost_messages_queued":                                       0,
+		"agenthost_stream_clients":                                        1,
+	})
 }
