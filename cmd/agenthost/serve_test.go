@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lines hands out what is written to it, line by line.
+type lines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	ch  chan string
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	for {
+		i := bytes.IndexByte(l.buf.Bytes(), '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := string(l.buf.Next(i + 1))
+		select {
+		case l.ch <- strings.TrimSuffix(line, "\n"):
+		default:
+		}
+	}
+}
+
+// startServe runs serve in-process on a free port; stop ends it (as a
+// signal would) and returns its error.
+func startServe(t *testing.T, args ...string) (url, token string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lines{ch: make(chan string, 16)}
+	var errOut syncBuf
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), out, &errOut)
+	}()
+	var stopped bool
+	var stopErr error
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case stopErr = <-done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("serve did not stop")
+			}
+		}
+		return stopErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	select {
+	case line := <-out.ch:
+		const prefix = "agenthost: serving rooms at "
+		if !strings.HasPrefix(line, prefix) {
+			t.Fatalf("start line %q", line)
+		}
+		url, token, _ = strings.Cut(strings.TrimPrefix(line, prefix), "#token=")
+		url = strings.Fields(url)[0]
+		return url, token, stop
+	case err := <-done:
+		stopped, stopErr = true, err
+		t.Fatalf("serve ended at start: %v\n%s", err, errOut.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no start line; stderr:\n%s", errOut.String())
+	}
+	return "", "", stop
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func call(t *testing.T, method, url, token, body string) (int, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+// waitTurnEnded follows the room's stream until a turn.ended event.
+func waitTurnEnded(t *testing.T, url, token, room string) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"v1/rooms/"+room+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			var ev map[string]any
+			if err := json.Unmarshal([]byte(d), &ev); err != nil {
+				t.Fatal(err)
+			}
+			if ev["type"] == "turn.ended" {
+				return ev
+			}
+		}
+	}
+	t.Fatalf("stream ended without turn.ended: %v", sc.Err())
+	return nil
+}
+
+// The README's first command: serve on omp and the built-in model.
+func TestServe_OMPBuiltInModel(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("AGENTHOST_TOKEN", "")
+	url, token, stop := startServe(t, "--data", data)
+	if b, err := os.ReadFile(filepath.Join(data, "token")); err != nil || strings.TrimSpace(string(b)) != token {
+		t.Fatalf("token file: %q %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(data, "token")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file mode: %v %v", fi.Mode(), err)
+	}
+	if code, _ := call(t, "GET", url+"healthz", "", ""); code != 200 {
+		t.Fatalf("healthz: %d", code)
+	}
+	if code, _ := call(t, "GET", url+"v1/rooms", "wrong", ""); code != 401 {
+		t.Fatalf("wrong token: %d", code)
+	}
+	code, body := call(t, "POST", url+"v1/rooms/demo/messages", token, `{"text":"hello from serve"}`)
+	if code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	if ev := waitTurnEnded(t, url, token, "demo"); ev["outcome"] != "settled" || ev["text"] != "ok: hello from serve" {
+		t.Fatalf("turn ended: %v", ev)
+	}
+
+	// A second server on the same data dir refuses.
+	_, errs, rc := runCLI(t, "serve", "--listen", "127.0.0.1:0", "--data", data)
+	if rc == 0 || !strings.Contains(errs, "already serving the data dir") {
+		t.Fatalf("second serve: code %d, %q", rc, errs)
+	}
+
+	if err := stop(); err != nil {
+		t.Fatalf("serve after the signal: %v", err)
+	}
+	if left := pgrep(t, data); len(left) > 0 {
+		t.Fatalf("processes left running: %v", left)
+	}
+	// Restarted, the room and its conversation are there, with the same
+	// token.
+	url, token2, _ := startServe(t, "--data", data)
+	if token2 != token {
+		t.Fatal("the token changed across a restart")
+	}
+	code, body = call(t, "GET", url+"v1/rooms/demo/messages", token, "")
+	if code != 200 || !strings.Contains(string(body), `"outcome":"settled"`) {
+		t.Fatalf("messages after restart: %d %s", code, body)
+	}
+}
+
+func TestServe_ConfigEnvAndFlags(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "agenthost.toml")
+	if err := os.WriteFile(cfg, []byte("# settings\nlisten = \"127.0.0.1:1\"\napproval-mode = 'yolo'\nmax-resident = 3 # comment\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := newServeCmd(func() bool { return false })
+	t.Setenv("AGENTHOST_MAX_RESIDENT", "5")
+	if err := cmd.ParseFlags([]string{"--listen", "127.0.0.1:9"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyOverrides(cmd.Flags(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	get := func(n string) string { return cmd.Flags().Lookup(n).Value.String() }
+	if get("listen") != "127.0.0.1:9" || get("max-resident") != "5" || get("approval-mode") != "yolo" {
+		t.Fatalf("listen %s max-resident %s approval-mode %s", get("listen"), get("max-resident"), get("approval-mode"))
+	}
+	yml := filepath.Join(dir, "c.yaml")
+	_ = os.WriteFile(yml, []byte("idle-after: 2m\nnope: 1\n"), 0o600)
+	if err := applyOverrides(newServeCmd(func() bool { return false }).Flags(), yml); err == nil || !strings.Contains(err.Error(), `unknown setting "nope"`) {
+		t.Fatalf("unknown key: %v", err)
+	}
+	_ = os.WriteFile(yml, []byte("idle-after: soon\n"), 0o600)
+	if err := applyOverrides(newServeCmd(func() bool { return false }).Flags(), yml); err == nil || !strings.Contains(err.Error(), "idle-after") {
+		t.Fatalf("bad value: %v", err)
+	}
+	_, errs, rc := runCLI(t, "serve", "--approval-mode", "sometimes", "--data", dir)
+	if rc != 2 || !strings.Contains(errs, "approval-mode") {
+		t.Fatalf("bad approval mode: %d %q", rc, errs)
+	}
+}
