@@ -38,10 +38,10 @@ const (
 )
 
 type serveFlags struct {
-	listen, data, agent, model, workspaces string
-	maxResident                            int
+	listen, data, agent, model, workspaces  string
+	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
-	approvalMode, config                   string
+	approvalMode, config                    string
 }
 
 // serveEnv maps each overridable flag to its environment variable.
