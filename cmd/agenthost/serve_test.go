@@ -225,3 +225,63 @@ func TestServe_ConfigEnvAndFlags(t *testing.T) {
 		t.Fatalf("bad approval mode: %d %q", rc, errs)
 	}
 }
+
+func TestClientCommands(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("AGENTHOST_TOKEN", "")
+	url, _, _ := startServe(t, "--data", data)
+	t.Setenv("AGENTHOST_URL", url)
+	cli := func(args ...string) (string, string, int) {
+		return runCLI(t, append(args, "--data", data)...)
+	}
+	out, errs, code := cli("send", "demo", "hello client", "--follow")
+	if code != 0 || out != "ok: hello client\n" || !strings.Contains(errs, "turn started") {
+		t.Fatalf("send --follow: code %d out %q err %q", code, out, errs)
+	}
+	out, errs, code = cli("send", "demo", "Run it: "+`[[tool:bash {"command":"echo approved-by-cli"}]]`)
+	if code != 0 || !strings.Contains(out, `"seq":`) {
+		t.Fatalf("send: code %d out %q err %q", code, out, errs)
+	}
+	// Find the approval in the room's events and allow it.
+	var approval string
+	for approval == "" {
+		out, errs, code = cli("events", "demo")
+		if code != 0 {
+			t.Fatalf("events: %d %q", code, errs)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var ev map[string]any
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("events line %q: %v", line, err)
+			}
+			if ev["type"] == "approval.requested" {
+				approval = ev["approval_id"].(string)
+			}
+		}
+		if approval == "" {
+			// Wait for the next event rather than poll.
+			last := strings.Count(out, "\n")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			c, _ := (&clientFlags{server: url, data: data}).client()
+			_ = c.events(ctx, "demo", int64(last), true, func(string, []byte) (bool, error) { return true, nil })
+			cancel()
+		}
+	}
+	if _, errs, code = cli("approve", "demo", approval, "allow"); code != 0 {
+		t.Fatalf("approve: %d %q", code, errs)
+	}
+	if _, errs, code = cli("approve", "demo", approval, "deny"); code == 0 || !strings.Contains(errs, "409") {
+		t.Fatalf("approve twice: %d %q", code, errs)
+	}
+	out, errs, code = cli("rooms")
+	if code != 0 || !strings.HasPrefix(out, "demo ") {
+		t.Fatalf("rooms: %d %q %q", code, out, errs)
+	}
+	if _, errs, code = cli("answer", "demo", "q_nope", "x"); code == 0 || !strings.Contains(errs, "404") {
+		t.Fatalf("answer unknown: %d %q", code, errs)
+	}
+	out, errs, code = cli("send", "demo", "[[status:400 x50]] fail please", "--follow")
+	if code == 0 {
+		t.Fatalf("a failing turn exited 0: %q %q", out, errs)
+	}
+}
