@@ -216,7 +216,6 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err, "room "+id)
 		return
 	}
-	s.metrics.sawRoom(id)
 	writeJSON(w, http.StatusAccepted, acc)
 }
 

@@ -13,10 +13,11 @@ import (
 )
 
 // metrics are the server's Prometheus metrics. The Manager has no hooks
-// for counters, so they are derived from the rooms' event logs, which the
-// observer tails (counting what is written while this server runs);
-// resident rooms and queued messages are read from the Manager's state at
-// each scrape.
+// for counters, so they are derived from the rooms' event logs: each
+// scrape first reads what the logs gained since the last one (counting
+// what was written while this server runs), which costs nothing between
+// scrapes. Resident rooms, queued messages and pending approvals are read
+// from the Manager's state at each scrape.
 type metrics struct {
 	s   *Server
 	reg *prometheus.Registry
@@ -30,15 +31,14 @@ type metrics struct {
 	receipts      *prometheus.CounterVec
 	approvals     *prometheus.CounterVec
 
-	mu      sync.Mutex
-	watched map[string]bool
-	initial map[string]int64 // rooms present at start: their last seq then
-	found   chan string      // rooms created through the API
+	mu      sync.Mutex           // serialises catching up
+	cursor  map[string]int64     // per room, the last seq counted
+	started map[string]time.Time // running turns' starts, by turn id
 }
 
 func newMetrics(s *Server) *metrics {
 	mt := &metrics{
-		s: s, reg: prometheus.NewRegistry(), watched: map[string]bool{}, found: make(chan string, 64),
+		s: s, reg: prometheus.NewRegistry(), cursor: map[string]int64{}, started: map[string]time.Time{},
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agenthost_turns_total", Help: "Turns ended, by outcome.",
 		}, []string{"outcome"}),
@@ -65,109 +65,55 @@ func newMetrics(s *Server) *metrics {
 	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
-	// Rooms present now count from their current end.
-	mt.initial = map[string]int64{}
+	// Rooms present now count from their current end; rooms made later
+	// from their start.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if ids, err := s.m.Rooms(ctx); err == nil {
 		for _, id := range ids {
 			if st, err := s.m.State(ctx, id); err == nil {
-				mt.initial[id] = st.LastSeq
+				mt.cursor[id] = st.LastSeq
 			}
 		}
 	}
 	return mt
 }
 
-func (mt *metrics) serve(w http.ResponseWriter, r *http.Request) { mt.h.ServeHTTP(w, r) }
-
-// sawRoom tells the observer about a room used through the API.
-func (mt *metrics) sawRoom(id string) {
-	mt.mu.Lock()
-	seen := mt.watched[id]
-	mt.mu.Unlock()
-	if !seen {
-		select {
-		case mt.found <- id:
-		default: // the next discovery finds it
-		}
-	}
-}
-
-// observer watches every room's log (found through the API or by
-// listing the store) and counts what is written.
-func (mt *metrics) observer() {
-	s := mt.s
-	defer s.wg.Done()
-	tick := time.NewTicker(s.opts.Discover)
-	defer tick.Stop()
-	discover := func() {
-		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
-		defer cancel()
-		ids, err := s.m.Rooms(ctx)
-		if err != nil {
-			return
-		}
-		for _, id := range ids {
-			mt.watch(id)
-		}
-	}
-	discover()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case id := <-mt.found:
-			mt.watch(id)
-		case <-tick.C:
-			discover()
-		}
-	}
-}
-
-func (mt *metrics) watch(id string) {
-	mt.mu.Lock()
-	if mt.watched[id] {
-		mt.mu.Unlock()
+func (mt *metrics) serve(w http.ResponseWriter, r *http.Request) {
+	if err := mt.catchUp(r.Context()); err != nil {
+		mt.s.fail(w, r, err, "metrics")
 		return
 	}
-	mt.watched[id] = true
-	after := mt.initial[id]
-	mt.mu.Unlock()
-	s := mt.s
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		watch, stop := s.m.Watch(id)
-		defer stop()
-		started := map[string]time.Time{}
-		for {
-			for {
-				evs, err := s.m.Events(s.ctx, id, after, replayPage)
-				if err != nil {
-					break
-				}
-				for _, ev := range evs {
-					mt.count(ev.Type, ev.Time, ev.Data, started)
-					after = ev.Seq
-				}
-				if len(evs) < replayPage {
-					break
-				}
-			}
-			select {
-			case <-s.ctx.Done():
-				return
-			case _, ok := <-watch:
-				if !ok {
-					return
-				}
-			}
-		}
-	}()
+	mt.h.ServeHTTP(w, r)
 }
 
-func (mt *metrics) count(typ string, at time.Time, data json.RawMessage, started map[string]time.Time) {
+// catchUp counts the events written since the last scrape.
+func (mt *metrics) catchUp(ctx context.Context) error {
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	ids, err := mt.s.m.Rooms(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		for {
+			evs, err := mt.s.m.Events(ctx, id, mt.cursor[id], replayPage)
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				mt.count(ev.Type, ev.Time, ev.Data)
+				mt.cursor[id] = ev.Seq
+			}
+			if len(evs) < replayPage {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 	mt.events.Inc()
 	var d struct {
 		TurnID   string          `json:"turn_id"`
@@ -185,12 +131,12 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage, started
 	}
 	switch typ {
 	case "turn.started":
-		started[d.TurnID] = at
+		mt.started[d.TurnID] = at
 	case "turn.ended":
 		mt.turns.WithLabelValues(d.Outcome).Inc()
-		if t0, ok := started[d.TurnID]; ok {
+		if t0, ok := mt.started[d.TurnID]; ok {
 			mt.turnDuration.WithLabelValues(d.Outcome).Observe(at.Sub(t0).Seconds())
-			delete(started, d.TurnID)
+			delete(mt.started, d.TurnID)
 		}
 	case "approval.resolved":
 		mt.approvals.WithLabelValues(d.Decision, d.By).Inc()

@@ -37,9 +37,6 @@ const (
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultWriteTimeout bounds one write to a stream client.
 	DefaultWriteTimeout = 10 * time.Second
-	// DefaultDiscover is how often the metrics observer looks for rooms
-	// it did not see created through the API (recovered ones).
-	DefaultDiscover = 2 * time.Second
 	// replayPage is the number of events read from the store at once.
 	replayPage = 1000
 )
@@ -57,9 +54,6 @@ type Options struct {
 	StreamBuffer int
 	Heartbeat    time.Duration
 	WriteTimeout time.Duration
-	// Discover is the metrics observer's interval for finding rooms
-	// (default DefaultDiscover).
-	Discover time.Duration
 	// Index, if set, serves GET / (the web page); otherwise a placeholder.
 	Index  http.Handler
 	Logger *slog.Logger
@@ -104,9 +98,6 @@ func New(opts Options) (*Server, error) {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
-	if opts.Discover <= 0 {
-		opts.Discover = DefaultDiscover
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -121,13 +112,10 @@ func New(opts Options) (*Server, error) {
 		}
 		s.mux.Handle(rt.pattern, h)
 	}
-	s.wg.Add(1)
-	go s.metrics.observer()
 	return s, nil
 }
 
-// Close ends the open event streams and the metrics observer. It does
-// not close the Manager.
+// Close ends the open event streams. It does not close the Manager.
 func (s *Server) Close() {
 	s.cancel()
 	s.wg.Wait()
