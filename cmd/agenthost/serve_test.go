@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -283,5 +285,111 @@ func TestClientCommands(t *testing.T) {
 	out, errs, code = cli("send", "demo", "[[status:400 x50]] fail please", "--follow")
 	if code == 0 {
 		t.Fatalf("a failing turn exited 0: %q %q", out, errs)
+	}
+}
+
+// TestServe_KilledMidTurnEveryMessageEnds: a server killed (SIGKILL)
+// during a turn, with another message queued, is restarted on its data
+// dir: the running turn ends failed ("host restarted"), the queued
+// message runs and settles, and nothing of the dead server is left.
+func TestServe_KilledMidTurnEveryMessageEnds(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("AGENTHOST_TOKEN", "")
+	cmd := exec.Command(os.Args[0], "serve", "--listen", "127.0.0.1:0", "--data", data)
+	cmd.Env = append(os.Environ(), serveHelperEnv+"=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut syncBuf
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			first <- sc.Text()
+		}
+		close(first)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var line string
+	select {
+	case line = <-first:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no start line; stderr:\n%s", errOut.String())
+	}
+	url, token, ok := strings.Cut(strings.TrimPrefix(line, "agenthost: serving rooms at "), "#token=")
+	if !ok {
+		t.Fatalf("start line %q", line)
+	}
+	code, body := call(t, "POST", url+"v1/rooms/k/messages", token, `{"text":"slow [[slow:2s]] answer"}`)
+	if code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	if code, body = call(t, "POST", url+"v1/rooms/k/messages", token, `{"text":"queued behind"}`); code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	// Kill once the answer streams.
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := &client{base: url, token: token, hc: http.DefaultClient}
+	err = c.events(ctx, "k", 0, true, func(typ string, _ []byte) (bool, error) { return typ == "text.delta", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	killed = true
+
+	url, token2, stop := startServe(t, "--data", data)
+	if token2 != token {
+		t.Fatal("the token changed")
+	}
+	c.base = url
+	var ended map[string]any
+	err = c.events(ctx, "k", 0, true, func(typ string, raw []byte) (bool, error) {
+		var d map[string]any
+		_ = json.Unmarshal(raw, &d)
+		if typ == "turn.ended" && d["outcome"] == "settled" {
+			ended = d
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body = call(t, "GET", url+"v1/rooms/k/messages", token, "")
+	var msgs struct {
+		Messages []struct {
+			Text, Status, Outcome, Reason string
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &msgs); code != 200 || err != nil || len(msgs.Messages) != 2 {
+		t.Fatalf("messages: %d %s", code, body)
+	}
+	if m := msgs.Messages[0]; m.Status != "ended" || m.Outcome != "failed" || m.Reason != "host restarted" {
+		t.Fatalf("the killed turn's message: %+v", m)
+	}
+	if m := msgs.Messages[1]; m.Status != "ended" || m.Outcome != "settled" || ended["text"] != "ok: queued behind" {
+		t.Fatalf("the queued message: %+v, turn %v", m, ended)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if left := pgrep(t, data); len(left) > 0 {
+		t.Fatalf("processes left running: %v", left)
 	}
 }
