@@ -63,15 +63,6 @@ func (f *fakeTransport) resident() int {
 	return len(f.live)
 }
 
-func (f *fakeTransport) lastPrompt() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.prompts) == 0 {
-		return ""
-	}
-	return f.prompts[len(f.prompts)-1]
-}
-
 type fakeAgent struct {
 	f       *fakeTransport
 	spec    room.AgentSpec
