@@ -918,3 +918,52 @@ func TestMetrics(t *testing.T) {
 		"agenthost_stream_clients":                                        1,
 	})
 }
+
+func TestAfterParamHeartbeatAndClose(t *testing.T) {
+	h := newHarness(t, room.Options{}, Options{Heartbeat: 20 * time.Millisecond})
+	acc := h.post("hb", "hello")
+	h.ended("hb", acc)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// ?after=N starts after N; Last-Event-ID, when sent, wins over it.
+	for _, tc := range []struct {
+		query string
+		last  int64
+		first int64
+	}{{"?after=3", 0, 4}, {"?after=1", 4, 5}} {
+		s, err := h.open(ctx, "hb", tc.query, tc.last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := s.next()
+		s.close()
+		if err != nil || ev.id != tc.first {
+			t.Fatalf("%s with Last-Event-ID %d: first event %d (%v), want %d", tc.query, tc.last, ev.id, err, tc.first)
+		}
+	}
+	// An idle stream carries heartbeat comments.
+	req, _ := http.NewRequestWithContext(ctx, "GET", h.ts.URL+"/v1/rooms/hb/events?after=1000", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	beats := 0
+	for beats < 2 && sc.Scan() {
+		if strings.HasPrefix(sc.Text(), ":") {
+			beats++
+		}
+	}
+	if beats < 2 {
+		t.Fatalf("heartbeats: %d (%v)", beats, sc.Err())
+	}
+	// Closing the server ends the open stream.
+	h.s.Close()
+	for sc.Scan() {
+	}
+	if err := sc.Err(); err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("the stream ended with %v", err)
+	}
+}
