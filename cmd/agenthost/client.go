@@ -104,7 +104,7 @@ func (c *client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	res, err := c.hc.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("no answer from a server at %s (is agenthost serve running? --server or AGENTHOST_URL name it): %w", c.base, errors.Unwrap(err))
 	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
