@@ -264,20 +264,30 @@ func (h *harness) until(room string, after int64, match func(sse) bool) sse {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(h.t.Context(), 30*time.Second)
 	defer cancel()
-	s, err := h.open(ctx, room, "", after)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer s.close()
 	for {
-		ev, err := s.next()
+		s, err := h.open(ctx, room, "", after)
 		if err != nil {
-			h.t.Fatalf("room %q after %d: %v", room, after, err)
+			h.t.Fatal(err)
 		}
-		checkEvent(h.t, room, ev, after+1)
-		after = ev.id
-		if match(ev) {
-			return ev
+		for {
+			ev, err := s.next()
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				break // cut off (fell behind): resume, as clients do
+			}
+			if err != nil {
+				s.close()
+				h.t.Fatalf("room %q after %d: %v", room, after, err)
+			}
+			checkEvent(h.t, room, ev, after+1)
+			after = ev.id
+			if match(ev) {
+				s.close()
+				return ev
+			}
+		}
+		s.close()
+		if ctx.Err() != nil {
+			h.t.Fatalf("room %q: nothing matched after %d: %v", room, after, ctx.Err())
 		}
 	}
 }
