@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -19,9 +20,20 @@ import (
 // for `prompt -- COMMAND`.
 const fakeAgentEnv = "AGENTHOST_CLI_FAKE_AGENT"
 
+// serveHelperEnv makes the test binary run agenthost itself (the SIGKILL
+// test kills it as a separate process).
+const serveHelperEnv = "AGENTHOST_TEST_RUN_CLI"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(fakeAgentEnv) != "" {
 		fakeAgent()
+		os.Exit(0)
+	}
+	if os.Getenv(serveHelperEnv) != "" {
+		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "agenthost:", err)
+			os.Exit(1)
+		}
 		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)

@@ -22,6 +22,7 @@ func newRoot() *cobra.Command {
 		return slog.New(slog.NewTextHandler(root.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	isVerbose := func() bool { return verbose }
-	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd())
+	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd(), newServeCmd(isVerbose),
+		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd())
 	return root
 }

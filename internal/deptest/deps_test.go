@@ -26,6 +26,16 @@ var allowed = map[string][]string{
 	// Rooms know their store and nothing of the agents, the transports or
 	// the server: transports plug in through room.Transport.
 	module + "/room": append([]string{module + "/internal/store"}, sqliteDeps...),
+	// The HTTP server knows rooms, their store and Prometheus' client;
+	// never a transport or an agent (the command wires those in).
+	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},
+		append(sqliteDeps, prometheusDeps...)...),
+}
+
+// prometheusDeps are client_golang's own dependencies.
+var prometheusDeps = []string{
+	"github.com/prometheus/", "github.com/beorn7/perks/", "github.com/cespare/xxhash/", "github.com/munnerz/goautoneg",
+	"google.golang.org/protobuf/",
 }
 
 // sqliteDeps are modernc.org/sqlite's own dependencies.

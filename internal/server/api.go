@@ -1,0 +1,317 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// The API's JSON shapes: the store's records carry no JSON names of their
+// own, so the wire format is fixed here.
+
+type roomView struct {
+	ID        string          `json:"id"`
+	Resident  bool            `json:"resident"`
+	SessionID string          `json:"session_id,omitempty"`
+	Turn      *room.TurnRef   `json:"turn"`
+	Queued    int             `json:"queued"`
+	LastSeq   int64           `json:"last_seq"`
+	Approvals []approvalView  `json:"approvals"`
+	Questions []questionsView `json:"questions"`
+}
+
+type approvalView struct {
+	ID       string    `json:"id"`
+	TurnID   string    `json:"turn_id,omitempty"`
+	Tool     string    `json:"tool"`
+	Input    string    `json:"input,omitempty"`
+	Options  []string  `json:"options"`
+	Created  time.Time `json:"created"`
+	Deadline time.Time `json:"deadline"`
+}
+
+type questionsView struct {
+	ID       string    `json:"id"`
+	TurnID   string    `json:"turn_id,omitempty"`
+	Title    string    `json:"title"`
+	Options  []string  `json:"options"`
+	Created  time.Time `json:"created"`
+	Deadline time.Time `json:"deadline"`
+}
+
+type messageView struct {
+	ID       string     `json:"id"`
+	Seq      int64      `json:"seq"`
+	Sender   string     `json:"sender,omitempty"`
+	Text     string     `json:"text"`
+	Delivery string     `json:"delivery,omitempty"`
+	Status   string     `json:"status"`
+	Outcome  string     `json:"outcome,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	TurnID   string     `json:"turn_id,omitempty"`
+	Accepted time.Time  `json:"accepted"`
+	Started  *time.Time `json:"started,omitempty"`
+	Ended    *time.Time `json:"ended,omitempty"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func viewRoom(st room.State) roomView {
+	v := roomView{ID: st.ID, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
+		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}}
+	for _, a := range st.Approvals {
+		v.Approvals = append(v.Approvals, approvalView{ID: a.ID, TurnID: a.TurnID, Tool: a.Tool, Input: a.Input,
+			Options: nonNil(a.Options), Created: a.Created.UTC(), Deadline: a.Deadline.UTC()})
+	}
+	for _, q := range st.Questions {
+		v.Questions = append(v.Questions, questionsView{ID: q.ID, TurnID: q.TurnID, Title: q.Title,
+			Options: nonNil(q.Options), Created: q.Created.UTC(), Deadline: q.Deadline.UTC()})
+	}
+	return v
+}
+
+func viewMessage(m store.Message) messageView {
+	return messageView{ID: m.ID, Seq: m.Seq, Sender: m.Sender, Text: m.Text, Delivery: m.Delivery, Status: m.Status,
+		Outcome: m.Outcome, Reason: m.Reason, TurnID: m.TurnID, Accepted: m.Accepted.UTC(),
+		Started: timePtr(m.Started), Ended: timePtr(m.Ended)}
+}
+
+func (s *Server) listRooms(w http.ResponseWriter, r *http.Request) {
+	ids, err := s.m.Rooms(r.Context())
+	if err != nil {
+		s.fail(w, r, err, "rooms")
+		return
+	}
+	out := make([]roomView, 0, len(ids))
+	for _, id := range ids {
+		st, err := s.m.State(r.Context(), id)
+		if err != nil {
+			if room.IsNotFound(err) || errors.Is(err, room.ErrBadID) {
+				continue
+			}
+			s.fail(w, r, err, "rooms")
+			return
+		}
+		out = append(out, viewRoom(st))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"rooms": out})
+}
+
+func (s *Server) getRoom(w http.ResponseWriter, r *http.Request) {
+	id, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	st, err := s.m.State(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewRoom(st))
+}
+
+// knownRoom writes 404 for a room the store does not know.
+func (s *Server) knownRoom(w http.ResponseWriter, r *http.Request) (room.State, string, bool) {
+	id, ok := roomID(w, r)
+	if !ok {
+		return room.State{}, "", false
+	}
+	st, err := s.m.State(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return room.State{}, "", false
+	}
+	return st, id, true
+}
+
+func (s *Server) releaseRoom(w http.ResponseWriter, r *http.Request) {
+	st, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	if st.Turn != nil {
+		writeError(w, http.StatusConflict, "a turn is running in this room: cancel it before releasing the agent")
+		return
+	}
+	if !st.Resident {
+		writeJSON(w, http.StatusOK, map[string]any{"released": false})
+		return
+	}
+	// Release records the receipt in an agent.released event after
+	// LastSeq: read it back from there.
+	if err := s.m.Release(r.Context(), id); err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	evs, err := s.m.Events(r.Context(), id, st.LastSeq, 0)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Type != "agent.released" {
+			continue
+		}
+		var d struct {
+			Reason  string          `json:"reason"`
+			Receipt json.RawMessage `json:"receipt"`
+			Error   string          `json:"error"`
+		}
+		_ = json.Unmarshal(evs[i].Data, &d)
+		out := map[string]any{"released": true, "seq": evs[i].Seq, "reason": d.Reason}
+		if len(d.Receipt) > 0 {
+			out["receipt"] = d.Receipt
+		}
+		if d.Error != "" {
+			out["error"] = d.Error
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	// A turn started between the check and the release, which then left
+	// the agent alone.
+	writeError(w, http.StatusConflict, "a turn is running in this room: cancel it before releasing the agent")
+}
+
+type messageBody struct {
+	Text     string `json:"text"`
+	Sender   string `json:"sender"`
+	Delivery string `json:"delivery"`
+}
+
+// maxSender bounds a message's sender name.
+const maxSender = 256
+
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
+	id, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	var b messageBody
+	if !s.decode(w, r, &b) {
+		return
+	}
+	if len(b.Sender) > maxSender {
+		writeError(w, http.StatusBadRequest, "sender is over 256 bytes")
+		return
+	}
+	acc, err := s.m.Submit(r.Context(), id, room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery})
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, acc)
+}
+
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+	_, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	after, ok := afterParam(w, r)
+	if !ok {
+		return
+	}
+	limit, ok := limitParam(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	msgs, err := s.m.Messages(r.Context(), id, after, limit)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	out := make([]messageView, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, viewMessage(m))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out})
+}
+
+func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request) {
+	st, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	if err := s.m.Cancel(r.Context(), id); err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	out := map[string]any{"cancelled": true}
+	if st.Turn != nil {
+		out["turn_id"] = st.Turn.ID
+	}
+	writeJSON(w, http.StatusAccepted, out)
+}
+
+type decisionBody struct {
+	Decision string `json:"decision"`
+}
+
+func (s *Server) approve(w http.ResponseWriter, r *http.Request) {
+	rid, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	aid, ok := objectID(w, r, "approval")
+	if !ok {
+		return
+	}
+	var b decisionBody
+	if !s.decode(w, r, &b) {
+		return
+	}
+	if b.Decision != "allow" && b.Decision != "deny" {
+		writeError(w, http.StatusBadRequest, `decision must be "allow" or "deny"`)
+		return
+	}
+	if err := s.m.Approve(r.Context(), rid, aid, b.Decision == "allow"); err != nil {
+		s.fail(w, r, err, "approval "+aid)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": aid, "decision": b.Decision})
+}
+
+type answerBody struct {
+	Answer *string `json:"answer"`
+}
+
+func (s *Server) answer(w http.ResponseWriter, r *http.Request) {
+	rid, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	qid, ok := objectID(w, r, "question")
+	if !ok {
+		return
+	}
+	var b answerBody
+	if !s.decode(w, r, &b) {
+		return
+	}
+	if b.Answer == nil {
+		writeError(w, http.StatusBadRequest, `the body needs "answer"`)
+		return
+	}
+	if err := s.m.Answer(r.Context(), rid, qid, *b.Answer); err != nil {
+		s.fail(w, r, err, "question "+qid)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"id": qid, "answer": *b.Answer})
+}

@@ -1,0 +1,222 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the server's Prometheus metrics. The Manager has no hooks
+// for counters, so they are derived from the rooms' event logs: each
+// scrape first reads what the logs gained since the last one (counting
+// what was written while this server runs), which costs nothing between
+// scrapes. Resident rooms, queued messages and pending approvals are read
+// from the Manager's state at each scrape.
+type metrics struct {
+	s   *Server
+	reg *prometheus.Registry
+	h   http.Handler
+
+	turns         *prometheus.CounterVec
+	turnDuration  *prometheus.HistogramVec
+	events        prometheus.Counter
+	streamClients prometheus.Gauge
+	streamCut     prometheus.Counter
+	receipts      *prometheus.CounterVec
+	approvals     *prometheus.CounterVec
+
+	mu      sync.Mutex           // serialises catching up
+	cursor  map[string]int64     // per room, the last seq counted
+	started map[string]time.Time // running turns' starts, by turn id
+}
+
+func newMetrics(s *Server) *metrics {
+	mt := &metrics{
+		s: s, reg: prometheus.NewRegistry(), cursor: map[string]int64{}, started: map[string]time.Time{},
+		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agenthost_turns_total", Help: "Turns ended, by outcome.",
+		}, []string{"outcome"}),
+		turnDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "agenthost_turn_duration_seconds", Help: "Duration of turns, from turn.started to turn.ended, by outcome.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600},
+		}, []string{"outcome"}),
+		events: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agenthost_events_written_total", Help: "Events written to the rooms' logs.",
+		}),
+		streamClients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agenthost_stream_clients", Help: "Open event streams.",
+		}),
+		streamCut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agenthost_stream_cut_total", Help: "Event stream clients cut off because they fell behind.",
+		}),
+		receipts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agenthost_receipts_total", Help: "Agents released, by the outcome of their custody receipt (clean, leaked, error, none).",
+		}, []string{"outcome"}),
+		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agenthost_approvals_resolved_total", Help: "Approvals resolved, by decision and by whom.",
+		}, []string{"decision", "by"}),
+	}
+	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals,
+		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
+	// Rooms present now count from their current end; rooms made later
+	// from their start.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ids, err := s.m.Rooms(ctx); err == nil {
+		for _, id := range ids {
+			if st, err := s.m.State(ctx, id); err == nil {
+				mt.cursor[id] = st.LastSeq
+			}
+		}
+	}
+	return mt
+}
+
+func (mt *metrics) serve(w http.ResponseWriter, r *http.Request) {
+	if err := mt.catchUp(r.Context()); err != nil {
+		mt.s.fail(w, r, err, "metrics")
+		return
+	}
+	mt.h.ServeHTTP(w, r)
+}
+
+// catchUp counts the events written since the last scrape.
+func (mt *metrics) catchUp(ctx context.Context) error {
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	ids, err := mt.s.m.Rooms(ctx)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		for {
+			evs, err := mt.s.m.Events(ctx, id, mt.cursor[id], replayPage)
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				mt.count(ev.Type, ev.Time, ev.Data)
+				mt.cursor[id] = ev.Seq
+			}
+			if len(evs) < replayPage {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
+	mt.events.Inc()
+	var d struct {
+		TurnID   string          `json:"turn_id"`
+		Outcome  string          `json:"outcome"`
+		Decision string          `json:"decision"`
+		By       string          `json:"by"`
+		Error    string          `json:"error"`
+		Receipt  json.RawMessage `json:"receipt"`
+	}
+	switch typ {
+	case "turn.started", "turn.ended", "approval.resolved", "agent.released":
+		_ = json.Unmarshal(data, &d)
+	default:
+		return
+	}
+	switch typ {
+	case "turn.started":
+		mt.started[d.TurnID] = at
+	case "turn.ended":
+		mt.turns.WithLabelValues(d.Outcome).Inc()
+		if t0, ok := mt.started[d.TurnID]; ok {
+			mt.turnDuration.WithLabelValues(d.Outcome).Observe(at.Sub(t0).Seconds())
+			delete(mt.started, d.TurnID)
+		}
+	case "approval.resolved":
+		mt.approvals.WithLabelValues(d.Decision, d.By).Inc()
+	case "agent.released":
+		mt.receipts.WithLabelValues(receiptOutcome(d.Error, d.Receipt)).Inc()
+	}
+}
+
+// receiptOutcome: error (the release failed), leaked (a process still ran
+// when custody gave up), clean, or none (no receipt).
+func receiptOutcome(errText string, raw json.RawMessage) string {
+	if errText != "" {
+		return "error"
+	}
+	if len(raw) == 0 {
+		return "none"
+	}
+	var rc struct {
+		Processes []struct {
+			Ended string `json:"ended"`
+		} `json:"processes"`
+	}
+	if json.Unmarshal(raw, &rc) != nil {
+		return "none"
+	}
+	for _, p := range rc.Processes {
+		if p.Ended == "" {
+			return "leaked"
+		}
+	}
+	return "clean"
+}
+
+// stateCollector reads resident rooms, queued messages and pending
+// approvals and questions from the Manager at scrape time.
+type stateCollector struct{ s *Server }
+
+var (
+	residentDesc = prometheus.NewDesc("agenthost_rooms_resident", "Rooms with a resident agent.", nil, nil)
+	roomsDesc    = prometheus.NewDesc("agenthost_rooms", "Rooms the store knows.", nil, nil)
+	queuedDesc   = prometheus.NewDesc("agenthost_messages_queued", "Messages waiting in the rooms' queues.", nil, nil)
+	runningDesc  = prometheus.NewDesc("agenthost_turns_running", "Turns running.", nil, nil)
+	pendingDesc  = prometheus.NewDesc("agenthost_pending", "Approvals and questions waiting on a person.", []string{"kind"}, nil)
+)
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- residentDesc
+	ch <- roomsDesc
+	ch <- queuedDesc
+	ch <- runningDesc
+	ch <- pendingDesc
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(c.s.ctx, 10*time.Second)
+	defer cancel()
+	ids, err := c.s.m.Rooms(ctx)
+	if err != nil {
+		return
+	}
+	var resident, queued, running, approvals, questions int
+	for _, id := range ids {
+		st, err := c.s.m.State(ctx, id)
+		if err != nil {
+			continue
+		}
+		if st.Resident {
+			resident++
+		}
+		if st.Turn != nil {
+			running++
+		}
+		queued += st.Queued
+		approvals += len(st.Approvals)
+		questions += len(st.Questions)
+	}
+	ch <- prometheus.MustNewConstMetric(residentDesc, prometheus.GaugeValue, float64(resident))
+	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(len(ids)))
+	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(queued))
+	ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(running))
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(approvals), "approval")
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(questions), "question")
+}

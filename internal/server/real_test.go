@@ -1,0 +1,125 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/rpcagent"
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// newRealHarness serves rooms on the real agent kind (omp or pi), on the
+// scripted model. It fails (never skips) when the agents are missing.
+func newRealHarness(t *testing.T, kind string) *harness {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	sim := modelsim.New(modelsim.Options{})
+	if err := sim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	in, err := agents.Find()
+	if err != nil {
+		t.Fatalf("the real agents are needed (run make setup): %v", err)
+	}
+	dir := t.TempDir()
+	db, err := store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cust, err := custody.New(custody.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := rpcagent.New(rpcagent.Options{Custodian: cust, Install: in, ModelURL: sim.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}}
+	h.m, err = room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"),
+		Config: room.Config{Agent: kind}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h.s, err = New(Options{Manager: h.m, Token: testToken}); err != nil {
+		t.Fatal(err)
+	}
+	h.ts = httptest.NewServer(h.s)
+	t.Cleanup(func() {
+		h.s.Close()
+		h.ts.Close()
+		if err := h.m.Close(); err != nil {
+			t.Errorf("closing the rooms: %v", err)
+		}
+		if err := cust.Close(); err != nil {
+			t.Errorf("closing custody: %v", err)
+		}
+		_ = db.Close()
+	})
+	return h
+}
+
+func bashCall(cmd string) string {
+	b, _ := json.Marshal(map[string]string{"command": cmd})
+	return "[[tool:bash " + string(b) + "]]"
+}
+
+func realFlow(t *testing.T, kind string) {
+	h := newRealHarness(t, kind)
+	acc := h.post("real", "hello there")
+	if d := h.ended("real", acc); d["outcome"] != "settled" || d["text"] != "ok: hello there" {
+		t.Fatalf("turn: %v", d)
+	}
+	if kind == "omp" {
+		// An approval answered through the API.
+		acc = h.post("real", "Run it: "+bashCall("echo approved-run"))
+		req := h.until("real", acc.Seq, func(ev sse) bool { return ev.typ == "approval.requested" })
+		st := h.do("GET", "/v1/rooms/real", nil).json(t)
+		if aps := st["approvals"].([]any); len(aps) != 1 || aps[0].(map[string]any)["tool"] != "bash" {
+			t.Fatalf("room state: %v", st)
+		}
+		if r := h.do("POST", "/v1/rooms/real/approvals/"+req.data["approval_id"].(string), map[string]string{"decision": "allow"}); r.status != http.StatusOK {
+			t.Fatalf("approve: %d %s", r.status, r.body)
+		}
+		tool := h.until("real", req.id, func(ev sse) bool { return ev.typ == "tool.ended" })
+		if !strings.Contains(tool.data["output"].(string), "approved-run") {
+			t.Fatalf("tool output %v", tool.data)
+		}
+		if d := h.ended("real", acc); d["outcome"] != "settled" {
+			t.Fatalf("turn: %v", d)
+		}
+	}
+	r := h.do("DELETE", "/v1/rooms/real", nil)
+	d := r.json(t)
+	if r.status != http.StatusOK || d["released"] != true {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	receipt, _ := d["receipt"].(map[string]any)
+	procs, _ := receipt["processes"].([]any)
+	if len(procs) == 0 {
+		t.Fatalf("release: no processes in the receipt %s", r.body)
+	}
+	for _, p := range procs {
+		if p.(map[string]any)["ended"] == "" {
+			t.Fatalf("a process outlived its release: %v", p)
+		}
+	}
+}
+
+func TestRealOmpThroughTheAPI(t *testing.T) { realFlow(t, "omp") }
+
+func TestRealPiThroughTheAPI(t *testing.T) { realFlow(t, "pi") }

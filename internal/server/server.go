@@ -1,0 +1,376 @@
+// Package server is agenthost's HTTP API over a room.Manager: JSON routes
+// under /v1 behind a bearer token, a lossless Server-Sent Events stream of
+// each room's event log, /healthz, /metrics (Prometheus) and the OpenAPI
+// document that describes it all.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// Defaults for Options.
+const (
+	// DefaultMaxBodyBytes bounds a request body: a message's text
+	// (room.MaxMessageBytes) JSON-escaped, with room to spare.
+	DefaultMaxBodyBytes = 4 * room.MaxMessageBytes
+	// DefaultStreamBuffer bounds the live events waiting for one stream
+	// client; a client that falls that far behind is cut off (it
+	// reconnects with Last-Event-ID and loses nothing).
+	DefaultStreamBuffer = 1024
+	// DefaultHeartbeat is the interval of the stream's comment lines,
+	// which keep proxies from closing an idle stream.
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultWriteTimeout bounds one write to a stream client.
+	DefaultWriteTimeout = 10 * time.Second
+	// replayPage is the number of events read from the store at once.
+	replayPage = 1000
+)
+
+// Options configure a Server. Manager and Token are required.
+type Options struct {
+	Manager *room.Manager
+	// Token is the bearer token every route but /healthz and / requires.
+	Token string
+	// MaxBodyBytes bounds a request body (default DefaultMaxBodyBytes);
+	// a larger one gets 413.
+	MaxBodyBytes int64
+	// StreamBuffer, Heartbeat and WriteTimeout tune the event stream (see
+	// the defaults).
+	StreamBuffer int
+	Heartbeat    time.Duration
+	WriteTimeout time.Duration
+	// Index, if set, serves GET / (the web page); otherwise a placeholder.
+	Index  http.Handler
+	Logger *slog.Logger
+}
+
+// Server is the HTTP API. Create it with New, serve Handler, Close it
+// before closing the Manager.
+type Server struct {
+	opts    Options
+	m       *room.Manager
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics *metrics
+	hubs    *hubs
+
+	ctx    context.Context // ends open streams at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// observe, if set, sees the route pattern and status of every
+	// response (tests check them against the OpenAPI document).
+	observe func(pattern string, status int)
+}
+
+// New returns a Server over opts.Manager.
+func New(opts Options) (*Server, error) {
+	if opts.Manager == nil {
+		return nil, errors.New("server: Options.Manager is required")
+	}
+	if opts.Token == "" {
+		return nil, errors.New("server: Options.Token is required")
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.StreamBuffer <= 0 {
+		opts.StreamBuffer = DefaultStreamBuffer
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = DefaultHeartbeat
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux()}
+	s.hubs = newHubs(s)
+	s.metrics = newMetrics(s)
+	for _, rt := range s.routes() {
+		var h http.Handler = rt.handler
+		if !rt.open {
+			h = s.auth(h)
+		}
+		s.mux.Handle(rt.pattern, h)
+	}
+	return s, nil
+}
+
+// Close ends the open event streams. It does not close the Manager.
+func (s *Server) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+	open    bool // no token
+}
+
+// routes are every route the server serves; the OpenAPI test walks them.
+func (s *Server) routes() []route {
+	return []route{
+		{pattern: "GET /{$}", handler: s.index, open: true},
+		{pattern: "GET /healthz", handler: s.healthz, open: true},
+		{pattern: "GET /metrics", handler: s.metrics.serve},
+		{pattern: "GET /v1/openapi.json", handler: serveOpenAPI},
+		{pattern: "GET /v1/rooms", handler: s.listRooms},
+		{pattern: "GET /v1/rooms/{room}", handler: s.getRoom},
+		{pattern: "DELETE /v1/rooms/{room}", handler: s.releaseRoom},
+		{pattern: "POST /v1/rooms/{room}/messages", handler: s.postMessage},
+		{pattern: "GET /v1/rooms/{room}/messages", handler: s.listMessages},
+		{pattern: "POST /v1/rooms/{room}/cancel", handler: s.cancelTurn},
+		{pattern: "POST /v1/rooms/{room}/approvals/{id}", handler: s.approve},
+		{pattern: "POST /v1/rooms/{room}/questions/{id}", handler: s.answer},
+		{pattern: "GET /v1/rooms/{room}/events", handler: s.events},
+	}
+}
+
+// ServeHTTP serves the API. Requests no route matches get a JSON error
+// (404, or 405 with Allow) like every other error.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := s.mux.Handler(r)
+	if s.observe != nil {
+		sw := &statusWriter{ResponseWriter: w}
+		w = sw
+		defer func() { s.observe(pattern, sw.status) }()
+	}
+	if pattern == "" {
+		// The mux's own 404 or 405: keep its status and headers, give a
+		// JSON body.
+		cw := &captureWriter{header: w.Header()}
+		h.ServeHTTP(cw, r)
+		msg := "no such route"
+		if cw.status == http.StatusMethodNotAllowed {
+			msg = "method " + r.Method + " not allowed here"
+		}
+		writeError(w, cw.status, msg)
+		return
+	}
+	// The mux (not h) serves, so that it sets the path values.
+	s.mux.ServeHTTP(w, r)
+}
+
+// statusWriter records the status of a response.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// captureWriter keeps a status and drops the body.
+type captureWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *captureWriter) Header() http.Header { return w.header }
+func (w *captureWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return len(b), nil
+}
+
+// auth requires the bearer token, compared in constant time.
+func (s *Server) auth(next http.Handler) http.Handler {
+	want := []byte(s.opts.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		scheme, tok, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="agenthost"`)
+			msg := "a valid bearer token is required"
+			if h == "" {
+				msg = "missing Authorization header: a bearer token is required"
+			}
+			writeError(w, http.StatusUnauthorized, msg)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// fail maps an error from the Manager to a status and message.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what string) {
+	status := http.StatusInternalServerError
+	msg := what + ": internal error"
+	switch {
+	case errors.Is(err, room.ErrBadID), errors.Is(err, room.ErrBadMessage):
+		status, msg = http.StatusBadRequest, trimPrefix(err)
+	case errors.Is(err, room.ErrQueueFull):
+		status, msg = http.StatusTooManyRequests, trimPrefix(err)
+	case errors.Is(err, room.ErrNotFound):
+		status, msg = http.StatusNotFound, what+": not found"
+	case errors.Is(err, room.ErrConflict):
+		status, msg = http.StatusConflict, what+": already resolved"
+	case errors.Is(err, room.ErrNoTurn):
+		status, msg = http.StatusConflict, "no turn is running in this room"
+	case errors.Is(err, room.ErrClosed), errors.Is(err, room.ErrNotStarted), errors.Is(err, store.ErrClosed):
+		status, msg = http.StatusServiceUnavailable, "the server is shutting down"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		status, msg = http.StatusServiceUnavailable, what+": request ended before it completed"
+	default:
+		s.log.Error("server: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, msg)
+}
+
+// trimPrefix drops the "room: " package prefix of a room error.
+func trimPrefix(err error) string { return strings.TrimPrefix(err.Error(), "room: ") }
+
+// decode reads a JSON object body into v: 415 for another content type,
+// 413 over the size limit, 400 for anything malformed (unknown fields
+// included, so a misspelt field is not silently ignored).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, "the body must be application/json")
+			return false
+		}
+	}
+	body := http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON object")
+		}
+	}
+	if err == nil {
+		return true
+	}
+	var mbe *http.MaxBytesError
+	var ute *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &mbe):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over %d bytes", mbe.Limit))
+	case errors.Is(err, io.EOF):
+		writeError(w, http.StatusBadRequest, "the body is empty: a JSON object is required")
+	case errors.As(err, &ute):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("field %q must be a %s", ute.Field, ute.Type))
+	default:
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return false
+}
+
+// roomID returns the path's room id, or writes 400.
+func roomID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("room")
+	if err := room.ValidateID(id); err != nil {
+		writeError(w, http.StatusBadRequest, trimPrefix(err))
+		return "", false
+	}
+	return id, true
+}
+
+// objectID checks an approval or question id from the path.
+func objectID(w http.ResponseWriter, r *http.Request, what string) (string, bool) {
+	id := r.PathValue("id")
+	if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, what+" id must be 1 to 128 printable ASCII characters")
+		return "", false
+	}
+	return id, true
+}
+
+func (s *Server) index(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Index != nil {
+		s.opts.Index.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = io.WriteString(w, `<!doctype html><meta charset="utf-8"><title>agenthost</title>
+<p>agenthost is running. The web page comes in a later version; the API is under <code>/v1</code>
+(see <a href="/v1/openapi.json">/v1/openapi.json</a>, bearer token required).</p>
+`)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// afterParam parses ?after=N (0 when absent).
+func afterParam(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	v := r.URL.Query().Get("after")
+	if v == "" {
+		return 0, true
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		writeError(w, http.StatusBadRequest, "after must be a non-negative integer")
+		return 0, false
+	}
+	return n, true
+}
+
+func limitParam(w http.ResponseWriter, r *http.Request, def, max int) (int, bool) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return def, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be an integer from 1 to %d", max))
+		return 0, false
+	}
+	return n, true
+}
