@@ -153,8 +153,11 @@ func (c Config) validate() error {
 type Options struct {
 	Store     Store
 	Transport Transport
-	// Root holds the rooms' workspaces and agent homes, one folder each.
+	// Root holds the rooms' agent homes (and their workspaces unless
+	// Workspaces is set), one folder per room.
 	Root string
+	// Workspaces, if set, holds the rooms' workspaces instead of Root.
+	Workspaces string
 	// Config is every room's default configuration.
 	Config Config
 	// RoomConfig, if set, gives a room's overrides.

@@ -82,7 +82,8 @@ type Manager struct {
 // roomState is a room's life in memory. Lock order: Manager.mu before
 // roomState.mu.
 type roomState struct {
-	id, dir string
+	id, dir   string // dir holds the agent's home
+	workspace string
 	events  *eventLog // the agent's events, written in batches
 
 	mu        sync.Mutex
@@ -164,8 +165,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.started = true
 	m.mu.Unlock()
-	if err := os.MkdirAll(m.opts.Root, 0o700); err != nil {
-		return fmt.Errorf("room: root: %w", err)
+	for _, dir := range []string{m.opts.Root, m.opts.Workspaces} {
+		if dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("room: root: %w", err)
+		}
 	}
 	if err := m.recover(ctx); err != nil {
 		return err
@@ -267,7 +273,11 @@ func (m *Manager) room(id string) (*roomState, error) {
 	}
 	r := m.rooms[id]
 	if r == nil {
-		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, dirName(id))}
+		d := dirName(id)
+		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, d), workspace: filepath.Join(m.opts.Root, d, "workspace")}
+		if m.opts.Workspaces != "" {
+			r.workspace = filepath.Join(m.opts.Workspaces, d)
+		}
 		r.events = newEventLog(m, id)
 		m.rooms[id] = r
 	}
@@ -632,12 +642,12 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 		}
 	}()
 	sess := r.sessionID(ctx, m.st)
-	for _, d := range []string{filepath.Join(r.dir, "workspace"), filepath.Join(r.dir, "home")} {
+	for _, d := range []string{r.workspace, filepath.Join(r.dir, "home")} {
 		if err := mkdirNoLink(d); err != nil {
 			return nil, err
 		}
 	}
-	spec := AgentSpec{Room: r.id, Workspace: filepath.Join(r.dir, "workspace"), Home: filepath.Join(r.dir, "home"),
+	spec := AgentSpec{Room: r.id, Workspace: r.workspace, Home: filepath.Join(r.dir, "home"),
 		SessionID: sess, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
 	if m.opts.MCP != nil {
 		servers, err := m.opts.MCP(ctx, r.id, spec.Workspace)

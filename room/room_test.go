@@ -613,3 +613,27 @@ func TestAgentEventsDoNotWaitForTheStore(t *testing.T) {
 		t.Fatalf("recorded text %.80q…, want %.80q…", all.String(), want.String())
 	}
 }
+
+func TestWorkspacesApartFromHomes(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	f := newFakeTransport()
+	m, err := New(Options{Store: SQLite(db), Transport: f, Root: filepath.Join(dir, "homes"), Workspaces: filepath.Join(dir, "ws")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	h := &harness{t: t, db: db, f: f, m: m}
+	h.turnEnded("r", h.submit("r", "hi"))
+	s := f.starts[0]
+	if filepath.Dir(s.Workspace) != filepath.Join(dir, "ws") || !strings.HasPrefix(s.Home, filepath.Join(dir, "homes")+string(filepath.Separator)) {
+		t.Fatalf("workspace %s, home %s", s.Workspace, s.Home)
+	}
+}

@@ -269,7 +269,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		return fmt.Errorf("serve: %w", err)
 	}
 	m, err := room.New(room.Options{
-		Store: room.SQLite(db), Transport: tr, Root: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
+		Store: room.SQLite(db), Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
 			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
 		Logger: log,
