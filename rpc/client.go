@@ -234,6 +234,9 @@ type dispatchItem struct {
 	ev       Event
 	err      error
 	validate bool // not yet validated by the reader (see fastType)
+	// barrier, if set, is closed by the dispatcher when it reaches the
+	// item: everything queued before it has been delivered (Sync).
+	barrier chan struct{}
 }
 
 type listener struct {

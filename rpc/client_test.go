@@ -567,3 +567,45 @@ func TestClient_WriteDeadlineNothingWritten(t *testing.T) {
 	default:
 	}
 }
+
+// Sync returns only once the listeners have seen every event read before
+// it: the dispatcher runs behind the reader, and a host that records a
+// turn's events must not record its end first.
+func TestClient_SyncWaitsForListeners(t *testing.T) {
+	p := newPipePeer(t, Options{})
+	release := make(chan struct{})
+	var seen atomic.Int32
+	p.c.On("message_update", func(Event) {
+		<-release
+		seen.Add(1)
+	})
+	for range 5 {
+		p.say(`{"type":"message_update"}`)
+	}
+	// The get_state answer is read after the five updates.
+	ctx := ctxT(t, 30*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.c.GetState(ctx)
+		done <- err
+	}()
+	m := p.recv()
+	p.say(`{"id":"` + m["id"].(string) + `","type":"response","command":"get_state","success":true,"data":{"isStreaming":false}}`)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- p.c.Sync(ctx) }()
+	select {
+	case err := <-synced:
+		t.Fatalf("Sync returned (%v) while the listener held %d of 5 events", err, 5-seen.Load())
+	case <-time.After(200 * time.Millisecond): // Sync must still be waiting: nothing to wait on but time
+	}
+	close(release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if n := seen.Load(); n != 5 {
+		t.Fatalf("Sync returned with %d of 5 events delivered", n)
+	}
+}

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -298,6 +299,10 @@ func (c *Client) dispatchLoop() {
 }
 
 func (c *Client) dispatch(it dispatchItem) {
+	if it.barrier != nil {
+		close(it.barrier)
+		return
+	}
 	// The slices are copy-on-write (On and unsubscribe replace them), so
 	// these snapshots can be used after the lock without copying.
 	c.lmu.RLock()
@@ -592,4 +597,41 @@ func (c *Client) retire(err error) {
 	c.failTurn(err)
 	close(c.done)
 	c.firstOnce.Do(func() { c.firstFrame <- err })
+}
+
+// Sync returns once every event the client had read when Sync was called
+// has been delivered to the listeners: after WaitTurn, a listener has then
+// seen all of the turn's events (the dispatcher runs behind the reader).
+// It returns early with ctx's error, or the transport's once the client
+// closed. Do not call it from a listener: it would wait for itself.
+func (c *Client) Sync(ctx context.Context) error {
+	barrier := make(chan struct{})
+	it := dispatchItem{barrier: barrier}
+	// A full backlog is retried on a timer, not on the space signal, which
+	// belongs to the reader.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !c.tryQueue(it) {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("rpc: sync: %w", ctx.Err())
+		case <-c.closeDone:
+			return c.transportErr()
+		}
+	}
+	select {
+	case <-barrier:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rpc: sync: %w", ctx.Err())
+	case <-c.closeDone:
+		// Close delivers what was queued before it returns.
+		select {
+		case <-barrier:
+			return nil
+		default:
+			return c.transportErr()
+		}
+	}
 }

@@ -210,6 +210,31 @@ func TestRealRoomsRunTurnsInOrderAndIndependently(t *testing.T) {
 	if err != nil || !st.Resident || st.SessionID == "" || st.Queued != 0 {
 		t.Fatalf("state: %+v, %v", st, err)
 	}
+	h.checkTurnEvents("queue")
+}
+
+// checkTurnEvents checks that every text delta and tool event of the room
+// lies inside its own turn: after turn.started, before turn.ended.
+func (h *host) checkTurnEvents(roomID string) {
+	h.t.Helper()
+	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	running := ""
+	for _, ev := range evs {
+		id := field(ev.Data, "turn_id")
+		switch ev.Type {
+		case "turn.started":
+			running = id
+		case "turn.ended":
+			running = ""
+		case room.KindText, room.KindToolStarted, room.KindToolEnded:
+			if id == "" || id != running {
+				h.t.Fatalf("room %q: %s at seq %d for turn %q while turn %q runs", roomID, ev.Type, ev.Seq, id, running)
+			}
+		}
+	}
 }
 
 // bashCall makes the scripted model call omp's bash tool.
@@ -249,6 +274,7 @@ func TestRealApprovalsAllowDenyExpire(t *testing.T) {
 			t.Fatalf("turn text %q", got)
 		}
 	}
+	h.checkTurnEvents("r")
 }
 
 func TestRealQuestionsByAPIAndByNextMessage(t *testing.T) {

@@ -360,6 +360,13 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 		return room.TurnResult{}, err
 	}
 	turn, err := a.c.WaitTurn(ctx)
+	if err == nil {
+		// The listeners run behind the reader: let them see the turn's
+		// last events before the room records its end.
+		sctx, cancel := context.WithTimeout(ctx, a.refresh)
+		_ = a.c.Sync(sctx)
+		cancel()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// Stop the agent's work; the room retires it anyway.
