@@ -113,7 +113,8 @@ func answered(n int, text string) string {
 // The page at the address serve prints, in headless Chromium: a message
 // sent there is answered as it streams, an approval is answered there, and
 // after the server restarts on the same data dir the page reconnects with
-// the conversation intact and goes on.
+// the conversation intact and goes on; a question is answered and a turn
+// cancelled there.
 func TestServePage_Chromium(t *testing.T) {
 	ctx := newBrowser(t)
 	data := t.TempDir()
@@ -151,6 +152,18 @@ func TestServePage_Chromium(t *testing.T) {
 	waitFor(t, ctx, "the second turn to settle", `document.querySelectorAll("#log .msg.assistant")[1]?.dataset.outcome === "settled"`)
 	second := eval[string](t, ctx, `document.querySelectorAll("#log .msg.assistant")[1].querySelector(".text").textContent`)
 
+	// A question omp's ask tool puts, answered with one of its options
+	// (omp adds its own "Other" option after them).
+	sendFromPage(t, ctx, `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`)
+	waitFor(t, ctx, "the question", `document.querySelector("#questions li p")?.textContent === "Which color?" && !document.getElementById("pending").hidden`)
+	if opts := eval[string](t, ctx, `[...document.querySelectorAll("#questions li [role=group] button")].map(b => b.textContent).join(",")`); !strings.HasPrefix(opts, "red,blue") {
+		t.Fatalf("question options on the page: %q", opts)
+	}
+	act(t, ctx, "answering", chromedp.Click(chromedp.CSS(`#questions li [role="group"] button:nth-child(2)`)))
+	waitFor(t, ctx, "the question to go", `document.getElementById("questions").children.length === 0 && document.getElementById("pending").hidden`)
+	waitFor(t, ctx, "the ask tool's output", `[...document.querySelectorAll("#log .msg.assistant")[2]?.querySelectorAll(".tool.done pre.output") ?? []].some(p => p.textContent.includes("blue"))`)
+	waitFor(t, ctx, "the third turn to settle", `document.querySelectorAll("#log .msg.assistant")[2]?.dataset.outcome === "settled"`)
+
 	// Restart the server on the same address and data dir.
 	connects := eval[string](t, ctx, `document.body.dataset.connects`)
 	if err := stop(); err != nil {
@@ -171,19 +184,19 @@ func TestServePage_Chromium(t *testing.T) {
 	waitFor(t, ctx, "the page to reconnect", fmt.Sprintf(`Number(document.body.dataset.connects) > %s && document.getElementById("status").dataset.state === "live"`, connects))
 	waitFor(t, ctx, "the conversation after the restart", answered(1, "ok: hello from the page"))
 	sendFromPage(t, ctx, "after the restart")
-	waitFor(t, ctx, "the answer after the restart", answered(3, "ok: after the restart"))
+	waitFor(t, ctx, "the answer after the restart", answered(4, "ok: after the restart"))
 	// Lossless and duplicate-free: each message and turn shown once.
 	const counts = `[...document.querySelectorAll("#log .msg.user")].map(m => m.dataset.message).join(",") + "|" + [...document.querySelectorAll("#log .msg.assistant")].map(m => m.dataset.turn).join(",")`
 	before := eval[string](t, ctx, counts)
 	users, turns, _ := strings.Cut(before, "|")
-	if u, tu := strings.Split(users, ","), strings.Split(turns, ","); len(u) != 3 || len(tu) != 3 || u[0] == u[1] || u[1] == u[2] || tu[0] == tu[1] || tu[1] == tu[2] {
+	if u, tu := strings.Split(users, ","), strings.Split(turns, ","); len(u) != 4 || len(tu) != 4 || hasDup(u) || hasDup(tu) {
 		t.Fatalf("messages|turns on the page: %s", before)
 	}
 
 	// A reload (the token kept for the tab, the room in the address)
 	// replays the same conversation from the store.
 	act(t, ctx, "reloading", chromedp.Reload())
-	waitFor(t, ctx, "the conversation after a reload", answered(3, "ok: after the restart"))
+	waitFor(t, ctx, "the conversation after a reload", answered(4, "ok: after the restart"))
 	if got := eval[string](t, ctx, counts); got != before {
 		t.Fatalf("after a reload the page shows %s, before %s", got, before)
 	}
@@ -193,4 +206,21 @@ func TestServePage_Chromium(t *testing.T) {
 	if !eval[bool](t, ctx, answered(1, "ok: hello from the page")) {
 		t.Fatal("the first answer is gone after a reload")
 	}
+
+	// Cancel ends a running turn.
+	sendFromPage(t, ctx, "[[slow:5s]]take your time")
+	waitFor(t, ctx, "the cancel button", `!document.getElementById("cancel").disabled && document.querySelectorAll("#log .msg.assistant").length === 5`)
+	act(t, ctx, "cancelling", chromedp.Click(chromedp.CSS("#cancel")))
+	waitFor(t, ctx, "the cancelled turn", `document.querySelectorAll("#log .msg.assistant")[4].dataset.outcome === "cancelled" && document.getElementById("cancel").disabled`)
+}
+
+func hasDup(ids []string) bool {
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if id == "" || seen[id] {
+			return true
+		}
+		seen[id] = true
+	}
+	return false
 }
