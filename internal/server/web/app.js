@@ -104,7 +104,7 @@ function roomsSoon() {
 
 function openRoom(id) {
   if (current) current.abort.abort();
-  current = { id, lastSeq: 0, abort: new AbortController(), turn: null, kick: null, turns: new Map(), tools: new Map() };
+  current = { id, lastSeq: 0, abort: new AbortController(), turn: null, kick: null, turns: new Map(), tools: new Map(), lastTurn: "" };
   history.replaceState(null, "", "#room=" + encodeURIComponent(id));
   $("room").hidden = false;
   $("room-title").textContent = "Room " + id;
@@ -244,7 +244,15 @@ function turnBubble(rm, turnID) {
     t = { li, body, tools, outcome };
     rm.turns.set(turnID, t);
   }
+  if (turnID) rm.lastTurn = turnID;
   return t;
+}
+
+// bubbleFor is the bubble of an agent event; one without a turn (the
+// agent spoke after its turn ended) goes with the last turn.
+function bubbleFor(rm, turnID) {
+  if (!turnID && rm.lastTurn) return rm.turns.get(rm.lastTurn);
+  return turnBubble(rm, turnID);
 }
 
 function note(text) {
@@ -270,13 +278,15 @@ function apply(rm, type, ev) {
       setTurn(ev.turn_id);
       break;
     case "text.delta": {
-      const t = turnBubble(rm, ev.turn_id);
+      const t = bubbleFor(rm, ev.turn_id);
+      // A late delta of an ended turn: its final text already has it.
+      if (!ev.turn_id && t.li.dataset.outcome) break;
       t.body.append(ev.text);
       t.li.dataset.deltas = String(Number(t.li.dataset.deltas || 0) + 1);
       break;
     }
     case "tool.started": {
-      const t = turnBubble(rm, ev.turn_id);
+      const t = bubbleFor(rm, ev.turn_id);
       const d = el("details", "tool running");
       const s = el("summary", "", ev.tool + " …");
       d.append(s);
@@ -291,7 +301,7 @@ function apply(rm, type, ev) {
         const d = el("details", "tool");
         const s = el("summary");
         d.append(s);
-        turnBubble(rm, ev.turn_id).tools.append(d);
+        bubbleFor(rm, ev.turn_id).tools.append(d);
         tl = { d, s };
       }
       tl.d.className = "tool " + (ev.is_error ? "failed" : "done");
