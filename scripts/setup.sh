@@ -2,7 +2,8 @@
 # Sets up everything agenthost needs on a fresh Linux machine, idempotently:
 # the pinned agents (omp on Bun, pi on Node) from the npm registry into
 # .tools/ (git ignores its node_modules), and the agenthost binary in bin/.
-# Needs: go (1.26+), node (20+) and npm on PATH.
+# Needs: go (1.26+), node (20+) and npm on PATH; the page's browser test
+# needs Chromium (installed here from Debian's packages when run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,15 @@ else
   fi
 fi
 step "bun $(.tools/node_modules/.bin/bun --version), node $(node --version)"
+
+if command -v chromium >/dev/null; then
+  step "chromium for the browser test: $(chromium --version 2>/dev/null || echo present)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  step "installing chromium from Debian's packages (the page's browser test drives it)"
+  apt-get update -qq && apt-get install -y -qq chromium
+else
+  step "note: the page's browser test needs Chromium: sudo apt-get install chromium (make test fails that test without it)"
+fi
 
 step "building bin/agenthost"
 mkdir -p bin

@@ -285,7 +285,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 			err = cerr
 		}
 	}()
-	api, err := server.New(server.Options{Manager: m, Token: tok, Logger: log})
+	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Logger: log})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

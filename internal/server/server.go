@@ -115,9 +115,17 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// errClosing refuses a stream that joins while the server closes (503).
+var errClosing = fmt.Errorf("server closing: %w", room.ErrClosed)
+
 // Close ends the open event streams. It does not close the Manager.
 func (s *Server) Close() {
+	// Under the hubs' lock, so that a hub is either started before the
+	// cancel (and waited for) or refused after it: never added to wg
+	// while Wait runs.
+	s.hubs.mu.Lock()
 	s.cancel()
+	s.hubs.mu.Unlock()
 	s.wg.Wait()
 }
 

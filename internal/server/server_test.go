@@ -977,3 +977,62 @@ func TestAfterParamHeartbeatAndClose(t *testing.T) {
 		t.Fatalf("the stream ended with %v", err)
 	}
 }
+
+// Close while clients keep (re)joining streams: a hub started as Close
+// waits must not race its WaitGroup (the page reconnects within a second
+// of a cut, so a shutdown sees exactly this), and no hub outlives Close.
+// The race showed in the browser test under -race (serve's Close against a
+// reconnecting page); this stress does not reliably reproduce it.
+func TestCloseWhileStreamsJoin(t *testing.T) {
+	for round := range 5 {
+		h := newHarness(t, room.Options{}, Options{})
+		for g := range 8 {
+			h.post(fmt.Sprint("c", g), "hello")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		var wg sync.WaitGroup
+		joined := make(chan struct{}, 64)
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// A fixed number of joins, not told of Close: some
+				// come after it, as a reconnecting page's do.
+				for range 60 {
+					req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("/v1/rooms/c%d/events?after=1000", g), nil)
+					req.Header.Set("Authorization", "Bearer "+testToken)
+					rctx, rcancel := context.WithCancel(req.Context())
+					rec := httptest.NewRecorder()
+					done := make(chan struct{})
+					go func() { defer close(done); h.s.ServeHTTP(rec, req.WithContext(rctx)) }()
+					select {
+					case joined <- struct{}{}:
+					default:
+					}
+					rcancel()
+					<-done
+				}
+			}()
+		}
+		for range 16 {
+			<-joined
+		}
+		h.s.Close()
+		wg.Wait()
+		cancel()
+		h.ts.Close() // waits for the harness's own streams to end
+		h.s.hubs.mu.Lock()
+		n := len(h.s.hubs.m)
+		h.s.hubs.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("round %d: %d hubs outlived Close", round, n)
+		}
+		// A join that gets past the request's checks after Close (its
+		// context is cancelled asynchronously) must not start a hub:
+		// that would add to the WaitGroup Close already waited on.
+		if _, _, leave, err := h.s.hubs.join("c0"); err == nil {
+			leave()
+			t.Fatalf("round %d: a hub started after Close", round)
+		}
+	}
+}

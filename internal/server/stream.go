@@ -112,6 +112,9 @@ func (hs *hubs) join(room string) (*sub, int64, func(), error) {
 // start starts a room's hub (hs.mu held).
 func (hs *hubs) start(room string) (*hub, error) {
 	s := hs.s
+	if s.ctx.Err() != nil {
+		return nil, errClosing
+	}
 	// Watch before reading the cursor: a commit after the read signals.
 	watch, unwatch := s.m.Watch(room)
 	ctx, cancel := context.WithCancel(s.ctx)
