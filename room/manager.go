@@ -84,7 +84,7 @@ type Manager struct {
 type roomState struct {
 	id, dir   string // dir holds the agent's home
 	workspace string
-	events  *eventLog // the agent's events, written in batches
+	events    *eventLog // the agent's events, written in batches
 
 	mu        sync.Mutex
 	cfg       *Config // filled and validated at first use
