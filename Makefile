@@ -1,15 +1,20 @@
 # The two commands of the README:
-#   make run   set up (agents + binary) and run one turn against omp on the built-in model
+#   make run   set up (agents + binary) and serve rooms (agenthost serve) on omp and the built-in model
 #   make test  set up and run every test, with the race detector
 GO ?= go
 
-.PHONY: setup run test check fuzz bench
+.PHONY: setup run demo test check fuzz bench
 
 setup:
 	@./scripts/setup.sh
 
 run: setup
 	./bin/agenthost doctor
+	./bin/agenthost serve $(ARGS)
+
+# One turn against omp on the built-in model, printed (what `make run` did
+# before the server).
+demo: setup
 	./bin/agenthost prompt --agent omp "Run this: [[tool:bash {\"command\":\"echo hello from omp\"}]]"
 
 test: setup
