@@ -383,7 +383,11 @@ func TestServe_KilledMidTurnEveryMessageEnds(t *testing.T) {
 	if m := msgs.Messages[0]; m.Status != "ended" || m.Outcome != "failed" || m.Reason != "host restarted" {
 		t.Fatalf("the killed turn's message: %+v", m)
 	}
-	if m := msgs.Messages[1]; m.Status != "ended" || m.Outcome != "settled" || ended["text"] != "ok: queued behind" {
+	// The answer may open with the room's transcript: killed during its
+	// first turn, the agent may not have written its session file yet, and
+	// then the restart starts a fresh session (context.lost).
+	if m := msgs.Messages[1]; m.Status != "ended" || m.Outcome != "settled" || !strings.HasPrefix(ended["text"].(string), "ok: ") ||
+		!strings.HasSuffix(ended["text"].(string), "queued behind") {
 		t.Fatalf("the queued message: %+v, turn %v", m, ended)
 	}
 	if err := stop(); err != nil {

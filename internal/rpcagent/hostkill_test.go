@@ -180,8 +180,10 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	if d := h.ended("r", room.Accepted{ID: accepted[0]}); d["outcome"] != room.OutcomeFailed || d["reason"] != "host restarted" {
 		t.Fatalf("the running turn: %v", d)
 	}
+	// The first answer may open with the room's transcript, when the agent
+	// had not written its session file before the kill (context.lost).
 	for i, id := range accepted[1:] {
-		if got, want := h.settled("r", room.Accepted{ID: id}), []string{"ok: queued one", "ok: queued two"}[i]; got != want {
+		if got, want := h.settled("r", room.Accepted{ID: id}), []string{"queued one", "queued two"}[i]; !strings.HasPrefix(got, "ok: ") || !strings.HasSuffix(got, want) {
 			t.Fatalf("recovered turn %d: %q", i, got)
 		}
 	}
