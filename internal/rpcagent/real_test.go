@@ -508,8 +508,18 @@ func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 	}
 	busy := h.submit("a", "[[slow:30s]]long answer")
 	h.wait("a", busy.Seq, "turn.started", nil)
-	if len(markerProcs(t)) == 0 {
-		t.Fatal("no agent processes before shutdown")
+	// The background sleeps alive now, by custody scope: each must be on
+	// its scope's receipt. (omp has been seen to end one itself under
+	// load; then custody records it as exited, maybe unnamed.)
+	var sleeps map[string]bool
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if sleeps = sleepScopes(t); len(sleeps) == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // no event says a background process runs
+	}
+	if len(sleeps) == 0 {
+		t.Fatal("no background sleep ran before the shutdown")
 	}
 	h.close()
 	if left := markerProcs(t); len(left) > 0 {
@@ -525,8 +535,10 @@ func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 		if err != nil || len(rs) == 0 {
 			t.Fatalf("room %s: receipts %v, %v", r, rs, err)
 		}
-		if r == "a" && !strings.Contains(string(rs[len(rs)-1].Receipt), "sleep") {
-			t.Fatalf("room a's receipt lacks the background sleep: %s", rs[len(rs)-1].Receipt)
+		var rec struct{ Scope string }
+		_ = json.Unmarshal(rs[len(rs)-1].Receipt, &rec)
+		if sleeps[rec.Scope] && !strings.Contains(string(rs[len(rs)-1].Receipt), "/bin/sleep 300") {
+			t.Fatalf("room %s's receipt lacks its background sleep: %s", r, rs[len(rs)-1].Receipt)
 		}
 	}
 	evs, _ := db.Events(t.Context(), "a", busy.Seq, 0)
@@ -624,4 +636,27 @@ func TestRealRefusedModelFailsTheTurnAndIsKept(t *testing.T) {
 	if h.modelSaw("hello") {
 		t.Fatal("a turn reached a model the room did not select")
 	}
+}
+
+// sleepScopes returns the custody scopes of this host's live
+// "/bin/sleep 300" processes.
+func sleepScopes(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, pid := range markerProcs(t) {
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		cmd, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil || string(cmd) != "/bin/sleep\x00300\x00" {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join(dir, "environ"))
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if m, ok := strings.CutPrefix(kv, custody.MarkerEnv+"="); ok {
+				if parts := strings.Split(m, "."); len(parts) == 4 {
+					out[parts[3]] = true
+				}
+			}
+		}
+	}
+	return out
 }
