@@ -2,7 +2,6 @@ package room
 
 import (
 	"context"
-	"errors"
 
 	"github.com/agenthost/agenthost/internal/store"
 )
@@ -81,7 +80,3 @@ func (m *Manager) Messages(ctx context.Context, room string, after int64, limit 
 	}
 	return m.st.Messages(ctx, room, after, limit)
 }
-
-// IsNotFound reports whether err means an unknown room, approval or
-// question.
-func IsNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }

@@ -102,7 +102,7 @@ func (s *Server) listRooms(w http.ResponseWriter, r *http.Request) {
 	for _, id := range ids {
 		st, err := s.m.State(r.Context(), id)
 		if err != nil {
-			if room.IsNotFound(err) || errors.Is(err, room.ErrBadID) {
+			if errors.Is(err, room.ErrNotFound) || errors.Is(err, room.ErrBadID) {
 				continue
 			}
 			s.fail(w, r, err, "rooms")

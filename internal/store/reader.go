@@ -158,18 +158,6 @@ func (db *DB) OpenTurns(ctx context.Context) ([]Turn, error) {
 	return scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE ended_ns = 0 ORDER BY room, started_ns"))
 }
 
-// Turn returns one turn, ErrNotFound for an unknown one.
-func (db *DB) Turn(ctx context.Context, id string) (Turn, error) {
-	ts, err := scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE id = ?", id))
-	if err != nil {
-		return Turn{}, err
-	}
-	if len(ts) == 0 {
-		return Turn{}, fmt.Errorf("store: turn %q: %w", id, ErrNotFound)
-	}
-	return ts[0], nil
-}
-
 // Approvals returns the room's approvals in order of creation (all rooms
 // for room ""), only the pending ones if pending is set.
 func (db *DB) Approvals(ctx context.Context, room string, pending bool) ([]Approval, error) {

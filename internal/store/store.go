@@ -96,7 +96,6 @@ func (o *Options) fill() {
 type DB struct {
 	opts  Options
 	log   *slog.Logger
-	path  string
 	lock  *os.File
 	wdb   *sql.DB // one connection, owned by the writer goroutine
 	rdb   *sql.DB // read pool
@@ -124,7 +123,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{
-		opts: opts, log: opts.Logger, path: path, lock: lock,
+		opts: opts, log: opts.Logger, lock: lock,
 		reqs:  make(chan *writeReq, opts.Queue),
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
@@ -158,9 +157,6 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	go db.writeLoop()
 	return db, nil
 }
-
-// Path is the database file's path.
-func (db *DB) Path() string { return db.path }
 
 // Close lets queued writes finish, stops the writer and closes the
 // database. Later calls return ErrClosed.

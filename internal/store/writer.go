@@ -86,19 +86,6 @@ func (w *Writer) SetSession(room, agent, sessionID string) error {
 	return wrap("set session", err)
 }
 
-// SetConfig records the room's configuration (a JSON object).
-func (w *Writer) SetConfig(room string, config json.RawMessage) error {
-	raw, err := encodeData(config)
-	if err != nil {
-		return err
-	}
-	if err := w.EnsureRoom(room); err != nil {
-		return err
-	}
-	_, err = w.exec("UPDATE rooms SET config = ? WHERE id = ?", raw, room)
-	return wrap("set config", err)
-}
-
 // PutMessage stores a new message.
 func (w *Writer) PutMessage(m Message) error {
 	if err := w.EnsureRoom(m.Room); err != nil {
