@@ -1,3 +1,5 @@
+//go:build unix
+
 package procd
 
 import (
@@ -5,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -563,6 +564,3 @@ func (d *daemon) terminate(p *proc, code string) (*custody.Receipt, error) {
 	<-p.done
 	return r, nil
 }
-
-// ErrUnsupportedPlatform is returned where the daemon cannot run.
-var ErrUnsupportedPlatform = fmt.Errorf("procd: %w", errors.ErrUnsupported)

@@ -1,0 +1,94 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/procd"
+)
+
+// TestProc_Commands drives agenthost proc run|list|get|wait|signal|kill|
+// shutdown against a daemon the commands start (the test binary running
+// agenthost procd).
+func TestProc_Commands(t *testing.T) {
+	procDaemonEnv = append(os.Environ(), serveHelperEnv+"=1")
+	defer func() { procDaemonEnv = nil }()
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	defer func() { _ = run(ctx, []string{"proc", "shutdown", "--data", data}, &bytes.Buffer{}, &bytes.Buffer{}) }()
+	cli := func(args ...string) (string, error) {
+		var out, errb bytes.Buffer
+		err := run(ctx, append([]string{"proc"}, args...), &out, &errb)
+		return out.String(), err
+	}
+	out := filepath.Join(t.TempDir(), "out.txt")
+	id, err := cli("run", "--data", data, "--output", out, "--meta", `{"a":1}`, "--", "/bin/sh", "-c", "echo hi; exit 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(id)
+	got, err := cli("wait", "--data", data, id)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 3 {
+		t.Fatalf("wait: %v, want exit code 3", err)
+	}
+	var exit procd.Exit
+	if err := json.Unmarshal([]byte(got), &exit); err != nil || exit.Code != 3 || exit.OutputLines != 1 {
+		t.Fatalf("wait printed %q (%v)", got, err)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "hi\n" {
+		t.Fatalf("output file %q", b)
+	}
+	got, err = cli("get", "--data", data, id)
+	var info procd.ProcessInfo
+	if err != nil || json.Unmarshal([]byte(got), &info) != nil || info.ID != id || string(info.Metadata) != `{"a":1}` {
+		t.Fatalf("get: %q %v", got, err)
+	}
+	got, err = cli("list", "--data", data, "--mode", "pipe")
+	if err != nil || strings.Count(got, "\n") != 1 {
+		t.Fatalf("list: %q %v", got, err)
+	}
+	if _, err := cli("list", "--data", data, "--mode", "tty"); !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("list --mode tty: %v", err)
+	}
+	id2, err := cli("run", "--data", data, "--", "sleep", "300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2 = strings.TrimSpace(id2)
+	if _, err := cli("signal", "--data", data, id2, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli("wait", "--data", data, id2); !errors.As(err, &ee) || ee.code != 143 {
+		t.Fatalf("wait after TERM: %v", err)
+	}
+	id3, err := cli("run", "--data", data, "--pty", "--", "sleep", "300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = cli("kill", "--data", data, strings.TrimSpace(id3))
+	if err != nil || !strings.Contains(got, `"processes"`) {
+		t.Fatalf("kill: %q %v", got, err)
+	}
+	if _, err := cli("get", "--data", data, strings.TrimSpace(id3)); !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("get after kill: %v", err)
+	}
+	got, err = cli("shutdown", "--data", data)
+	if err != nil || strings.Count(got, "\n") != 2 {
+		t.Fatalf("shutdown: %q %v", got, err)
+	}
+	// Shutdown never starts a daemon.
+	if _, err := cli("shutdown", "--data", data); err != nil {
+		t.Fatal(err)
+	}
+}
