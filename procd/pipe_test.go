@@ -194,3 +194,45 @@ func TestRequests_UnknownID(t *testing.T) {
 		t.Errorf("get without id: %v", err)
 	}
 }
+
+// TestPipe_OutputWriteError: a write to the output file that fails (here
+// a file size limit, as a full disk would) sets output_error; the process
+// still runs to its exit, which is published.
+func TestPipe_OutputWriteError(t *testing.T) {
+	_, c := startDaemon(t, "--fsize", "4096")
+	ctx := testCtx(t)
+	info, err := c.CreatePipe(ctx, pipeSpec(t, `i=0; while [ $i -lt 200 ]; do echo "line $i of some length to pass the limit"; i=$((i+1)); done; exit 0`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := c.Wait(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.Code != 0 || exit.OutputError == "" || exit.FinalOffset > 4096 || exit.OutputLines == 0 {
+		t.Fatalf("exit: %+v", exit)
+	}
+	got, err := c.Get(ctx, info.ID)
+	if err != nil || got.Pipe.OutputError == "" {
+		t.Fatalf("get: %+v %v", got.Pipe, err)
+	}
+}
+
+// TestPipe_BackgroundChildHoldsStdout: a background child that inherited
+// stdout cannot hold the exit back past ExitDrain.
+func TestPipe_BackgroundChildHoldsStdout(t *testing.T) {
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 300 & echo started`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := c.Wait(ctx, info.ID)
+	if err != nil || exit.Code != 0 || exit.OutputLines != 1 {
+		t.Fatalf("exit: %+v %v", exit, err)
+	}
+	rec, err := c.Terminate(ctx, info.ID)
+	if err != nil || len(rec.Processes) < 2 {
+		t.Fatalf("terminate: %v %v", rec, err)
+	}
+}

@@ -247,17 +247,18 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 			n, rerr := r.Read(buf)
 			if n > 0 {
 				fmu.Lock()
-				_, werr := f.Write(buf[:n])
+				wn, werr := f.Write(buf[:n])
 				fmu.Unlock()
 				ps := p.pipe
 				ps.mu.Lock()
-				if werr != nil {
-					if ps.outErr == "" {
-						ps.outErr = werr.Error()
-					}
-				} else if count {
-					ps.bytes += int64(n)
-					ps.lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+				if werr != nil && ps.outErr == "" {
+					ps.outErr = werr.Error()
+				}
+				// Only what reached the file counts; the rest is drained
+				// so the child never blocks.
+				if count {
+					ps.bytes += int64(wn)
+					ps.lines += int64(bytes.Count(buf[:wn], []byte{'\n'}))
 				}
 				ps.mu.Unlock()
 			}
