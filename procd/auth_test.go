@@ -40,6 +40,7 @@ func init() {
 }
 
 func TestAuth_Token(t *testing.T) {
+	t.Parallel()
 	dir, _ := startDaemon(t)
 	svc, err := readService(dir)
 	if err != nil {
@@ -71,6 +72,7 @@ func TestAuth_Token(t *testing.T) {
 // socket's directory keeps it out, and with that loosened (test only) the
 // daemon's peer check (SO_PEERCRED) still refuses it, right token or not.
 func TestAuth_OtherUID(t *testing.T) {
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("needs root to run a client as another uid (the tests run as root in CI)")
 	}

@@ -29,6 +29,7 @@ func ownDaemon(t *testing.T, flags ...string) (string, *Client) {
 }
 
 func TestHandoff_Claimed(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `while read l; do echo "$l"; done`))
@@ -101,6 +102,7 @@ func TestHandoff_Claimed(t *testing.T) {
 // TestHandoff_Failed: a ticket the daemon refuses (here: a forged one)
 // ends the old daemon with its processes, and Own starts fresh.
 func TestHandoff_Failed(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -135,6 +137,7 @@ func TestHandoff_Failed(t *testing.T) {
 // TestHandoff_Expired: a handoff nobody claims ends the daemon and its
 // processes on its own; the next Own, with the stale ticket, starts fresh.
 func TestHandoff_Expired(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t, "--handoff-ttl", "300ms")
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -169,6 +172,7 @@ func TestHandoff_Expired(t *testing.T) {
 // TestOwner_LeavesWithoutHandoff: the owner's connection closing (a crash,
 // or a stop) ends every process and the daemon.
 func TestOwner_LeavesWithoutHandoff(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `sleep 300 & exec sleep 301`))
@@ -190,6 +194,7 @@ func TestOwner_LeavesWithoutHandoff(t *testing.T) {
 // TestUnowned_UnattendedEnded: without an owner, a process nobody looks
 // after is ended after the bound, and the idle daemon exits.
 func TestUnowned_UnattendedEnded(t *testing.T) {
+	t.Parallel()
 	dir, c := startDaemon(t, "--unattended", "1s", "--idle", "1s")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -206,6 +211,7 @@ func TestUnowned_UnattendedEnded(t *testing.T) {
 
 // TestUnowned_WatchedKept: a process someone waits on is attended.
 func TestUnowned_WatchedKept(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t, "--unattended", "500ms", "--idle", "1s")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 2; exit 4`))

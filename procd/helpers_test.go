@@ -118,3 +118,13 @@ func outputLines(t *testing.T, c *Client, id string, n int) []string {
 	}
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
+
+// watchers waits until n waits or subscriptions are open on id.
+func watchers(t *testing.T, c *Client, id string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	waitFor(t, "watchers", func() bool {
+		pi, err := c.Get(ctx, id)
+		return err == nil && pi.Watchers == n
+	})
+}

@@ -12,6 +12,7 @@ import (
 )
 
 func TestPipe_RoundTrip(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	spec := pipeSpec(t, `while read l; do echo "got $l"; done; echo bye >&2; exit 3`)
@@ -78,6 +79,7 @@ func TestPipe_RoundTrip(t *testing.T) {
 }
 
 func TestPipe_SeparateStderr(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	spec := pipeSpec(t, `echo out; echo err >&2`)
@@ -98,6 +100,7 @@ func TestPipe_SeparateStderr(t *testing.T) {
 }
 
 func TestCreatePipe_Invalid(t *testing.T) {
+	t.Parallel()
 	dir, c := startDaemon(t)
 	ctx := testCtx(t)
 	base := pipeSpec(t, "true")
@@ -175,6 +178,7 @@ func TestCreatePipe_Invalid(t *testing.T) {
 }
 
 func TestRequests_UnknownID(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	checks := map[string]error{}
@@ -199,6 +203,7 @@ func TestRequests_UnknownID(t *testing.T) {
 // a file size limit, as a full disk would) sets output_error; the process
 // still runs to its exit, which is published.
 func TestPipe_OutputWriteError(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t, "--fsize", "4096")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `i=0; while [ $i -lt 200 ]; do echo "line $i of some length to pass the limit"; i=$((i+1)); done; exit 0`))
@@ -221,6 +226,7 @@ func TestPipe_OutputWriteError(t *testing.T) {
 // TestPipe_BackgroundChildHoldsStdout: a background child that inherited
 // stdout cannot hold the exit back past ExitDrain.
 func TestPipe_BackgroundChildHoldsStdout(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 300 & echo started`))

@@ -62,7 +62,7 @@ type pipeState struct {
 
 func (d *daemon) info(p *proc) ProcessInfo {
 	pi := ProcessInfo{ID: p.id, Mode: p.mode, Argv: p.argv, Cwd: p.cwd, PID: p.scope.Pid(), Running: p.exit == nil,
-		StartedAt: p.startedAt, Metadata: p.metadata}
+		StartedAt: p.startedAt, Metadata: p.metadata, Watchers: p.watchers}
 	if p.exit != nil {
 		e := *p.exit
 		pi.Exit, pi.ExitedAt = &e, &e.ExitedAt
@@ -185,6 +185,9 @@ func (d *daemon) opCreatePipe(c *conn, op string, raw json.RawMessage) error {
 		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}),
 		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath}}
 	if err := d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
+		if s.StderrPath == "" {
+			return d.cust.StartCombined(ctx, command(s.Argv, s.Cwd, s.Env))
+		}
 		return d.cust.Start(ctx, command(s.Argv, s.Cwd, s.Env))
 	}); err != nil {
 		out.Close()
@@ -267,13 +270,12 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 			}
 		}
 	}
-	wg.Add(2)
+	wg.Add(1)
 	go copyTo(p.scope.Stdout(), out, true, &outMu)
 	if errFile != nil {
 		var errMu sync.Mutex
+		wg.Add(1)
 		go copyTo(p.scope.Stderr(), errFile, false, &errMu)
-	} else {
-		go copyTo(p.scope.Stderr(), out, true, &outMu)
 	}
 	readersDone := make(chan struct{})
 	go func() { wg.Wait(); close(readersDone) }()

@@ -25,6 +25,7 @@ func readUntil(t *testing.T, ctx context.Context, s *Subscription, seen *bytes.B
 }
 
 func TestPTY_AttachInputResizeReplay(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	d := t.TempDir()
@@ -146,6 +147,7 @@ func TestPTY_AttachInputResizeReplay(t *testing.T) {
 }
 
 func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	d := t.TempDir()

@@ -59,8 +59,11 @@ type ProcessInfo struct {
 	ExitedAt  *time.Time      `json:"exited_at,omitempty"`
 	Exit      *Exit           `json:"exit,omitempty"`
 	Metadata  json.RawMessage `json:"metadata,omitempty"`
-	PTY       *PTYInfo        `json:"pty,omitempty"`
-	Pipe      *PipeInfo       `json:"pipe,omitempty"`
+	// Watchers counts the open waits and subscriptions on it: a process
+	// with any is attended.
+	Watchers int       `json:"watchers"`
+	PTY      *PTYInfo  `json:"pty,omitempty"`
+	Pipe     *PipeInfo `json:"pipe,omitempty"`
 }
 
 // PTYInfo is the pty group of a ProcessInfo.
