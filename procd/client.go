@@ -43,14 +43,15 @@ type Client struct {
 	opts    ClientOptions
 
 	// Owner state: nil conn for a plain client.
-	ownMu      sync.Mutex // one owner request at a time
-	owner      net.Conn
-	ownReplies chan ownFrame
-	done       chan struct{} // closed when the owner connection is lost
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
-	claimed    bool
-	handoffErr error
+	ownMu       sync.Mutex // one owner request at a time
+	owner       net.Conn
+	ownReplies  chan ownFrame
+	done        chan struct{} // closed when the owner connection is lost
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	claimed     bool
+	handoffErr  error
+	oldReceipts []custody.Receipt
 }
 
 type ownFrame struct {
@@ -103,7 +104,9 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 		// A failed handoff ends the old daemon so no process is left that
 		// nobody owns; the restart goes on with a fresh one.
 		if old, derr := Dial(ctx, dataDir); derr == nil {
-			if _, serr := old.Shutdown(ctx); serr != nil && !errors.Is(serr, ErrShuttingDown) {
+			rs, serr := old.Shutdown(ctx)
+			c.oldReceipts = rs
+			if serr != nil && !errors.Is(serr, ErrShuttingDown) {
 				return nil, fmt.Errorf("procd: ending the daemon after a failed handoff (%v): %w", err, serr)
 			}
 			if werr := waitGone(ctx, dataDir); werr != nil {
@@ -121,7 +124,9 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 		// The daemon waits for a handoff whose ticket file is gone: end it
 		// and start fresh.
 		c.handoffErr = err
-		if _, serr := c.Shutdown(ctx); serr != nil && !errors.Is(serr, ErrShuttingDown) {
+		rs, serr := c.Shutdown(ctx)
+		c.oldReceipts = rs
+		if serr != nil && !errors.Is(serr, ErrShuttingDown) {
 			return nil, serr
 		}
 		if err := waitGone(ctx, dataDir); err != nil {
@@ -208,6 +213,10 @@ func (c *Client) Claimed() bool { return c.claimed }
 
 // HandoffErr is why a handoff ticket present at Own was not honoured, or nil.
 func (c *Client) HandoffErr() error { return c.handoffErr }
+
+// OldReceipts are the receipts of the processes Own ended with the old
+// daemon after a failed handoff.
+func (c *Client) OldReceipts() []custody.Receipt { return c.oldReceipts }
 
 // Owner reports whether this client is the daemon's owner.
 func (c *Client) Owner() bool { return c.owner != nil }

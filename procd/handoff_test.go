@@ -129,6 +129,9 @@ func TestHandoff_Failed(t *testing.T) {
 	if pidAlive(info.PID) {
 		t.Fatalf("the old daemon's process %d still runs", info.PID)
 	}
+	if rs := o2.OldReceipts(); len(rs) != 1 || len(rs[0].Processes) == 0 || rs[0].Processes[0].PID != info.PID {
+		t.Fatalf("receipts of the old daemon: %+v", rs)
+	}
 	if ps, err := o2.List(ctx, ModePipe); err != nil || len(ps) != 0 {
 		t.Fatalf("fresh daemon's list: %+v %v", ps, err)
 	}
