@@ -130,3 +130,33 @@ func TestAuth_OtherUID(t *testing.T) {
 		t.Fatalf("another uid with the right token: %s", out)
 	}
 }
+
+// TestFrame_OverLimit: a frame over MaxFrame is answered with an error, not
+// dropped silently, and the daemon serves on.
+func TestFrame_OverLimit(t *testing.T) {
+	t.Parallel()
+	dir, c := startDaemon(t)
+	svc, _ := readService(dir)
+	conn, err := net.Dial("unix", svc.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	var h [4]byte
+	h[0], h[1], h[2], h[3] = 0, 0x80, 0, 1 // 8 MiB + 1
+	if _, err := conn.Write(h[:]); err != nil {
+		t.Fatal(err)
+	}
+	b, err := readFrame(conn)
+	if err != nil {
+		t.Fatalf("no answer to an oversized frame: %v", err)
+	}
+	var r Reply
+	if err := json.Unmarshal(b, &r); err != nil || r.Type != TypeError || r.Code != codeInvalid {
+		t.Fatalf("reply %s", b)
+	}
+	if err := c.Ping(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -55,8 +55,7 @@ type Client struct {
 }
 
 type ownFrame struct {
-	r   Reply
-	err error
+	r Reply
 }
 
 // Dial connects to the daemon already running for dataDir; ErrNoDaemon

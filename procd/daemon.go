@@ -360,6 +360,10 @@ func (d *daemon) serveConn(nc *net.UnixConn) {
 		var re *reqErr
 		if errors.As(err, &re) {
 			c.fail(re.code, re.msg)
+		} else if errors.Is(err, ErrProtocol) {
+			// An oversized frame: said, then the connection closes (the
+			// rest of the frame is not read).
+			c.fail(codeInvalid, "invalid frame: over the 8 MiB limit")
 		}
 		return
 	}
