@@ -23,7 +23,7 @@ type ptyState struct {
 	inMu sync.Mutex // one writer to the terminal at a time
 
 	mu         sync.Mutex
-	buf        []byte // the last ReplayLimit bytes of output
+	buf        []byte // the last ReplayLimit to 2*ReplayLimit bytes of output
 	base, end  int64  // absolute offsets of buf's start and end
 	cols, rows uint16
 	subs       map[*ptySub]struct{}
@@ -87,7 +87,9 @@ func (t *ptyState) append(data []byte) {
 	off := t.end
 	t.buf = append(t.buf, data...)
 	t.end += int64(len(data))
-	if over := len(t.buf) - ReplayLimit; over > 0 {
+	// Compacted only past twice the limit, so each byte is copied at most
+	// once more; replay serves the last ReplayLimit bytes (replayStart).
+	if over := len(t.buf) - ReplayLimit; len(t.buf) > 2*ReplayLimit {
 		n := copy(t.buf, t.buf[over:])
 		t.buf = t.buf[:n]
 		t.base += int64(over)
@@ -260,8 +262,9 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	}
 	s := &ptySub{conn: c, ch: make(chan Reply, subQueue), dropped: make(chan struct{})}
 	t.mu.Lock()
-	from := min(max(r.Offset, t.base), t.end)
-	att := Reply{Type: TypeAttached, Offset: from, Truncated: r.Offset < t.base,
+	start := max(t.base, t.end-ReplayLimit)
+	from := min(max(r.Offset, start), t.end)
+	att := Reply{Type: TypeAttached, Offset: from, Truncated: r.Offset < start,
 		Data: append([]byte(nil), t.buf[from-t.base:]...), Cols: t.cols, Rows: t.rows}
 	if r.Control {
 		if t.controller != nil {

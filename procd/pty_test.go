@@ -151,7 +151,7 @@ func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	d := t.TempDir()
-	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read go; head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END; read x"}, Cwd: d, Env: []string{"PATH=/usr/bin:/bin"}})
+	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read go; head -c 5000000 /dev/zero | tr '\\0' a; echo; echo END; read x"}, Cwd: d, Env: []string{"PATH=/usr/bin:/bin"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
 	}
 	waitFor(t, "all output", func() bool {
 		g, err := c.Get(ctx, info.ID)
-		return err == nil && g.PTY.Offset > 3000000
+		return err == nil && g.PTY.Offset > 5000000
 	})
 	late, err := c.Subscribe(ctx, info.ID, 0, false)
 	if err != nil {
