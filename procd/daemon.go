@@ -23,6 +23,12 @@ import (
 	"github.com/agenthost/agenthost/custody"
 )
 
+// A starting daemon retries a busy lock lockTries times, lockRetry apart.
+const (
+	lockTries = 20
+	lockRetry = 10 * time.Millisecond
+)
+
 // daemon is one running daemon.
 type daemon struct {
 	opts       Options
@@ -59,12 +65,22 @@ func Run(ctx context.Context, opts Options) error {
 		return errors.New("procd: Options.DataDir is required")
 	}
 	opts.fill()
-	lock, ok, err := lockService(opts.DataDir)
-	if err != nil {
-		return fmt.Errorf("procd: lock: %w", err)
-	}
-	if !ok {
-		return ErrRunning
+	// Clients probe the lock for a moment (lockFree): a lock held that
+	// briefly is retried, one a daemon holds is not released in time.
+	var lock *os.File
+	for try := 0; ; try++ {
+		l, ok, err := lockService(opts.DataDir)
+		if err != nil {
+			return fmt.Errorf("procd: lock: %w", err)
+		}
+		if ok {
+			lock = l
+			break
+		}
+		if try == lockTries {
+			return ErrRunning
+		}
+		time.Sleep(lockRetry)
 	}
 	defer lock.Close()
 	d := &daemon{

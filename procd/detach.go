@@ -57,15 +57,17 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 			var ws syscall.WaitStatus
 			if wpid, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); wpid == pid {
 				exited = true
-				if ws.ExitStatus() != 0 || ws.Signaled() {
-					// Lost a race to another daemon, or failed: the next
-					// Dial tells which.
-					if c, err := Dial(ctx, dataDir); err == nil {
-						_ = c.Close()
-						return nil
-					}
-					return fmt.Errorf("procd: the daemon exited (%v); see %s", ws, filepath.Join(procdDir(dataDir), logFile))
+			}
+		}
+		if exited {
+			// It failed, or lost the race to another daemon that holds
+			// the lock and is still starting: that one is waited for.
+			if free, _ := lockFree(dataDir); free {
+				if c, err := Dial(ctx, dataDir); err == nil {
+					_ = c.Close()
+					return nil
 				}
+				return fmt.Errorf("procd: the daemon exited; see %s", filepath.Join(procdDir(dataDir), logFile))
 			}
 		}
 		select {

@@ -226,3 +226,36 @@ func TestUnowned_WatchedKept(t *testing.T) {
 		t.Fatalf("a waited-on process past the bound: %+v %v", exit, err)
 	}
 }
+
+// TestConnect_Concurrent: clients racing to start the daemon of one data
+// dir all end up with the same one.
+func TestConnect_Concurrent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	t.Cleanup(func() { stopDaemon(t, dir) })
+	ctx := testCtx(t)
+	ids := make(chan string, 4)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c, err := Connect(ctx, dir, testOpts())
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- c.InstanceID()
+		}()
+	}
+	seen := map[string]bool{}
+	for range 4 {
+		select {
+		case id := <-ids:
+			seen[id] = true
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 1 {
+		t.Fatalf("%d daemons for one data dir: %v", len(seen), seen)
+	}
+}

@@ -277,7 +277,7 @@ DIR/procd/out); a --pty process keeps 2 MiB of replay for attach.`,
 		return printJSON(out, r)
 	}, 1)
 	attachCmd := oneID("attach ID", "Attach this terminal to a pty process, with its replay (detach: Ctrl-])", func(ctx context.Context, c *procd.Client, id string, _ []string, out io.Writer) error {
-		return attach(ctx, c, id, out)
+		return attach(ctx, c, id, os.Stdin, out)
 	}, 1)
 	shutdownCmd := &cobra.Command{
 		Use:   "shutdown",
@@ -323,13 +323,13 @@ func usageIfInvalid(err error) error {
 // attach puts the terminal in raw mode and relays it to the pty: the
 // replay first, then live output; input, and resizes on SIGWINCH, go to
 // the process. Ctrl-] detaches.
-func attach(ctx context.Context, c *procd.Client, id string, out io.Writer) error {
+func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out io.Writer) error {
 	s, err := c.Subscribe(ctx, id, 0, true)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	in := int(os.Stdin.Fd())
+	in := int(stdin.Fd())
 	if restore, ok := makeRaw(in); ok {
 		defer restore()
 	}
@@ -350,7 +350,7 @@ func attach(ctx context.Context, c *procd.Client, id string, out io.Writer) erro
 	go func() {
 		buf := make([]byte, 4096)
 		for {
-			n, err := os.Stdin.Read(buf)
+			n, err := stdin.Read(buf)
 			if n > 0 {
 				select {
 				case keys <- append([]byte(nil), buf[:n]...):

@@ -92,3 +92,57 @@ func TestProc_Commands(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestProc_Attach relays a pty: the replay first, then input and output,
+// and the process's exit code.
+func TestProc_Attach(t *testing.T) {
+	procDaemonEnv = append(os.Environ(), serveHelperEnv+"=1")
+	defer func() { procDaemonEnv = nil }()
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	defer func() { _ = run(ctx, []string{"proc", "shutdown", "--data", data}, &bytes.Buffer{}, &bytes.Buffer{}) }()
+	var out bytes.Buffer
+	if err := run(ctx, []string{"proc", "run", "--data", data, "--pty", "--", "/bin/sh", "-c", "echo ready; read x; echo got-$x; exit 4"}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out.String())
+	c, err := procd.Connect(ctx, data, &procd.ClientOptions{DaemonEnv: procDaemonEnv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The output before anyone attached is in the replay.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := c.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.PTY.Offset >= int64(len("ready\r\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no output from the pty")
+		}
+		time.Sleep(10 * time.Millisecond) // polling: no event for output nobody subscribed to
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if _, err := w.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	var term bytes.Buffer
+	err = attach(ctx, c, id, r, &term)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 4 {
+		t.Fatalf("attach: %v, want exit code 4", err)
+	}
+	if got := term.String(); !strings.Contains(got, "ready") || !strings.Contains(got, "got-hello") {
+		t.Fatalf("terminal saw %q", got)
+	}
+}
