@@ -292,10 +292,17 @@ func (c *Client) CreatePTY(ctx context.Context, spec PTYSpec) (ProcessInfo, erro
 }
 
 // Write writes data to a process's stdin (a pipe process) or terminal
-// input (a pty nobody controls). It returns once the data is written.
+// input (a pty nobody controls). It returns once the data is written; data
+// over one request's cap goes in several requests, in order.
 func (c *Client) Write(ctx context.Context, id string, data []byte) error {
-	_, err := c.do(ctx, map[string]any{"op": "write", "id": id, "data": data}, TypeOK)
-	return err
+	for first := true; first || len(data) > 0; first = false {
+		n := min(len(data), maxWrite)
+		if _, err := c.do(ctx, map[string]any{"op": "write", "id": id, "data": data[:n]}, TypeOK); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
 }
 
 // CloseStdin closes a pipe process's stdin (EOF for the child).

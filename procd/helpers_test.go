@@ -128,3 +128,12 @@ func watchers(t *testing.T, c *Client, id string, n int) {
 		return err == nil && pi.Watchers == n
 	})
 }
+
+func svcToken(t *testing.T, dir string) string {
+	t.Helper()
+	svc, err := readService(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Token
+}

@@ -27,6 +27,11 @@ func TestPipe_RoundTrip(t *testing.T) {
 	if err := c.Write(ctx, info.ID, []byte("a\nb\n")); err != nil {
 		t.Fatal(err)
 	}
+	// Over one request's cap: several requests, in order.
+	long := strings.Repeat("x", maxWrite+10)
+	if err := c.Write(ctx, info.ID, []byte(long+"\n")); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.CloseStdin(ctx, info.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -34,18 +39,19 @@ func TestPipe_RoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit.Code != 3 || exit.OutputLines != 3 || exit.OutputError != "" || exit.FinalOffset != int64(len("got a\ngot b\nbye\n")) {
+	want := "got a\ngot b\ngot " + long + "\nbye\n"
+	if exit.Code != 3 || exit.OutputLines != 4 || exit.OutputError != "" || exit.FinalOffset != int64(len(want)) {
 		t.Fatalf("exit: %+v", exit)
 	}
 	b, _ := os.ReadFile(spec.OutputPath)
-	if string(b) != "got a\ngot b\nbye\n" {
-		t.Fatalf("output file: %q", b)
+	if string(b) != want {
+		t.Fatalf("output file: %d bytes, want %d", len(b), len(want))
 	}
 	got, err := c.Get(ctx, info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Running || got.ExitedAt == nil || got.Exit == nil || got.Exit.Code != 3 || got.Pipe.OutputLines != 3 || string(got.Metadata) != `{"room":"r1"}` {
+	if got.Running || got.ExitedAt == nil || got.Exit == nil || got.Exit.Code != 3 || got.Pipe.OutputLines != 4 || string(got.Metadata) != `{"room":"r1"}` {
 		t.Fatalf("get: %+v", got)
 	}
 	// Waiting again on an exited process answers at once.

@@ -27,7 +27,7 @@ const (
 	HandoffTTL = 120 * time.Second
 	// maxWrite caps one write request's data, well under MaxFrame once
 	// base64-encoded.
-	maxWrite = 4 << 20
+	maxWrite = 1 << 20
 )
 
 // Mode is how a process's stdio is connected.
