@@ -64,6 +64,9 @@ func (o *Options) fill() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Custody.Logger == nil {
+		o.Custody.Logger = o.Logger
+	}
 }
 
 // ErrRunning is returned by Run when a daemon already serves the data dir.

@@ -65,7 +65,15 @@ start it on demand; one runs per data dir.`,
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			err = procd.Run(cmd.Context(), procd.Options{DataDir: data, Unattended: f.unattended, IdleExit: f.idle, Logger: log})
+			// A hangup (the terminal of a foreground daemon closing) ends
+			// it like SIGTERM: everything stopped, with receipts.
+			ctx := cmd.Context()
+			if len(hangup) > 0 { // none given would mean every signal
+				var stop context.CancelFunc
+				ctx, stop = signal.NotifyContext(ctx, hangup...)
+				defer stop()
+			}
+			err = procd.Run(ctx, procd.Options{DataDir: data, Unattended: f.unattended, IdleExit: f.idle, Logger: log})
 			if errors.Is(err, procd.ErrRunning) {
 				return &exitError{1, fmt.Errorf("procd: a daemon already runs for %s", data)}
 			}

@@ -38,3 +38,6 @@ func termSize(fd int) (cols, rows uint16, ok bool) {
 }
 
 func notifyResize(ch chan<- os.Signal) { signal.Notify(ch, syscall.SIGWINCH) }
+
+// hangup is the signal a closing terminal sends.
+var hangup = []os.Signal{syscall.SIGHUP}

@@ -8,3 +8,5 @@ import "os"
 func makeRaw(fd int) (restore func(), ok bool)     { return nil, false }
 func termSize(fd int) (cols, rows uint16, ok bool) { return 0, 0, false }
 func notifyResize(ch chan<- os.Signal)             {}
+
+var hangup []os.Signal

@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,5 +146,55 @@ func TestProc_Attach(t *testing.T) {
 	}
 	if got := term.String(); !strings.Contains(got, "ready") || !strings.Contains(got, "got-hello") {
 		t.Fatalf("terminal saw %q", got)
+	}
+}
+
+// TestProcd_ForegroundHangup: agenthost procd in the foreground ends every
+// process and exits 0 on SIGHUP (its terminal closing), as on SIGTERM.
+func TestProcd_ForegroundHangup(t *testing.T) {
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.Command(os.Args[0], "procd", "--data", data)
+	cmd.Env = append(os.Environ(), serveHelperEnv+"=1")
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	var c *procd.Client
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		if c, err = procd.Dial(ctx, data); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never answered: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling: the foreground daemon announces nothing to this process
+	}
+	defer c.Close()
+	info, err := c.CreatePipe(ctx, procd.PipeSpec{Argv: []string{"sleep", "300"}, Cwd: data, Env: []string{"PATH=/usr/bin:/bin"},
+		OutputPath: filepath.Join(data, "out")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	waited = true
+	if err != nil {
+		t.Fatalf("procd after SIGHUP: %v", err)
+	}
+	if err := syscall.Kill(info.PID, 0); err == nil {
+		t.Fatalf("process %d outlived the daemon", info.PID)
 	}
 }
