@@ -346,11 +346,17 @@ func (d *daemon) readRequest(c *conn) (string, json.RawMessage, error) {
 	if err != nil {
 		return "", nil, err
 	}
+	return parseEnvelope(b, d.token)
+}
+
+// parseEnvelope checks one frame's envelope and token, and returns its op
+// and raw request.
+func parseEnvelope(b []byte, token string) (string, json.RawMessage, error) {
 	var env envelope
 	if err := json.Unmarshal(b, &env); err != nil {
 		return "", nil, errf(codeInvalid, "invalid envelope: %v", err)
 	}
-	if subtle.ConstantTimeCompare([]byte(env.Token), []byte(d.token)) != 1 {
+	if subtle.ConstantTimeCompare([]byte(env.Token), []byte(token)) != 1 {
 		return "", nil, errf(codeForbidden, "forbidden: missing or wrong token")
 	}
 	var head struct {
