@@ -99,6 +99,9 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 			c.claimed = true
 			return c, nil
 		}
+		if errors.Is(err, ErrOwned) {
+			return nil, err // a live owner's daemon is not ours to end
+		}
 		c.handoffErr = err
 		// A failed handoff ends the old daemon so no process is left that
 		// nobody owns; the restart goes on with a fresh one.

@@ -490,6 +490,12 @@ func (d *daemon) opOwn(c *conn, op string, raw json.RawMessage) error {
 		return errf(codeShutdown, "daemon shutting down")
 	case r.Ticket != "":
 		h := d.handoff
+		if h == nil && d.owner != nil {
+			// No handoff under way: a stale ticket must not make its
+			// holder end a live owner's daemon.
+			d.mu.Unlock()
+			return errf(codeOwned, "daemon already owned (no handoff is pending)")
+		}
 		if h == nil || subtle.ConstantTimeCompare([]byte(r.Ticket), []byte(h.Ticket)) != 1 {
 			d.mu.Unlock()
 			return errf(codeHandoff, "handoff refused: no such ticket (wrong or already spent)")

@@ -80,6 +80,19 @@ func TestHandoff_Claimed(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(procdDir(dir), ticketFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("ticket file after the claim: %v", err)
 	}
+	// A stale ticket while an owner is connected and no handoff pending:
+	// refused, and the live owner's daemon is left alone.
+	stale := tk
+	stale.Ticket = "stale"
+	if err := writeJSON(filepath.Join(procdDir(dir), ticketFile), stale); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Own(ctx, dir, testOpts()); !errors.Is(err, ErrOwned) {
+		t.Fatalf("own with a stale ticket beside a live owner: %v", err)
+	}
+	if got, err := o2.Get(ctx, info.ID); err != nil || !got.Running {
+		t.Fatalf("the live owner's process after a stale claim: %+v %v", got, err)
+	}
 	// A new owner with a fresh ticket cuts the old one off.
 	if _, err := o2.PrepareHandoff(ctx); err != nil {
 		t.Fatal(err)
