@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// maxLog is the daemon log's size past which a new daemon starts a new one.
+const maxLog = 16 << 20
+
 // Detach starts the daemon for dataDir in the background and returns once
 // it answers: argv (with "--data DIR" appended) runs in a session of its
 // own with its output appended to DIR/procd/daemon.log. A daemon that
@@ -29,7 +32,12 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 	if err := os.MkdirAll(procdDir(dataDir), 0o700); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(procdDir(dataDir), logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	logPath := filepath.Join(procdDir(dataDir), logFile)
+	if fi, err := os.Lstat(logPath); err == nil && fi.Size() > maxLog {
+		// One old generation is kept; the log never grows past twice this.
+		_ = os.Rename(logPath, logPath+".1")
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("procd: daemon log: %w", err)
 	}
