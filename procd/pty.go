@@ -14,9 +14,13 @@ import (
 	"github.com/creack/pty"
 )
 
-// subQueue bounds one subscriber's pending events; a subscriber that lets
-// it fill is dropped (told so when it can still be), never waited for.
-const subQueue = 256
+// subQueue and subMaxPending bound one subscriber's pending events and
+// their output bytes; a subscriber that falls further behind is dropped
+// (told so when it can still be), never waited for.
+const (
+	subQueue      = 256
+	subMaxPending = 1 << 20
+)
 
 type ptyState struct {
 	ptmx *os.File
@@ -32,6 +36,7 @@ type ptyState struct {
 
 type ptySub struct {
 	conn    *conn
+	pending int // output bytes queued, under ptyState.mu
 	ch      chan Reply
 	dropped chan struct{} // closed when dropped for being slow
 }
@@ -46,8 +51,13 @@ func (t *ptyState) info() *PTYInfo {
 // subscriber.
 func (t *ptyState) emit(r Reply) {
 	for s := range t.subs {
+		if s.pending+len(r.Data) > subMaxPending {
+			t.dropLocked(s)
+			continue
+		}
 		select {
 		case s.ch <- r:
+			s.pending += len(r.Data)
 		default:
 			t.dropLocked(s)
 		}
@@ -315,6 +325,9 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	for {
 		select {
 		case ev := <-s.ch:
+			t.mu.Lock()
+			s.pending -= len(ev.Data)
+			t.mu.Unlock()
 			_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 			if c.send(ev) != nil {
 				return nil
