@@ -374,7 +374,32 @@ func (s *Scope) Signal(sig syscall.Signal) error {
 		return ErrScopeClosed
 	}
 	s.c.scan() // what was born since the last periodic scan gets it too
-	s.signalAll(sysSignal(sig))
+	targets := s.liveIdents()
+	// The group gets one kill(-pgid) while the leader is unreaped; its
+	// members are then not signalled again one by one (a second INT is
+	// "force quit" to many programs).
+	inGroup := map[ident]bool{}
+	if _, ok := s.c.plat.lookup(s.leader); ok {
+		for _, id := range targets {
+			if pi, ok := s.c.plat.lookup(id); ok && pi.pgid == s.leader.pid {
+				inGroup[id] = true
+			}
+		}
+	}
+	s.c.plat.signalGroup(s.leader, sysSignal(sig))
+	for _, id := range targets {
+		if inGroup[id] {
+			continue
+		}
+		if s.c.plat.signal(id, sysSignal(sig)) {
+			s.mu.Lock()
+			if o := s.live[id]; o != nil {
+				o.gone, o.at, o.ended = true, time.Now(), EndedAlreadyGone
+				delete(s.live, id)
+			}
+			s.mu.Unlock()
+		}
+	}
 	return nil
 }
 
