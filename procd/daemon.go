@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -608,5 +607,3 @@ func watchClose(c *conn, wg *sync.WaitGroup) <-chan struct{} {
 	}()
 	return ch
 }
-
-var _ io.Reader = (*conn)(nil)

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 )
 
 func TestWait_SeveralWaitersAndDisconnect(t *testing.T) {
@@ -250,5 +249,4 @@ exec sleep 300`))
 			t.Errorf("pid %d still runs after terminate", p)
 		}
 	}
-	_ = time.Second
 }
