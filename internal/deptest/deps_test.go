@@ -17,6 +17,14 @@ var allowed = map[string][]string{
 	// Custody: standard library, x/sys and the pipe helper.
 	module + "/custody":         {"golang.org/x/sys/", module + "/internal/procio"},
 	module + "/internal/procio": nil,
+	// The ACP client: custody, the pipe helper and the ACP SDK; never rooms
+	// or the server.
+	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
+	// The room transport over ACP knows rooms, the ACP client and custody;
+	// never the server.
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", "golang.org/x/sys/",
+		"github.com/coder/acp-go-sdk"}, sqliteDeps...),
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,

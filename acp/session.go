@@ -1,0 +1,267 @@
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	sdk "github.com/coder/acp-go-sdk"
+)
+
+// Update types an Event can have besides the SDK's own (the update's
+// "sessionUpdate" value: "agent_message_chunk", "tool_call", ...).
+const (
+	// TypeMalformed: a line from the agent was dropped; Err says why.
+	TypeMalformed = "malformed"
+	// TypeBadUpdate: a session/update whose params could not be decoded
+	// (Raw holds them).
+	TypeBadUpdate = "bad_update"
+)
+
+// Event is one session/update from the agent, or a malformed line.
+type Event struct {
+	SessionID string
+	// Type is the update's "sessionUpdate" value, TypeMalformed or
+	// TypeBadUpdate.
+	Type string
+	// Update is the decoded update; for a kind the SDK does not know it is
+	// empty (Known false) and Raw is all there is.
+	Update sdk.SessionUpdate
+	Known  bool
+	// Raw is the update object as the agent sent it.
+	Raw json.RawMessage
+	// Err says what was wrong (TypeMalformed, TypeBadUpdate). It never
+	// holds the payload.
+	Err error
+}
+
+// Text is the text of an agent_message_chunk (or agent_thought_chunk)
+// update, "" for any other.
+func (e Event) Text() string {
+	switch {
+	case e.Update.AgentMessageChunk != nil && e.Update.AgentMessageChunk.Content.Text != nil:
+		return e.Update.AgentMessageChunk.Content.Text.Text
+	case e.Update.AgentThoughtChunk != nil && e.Update.AgentThoughtChunk.Content.Text != nil:
+		return e.Update.AgentThoughtChunk.Content.Text.Text
+	}
+	return ""
+}
+
+// knownUpdates are the update kinds the SDK decodes (v0.13.0); it decodes
+// any other as a session_info_update.
+var knownUpdates = map[string]bool{
+	"user_message_chunk": true, "agent_message_chunk": true, "agent_thought_chunk": true,
+	"tool_call": true, "tool_call_update": true, "plan": true, "available_commands_update": true,
+	"current_mode_update": true, "config_option_update": true, "session_info_update": true, "usage_update": true,
+}
+
+// turn is one running prompt.
+type turn struct {
+	done chan struct{}
+	mu   sync.Mutex
+	text strings.Builder
+	cut  bool
+}
+
+func (c *Client) update(line int64, n int, params json.RawMessage) {
+	var p struct {
+		SessionID string          `json:"sessionId"`
+		Update    json.RawMessage `json:"update"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil || len(p.Update) == 0 {
+		c.reportMalformed(&LineError{Line: line, Len: int64(n), Reason: "session/update without sessionId and update"})
+		return
+	}
+	var disc struct {
+		Kind string `json:"sessionUpdate"`
+	}
+	ev := Event{SessionID: p.SessionID, Raw: append(json.RawMessage(nil), p.Update...)}
+	if err := json.Unmarshal(p.Update, &disc); err != nil || disc.Kind == "" {
+		ev.Type, ev.Err = TypeBadUpdate, errors.New("acp: session/update without a sessionUpdate kind")
+		c.emit(ev)
+		return
+	}
+	ev.Type = disc.Kind
+	if !knownUpdates[disc.Kind] {
+		// The SDK would decode it as some other variant, or as nothing:
+		// the raw object is all there is.
+		c.emit(ev)
+		return
+	}
+	if err := json.Unmarshal(p.Update, &ev.Update); err != nil {
+		ev.Type, ev.Err = TypeBadUpdate, fmt.Errorf("acp: session/update %q: %v", disc.Kind, err)
+		c.emit(ev)
+		return
+	}
+	ev.Known = true
+	if ev.Update.AgentMessageChunk != nil && ev.Update.AgentMessageChunk.Content.Text != nil {
+		c.mu.Lock()
+		t := c.turns[p.SessionID]
+		c.mu.Unlock()
+		if t != nil {
+			t.add(ev.Update.AgentMessageChunk.Content.Text.Text)
+		}
+	}
+	c.emit(ev)
+}
+
+func (t *turn) add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.text.Len()+len(s) > maxTurnText {
+		t.cut = true
+		return
+	}
+	t.text.WriteString(s)
+}
+
+// Session is what session/new or session/load returned.
+type Session struct {
+	ID     string
+	Models *sdk.SessionModelState
+	Modes  *sdk.SessionModeState
+	Config []sdk.SessionConfigOption
+}
+
+// NewSession opens a session in cwd (absolute) with the given MCP servers.
+func (c *Client) NewSession(ctx context.Context, cwd string, mcp []sdk.McpServer) (*Session, error) {
+	if mcp == nil {
+		mcp = []sdk.McpServer{}
+	}
+	resp, err := c.conn.NewSession(ctx, sdk.NewSessionRequest{Cwd: cwd, McpServers: mcp})
+	if err != nil {
+		return nil, c.callErr(ctx, "session/new", err)
+	}
+	if resp.SessionId == "" {
+		return nil, errors.New("acp: session/new: the agent returned no session id")
+	}
+	return &Session{ID: string(resp.SessionId), Models: resp.Models, Modes: resp.Modes, Config: resp.ConfigOptions}, nil
+}
+
+// LoadSession loads session id (the agent replays its history as updates).
+// An agent without loadSession, or one that refuses the load, gives an
+// error matching ErrSessionNotFound; the caller decides what follows.
+func (c *Client) LoadSession(ctx context.Context, id, cwd string, mcp []sdk.McpServer) (*Session, error) {
+	if !c.init.AgentCapabilities.LoadSession {
+		return nil, fmt.Errorf("%w: the agent cannot load sessions", ErrSessionNotFound)
+	}
+	if mcp == nil {
+		mcp = []sdk.McpServer{}
+	}
+	resp, err := c.conn.LoadSession(ctx, sdk.LoadSessionRequest{SessionId: sdk.SessionId(id), Cwd: cwd, McpServers: mcp})
+	if err != nil {
+		var re *sdk.RequestError
+		if errors.As(err, &re) && !c.gone() && ctx.Err() == nil {
+			// Any refusal of a well-formed load: the session is not
+			// there for this agent. The message, not the data, is kept.
+			return nil, fmt.Errorf("%w: %s (code %d)", ErrSessionNotFound, trim(re.Message, 200), re.Code)
+		}
+		return nil, c.callErr(ctx, "session/load", err)
+	}
+	return &Session{ID: id, Models: resp.Models, Modes: resp.Modes, Config: resp.ConfigOptions}, nil
+}
+
+func (c *Client) gone() bool {
+	select {
+	case <-c.readerDone:
+		return true
+	default:
+		return false
+	}
+}
+
+func trim(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// Result is how a prompt ended.
+type Result struct {
+	StopReason sdk.StopReason
+	// Text is the agent_message_chunk text of the turn (bounded; Cut
+	// says it was cut).
+	Text string
+	Cut  bool
+}
+
+// Prompt runs one turn in session and returns when the agent answered
+// session/prompt. If ctx ends first, the agent is sent session/cancel and
+// ctx's error returned (the caller should Close an agent it no longer
+// trusts). An agent that exits mid-turn gives an ExitError.
+func (c *Client) Prompt(ctx context.Context, session, text string) (Result, error) {
+	t := &turn{done: make(chan struct{})}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return Result{}, ErrClosed
+	}
+	if c.turns[session] != nil {
+		c.mu.Unlock()
+		return Result{}, fmt.Errorf("acp: a prompt is already running in session %s", session)
+	}
+	c.turns[session] = t
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.turns, session)
+		c.mu.Unlock()
+		close(t.done)
+	}()
+	resp, err := c.conn.Prompt(ctx, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
+	if err != nil {
+		return Result{}, c.callErr(ctx, "session/prompt", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return Result{StopReason: resp.StopReason, Text: t.text.String(), Cut: t.cut}, nil
+}
+
+// Cancel sends session/cancel and waits, up to CancelTimeout, for the
+// running prompt to end (ErrCancelTimeout otherwise; ErrNoTurn when none
+// runs).
+func (c *Client) Cancel(ctx context.Context, session string) error {
+	c.mu.Lock()
+	t := c.turns[session]
+	c.mu.Unlock()
+	if t == nil {
+		return ErrNoTurn
+	}
+	if err := c.conn.Cancel(ctx, sdk.CancelNotification{SessionId: sdk.SessionId(session)}); err != nil {
+		return c.callErr(ctx, "session/cancel", err)
+	}
+	timer := time.NewTimer(c.opts.CancelTimeout)
+	defer timer.Stop()
+	select {
+	case <-t.done:
+		return nil
+	case <-timer.C:
+		return ErrCancelTimeout
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SetModel selects a model for the session (session/set_model, which the
+// agent offers when session/new reported models).
+func (c *Client) SetModel(ctx context.Context, session, model string) error {
+	_, err := c.conn.UnstableSetSessionModel(ctx, sdk.UnstableSetSessionModelRequest{SessionId: sdk.SessionId(session), ModelId: sdk.UnstableModelId(model)})
+	if err != nil {
+		return c.callErr(ctx, "session/set_model", err)
+	}
+	return nil
+}
+
+// SetMode switches the session's mode (session/set_mode).
+func (c *Client) SetMode(ctx context.Context, session, mode string) error {
+	_, err := c.conn.SetSessionMode(ctx, sdk.SetSessionModeRequest{SessionId: sdk.SessionId(session), ModeId: sdk.SessionModeId(mode)})
+	if err != nil {
+		return c.callErr(ctx, "session/set_mode", err)
+	}
+	return nil
+}
