@@ -5,11 +5,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/acp"
+	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
 )
@@ -69,6 +74,21 @@ func runDoctor(ctx context.Context, w io.Writer, log *slog.Logger, timeout time.
 		}
 		ok("%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
 	}
+
+	fmt.Fprintln(w, "ACP agents (spawn, then initialize answered, on the built-in model):")
+	for _, k := range agents.ACPKinds {
+		v, err := in.Version(k)
+		if err != nil {
+			bad("%s: %v", k, err)
+			continue
+		}
+		r, err := probeACP(ctx, log, in, k, timeout)
+		if err != nil {
+			bad("%s %s does not start over ACP: %v", k, v, err)
+			continue
+		}
+		ok("%-7s %-8s initialize answered in %v (protocol v%d); %s", k, v, r.start.Round(time.Millisecond), r.proto, r.closed)
+	}
 	if problems > 0 {
 		fmt.Fprintf(w, "\n%d problem(s). `make setup` installs the pinned agents.\n", problems)
 		return &exitError{1, fmt.Errorf("doctor: %d problem(s)", problems)}
@@ -95,4 +115,66 @@ func probe(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Du
 	d := time.Since(t0)
 	proto := c.ProtocolVersion()
 	return d, proto, c.Close()
+}
+
+// acpProbe is what probeACP measured.
+type acpProbe struct {
+	start  time.Duration // spawn → initialize answered
+	proto  int
+	closed string // how the agent ended after stdin EOF
+}
+
+// probeACP runs agent k over ACP in custody on a built-in model and a throwaway home, times spawn →
+// initialize answered, then closes it and says how it ended.
+func probeACP(ctx context.Context, log *slog.Logger, in *agents.Install, k agents.Kind, timeout time.Duration) (acpProbe, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	sim := modelsim.New(modelsim.Options{Logger: log, MaxLog: -1})
+	if err := sim.Start(ctx); err != nil {
+		return acpProbe{}, fmt.Errorf("starting the built-in model: %w", err)
+	}
+	defer sim.Close()
+	dir, err := os.MkdirTemp("", "agenthost-doctor-")
+	if err != nil {
+		return acpProbe{}, err
+	}
+	defer os.RemoveAll(dir)
+	home, ws := filepath.Join(dir, "home"), filepath.Join(dir, "workspace")
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		return acpProbe{}, err
+	}
+	r, err := in.ACP(k, agents.ACPOptions{Home: home, ModelURL: sim.URL()})
+	if err != nil {
+		return acpProbe{}, err
+	}
+	cust, err := custody.New(custody.Options{Logger: log})
+	if err != nil {
+		return acpProbe{}, err
+	}
+	defer cust.Close()
+	t0 := time.Now()
+	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: ws, Env: r.Env}, acp.Options{Custodian: cust, Logger: log})
+	if err != nil {
+		return acpProbe{}, err
+	}
+	p := acpProbe{start: time.Since(t0), proto: int(c.Initialize().ProtocolVersion)}
+	rec, err := c.Close(ctx)
+	if err != nil {
+		return p, fmt.Errorf("closing: %w", err)
+	}
+	if cl := c.Closure(); cl.StdoutEOF {
+		p.closed = fmt.Sprintf("exited on stdin EOF in %v", cl.After.Round(time.Millisecond))
+	} else {
+		p.closed = "ended by custody after stdin EOF"
+	}
+	if rec != nil {
+		ended := 0
+		for _, e := range rec.Processes {
+			if e.Ended == custody.EndedTerm || e.Ended == custody.EndedKill {
+				ended++
+			}
+		}
+		p.closed += fmt.Sprintf("; receipt: %d process(es), %d ended by custody", len(rec.Processes), ended)
+	}
+	return p, nil
 }
