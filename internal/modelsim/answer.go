@@ -300,10 +300,15 @@ func (s *Server) writeResponses(ctx context.Context, w http.ResponseWriter, req 
 	}
 	call := func(i int, status, args string) map[string]any {
 		c := p.calls[i]
-		return map[string]any{
+		item := map[string]any{
 			"id": fmt.Sprintf("fc_%d_%d", seq, i), "type": "function_call", "status": status,
 			"call_id": fmt.Sprintf("call_%d_%d", seq, i), "name": c.name, "arguments": args,
 		}
+		// A namespaced tool is called by its own name within its namespace.
+		if ns, ok := req.namespaced[c.name]; ok {
+			item["namespace"], item["name"] = ns[0], ns[1]
+		}
+		return item
 	}
 	var final []any
 	if p.text != "" || len(p.calls) == 0 {
