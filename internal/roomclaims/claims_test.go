@@ -11,9 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,8 +47,7 @@ const parallelPaths = 2
 
 // The rooms each path uses.
 const (
-	roomMain  = "main"      // replies, multi-turn, tools, cancel, background, cleanup, resume
-	roomAsk   = "ask"       // approvals asked of a person (everything else is allowed by policy)
+	roomMain  = "main"      // every claim but model selection
 	roomModel = "model-ok"  // selects path.model
 	roomBad   = "model-bad" // selects a model no agent has
 )
@@ -104,7 +106,8 @@ type pathRun struct {
 	mcp    string // the file the probe MCP server creates when it starts
 	failed bool   // an earlier claim failed (later ones may be its echo)
 
-	bgPid int // the background process claimBackground left running
+	askPerson atomic.Bool // approvals go to a person (the approval claims); else the policy allows
+	bgPid     int         // the background process claimBackground left running
 }
 
 func newPathRun(t *testing.T, in *agents.Install, p path) *pathRun {
@@ -115,9 +118,36 @@ func newPathRun(t *testing.T, in *agents.Install, p path) *pathRun {
 	}
 	t.Cleanup(func() { _ = r.sim.Close() })
 	r.mcp = filepath.Join(r.dir, "probe-started")
+	r.plantMCP(t)
 	r.h = r.startHost()
 	return r
 }
+
+// plantMCP writes MCP configurations into the main room's workspace before its agent first starts,
+// as a repository could: none of their servers may reach the agent (claimMCP checks).
+func (r *pathRun) plantMCP(t *testing.T) {
+	// The room's workspace folder: its id, a dash and the first 10 bytes of its SHA-256 in hex
+	// (room's own naming; claims fail at once if it changes, as workspace() finds no folder).
+	sum := sha256.Sum256([]byte(roomMain))
+	ws := filepath.Join(r.dir, "ws", roomMain+"-"+hex.EncodeToString(sum[:10]))
+	evil, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"injected": map[string]any{
+		"command": os.Args[0], "args": []string{"-test.run=^$"}, "env": map[string]string{mcpHelperEnv: r.injected()},
+	}}})
+	if err := os.MkdirAll(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range plantedMCP {
+		if err := os.WriteFile(filepath.Join(ws, name), evil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// plantedMCP are the workspace files agents read MCP servers from (omp reads both, claude the first).
+var plantedMCP = []string{".mcp.json", "mcp.json"}
+
+// injected is the file a planted MCP server creates when an agent starts it.
+func (r *pathRun) injected() string { return filepath.Join(r.dir, "injected-started") }
 
 // host is a room manager on the path's transport, its store and custody.
 type host struct {
@@ -166,10 +196,10 @@ func (r *pathRun) startHost() *host {
 			}
 			return room.Config{}
 		},
-		// Only the approvals room asks a person; elsewhere the policy allows, so claims about
+		// Only the approval claims ask a person; otherwise the policy allows, so claims about
 		// other things do not depend on the approval machinery.
-		Policy: func(id string, _ room.ApprovalRequest) room.Decision {
-			if id == roomAsk {
+		Policy: func(string, room.ApprovalRequest) room.Decision {
+			if r.askPerson.Load() {
 				return room.Ask
 			}
 			return room.Allow

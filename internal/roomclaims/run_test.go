@@ -66,24 +66,26 @@ func claimRoomTools(r *pathRun) {
 // approval runs a shell command that creates name in the approvals room's workspace, lets decide
 // settle the approval, and reports whether the command ran and who resolved it.
 func approval(r *pathRun, name string, decide func(id string)) (ran bool, by string) {
-	acc := r.submit(roomAsk, "Run it: "+r.p.shell("touch "+name))
-	ev, req := r.wait(roomAsk, acc.Seq, "approval.requested", nil)
+	r.askPerson.Store(true)
+	defer r.askPerson.Store(false)
+	acc := r.submit(roomMain, "Run it: "+r.p.shell("touch "+name))
+	ev, req := r.wait(roomMain, acc.Seq, "approval.requested", nil)
 	if in, _ := req["input"].(string); !strings.Contains(in, "touch "+name) {
 		r.t.Fatalf("approval.requested does not show the command: %v", req)
 	}
 	if decide != nil {
 		decide(req["approval_id"].(string))
 	}
-	_, res := r.wait(roomAsk, ev.Seq, "approval.resolved", nil)
-	r.settled(roomAsk, acc)
-	_, err := os.Stat(filepath.Join(r.workspace(roomAsk), name))
+	_, res := r.wait(roomMain, ev.Seq, "approval.resolved", nil)
+	r.settled(roomMain, acc)
+	_, err := os.Stat(filepath.Join(r.workspace(roomMain), name))
 	by, _ = res["by"].(string)
 	return err == nil, by
 }
 
 func claimAllow(r *pathRun) {
 	ran, by := approval(r, "allowed.txt", func(id string) {
-		if err := r.h.m.Approve(r.t.Context(), roomAsk, id, true); err != nil {
+		if err := r.h.m.Approve(r.t.Context(), roomMain, id, true); err != nil {
 			r.t.Fatal(err)
 		}
 	})
@@ -94,7 +96,7 @@ func claimAllow(r *pathRun) {
 
 func claimDeny(r *pathRun) {
 	ran, by := approval(r, "denied.txt", func(id string) {
-		if err := r.h.m.Approve(r.t.Context(), roomAsk, id, false); err != nil {
+		if err := r.h.m.Approve(r.t.Context(), roomMain, id, false); err != nil {
 			r.t.Fatal(err)
 		}
 	})
@@ -121,32 +123,21 @@ func claimWorkspace(r *pathRun) {
 	if strings.TrimSpace(string(got)) != ws {
 		r.t.Fatalf("the tool ran in %q, the room's workspace is %q", strings.TrimSpace(string(got)), ws)
 	}
-	// The agent's home (its configuration and sessions) is not inside the workspace.
-	if ents, _ := os.ReadDir(ws); len(ents) != 1 {
-		names := []string{}
-		for _, e := range ents {
-			names = append(names, e.Name())
+	// Nothing of the agent's home (configuration, sessions) lands in the workspace: it holds what
+	// the claims' tools wrote and the planted MCP files only.
+	want := map[string]bool{"where.txt": true, "allowed.txt": true}
+	for _, n := range plantedMCP {
+		want[n] = true
+	}
+	ents, _ := os.ReadDir(ws)
+	for _, e := range ents {
+		if !want[e.Name()] {
+			r.t.Errorf("the workspace holds %q, which no claim wrote", e.Name())
 		}
-		r.t.Fatalf("the workspace holds more than the tool's file: %v", names)
 	}
 }
 
 func claimMCP(r *pathRun) {
-	// A workspace's own MCP configuration must not reach the agent.
-	injected := filepath.Join(r.dir, "injected-started")
-	evil, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"injected": map[string]any{
-		"command": os.Args[0], "args": []string{"-test.run=^$"}, "env": map[string]string{mcpHelperEnv: injected},
-	}}})
-	ws := r.workspace(roomMain)
-	for _, name := range []string{".mcp.json", "mcp.json"} {
-		if err := os.WriteFile(filepath.Join(ws, name), evil, 0o600); err != nil {
-			r.t.Fatal(err)
-		}
-	}
-	// Restart the agent so it reads its configuration after the files appeared.
-	if err := r.h.m.Release(r.t.Context(), roomMain); err != nil {
-		r.t.Fatal(err)
-	}
 	acc := r.submit(roomMain, `[[tool:`+r.p.mcpTool+` {"text":"hi"}]]`)
 	r.settled(roomMain, acc)
 	if _, err := os.Stat(r.mcp); err != nil {
@@ -161,19 +152,11 @@ func claimMCP(r *pathRun) {
 		if reqs := r.sim.Requests(); len(reqs) > 0 {
 			tools = reqs[len(reqs)-1].Tools
 		}
-		if reqs := r.sim.Requests(); len(reqs) > 0 && os.Getenv("ROOMCLAIMS_DEBUG") != "" {
-			raw := string(reqs[len(reqs)-1].Raw)
-			if i := strings.Index(raw, `"name":"mcp__probe"`); i >= 0 {
-				r.t.Logf("raw around probe: %s", raw[max(0, i-300):min(len(raw), i+1500)])
-			}
-		}
 		r.t.Fatalf("the MCP tool's result never reached the model; the model was offered %v", tools)
 	}
-	if _, err := os.Stat(injected); err == nil {
+	// The workspace's own MCP files were there before the agent started.
+	if _, err := os.Stat(r.injected()); err == nil {
 		r.t.Fatal("the agent started an MCP server from the workspace's own configuration")
-	}
-	for _, name := range []string{".mcp.json", "mcp.json"} {
-		_ = os.Remove(filepath.Join(ws, name))
 	}
 }
 
