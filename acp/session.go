@@ -192,8 +192,10 @@ type Result struct {
 
 // Prompt runs one turn in session and returns when the agent answered
 // session/prompt. If ctx ends first, the agent is sent session/cancel and
-// ctx's error returned (the caller should Close an agent it no longer
-// trusts). An agent that exits mid-turn gives an ExitError.
+// Prompt returns ctx's error once the agent ended the turn, or after
+// CancelTimeout with an error that also matches ErrCancelTimeout (then the
+// caller should Close the agent). An agent that exits mid-turn gives an
+// ExitError.
 func (c *Client) Prompt(ctx context.Context, session, text string) (Result, error) {
 	t := &turn{done: make(chan struct{})}
 	c.mu.Lock()
@@ -213,10 +215,42 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 		c.mu.Unlock()
 		close(t.done)
 	}()
-	resp, err := c.conn.Prompt(ctx, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
-	if err != nil {
-		return Result{}, c.callErr(ctx, "session/prompt", err)
+	// The request runs on its own context: when ctx ends, the agent is
+	// sent session/cancel and given CancelTimeout to answer the prompt, so
+	// a turn ends cleanly when the agent cooperates.
+	inner, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	type answer struct {
+		resp sdk.PromptResponse
+		err  error
 	}
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := c.conn.Prompt(inner, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
+		ch <- answer{resp, err}
+	}()
+	var ans answer
+	select {
+	case ans = <-ch:
+	case <-ctx.Done():
+		_ = c.conn.Cancel(inner, sdk.CancelNotification{SessionId: sdk.SessionId(session)})
+		timer := time.NewTimer(c.opts.CancelTimeout)
+		defer timer.Stop()
+		select {
+		case ans = <-ch:
+			if ans.err == nil {
+				return Result{StopReason: ans.resp.StopReason}, fmt.Errorf("acp: session/prompt: %w", context.Cause(ctx))
+			}
+		case <-timer.C:
+			stop()
+			<-ch
+			return Result{}, fmt.Errorf("acp: session/prompt: %w (%w)", context.Cause(ctx), ErrCancelTimeout)
+		}
+	}
+	if ans.err != nil {
+		return Result{}, c.callErr(ctx, "session/prompt", ans.err)
+	}
+	resp := ans.resp
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return Result{StopReason: resp.StopReason, Text: t.text.String(), Cut: t.cut}, nil

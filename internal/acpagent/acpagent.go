@@ -288,12 +288,7 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	a.mu.Unlock()
 	res, err := a.c.Prompt(ctx, a.session, text)
 	if err != nil {
-		if ctx.Err() != nil {
-			// Stop the agent's work (bounded); the room retires it anyway.
-			cctx, cancel := context.WithTimeout(context.Background(), acp.DefaultCancelTimeout)
-			_ = a.c.Cancel(cctx, a.session)
-			cancel()
-		}
+		// A ctx that ended was sent session/cancel, bounded, by Prompt.
 		return room.TurnResult{}, err
 	}
 	switch res.StopReason {
