@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/acp"
+	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
@@ -69,6 +71,18 @@ func runDoctor(ctx context.Context, w io.Writer, log *slog.Logger, timeout time.
 		}
 		ok("%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
 	}
+	fmt.Fprintln(w, "ACP agents (spawn, then initialize answered, on the built-in model):")
+	for _, k := range acpKinds {
+		if _, ok := agents.ACPRecipes[k]; !ok {
+			continue // no recipe for it in this build
+		}
+		d, info, err := probeACP(ctx, log, k, timeout)
+		if err != nil {
+			bad("%s acp does not start: %v", k, err)
+			continue
+		}
+		ok("%-7s %s started in %v (%s)", k, "acp", d.Round(time.Millisecond), info)
+	}
 	if problems > 0 {
 		fmt.Fprintf(w, "\n%d problem(s). `make setup` installs the pinned agents.\n", problems)
 		return &exitError{1, fmt.Errorf("doctor: %d problem(s)", problems)}
@@ -95,4 +109,37 @@ func probe(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Du
 	d := time.Since(t0)
 	proto := c.ProtocolVersion()
 	return d, proto, c.Close()
+}
+
+// probeACP starts agent k over ACP on the built-in model and times spawn →
+// initialize answered; info names the agent and what it can do.
+func probeACP(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (time.Duration, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	r, cleanup, err := acpRecipe(ctx, log, string(k), "", nil)
+	if err != nil {
+		return 0, "", err
+	}
+	defer cleanup()
+	cust, err := custody.New(custody.Options{Logger: log})
+	if err != nil {
+		return 0, "", err
+	}
+	defer cust.Close()
+	t0 := time.Now()
+	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Env: r.Env}, acp.Options{Custodian: cust, Logger: log})
+	if err != nil {
+		return 0, "", err
+	}
+	d := time.Since(t0)
+	in := c.Initialize()
+	info := fmt.Sprintf("protocol v%d", in.ProtocolVersion)
+	if in.AgentInfo != nil {
+		info = in.AgentInfo.Name + " " + in.AgentInfo.Version + ", " + info
+	}
+	if in.AgentCapabilities.LoadSession {
+		info += ", loadSession"
+	}
+	_, err = c.Close(ctx)
+	return d, info, err
 }

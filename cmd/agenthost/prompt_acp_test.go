@@ -141,3 +141,24 @@ func TestPromptACP_OMPBuiltInModel(t *testing.T) {
 		t.Fatalf("code %d out %q err %q", code, out, errs)
 	}
 }
+
+// serve --transport acp hosts rooms on omp acp: a turn settles, an
+// unknown ACP agent is a usage error.
+func TestServe_ACPOnOMP(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("AGENTHOST_TOKEN", "")
+	url, token, stop := startServe(t, "--data", data, "--transport", "acp", "--agent", "omp")
+	code, body := call(t, "POST", url+"v1/rooms/demo/messages", token, `{"text":"hello over acp"}`)
+	if code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	if ev := waitTurnEnded(t, url, token, "demo"); ev["outcome"] != "settled" || ev["text"] != "ok: hello over acp" {
+		t.Fatalf("turn ended: %v", ev)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if _, errs, rc := runCLI(t, "serve", "--transport", "acp", "--agent", "pi", "--data", t.TempDir()); rc != 2 {
+		t.Fatalf("serve --transport acp --agent pi: code %d %q", rc, errs)
+	}
+}
