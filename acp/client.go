@@ -170,6 +170,8 @@ type Client struct {
 	stderrDone chan struct{}
 	sdkW       *io.PipeWriter
 	handlers   sync.WaitGroup // running permission and fs handlers
+	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
+	hclosed    bool
 
 	mu        sync.Mutex
 	turns     map[string]*turn // running prompts by session id
@@ -314,9 +316,23 @@ func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 	<-c.readerDone
 	<-c.stderrDone
 	// The SDK cancels its handlers' contexts once its reader ends.
+	c.hmu.Lock()
+	c.hclosed = true
+	c.hmu.Unlock()
 	c.handlers.Wait()
 	c.fs.close()
 	return r, nil
+}
+
+// enter registers a running handler; false once Close waits for them.
+func (c *Client) enter() bool {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.hclosed {
+		return false
+	}
+	c.handlers.Add(1)
+	return true
 }
 
 func (c *Client) drainStderr() {

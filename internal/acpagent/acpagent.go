@@ -158,11 +158,23 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, cerr := c.Close(cctx)
-		return nil, errors.Join(err, cerr)
+		return nil, errors.Join(err, cerr, a.tools.close())
 	}
-	mcp, err := mcpServers(spec.MCP, c.Initialize().AgentCapabilities.McpCapabilities)
+	caps := c.Initialize().AgentCapabilities.McpCapabilities
+	mcp, err := mcpServers(spec.MCP, caps)
 	if err != nil {
 		return fail(err)
+	}
+	if len(spec.Tools) > 0 {
+		if caps.Http {
+			if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
+				return fail(err)
+			}
+			mcp = append(mcp, a.tools.server())
+		} else {
+			// A named gap: such an agent gets no room tools.
+			t.opts.Logger.Warn("acpagent: the agent takes no http MCP servers; the room's tools are not offered", "room", spec.Room)
+		}
 	}
 	var sess *acp.Session
 	if spec.SessionID != "" {
@@ -275,9 +287,11 @@ type agent struct {
 	session string
 	loading atomic.Bool
 
+	tools *toolServer // the room's tools over MCP (nil: none)
+
 	mu     sync.Mutex
-	denied bool // a permission was denied in the running turn
-	tools  map[string]string
+	denied bool              // a permission was denied in the running turn
+	calls  map[string]string // running tool calls' names by id
 }
 
 func (a *agent) SessionID() string { return a.session }
@@ -314,6 +328,7 @@ func (a *agent) Done() <-chan struct{} { return a.c.Done() }
 
 func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	r, err := a.c.Close(ctx)
+	err = errors.Join(err, a.tools.close())
 	var raw json.RawMessage
 	if r != nil {
 		raw, _ = json.Marshal(r)
@@ -339,10 +354,10 @@ func (a *agent) event(ev acp.Event) {
 		tc := u.ToolCall
 		name := toolName(tc.Title, string(tc.Kind))
 		a.mu.Lock()
-		if a.tools == nil {
-			a.tools = map[string]string{}
+		if a.calls == nil {
+			a.calls = map[string]string{}
 		}
-		a.tools[string(tc.ToolCallId)] = name
+		a.calls[string(tc.ToolCallId)] = name
 		a.mu.Unlock()
 		a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: name, CallID: string(tc.ToolCallId), Input: bound(redact(jsonText(tc.RawInput)))})
 		if tc.Status == sdk.ToolCallStatusCompleted || tc.Status == sdk.ToolCallStatusFailed {
@@ -361,8 +376,8 @@ func (a *agent) event(ev acp.Event) {
 
 func (a *agent) toolEnded(id string, content []sdk.ToolCallContent, raw any, failed bool) {
 	a.mu.Lock()
-	name := a.tools[id]
-	delete(a.tools, id)
+	name := a.calls[id]
+	delete(a.calls, id)
 	a.mu.Unlock()
 	var out strings.Builder
 	for _, c := range content {
@@ -403,7 +418,7 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 	}
 	tool := toolName(req.Title, req.Kind)
 	a.mu.Lock()
-	if n := a.tools[req.ToolCallID]; n != "" && tool == "" {
+	if n := a.calls[req.ToolCallID]; n != "" && tool == "" {
 		tool = n
 	}
 	a.mu.Unlock()

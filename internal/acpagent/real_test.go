@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -331,3 +332,18 @@ func TestRealACPCleanupEndsBackgroundWork(t *testing.T) {
 		t.Fatalf("the receipt lacks the background sleep: %s", rs[len(rs)-1].Receipt)
 	}
 }
+
+// The room's tools reach omp acp as an MCP server over http on loopback.
+func TestRealACPRoomTools(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	acc := h.submit("tools-room", `[[tool:mcp__agenthost_room_info {}]]`)
+	_, tool := h.wait("tools-room", acc.Seq, room.KindToolEnded, nil)
+	h.settled("tools-room", acc)
+	if out, _ := tool["output"].(string); !strings.Contains(out, "tools-room") || tool["is_error"] == true {
+		t.Fatalf("room_info over MCP: %v", tool)
+	} else {
+		t.Logf("room_info over MCP: %s", out)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
