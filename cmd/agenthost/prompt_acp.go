@@ -170,14 +170,9 @@ func acpTurn(ctx context.Context, c *acp.Client, r agents.ACPRecipe, cwd, msg st
 			return acp.Result{}, err
 		}
 	}
-	if r.Model != "" && (s.Models == nil || string(s.Models.CurrentModelId) != r.Model) {
-		switch {
-		case s.Models == nil && named:
-			return acp.Result{}, fmt.Errorf("the agent offers no model selection over ACP (asked for %s)", r.Model)
-		case s.Models != nil:
-			if err := c.SetModel(ctx, s.ID, r.Model); err != nil {
-				return acp.Result{}, err
-			}
+	if r.Model != "" {
+		if err := c.SelectModel(ctx, s, r.Model); err != nil && (named || !errors.Is(err, acp.ErrNotOffered)) {
+			return acp.Result{}, err
 		}
 	}
 	return c.Prompt(ctx, s.ID, msg)

@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -120,9 +119,6 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
-	if cfg.Thinking != "" {
-		return nil, fmt.Errorf("%w: ACP has no thinking level (the room asks for %s)", room.ErrSelectionRefused, cfg.Thinking)
-	}
 	if err := os.MkdirAll(spec.Home, 0o700); err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
@@ -195,7 +191,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		}
 	}
 	model := cmpOr(cfg.Model, r.Model)
-	if err := selectModel(ctx, c, sess, model, cfg.Model != ""); err != nil {
+	if err := selectModel(ctx, c, sess, model, cfg.Model != "", cfg.Thinking); err != nil {
 		return fail(err)
 	}
 	// A load replays the session's history as updates: none of it is
@@ -212,29 +208,25 @@ func cmpOr[T comparable](a, b T) T {
 	return b
 }
 
-// selectModel selects model when the agent reports models; a model the
-// room named that the agent cannot select refuses the start.
-func selectModel(ctx context.Context, c *acp.Client, s *acp.Session, model string, named bool) error {
-	if model == "" {
-		return nil
-	}
-	if s.Models == nil {
-		if named {
-			return fmt.Errorf("%w: the agent offers no model selection over ACP (the room asks for %s)", room.ErrSelectionRefused, model)
+// selectModel selects the room's model and thinking level when the agent
+// offers them (session/set_model or config options); one the room named
+// that the agent does not offer refuses the start. The recipe's default
+// model is selected only where offered.
+func selectModel(ctx context.Context, c *acp.Client, s *acp.Session, model string, named bool, thinking string) error {
+	if model != "" {
+		err := c.SelectModel(ctx, s, model)
+		switch {
+		case errors.Is(err, acp.ErrNotOffered) && !named:
+		case errors.Is(err, acp.ErrNotOffered):
+			return fmt.Errorf("%w: %w", room.ErrSelectionRefused, err)
+		case err != nil:
+			return fmt.Errorf("%w: model %s: %w", room.ErrSelectionRefused, model, err)
 		}
-		return nil
 	}
-	if string(s.Models.CurrentModelId) == model {
-		return nil
-	}
-	if !slices.ContainsFunc(s.Models.AvailableModels, func(m sdk.ModelInfo) bool { return string(m.ModelId) == model }) {
-		if named {
-			return fmt.Errorf("%w: the agent offers no model %s", room.ErrSelectionRefused, model)
+	if thinking != "" {
+		if err := c.Select(ctx, s, "thought_level", thinking); err != nil {
+			return fmt.Errorf("%w: thinking level: %w", room.ErrSelectionRefused, err)
 		}
-		return nil
-	}
-	if err := c.SetModel(ctx, s.ID, model); err != nil {
-		return fmt.Errorf("%w: model %s: %w", room.ErrSelectionRefused, model, err)
 	}
 	return nil
 }

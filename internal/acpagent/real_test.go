@@ -347,3 +347,30 @@ func TestRealACPRoomTools(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// omp acp offers its model and thinking level as config options: the
+// room's are selected, and one it does not offer, or does not take (omp
+// offers "auto" thinking but keeps a model without reasoning "off"), fails
+// the turn before any prompt reaches a model.
+func TestRealACPModelAndThinkingSelection(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Model: agents.ModelID, Thinking: "off"}})
+	acc := h.submit("r", "selected")
+	if got := h.settled("r", acc); got != "ok: selected" {
+		t.Fatalf("turn: %q", got)
+	}
+	for _, cfg := range []room.Config{{Model: "fake/no-such-model"}, {Thinking: "ultra"}, {Thinking: "auto"}} {
+		h := startHost(t, "", nil, room.Options{Config: cfg})
+		acc := h.submit("r", "refused")
+		d := h.ended("r", acc)
+		if d["outcome"] != room.OutcomeFailed || !strings.Contains(d["reason"].(string), "model selection refused") {
+			t.Fatalf("%+v: turn %v", cfg, d)
+		}
+		for _, r := range h.sim.Requests() {
+			for _, m := range r.Messages {
+				if strings.Contains(m.Content, "refused") {
+					t.Fatalf("%+v: a prompt reached the model", cfg)
+				}
+			}
+		}
+	}
+}
