@@ -449,3 +449,40 @@ func TestFSNotAdvertisedWithoutRoot(t *testing.T) {
 		t.Fatalf("got %q", r.Text)
 	}
 }
+
+// A prompt whose ctx ends is cancelled on the wire; an agent that ends
+// the turn stays usable.
+func TestPromptCtxEndCancelsOnTheWire(t *testing.T) {
+	c, _ := startFake(t, Options{})
+	s := newSession(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	r, err := c.Prompt(ctx, s, "cancel")
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrCancelTimeout) || r.StopReason != sdk.StopReasonCancelled {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if r := prompt(t, c, s, "hello"); r.Text != "hi there" {
+		t.Fatalf("after the cancel: %+v", r)
+	}
+}
+
+// An agent that ignores session/cancel is given CancelTimeout, no more.
+func TestPromptCtxEndCancelBounded(t *testing.T) {
+	c, _ := startFake(t, Options{CancelTimeout: 300 * time.Millisecond, CloseGrace: 200 * time.Millisecond})
+	s := newSession(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Prompt(ctx, s, "hang")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrCancelTimeout) {
+			t.Fatalf("err %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Prompt did not return after its ctx and the cancel bound")
+	}
+}

@@ -170,6 +170,8 @@ type Client struct {
 	stderrDone chan struct{}
 	sdkW       *io.PipeWriter
 	handlers   sync.WaitGroup // running permission and fs handlers
+	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
+	hclosed    bool
 
 	mu        sync.Mutex
 	turns     map[string]*turn // running prompts by session id
@@ -227,9 +229,9 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	sdkR, sdkW := io.Pipe()
 	c.sdkW = sdkW
 	c.conn = sdk.NewClientSideConnection((*sdkClient)(c), scope.Stdin(), sdkR)
-	// The SDK logs a bad line's payload; none reaches it, and its other
-	// diagnostics go to our logger.
-	c.conn.SetLogger(opts.Logger)
+	// The SDK logs a bad line's payload; none reaches it. Its other
+	// diagnostics ("connection closed") go to our logger at debug level.
+	c.conn.SetLogger(slog.New(debugHandler{opts.Logger.Handler()}))
 	go c.drainStderr()
 	go c.read()
 
@@ -314,9 +316,23 @@ func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 	<-c.readerDone
 	<-c.stderrDone
 	// The SDK cancels its handlers' contexts once its reader ends.
+	c.hmu.Lock()
+	c.hclosed = true
+	c.hmu.Unlock()
 	c.handlers.Wait()
 	c.fs.close()
 	return r, nil
+}
+
+// enter registers a running handler; false once Close waits for them.
+func (c *Client) enter() bool {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.hclosed {
+		return false
+	}
+	c.handlers.Add(1)
+	return true
 }
 
 func (c *Client) drainStderr() {
@@ -429,3 +445,18 @@ func (c *Client) emit(ev Event) {
 		c.opts.Events(ev)
 	}
 }
+
+// debugHandler logs every record at debug level.
+type debugHandler struct{ h slog.Handler }
+
+func (d debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
+	return d.h.Enabled(ctx, slog.LevelDebug)
+}
+
+func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = slog.LevelDebug
+	return d.h.Handle(ctx, r)
+}
+
+func (d debugHandler) WithAttrs(as []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(as)} }
+func (d debugHandler) WithGroup(g string) slog.Handler       { return debugHandler{d.h.WithGroup(g)} }

@@ -32,7 +32,9 @@ var errNoTerminal = sdk.NewMethodNotFound("terminal/* (not advertised by this cl
 
 func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissionRequest) (sdk.RequestPermissionResponse, error) {
 	c := (*Client)(s)
-	c.handlers.Add(1)
+	if !c.enter() {
+		return sdk.RequestPermissionResponse{}, ErrClosed
+	}
 	defer c.handlers.Done()
 	req := PermissionRequest{SessionID: string(p.SessionId), ToolCallID: string(p.ToolCall.ToolCallId), Options: p.Options}
 	if p.ToolCall.Title != nil {
@@ -79,7 +81,9 @@ func (s *sdkClient) SessionUpdate(context.Context, sdk.SessionNotification) erro
 
 func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest) (sdk.ReadTextFileResponse, error) {
 	c := (*Client)(s)
-	c.handlers.Add(1)
+	if !c.enter() {
+		return sdk.ReadTextFileResponse{}, ErrClosed
+	}
 	defer c.handlers.Done()
 	if c.fs == nil {
 		return sdk.ReadTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsReadTextFile)
@@ -93,7 +97,9 @@ func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest)
 
 func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileRequest) (sdk.WriteTextFileResponse, error) {
 	c := (*Client)(s)
-	c.handlers.Add(1)
+	if !c.enter() {
+		return sdk.WriteTextFileResponse{}, ErrClosed
+	}
 	defer c.handlers.Done()
 	if c.fs == nil {
 		return sdk.WriteTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsWriteTextFile)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -192,8 +193,10 @@ type Result struct {
 
 // Prompt runs one turn in session and returns when the agent answered
 // session/prompt. If ctx ends first, the agent is sent session/cancel and
-// ctx's error returned (the caller should Close an agent it no longer
-// trusts). An agent that exits mid-turn gives an ExitError.
+// Prompt returns ctx's error once the agent ended the turn, or after
+// CancelTimeout with an error that also matches ErrCancelTimeout (then the
+// caller should Close the agent). An agent that exits mid-turn gives an
+// ExitError.
 func (c *Client) Prompt(ctx context.Context, session, text string) (Result, error) {
 	t := &turn{done: make(chan struct{})}
 	c.mu.Lock()
@@ -213,10 +216,42 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 		c.mu.Unlock()
 		close(t.done)
 	}()
-	resp, err := c.conn.Prompt(ctx, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
-	if err != nil {
-		return Result{}, c.callErr(ctx, "session/prompt", err)
+	// The request runs on its own context: when ctx ends, the agent is
+	// sent session/cancel and given CancelTimeout to answer the prompt, so
+	// a turn ends cleanly when the agent cooperates.
+	inner, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	type answer struct {
+		resp sdk.PromptResponse
+		err  error
 	}
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := c.conn.Prompt(inner, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
+		ch <- answer{resp, err}
+	}()
+	var ans answer
+	select {
+	case ans = <-ch:
+	case <-ctx.Done():
+		_ = c.conn.Cancel(inner, sdk.CancelNotification{SessionId: sdk.SessionId(session)})
+		timer := time.NewTimer(c.opts.CancelTimeout)
+		defer timer.Stop()
+		select {
+		case ans = <-ch:
+			if ans.err == nil {
+				return Result{StopReason: ans.resp.StopReason}, fmt.Errorf("acp: session/prompt: %w", context.Cause(ctx))
+			}
+		case <-timer.C:
+			stop()
+			<-ch
+			return Result{}, fmt.Errorf("acp: session/prompt: %w (%w)", context.Cause(ctx), ErrCancelTimeout)
+		}
+	}
+	if ans.err != nil {
+		return Result{}, c.callErr(ctx, "session/prompt", ans.err)
+	}
+	resp := ans.resp
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return Result{StopReason: resp.StopReason, Text: t.text.String(), Cut: t.cut}, nil
@@ -264,4 +299,83 @@ func (c *Client) SetMode(ctx context.Context, session, mode string) error {
 		return c.callErr(ctx, "session/set_mode", err)
 	}
 	return nil
+}
+
+// ErrNotOffered: the session offers no such choice (no config option of
+// that category, or not that value).
+var ErrNotOffered = errors.New("acp: not offered by the agent")
+
+// Option returns the session's select config option of category ("model",
+// "thought_level", "mode"), or nil.
+func (s *Session) Option(category string) *sdk.SessionConfigOptionSelect {
+	for _, o := range s.Config {
+		if o.Select != nil && o.Select.Category != nil && string(*o.Select.Category) == category {
+			return o.Select
+		}
+	}
+	return nil
+}
+
+// values lists a select option's values, grouped or not.
+func values(o *sdk.SessionConfigOptionSelect) []string {
+	var out []string
+	if u := o.Options.Ungrouped; u != nil {
+		for _, v := range *u {
+			out = append(out, string(v.Value))
+		}
+	}
+	if g := o.Options.Grouped; g != nil {
+		for _, grp := range *g {
+			for _, v := range grp.Options {
+				out = append(out, string(v.Value))
+			}
+		}
+	}
+	return out
+}
+
+// Select sets the session's config option of category to value with
+// session/set_config_option, and checks that the agent took it. A category
+// or value the session does not offer gives ErrNotOffered.
+func (c *Client) Select(ctx context.Context, s *Session, category, value string) error {
+	o := s.Option(category)
+	if o == nil {
+		return fmt.Errorf("%w: no %s option", ErrNotOffered, category)
+	}
+	if string(o.CurrentValue) == value {
+		return nil
+	}
+	if !slices.Contains(values(o), value) {
+		return fmt.Errorf("%w: %s %q (offered: %s)", ErrNotOffered, category, value, strings.Join(values(o), ", "))
+	}
+	resp, err := c.conn.SetSessionConfigOption(ctx, sdk.SetSessionConfigOptionRequest{ValueId: &sdk.SetSessionConfigOptionValueId{
+		SessionId: sdk.SessionId(s.ID), ConfigId: o.Id, Value: sdk.SessionConfigValueId(value)}})
+	if err != nil {
+		return c.callErr(ctx, "session/set_config_option", err)
+	}
+	s.Config = resp.ConfigOptions
+	if got := s.Option(category); got == nil || string(got.CurrentValue) != value {
+		now := "none"
+		if got != nil {
+			now = string(got.CurrentValue)
+		}
+		return fmt.Errorf("acp: session/set_config_option: the agent did not take %s %q (it has %s)", category, value, now)
+	}
+	return nil
+}
+
+// SelectModel selects model: through session/set_model when the session
+// listed models, else through its "model" config option. ErrNotOffered
+// when neither offers it.
+func (c *Client) SelectModel(ctx context.Context, s *Session, model string) error {
+	if s.Models == nil {
+		return c.Select(ctx, s, string(sdk.SessionConfigOptionCategoryModel), model)
+	}
+	if string(s.Models.CurrentModelId) == model {
+		return nil
+	}
+	if !slices.ContainsFunc(s.Models.AvailableModels, func(m sdk.ModelInfo) bool { return string(m.ModelId) == model }) {
+		return fmt.Errorf("%w: model %q", ErrNotOffered, model)
+	}
+	return c.SetModel(ctx, s.ID, model)
 }

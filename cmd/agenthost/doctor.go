@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
-	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
 )
@@ -76,18 +73,21 @@ func runDoctor(ctx context.Context, w io.Writer, log *slog.Logger, timeout time.
 	}
 
 	fmt.Fprintln(w, "ACP agents (spawn, then initialize answered, on the built-in model):")
-	for _, k := range agents.ACPKinds {
+	for _, k := range acpKinds {
+		if _, ok := agents.ACPRecipes[k]; !ok {
+			continue // no recipe for it in this build
+		}
 		v, err := in.Version(k)
 		if err != nil {
 			bad("%s: %v", k, err)
 			continue
 		}
-		r, err := probeACP(ctx, log, in, k, timeout)
+		r, err := probeACP(ctx, log, k, timeout)
 		if err != nil {
 			bad("%s %s does not start over ACP: %v", k, v, err)
 			continue
 		}
-		ok("%-7s %-8s initialize answered in %v (protocol v%d); %s", k, v, r.start.Round(time.Millisecond), r.proto, r.closed)
+		ok("%-7s %-8s initialize answered in %v (%s); %s", k, v, r.start.Round(time.Millisecond), r.info, r.closed)
 	}
 	if problems > 0 {
 		fmt.Fprintf(w, "\n%d problem(s). `make setup` installs the pinned agents.\n", problems)
@@ -120,44 +120,39 @@ func probe(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Du
 // acpProbe is what probeACP measured.
 type acpProbe struct {
 	start  time.Duration // spawn → initialize answered
-	proto  int
-	closed string // how the agent ended after stdin EOF
+	info   string        // the agent's name and version, protocol, whether it loads sessions
+	closed string        // how the agent ended after stdin EOF, and its receipt
 }
 
-// probeACP runs agent k over ACP in custody on a built-in model and a throwaway home, times spawn →
-// initialize answered, then closes it and says how it ended.
-func probeACP(ctx context.Context, log *slog.Logger, in *agents.Install, k agents.Kind, timeout time.Duration) (acpProbe, error) {
+// probeACP starts agent k over ACP on the built-in model, times spawn → initialize answered,
+// then closes it and says how it ended.
+func probeACP(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (acpProbe, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	sim := modelsim.New(modelsim.Options{Logger: log, MaxLog: -1})
-	if err := sim.Start(ctx); err != nil {
-		return acpProbe{}, fmt.Errorf("starting the built-in model: %w", err)
-	}
-	defer sim.Close()
-	dir, err := os.MkdirTemp("", "agenthost-doctor-")
+	r, cleanup, err := acpRecipe(ctx, log, string(k), "", nil)
 	if err != nil {
 		return acpProbe{}, err
 	}
-	defer os.RemoveAll(dir)
-	home, ws := filepath.Join(dir, "home"), filepath.Join(dir, "workspace")
-	if err := os.Mkdir(ws, 0o700); err != nil {
-		return acpProbe{}, err
-	}
-	r, err := in.ACP(k, agents.ACPOptions{Home: home, ModelURL: sim.URL()})
-	if err != nil {
-		return acpProbe{}, err
-	}
+	defer cleanup()
 	cust, err := custody.New(custody.Options{Logger: log})
 	if err != nil {
 		return acpProbe{}, err
 	}
 	defer cust.Close()
 	t0 := time.Now()
-	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: ws, Env: r.Env}, acp.Options{Custodian: cust, Logger: log})
+	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Env: r.Env}, acp.Options{Custodian: cust, Logger: log})
 	if err != nil {
 		return acpProbe{}, err
 	}
-	p := acpProbe{start: time.Since(t0), proto: int(c.Initialize().ProtocolVersion)}
+	p := acpProbe{start: time.Since(t0)}
+	in := c.Initialize()
+	p.info = fmt.Sprintf("protocol v%d", in.ProtocolVersion)
+	if in.AgentInfo != nil {
+		p.info = in.AgentInfo.Name + " " + in.AgentInfo.Version + ", " + p.info
+	}
+	if in.AgentCapabilities.LoadSession {
+		p.info += ", loadSession"
+	}
 	rec, err := c.Close(ctx)
 	if err != nil {
 		return p, fmt.Errorf("closing: %w", err)

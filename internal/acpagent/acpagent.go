@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -120,9 +119,6 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
-	if cfg.Thinking != "" {
-		return nil, fmt.Errorf("%w: ACP has no thinking level (the room asks for %s)", room.ErrSelectionRefused, cfg.Thinking)
-	}
 	if err := os.MkdirAll(spec.Home, 0o700); err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
@@ -158,11 +154,23 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, cerr := c.Close(cctx)
-		return nil, errors.Join(err, cerr)
+		return nil, errors.Join(err, cerr, a.tools.close())
 	}
-	mcp, err := mcpServers(spec.MCP, c.Initialize().AgentCapabilities.McpCapabilities)
+	caps := c.Initialize().AgentCapabilities.McpCapabilities
+	mcp, err := mcpServers(spec.MCP, caps)
 	if err != nil {
 		return fail(err)
+	}
+	if len(spec.Tools) > 0 {
+		if caps.Http {
+			if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
+				return fail(err)
+			}
+			mcp = append(mcp, a.tools.server())
+		} else {
+			// A named gap: such an agent gets no room tools.
+			t.opts.Logger.Warn("acpagent: the agent takes no http MCP servers; the room's tools are not offered", "room", spec.Room)
+		}
 	}
 	var sess *acp.Session
 	if spec.SessionID != "" {
@@ -183,7 +191,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		}
 	}
 	model := cmpOr(cfg.Model, r.Model)
-	if err := selectModel(ctx, c, sess, model, cfg.Model != ""); err != nil {
+	if err := selectModel(ctx, c, sess, model, cfg.Model != "", cfg.Thinking); err != nil {
 		return fail(err)
 	}
 	// A load replays the session's history as updates: none of it is
@@ -200,29 +208,25 @@ func cmpOr[T comparable](a, b T) T {
 	return b
 }
 
-// selectModel selects model when the agent reports models; a model the
-// room named that the agent cannot select refuses the start.
-func selectModel(ctx context.Context, c *acp.Client, s *acp.Session, model string, named bool) error {
-	if model == "" {
-		return nil
-	}
-	if s.Models == nil {
-		if named {
-			return fmt.Errorf("%w: the agent offers no model selection over ACP (the room asks for %s)", room.ErrSelectionRefused, model)
+// selectModel selects the room's model and thinking level when the agent
+// offers them (session/set_model or config options); one the room named
+// that the agent does not offer refuses the start. The recipe's default
+// model is selected only where offered.
+func selectModel(ctx context.Context, c *acp.Client, s *acp.Session, model string, named bool, thinking string) error {
+	if model != "" {
+		err := c.SelectModel(ctx, s, model)
+		switch {
+		case errors.Is(err, acp.ErrNotOffered) && !named:
+		case errors.Is(err, acp.ErrNotOffered):
+			return fmt.Errorf("%w: %w", room.ErrSelectionRefused, err)
+		case err != nil:
+			return fmt.Errorf("%w: model %s: %w", room.ErrSelectionRefused, model, err)
 		}
-		return nil
 	}
-	if string(s.Models.CurrentModelId) == model {
-		return nil
-	}
-	if !slices.ContainsFunc(s.Models.AvailableModels, func(m sdk.ModelInfo) bool { return string(m.ModelId) == model }) {
-		if named {
-			return fmt.Errorf("%w: the agent offers no model %s", room.ErrSelectionRefused, model)
+	if thinking != "" {
+		if err := c.Select(ctx, s, "thought_level", thinking); err != nil {
+			return fmt.Errorf("%w: thinking level: %w", room.ErrSelectionRefused, err)
 		}
-		return nil
-	}
-	if err := c.SetModel(ctx, s.ID, model); err != nil {
-		return fmt.Errorf("%w: model %s: %w", room.ErrSelectionRefused, model, err)
 	}
 	return nil
 }
@@ -275,9 +279,11 @@ type agent struct {
 	session string
 	loading atomic.Bool
 
+	tools *toolServer // the room's tools over MCP (nil: none)
+
 	mu     sync.Mutex
-	denied bool // a permission was denied in the running turn
-	tools  map[string]string
+	denied bool              // a permission was denied in the running turn
+	calls  map[string]string // running tool calls' names by id
 }
 
 func (a *agent) SessionID() string { return a.session }
@@ -288,12 +294,7 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	a.mu.Unlock()
 	res, err := a.c.Prompt(ctx, a.session, text)
 	if err != nil {
-		if ctx.Err() != nil {
-			// Stop the agent's work (bounded); the room retires it anyway.
-			cctx, cancel := context.WithTimeout(context.Background(), acp.DefaultCancelTimeout)
-			_ = a.c.Cancel(cctx, a.session)
-			cancel()
-		}
+		// A ctx that ended was sent session/cancel, bounded, by Prompt.
 		return room.TurnResult{}, err
 	}
 	switch res.StopReason {
@@ -319,6 +320,7 @@ func (a *agent) Done() <-chan struct{} { return a.c.Done() }
 
 func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	r, err := a.c.Close(ctx)
+	err = errors.Join(err, a.tools.close())
 	var raw json.RawMessage
 	if r != nil {
 		raw, _ = json.Marshal(r)
@@ -344,10 +346,10 @@ func (a *agent) event(ev acp.Event) {
 		tc := u.ToolCall
 		name := toolName(tc.Title, string(tc.Kind))
 		a.mu.Lock()
-		if a.tools == nil {
-			a.tools = map[string]string{}
+		if a.calls == nil {
+			a.calls = map[string]string{}
 		}
-		a.tools[string(tc.ToolCallId)] = name
+		a.calls[string(tc.ToolCallId)] = name
 		a.mu.Unlock()
 		a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: name, CallID: string(tc.ToolCallId), Input: bound(redact(jsonText(tc.RawInput)))})
 		if tc.Status == sdk.ToolCallStatusCompleted || tc.Status == sdk.ToolCallStatusFailed {
@@ -366,8 +368,8 @@ func (a *agent) event(ev acp.Event) {
 
 func (a *agent) toolEnded(id string, content []sdk.ToolCallContent, raw any, failed bool) {
 	a.mu.Lock()
-	name := a.tools[id]
-	delete(a.tools, id)
+	name := a.calls[id]
+	delete(a.calls, id)
 	a.mu.Unlock()
 	var out strings.Builder
 	for _, c := range content {
@@ -408,7 +410,7 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 	}
 	tool := toolName(req.Title, req.Kind)
 	a.mu.Lock()
-	if n := a.tools[req.ToolCallID]; n != "" && tool == "" {
+	if n := a.calls[req.ToolCallID]; n != "" && tool == "" {
 		tool = n
 	}
 	a.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -263,5 +264,113 @@ func TestRealACPResumeAfterRestart(t *testing.T) {
 	}
 	if !saw {
 		t.Fatal("the resumed session lost the first turn")
+	}
+}
+
+func TestRealACPCancelThenNextTurn(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{})
+	first := h.submit("r", "[[say:before]]")
+	h.settled("r", first)
+	busy := h.submit("r", "[[slow:60s]]long answer")
+	h.wait("r", busy.Seq, "turn.started", nil)
+	// Cancel once the model is answering (no event says so: the model's
+	// request log does).
+	for deadline := time.Now().Add(60 * time.Second); len(h.sim.Requests()) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow turn never reached the model")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t0 := time.Now()
+	if err := h.m.Cancel(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	d := h.ended("r", busy)
+	if d["outcome"] != room.OutcomeCancelled {
+		t.Fatalf("turn ended %v", d)
+	}
+	took := time.Since(t0)
+	t.Logf("cancel to turn.ended: %v", took)
+	if took > 30*time.Second {
+		t.Fatalf("cancel took %v", took)
+	}
+	next := h.submit("r", "after the cancel")
+	if got := h.settled("r", next); got != "ok: after the cancel" {
+		t.Fatalf("next turn: %q", got)
+	}
+}
+
+func TestRealACPCleanupEndsBackgroundWork(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	acc := h.submit("r", "Run it: "+bashCall("/bin/sleep 300 & echo pid=$!"))
+	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	h.settled("r", acc)
+	out, _ := tool["output"].(string)
+	var pid int
+	if i := strings.LastIndex(out, "pid="); i < 0 {
+		t.Fatalf("tool output %q", out)
+	} else if _, err := fmt.Sscanf(out[i:], "pid=%d", &pid); err != nil {
+		t.Fatalf("tool output %q: %v", out, err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		t.Fatalf("the background sleep %d is not running: %v", pid, err)
+	}
+	h.close()
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		t.Fatalf("the background sleep %d outlived the room's release", pid)
+	}
+	db, err := store.Open(t.Context(), filepath.Join(filepath.Dir(h.root), "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rs, err := db.Receipts(t.Context(), "r")
+	if err != nil || len(rs) == 0 {
+		t.Fatalf("receipts %v, %v", rs, err)
+	}
+	if !strings.Contains(string(rs[len(rs)-1].Receipt), "/bin/sleep 300") {
+		t.Fatalf("the receipt lacks the background sleep: %s", rs[len(rs)-1].Receipt)
+	}
+}
+
+// The room's tools reach omp acp as an MCP server over http on loopback.
+func TestRealACPRoomTools(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	acc := h.submit("tools-room", `[[tool:mcp__agenthost_room_info {}]]`)
+	_, tool := h.wait("tools-room", acc.Seq, room.KindToolEnded, nil)
+	h.settled("tools-room", acc)
+	if out, _ := tool["output"].(string); !strings.Contains(out, "tools-room") || tool["is_error"] == true {
+		t.Fatalf("room_info over MCP: %v", tool)
+	} else {
+		t.Logf("room_info over MCP: %s", out)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// omp acp offers its model and thinking level as config options: the
+// room's are selected, and one it does not offer, or does not take (omp
+// offers "auto" thinking but keeps a model without reasoning "off"), fails
+// the turn before any prompt reaches a model.
+func TestRealACPModelAndThinkingSelection(t *testing.T) {
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Model: agents.ModelID, Thinking: "off"}})
+	acc := h.submit("r", "selected")
+	if got := h.settled("r", acc); got != "ok: selected" {
+		t.Fatalf("turn: %q", got)
+	}
+	for _, cfg := range []room.Config{{Model: "fake/no-such-model"}, {Thinking: "ultra"}, {Thinking: "auto"}} {
+		h := startHost(t, "", nil, room.Options{Config: cfg})
+		acc := h.submit("r", "refused")
+		d := h.ended("r", acc)
+		if d["outcome"] != room.OutcomeFailed || !strings.Contains(d["reason"].(string), "model selection refused") {
+			t.Fatalf("%+v: turn %v", cfg, d)
+		}
+		for _, r := range h.sim.Requests() {
+			for _, m := range r.Messages {
+				if strings.Contains(m.Content, "refused") {
+					t.Fatalf("%+v: a prompt reached the model", cfg)
+				}
+			}
+		}
 	}
 }

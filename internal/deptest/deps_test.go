@@ -24,7 +24,7 @@ var allowed = map[string][]string{
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", "golang.org/x/sys/",
-		"github.com/coder/acp-go-sdk"}, sqliteDeps...),
+		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, mcpDeps...)...),
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,
@@ -40,6 +40,13 @@ var allowed = map[string][]string{
 	// never a transport or an agent (the command wires those in).
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},
 		append(sqliteDeps, prometheusDeps...)...),
+}
+
+// mcpDeps are the official MCP SDK and its own dependencies.
+var mcpDeps = []string{
+	"github.com/modelcontextprotocol/go-sdk/", "github.com/google/jsonschema-go/", "golang.org/x/oauth2",
+	"github.com/segmentio/", "github.com/yosida95/uritemplate/", "golang.org/x/sync/", "golang.org/x/time/",
+	"github.com/golang-jwt/jwt/",
 }
 
 // prometheusDeps are client_golang's own dependencies.
