@@ -263,8 +263,16 @@ func TestPrompt_JSONSlowReader(t *testing.T) {
 
 func TestDoctor(t *testing.T) {
 	out, errs, code := runCLI(t, "doctor")
-	if code != 0 || !strings.Contains(out, "omp 18.2.3") || !strings.Contains(out, "pi  0.73.1") || !strings.Contains(out, "all good") {
+	if code != 0 || !strings.Contains(out, "omp 18.2.3") || !strings.Contains(out, "pi  0.73.1") ||
+		!strings.Contains(out, "oh-my-pi 18.2.3, protocol v1, loadSession") || !strings.Contains(out, "all good") {
 		t.Fatalf("code %d\n%s\n%s", code, out, errs)
+	}
+	// The ACP agents: installed version and initialize answered, each on the built-in model.
+	for _, want := range []string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
+		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
 	}
 }
 

@@ -20,12 +20,13 @@ import (
 )
 
 type promptFlags struct {
-	agent   string
-	model   string
-	json    bool
-	timeout time.Duration
-	cwd     string
-	verbose bool
+	transport string
+	agent     string
+	model     string
+	json      bool
+	timeout   time.Duration
+	cwd       string
+	verbose   bool
 }
 
 func newPromptCmd(logger func() *slog.Logger, verbose func() bool) *cobra.Command {
@@ -35,7 +36,11 @@ func newPromptCmd(logger func() *slog.Logger, verbose func() bool) *cobra.Comman
 		Short: "Run one turn and print the final assistant text",
 		Long: `Run one turn against an agent in RPC mode and print the final assistant text,
 or with --json every frame received, one JSON object per line, from the
-agent's first. A slow reader of the --json output slows the agent down
+agent's first. With --transport acp the agent runs over the Agent Client
+Protocol (omp acp, claude, codex, copilot, or any ACP command after "--"):
+--json then prints every session/update as the agent sent it, a permission
+request is denied (nobody is there to answer it), and fs requests are
+confined to the working directory. A slow reader of the --json output slows the agent down
 rather than failing the turn; --timeout still bounds everything.
 
 Without --model the agent runs on agenthost's built-in scripted model (no key
@@ -76,7 +81,8 @@ it as a line {"type":"agenthost_receipt","receipt":{...}}.`,
 	}
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &exitError{2, err} })
 	fl := cmd.Flags()
-	fl.StringVar(&f.agent, "agent", "omp", "agent to run: omp or pi")
+	fl.StringVar(&f.transport, "transport", transportRPC, "wire protocol: rpc (omp, pi) or acp (omp, claude, codex, copilot)")
+	fl.StringVar(&f.agent, "agent", "omp", "agent to run: omp or pi (rpc); omp, claude, codex or copilot (acp)")
 	fl.StringVar(&f.model, "model", "", "provider/model to use (default: the built-in scripted model)")
 	fl.BoolVar(&f.json, "json", false, "print every frame received as JSON lines")
 	fl.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up on the turn after this long")
@@ -97,6 +103,13 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 		case !fi.IsDir():
 			return &exitError{2, fmt.Errorf("--cwd %s: not a directory", f.cwd)}
 		}
+	}
+	switch f.transport {
+	case transportACP:
+		return runPromptACP(ctx, stdout, stderr, log, f, msg, custom)
+	case transportRPC:
+	default:
+		return &exitError{2, fmt.Errorf("--transport %q: want rpc or acp", f.transport)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()

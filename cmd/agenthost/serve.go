@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/rpcagent"
@@ -39,6 +40,7 @@ const (
 
 type serveFlags struct {
 	listen, data, agent, model, workspaces  string
+	transport                               string
 	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
 	approvalMode, config                    string
@@ -49,7 +51,7 @@ var serveEnv = map[string]string{
 	"listen": "AGENTHOST_LISTEN", "data": "AGENTHOST_DATA", "agent": "AGENTHOST_AGENT", "model": "AGENTHOST_MODEL",
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
-	"approval-mode": "AGENTHOST_APPROVAL_MODE",
+	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -62,6 +64,8 @@ func newServeCmd(verbose func() bool) *cobra.Command {
 Each room has its own agent (omp by default, on agenthost's built-in scripted
 model unless --model names a real one), session, workspace and event log, kept
 in --data. After "--", COMMAND ARGS... runs verbatim as every room's agent.
+With --transport acp the agents run over the Agent Client Protocol (omp acp,
+claude, codex or copilot, or an ACP command after "--").
 
 The API needs a bearer token: AGENTHOST_TOKEN, or one generated on the first
 start into a file in the data dir (mode 0600). The start line prints the
@@ -96,7 +100,8 @@ One server per data dir: a second one refuses to start.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", defaultListen, "address to listen on")
 	fl.StringVar(&f.data, "data", "", "data dir: the store, the token and the agents' homes (default: a per-user dir)")
-	fl.StringVar(&f.agent, "agent", "omp", "the rooms' agent: omp or pi")
+	fl.StringVar(&f.transport, "transport", transportRPC, "wire protocol: rpc (omp, pi) or acp (omp, claude, codex, copilot)")
+	fl.StringVar(&f.agent, "agent", "omp", "the rooms' agent: omp or pi (rpc); omp, claude, codex or copilot (acp)")
 	fl.StringVar(&f.model, "model", "", "provider/model for the agents (default: the built-in scripted model)")
 	fl.StringVar(&f.workspaces, "workspaces", "", "the rooms' folders (default: DATA/workspaces)")
 	fl.IntVar(&f.maxResident, "max-resident", room.DefaultMaxResident, "agents running at once")
@@ -196,7 +201,15 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		return &exitError{2, fmt.Errorf("serve: --approval-mode %q: want always-ask or yolo", f.approvalMode)}
 	}
 	kind := agents.Kind(f.agent)
-	if len(custom) == 0 && kind != agents.OMP && kind != agents.Pi {
+	switch {
+	case f.transport != transportRPC && f.transport != transportACP:
+		return &exitError{2, fmt.Errorf("serve: --transport %q: want rpc or acp", f.transport)}
+	case len(custom) > 0:
+	case f.transport == transportACP:
+		if err := checkACPKind(f.agent); err != nil {
+			return &exitError{2, fmt.Errorf("serve: %w", err)}
+		}
+	case kind != agents.OMP && kind != agents.Pi:
 		return &exitError{2, fmt.Errorf("serve: unknown agent %q (omp or pi)", f.agent)}
 	}
 	if f.data == "" {
@@ -250,9 +263,10 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 			err = cerr
 		}
 	}()
-	topts := rpcagent.Options{Custodian: cust, Logger: log}
+	var install *agents.Install
+	var modelURL string
 	if len(custom) == 0 {
-		if topts.Install, err = agents.Find(); err != nil {
+		if install, err = agents.Find(); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
 		if f.model == "" {
@@ -261,10 +275,15 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 				return fmt.Errorf("serve: starting the built-in model: %w", err)
 			}
 			defer sim.Close()
-			topts.ModelURL = sim.URL()
+			modelURL = sim.URL()
 		}
 	}
-	tr, err := rpcagent.New(topts)
+	var tr room.Transport
+	if f.transport == transportACP {
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
+	} else {
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
+	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -309,7 +328,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	} else {
 		fmt.Fprintf(stdout, "agenthost: serving rooms at %s (token from %s)\n", addr, tokenEnv)
 	}
-	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "built_in_model", f.model == "" && len(custom) == 0)
+	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	select {
 	case <-ctx.Done():

@@ -91,6 +91,9 @@ func Find() (*Install, error) {
 // [<abs bun> <abs package>/dist/cli.js], for Pi [<abs node from PATH> <abs package>/dist/cli.js].
 // It fails with [ErrNotFound] if the runtime or the package is missing.
 func (in *Install) Argv(k Kind) ([]string, error) {
+	if _, ok := packages[k]; !ok {
+		return nil, fmt.Errorf("%w: %q", ErrKind, k)
+	}
 	pkg, err := in.pkgDir(k)
 	if err != nil {
 		return nil, err
@@ -107,18 +110,28 @@ func (in *Install) Argv(k Kind) ([]string, error) {
 			return nil, fmt.Errorf("%w: bun at %s is missing or not executable; run `make setup`", ErrNotFound, runtime)
 		}
 	case Pi:
-		node, err := exec.LookPath("node")
-		if err != nil {
-			return nil, fmt.Errorf("%w: node is not on PATH (pi runs on Node 20 or newer): %w", ErrNotFound, err)
-		}
-		if runtime, err = filepath.Abs(node); err != nil {
-			return nil, fmt.Errorf("agents: node path %q: %w", node, err)
+		if runtime, err = nodePath(); err != nil {
+			return nil, err
 		}
 	}
 	return []string{runtime, cli}, nil
 }
 
-// Version returns the version of agent k from its package.json, e.g. "18.2.3" for OMP.
+// nodePath returns the absolute path of node on PATH.
+func nodePath() (string, error) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return "", fmt.Errorf("%w: node is not on PATH (pi and the ACP agents run on Node 20 or newer): %w", ErrNotFound, err)
+	}
+	abs, err := filepath.Abs(node)
+	if err != nil {
+		return "", fmt.Errorf("agents: node path %q: %w", node, err)
+	}
+	return abs, nil
+}
+
+// Version returns the version of agent k (any kind, the ACP agents included) from its
+// package.json, e.g. "18.2.3" for OMP.
 func (in *Install) Version(k Kind) (string, error) {
 	pkg, err := in.pkgDir(k)
 	if err != nil {
@@ -134,6 +147,9 @@ func (in *Install) BunVersion() (string, error) {
 
 func (in *Install) pkgDir(k Kind) (string, error) {
 	rel, ok := packages[k]
+	if !ok {
+		rel, ok = acpPackages[k]
+	}
 	if !ok {
 		return "", fmt.Errorf("%w: %q", ErrKind, k)
 	}

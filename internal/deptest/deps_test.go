@@ -21,9 +21,19 @@ var allowed = map[string][]string{
 	// and the pty library; never rooms, the store or the server (those
 	// drive it through its client).
 	module + "/procd": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/creack/pty"},
+	// The ACP client: custody, the pipe helper and the ACP SDK; never rooms
+	// or the server.
+	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
+	// The room transport over ACP knows rooms, the ACP client and custody;
+	// never the server.
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", "golang.org/x/sys/",
+		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, mcpDeps...)...),
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,
+	// The claims table lives in its tests; the package itself is a doc.
+	module + "/internal/roomclaims": nil,
 	// The store is SQLite and nothing of ours: rooms own the interface
 	// they need from it, so it can be swapped for another engine.
 	module + "/internal/store": sqliteDeps,
@@ -34,6 +44,13 @@ var allowed = map[string][]string{
 	// never a transport or an agent (the command wires those in).
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},
 		append(sqliteDeps, prometheusDeps...)...),
+}
+
+// mcpDeps are the official MCP SDK and its own dependencies.
+var mcpDeps = []string{
+	"github.com/modelcontextprotocol/go-sdk/", "github.com/google/jsonschema-go/", "golang.org/x/oauth2",
+	"github.com/segmentio/", "github.com/yosida95/uritemplate/", "golang.org/x/sync/", "golang.org/x/time/",
+	"github.com/golang-jwt/jwt/",
 }
 
 // prometheusDeps are client_golang's own dependencies.

@@ -13,19 +13,23 @@ import (
 
 // handleChat serves POST /v1/chat/completions.
 func (s *Server) handleChat(w *statusWriter, r *http.Request) int64 {
-	return s.serveModel(w, r, parseChat, s.writeChat)
+	return s.serveAPI(w, r, parseChat, s.writeChat, writeError)
 }
 
 // handleResponses serves POST /v1/responses.
 func (s *Server) handleResponses(w *statusWriter, r *http.Request) int64 {
-	return s.serveModel(w, r, parseResponses, s.writeResponses)
+	return s.serveAPI(w, r, parseResponses, s.writeResponses, writeError)
 }
 
-// serveModel is the flow shared by both APIs: read, parse, log, decide, answer. It returns the
-// body size for the log line.
-func (s *Server) serveModel(w *statusWriter, r *http.Request,
+// errorWriter writes an error in one API's shape.
+type errorWriter func(w http.ResponseWriter, code int, typ, msg string)
+
+// serveAPI is the flow shared by every API: read, parse, log, decide, answer. fail writes errors
+// in the API's own shape. It returns the body size for the log line.
+func (s *Server) serveAPI(w *statusWriter, r *http.Request,
 	parse func([]byte) (Request, bool, error),
 	answer func(ctx context.Context, w http.ResponseWriter, req Request, p plan, stream bool),
+	fail errorWriter,
 ) int64 {
 	body, ok := readBody(w, r)
 	if !ok {
@@ -35,16 +39,16 @@ func (s *Server) serveModel(w *statusWriter, r *http.Request,
 	req.Path, req.Raw = r.URL.Path, capRaw(body)
 	s.record(req)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		fail(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return int64(len(body))
 	}
 	p, err := s.decide(req)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		fail(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return int64(len(body))
 	}
 	if p.status != 0 {
-		writeStatus(w, p.status)
+		writeStatus(w, p.status, fail)
 		return int64(len(body))
 	}
 	answer(r.Context(), w, req, p, stream)
@@ -296,10 +300,15 @@ func (s *Server) writeResponses(ctx context.Context, w http.ResponseWriter, req 
 	}
 	call := func(i int, status, args string) map[string]any {
 		c := p.calls[i]
-		return map[string]any{
+		item := map[string]any{
 			"id": fmt.Sprintf("fc_%d_%d", seq, i), "type": "function_call", "status": status,
 			"call_id": fmt.Sprintf("call_%d_%d", seq, i), "name": c.name, "arguments": args,
 		}
+		// A namespaced tool is called by its own name within its namespace.
+		if ns, ok := req.namespaced[c.name]; ok {
+			item["namespace"], item["name"] = ns[0], ns[1]
+		}
+		return item
 	}
 	var final []any
 	if p.text != "" || len(p.calls) == 0 {
@@ -375,8 +384,8 @@ func (s *Server) writeResponses(ctx context.Context, w http.ResponseWriter, req 
 	emit("response.completed", map[string]any{"response": completed})
 }
 
-// writeStatus answers with a scripted HTTP error in OpenAI's error shape.
-func writeStatus(w http.ResponseWriter, code int) {
+// writeStatus answers with a scripted HTTP error in the shape fail writes.
+func writeStatus(w http.ResponseWriter, code int, fail errorWriter) {
 	typ := "invalid_request_error"
 	switch {
 	case code == http.StatusTooManyRequests:
@@ -386,7 +395,7 @@ func writeStatus(w http.ResponseWriter, code int) {
 	case code >= 500:
 		typ = "server_error"
 	}
-	writeError(w, code, typ, "modelsim: scripted status "+strconv.Itoa(code))
+	fail(w, code, typ, "modelsim: scripted status "+strconv.Itoa(code))
 }
 
 // writeError writes {"error":{"message","type","param","code"}}.

@@ -28,6 +28,10 @@ type Request struct {
 	Tools []string
 	// Raw is the body, cut at 1 MiB.
 	Raw []byte
+
+	// namespaced maps the Responses API's namespaced tools, listed in Tools as NAMESPACE__NAME,
+	// to their namespace and name: a call of one must name both.
+	namespaced map[string][2]string
 }
 
 // Message is one normalised conversation entry.
@@ -146,7 +150,11 @@ type responsesRequest struct {
 	Instructions string          `json:"instructions"`
 	Input        json.RawMessage `json:"input"`
 	Tools        []struct {
-		Name string `json:"name"`
+		Type  string `json:"type"`
+		Name  string `json:"name"`
+		Tools []struct {
+			Name string `json:"name"`
+		} `json:"tools"` // a namespace's tools (codex puts each MCP server's in one)
 	} `json:"tools"`
 }
 
@@ -220,6 +228,17 @@ func parseResponses(body []byte) (Request, bool, error) {
 		return Request{}, false, fmt.Errorf("%w: input is empty", errBadRequest)
 	}
 	for _, t := range rr.Tools {
+		if t.Type == "namespace" {
+			for _, nt := range t.Tools {
+				full := t.Name + "__" + nt.Name
+				if req.namespaced == nil {
+					req.namespaced = map[string][2]string{}
+				}
+				req.namespaced[full] = [2]string{t.Name, nt.Name}
+				req.Tools = append(req.Tools, full)
+			}
+			continue
+		}
 		if t.Name != "" {
 			req.Tools = append(req.Tools, t.Name)
 		}

@@ -222,20 +222,28 @@ func (s *Server) decide(req Request) (plan, error) {
 	return p, nil
 }
 
-// stripReminders drops the <system-reminder> blocks omp puts before the user's text (date and
-// working directory), so echoes and [[status]] counts see the same text for both agents.
+// contextTags are the blocks agents put before the user's text: omp's <system-reminder> (date and
+// working directory) and copilot's <current_datetime>.
+var contextTags = []string{"system-reminder", "current_datetime"}
+
+// stripReminders drops the context blocks agents put before the user's text, so echoes and
+// [[status]] counts see the same text whichever agent sent it.
 func stripReminders(s string) string {
-	const open, end = "<system-reminder>", "</system-reminder>"
 	for {
 		t := strings.TrimLeft(s, " \t\r\n")
-		if !strings.HasPrefix(t, open) {
+		stripped := false
+		for _, tag := range contextTags {
+			if !strings.HasPrefix(t, "<"+tag+">") {
+				continue
+			}
+			if _, after, ok := strings.Cut(t, "</"+tag+">"); ok {
+				s, stripped = strings.TrimLeft(after, " \t\r\n"), true
+			}
+			break
+		}
+		if !stripped {
 			return s
 		}
-		_, after, ok := strings.Cut(t, end)
-		if !ok {
-			return s
-		}
-		s = strings.TrimLeft(after, " \t\r\n")
 	}
 }
 

@@ -117,6 +117,10 @@ func TestStripReminders(t *testing.T) {
 		"<system-reminder>unclosed hi":                                                    "<system-reminder>unclosed hi",
 		"hi <system-reminder>x</system-reminder>":                                         "hi <system-reminder>x</system-reminder>",
 		"<system-reminder>x</system-reminder>[[say:a]]":                                   "[[say:a]]",
+		// copilot dates every message after its first.
+		"<current_datetime>2026-12-01T05:35:13Z</current_datetime>\n\nwhich word?":      "which word?",
+		"<current_datetime>t</current_datetime><system-reminder>x</system-reminder> hi": "hi",
+		"<current_datetime>unclosed hi":                                                 "<current_datetime>unclosed hi",
 	}
 	for in, want := range tests {
 		if got := stripReminders(in); got != want {

@@ -1,8 +1,9 @@
-// Package modelsim is a scripted OpenAI-compatible model server on 127.0.0.1, used by tests and as
-// agenthost's built-in default model so that nothing needs an API key or the internet.
+// Package modelsim is a scripted OpenAI- and Anthropic-compatible model server on 127.0.0.1, used by
+// tests and as agenthost's built-in default model so that nothing needs an API key or the internet.
 //
 // It serves POST /v1/chat/completions (streaming and not), POST /v1/responses (the Responses API,
-// streaming and not) and GET /v1/models. What it answers is decided by directives such as
+// streaming and not), POST /v1/messages (the Anthropic Messages API, streaming and not, with
+// /v1/messages/count_tokens) and GET /v1/models. What it answers is decided by directives such as
 // [[tool:bash {"command":"echo hi"}]] in the last user message; [Server] documents the script.
 package modelsim
 
@@ -155,6 +156,8 @@ func (s *Server) Start(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", s.track(s.handleChat))
 	mux.HandleFunc("/v1/responses", s.track(s.handleResponses))
+	mux.HandleFunc("/v1/messages", s.track(s.handleMessages))
+	mux.HandleFunc("/v1/messages/count_tokens", s.track(s.handleCountTokens))
 	mux.HandleFunc("/v1/models", s.track(s.handleModels))
 	mux.HandleFunc("/", s.track(s.handleNotFound))
 	s.srv = &http.Server{

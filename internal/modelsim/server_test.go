@@ -617,3 +617,47 @@ func TestServer_Addr(t *testing.T) {
 		_ = s.Close()
 	}
 }
+
+// codex offers each MCP server's tools in a namespace; a call of one names the namespace and the
+// tool's own name, and the directive names it NAMESPACE__NAME as Request.Tools lists it.
+func TestServer_ResponsesNamespacedTool(t *testing.T) {
+	t.Parallel()
+	s := start(t, modelsim.Options{})
+	for _, stream := range []bool{false, true} {
+		body := map[string]any{
+			"model": "fake-model", "stream": stream,
+			"input": `[[tool:mcp__probe__echo_upper {"text":"hi"}]]`,
+			"tools": []any{
+				map[string]any{"type": "function", "name": "exec_command"},
+				map[string]any{"type": "namespace", "name": "mcp__probe", "tools": []any{
+					map[string]any{"type": "function", "name": "echo_upper"},
+				}},
+			},
+		}
+		resp := post(t, s.URL()+"/responses", body)
+		var items []map[string]any
+		if !stream {
+			var got struct{ Output []map[string]any }
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+			items = got.Output
+		} else {
+			for _, ev := range readEvents(t, resp.Body) {
+				if ev.name == "response.output_item.added" {
+					var x struct{ Item map[string]any }
+					if err := json.Unmarshal([]byte(ev.data), &x); err != nil {
+						t.Fatal(err)
+					}
+					items = append(items, x.Item)
+				}
+			}
+		}
+		if len(items) != 1 || items[0]["type"] != "function_call" || items[0]["name"] != "echo_upper" || items[0]["namespace"] != "mcp__probe" {
+			t.Errorf("stream %v: items %v, want one call of echo_upper in namespace mcp__probe", stream, items)
+		}
+	}
+	if tools := s.Requests()[0].Tools; len(tools) != 2 || tools[1] != "mcp__probe__echo_upper" {
+		t.Errorf("tools %v", tools)
+	}
+}

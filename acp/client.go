@@ -1,0 +1,462 @@
+// Package acp is the client side of the Agent Client Protocol (JSON-RPC 2.0,
+// one message per line over stdio) on github.com/coder/acp-go-sdk: it starts
+// an ACP agent in a custody scope, initializes it, opens or loads sessions,
+// runs prompts with every session/update reported as an Event, answers the
+// agent's permission requests through a callback, serves fs requests
+// confined to a workspace, and closes it with a custody receipt.
+//
+// Every line from the agent passes through this package before the SDK sees
+// it: a line that is not a JSON-RPC message is reported (an Event of type
+// TypeMalformed; the SDK would log its payload) and dropped, and
+// session/update notifications are decoded here, so an update kind the SDK
+// does not know is kept raw instead of arriving empty.
+//
+// Terminals (terminal/*) are not advertised: agents run their own shells,
+// which are their descendants and so in the agent's custody scope.
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	sdk "github.com/coder/acp-go-sdk"
+)
+
+// Defaults for Options.
+const (
+	DefaultCancelTimeout     = 5 * time.Second
+	DefaultCloseGrace        = 5 * time.Second
+	DefaultPermissionTimeout = 10 * time.Minute
+	// exitStatusWait bounds the wait, at stdout EOF, for the exit status
+	// that goes into an ExitError.
+	exitStatusWait = 500 * time.Millisecond
+	// maxTurnText bounds the text a Prompt collects for its result.
+	maxTurnText = 4 << 20
+)
+
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrSessionNotFound: the agent refused session/load (or cannot load
+	// sessions at all).
+	ErrSessionNotFound = errors.New("acp: session not found")
+	// ErrAgentExited: the agent's stdout ended (the process exited or
+	// closed it) before the request was answered. See ExitError.
+	ErrAgentExited = errors.New("acp: the agent exited")
+	// ErrCancelTimeout: the agent did not end the turn within the bound
+	// after session/cancel.
+	ErrCancelTimeout = errors.New("acp: the agent did not end the turn after session/cancel")
+	// ErrClosed: the client was closed.
+	ErrClosed = errors.New("acp: client closed")
+	// ErrNoTurn: Cancel found no prompt running in the session.
+	ErrNoTurn = errors.New("acp: no turn running")
+)
+
+// ExitError is returned for a request the agent did not answer because its
+// stdout ended; it matches ErrAgentExited.
+type ExitError struct {
+	// Status is the process's exit status (nil: exited 0, or it had not
+	// exited within a short wait).
+	Status error
+	// Stderr is the last line the agent wrote to stderr, if any.
+	Stderr string
+}
+
+func (e *ExitError) Error() string {
+	s := "acp: the agent exited"
+	if e.Status != nil {
+		s += " (" + e.Status.Error() + ")"
+	}
+	if e.Stderr != "" {
+		s += "; stderr: " + e.Stderr
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrAgentExited) true.
+func (e *ExitError) Is(target error) bool { return target == ErrAgentExited }
+
+// Unwrap returns the exit status.
+func (e *ExitError) Unwrap() error { return e.Status }
+
+// Spec is the agent's command line, run verbatim (never through a shell).
+type Spec struct {
+	Argv []string
+	// Dir is the agent's working directory.
+	Dir string
+	// Env is the agent's whole environment; nil inherits the host's.
+	Env []string
+}
+
+// Options configure Start. Custodian is required; the rest may be zero.
+type Options struct {
+	// Custodian owns the agent process and everything it starts.
+	Custodian *custody.Custodian
+	// FSRoot, if set, advertises fs/read_text_file and fs/write_text_file,
+	// confined to this directory: a path outside it (after resolving
+	// symlinks and "..") is refused. "" advertises neither.
+	FSRoot string
+	// Events receives every session/update and every malformed line, in
+	// the order read. It is called from the reader goroutine and must not
+	// block. Nil drops them (Prompt still collects the turn's text).
+	Events func(Event)
+	// Permission decides a session/request_permission: true allows (the
+	// agent's allow_once option, else allow_always), false rejects
+	// (reject_once, else reject_always, else the cancelled outcome). Its ctx
+	// ends at PermissionTimeout; an answer after that, or a nil Permission,
+	// rejects.
+	Permission func(ctx context.Context, req PermissionRequest) bool
+	// PermissionTimeout bounds one permission decision (default 10 min).
+	PermissionTimeout time.Duration
+	// CancelTimeout bounds how long Cancel waits for the turn to end
+	// (default 5 s).
+	CancelTimeout time.Duration
+	// CloseGrace is how long Close waits for stdout EOF after closing
+	// stdin, before custody ends the process (default 5 s).
+	CloseGrace time.Duration
+	// MaxLineBytes caps one line from the agent (default and maximum
+	// DefaultMaxLineBytes and 10 MiB).
+	MaxLineBytes int
+	// ClientName and ClientVersion are sent in initialize (default
+	// "agenthost", "dev").
+	ClientName, ClientVersion string
+	// Logger gets diagnostics; never a payload.
+	Logger *slog.Logger
+}
+
+func (o *Options) fill() {
+	if o.PermissionTimeout <= 0 {
+		o.PermissionTimeout = DefaultPermissionTimeout
+	}
+	if o.CancelTimeout <= 0 {
+		o.CancelTimeout = DefaultCancelTimeout
+	}
+	if o.CloseGrace <= 0 {
+		o.CloseGrace = DefaultCloseGrace
+	}
+	if o.MaxLineBytes <= 0 {
+		o.MaxLineBytes = DefaultMaxLineBytes
+	}
+	o.MaxLineBytes = min(o.MaxLineBytes, maxLineLimit)
+	if o.ClientName == "" {
+		o.ClientName = "agenthost"
+	}
+	if o.ClientVersion == "" {
+		o.ClientVersion = "dev"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Client is one running ACP agent. Its methods are safe for concurrent use.
+type Client struct {
+	opts  Options
+	scope *custody.Scope
+	conn  *sdk.ClientSideConnection
+	init  sdk.InitializeResponse
+	fs    *fsRoot
+
+	stderr     tail
+	readerDone chan struct{} // stdout ended (EOF or CloseOutput)
+	stderrDone chan struct{}
+	sdkW       *io.PipeWriter
+	handlers   sync.WaitGroup // running permission and fs handlers
+	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
+	hclosed    bool
+
+	mu        sync.Mutex
+	turns     map[string]*turn // running prompts by session id
+	malformed int64
+	closed    bool
+	closure   Closure
+
+	closeOnce sync.Once
+	closeDone chan struct{}
+	receipt   *custody.Receipt
+	closeErr  error
+}
+
+// Closure says how the agent ended when Close ran.
+type Closure struct {
+	// StdoutEOF: the agent closed its stdout within CloseGrace of stdin
+	// closing (after: how long it took); otherwise custody ended it.
+	StdoutEOF bool
+	After     time.Duration
+}
+
+// Start starts the agent in a custody scope and initializes it; ctx bounds
+// both. On failure the process is released before Start returns.
+func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
+	if opts.Custodian == nil {
+		return nil, errors.New("acp: Options.Custodian is required")
+	}
+	if len(spec.Argv) == 0 {
+		return nil, errors.New("acp: empty command")
+	}
+	opts.fill()
+	c := &Client{
+		opts:       opts,
+		stderr:     tail{n: DefaultStderrTail},
+		readerDone: make(chan struct{}),
+		stderrDone: make(chan struct{}),
+		turns:      map[string]*turn{},
+		closeDone:  make(chan struct{}),
+	}
+	if opts.FSRoot != "" {
+		fs, err := openFSRoot(opts.FSRoot)
+		if err != nil {
+			return nil, err
+		}
+		c.fs = fs
+	}
+	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
+	cmd.Dir, cmd.Env = spec.Dir, spec.Env
+	scope, err := opts.Custodian.Start(ctx, cmd)
+	if err != nil {
+		c.fs.close()
+		return nil, fmt.Errorf("acp: starting %s: %w", spec.Argv[0], err)
+	}
+	c.scope = scope
+	sdkR, sdkW := io.Pipe()
+	c.sdkW = sdkW
+	c.conn = sdk.NewClientSideConnection((*sdkClient)(c), scope.Stdin(), sdkR)
+	// The SDK logs a bad line's payload; none reaches it. Its other
+	// diagnostics ("connection closed") go to our logger at debug level.
+	c.conn.SetLogger(slog.New(debugHandler{opts.Logger.Handler()}))
+	go c.drainStderr()
+	go c.read()
+
+	resp, err := c.conn.Initialize(ctx, sdk.InitializeRequest{
+		ProtocolVersion: sdk.ProtocolVersionNumber,
+		ClientInfo:      &sdk.Implementation{Name: opts.ClientName, Version: opts.ClientVersion},
+		ClientCapabilities: sdk.ClientCapabilities{
+			Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil},
+		},
+	})
+	if err != nil {
+		err = c.callErr(ctx, "initialize", err)
+		_, cerr := c.Close(context.Background())
+		return nil, errors.Join(err, cerr)
+	}
+	c.init = resp
+	return c, nil
+}
+
+// Initialize is the agent's answer to initialize: its capabilities, info
+// and auth methods.
+func (c *Client) Initialize() sdk.InitializeResponse { return c.init }
+
+// Done is closed once the agent's stdout has ended (it exited, or Close
+// ran).
+func (c *Client) Done() <-chan struct{} { return c.readerDone }
+
+// Pid is the agent process's pid.
+func (c *Client) Pid() int { return c.scope.Pid() }
+
+// Stderr is the tail of what the agent wrote to stderr.
+func (c *Client) Stderr() string { return c.stderr.String() }
+
+// Malformed is how many lines from the agent were dropped as malformed.
+func (c *Client) Malformed() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.malformed
+}
+
+// Closure reports how the agent ended (valid after Close).
+func (c *Client) Closure() Closure {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closure
+}
+
+// Receipt is the custody receipt once Close succeeded, else nil.
+func (c *Client) Receipt() *custody.Receipt { return c.scope.Receipt() }
+
+// Close ends the agent: stdin closed, CloseGrace for stdout EOF, then the
+// custody scope closed (SIGTERM, SIGKILL, every descendant confirmed gone),
+// and returns the scope's receipt. Running requests fail. Idempotent: a
+// later call returns the same result, or retries a custody Close that
+// failed.
+func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		t0 := time.Now()
+		_ = c.scope.Stdin().Close()
+		t := time.NewTimer(c.opts.CloseGrace)
+		select {
+		case <-c.readerDone:
+			c.mu.Lock()
+			c.closure = Closure{StdoutEOF: true, After: time.Since(t0)}
+			c.mu.Unlock()
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		close(c.closeDone)
+	})
+	r, err := c.scope.Close(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acp: closing the agent: %w", err)
+	}
+	// Custody ended every process that could hold the pipes; this releases
+	// the readers in any case.
+	c.scope.CloseOutput()
+	<-c.readerDone
+	<-c.stderrDone
+	// The SDK cancels its handlers' contexts once its reader ends.
+	c.hmu.Lock()
+	c.hclosed = true
+	c.hmu.Unlock()
+	c.handlers.Wait()
+	c.fs.close()
+	return r, nil
+}
+
+// enter registers a running handler; false once Close waits for them.
+func (c *Client) enter() bool {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.hclosed {
+		return false
+	}
+	c.handlers.Add(1)
+	return true
+}
+
+func (c *Client) drainStderr() {
+	defer close(c.stderrDone)
+	_, _ = io.Copy(&c.stderr, c.scope.Stderr())
+}
+
+// callErr turns the SDK's error for a request into ours: an agent that
+// exited gives an ExitError, a ctx that ended gives ctx's error.
+func (c *Client) callErr(ctx context.Context, what string, err error) error {
+	select {
+	case <-c.readerDone:
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return fmt.Errorf("acp: %s: %w", what, ErrClosed)
+		}
+		return fmt.Errorf("acp: %s: %w", what, c.exitError())
+	default:
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("acp: %s: %w", what, context.Cause(ctx))
+	}
+	return fmt.Errorf("acp: %s: %w", what, err)
+}
+
+func (c *Client) exitError() *ExitError {
+	e := &ExitError{Stderr: lastLine(strings.TrimSpace(c.stderr.String()))}
+	t := time.NewTimer(exitStatusWait)
+	defer t.Stop()
+	select {
+	case <-c.scope.Exited():
+		e.Status = c.scope.ExitErr()
+	case <-t.C:
+	}
+	return e
+}
+
+func lastLine(s string) string {
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+// read passes the agent's stdout to the SDK, line by line: malformed lines
+// are reported and dropped, session/update notifications decoded here.
+// Reporting an update before passing on any later line keeps a prompt's
+// updates ahead of its response.
+func (c *Client) read() {
+	defer close(c.readerDone)
+	defer c.sdkW.Close()
+	lr := newLineReader(c.scope.Stdout(), c.opts.MaxLineBytes)
+	for {
+		line, err := lr.next()
+		var le *LineError
+		if errors.As(err, &le) {
+			c.reportMalformed(le)
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if len(strings.TrimSpace(string(line))) == 0 {
+			continue
+		}
+		var msg struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params json.RawMessage `json:"params"`
+			Result json.RawMessage `json:"result"`
+			Error  json.RawMessage `json:"error"`
+		}
+		if jerr := json.Unmarshal(line, &msg); jerr != nil {
+			c.reportMalformed(&LineError{Line: lr.n, Len: int64(len(line)), Reason: "not a JSON object"})
+			continue
+		}
+		if msg.Method == "" && msg.ID == nil {
+			c.reportMalformed(&LineError{Line: lr.n, Len: int64(len(line)), Reason: "neither a request, a notification nor a response"})
+			continue
+		}
+		if msg.Method == sdk.ClientMethodSessionUpdate && msg.ID == nil {
+			c.update(lr.n, len(line), msg.Params)
+			continue
+		}
+		// The SDK's reader is always reading (it hands requests to
+		// goroutines and responses to buffered channels); a write fails
+		// only once it stopped.
+		if _, err := c.sdkW.Write(append(line, '\n')); err != nil {
+			c.opts.Logger.Error("acp: the SDK stopped reading", "err", err)
+			return
+		}
+	}
+}
+
+func (c *Client) reportMalformed(le *LineError) {
+	c.mu.Lock()
+	c.malformed++
+	c.mu.Unlock()
+	c.opts.Logger.Warn("acp: dropped a malformed line from the agent", "line", le.Line, "bytes", le.Len, "reason", le.Reason)
+	c.emit(Event{Type: TypeMalformed, Err: le})
+}
+
+func (c *Client) emit(ev Event) {
+	if c.opts.Events != nil {
+		c.opts.Events(ev)
+	}
+}
+
+// debugHandler logs every record at debug level.
+type debugHandler struct{ h slog.Handler }
+
+func (d debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
+	return d.h.Enabled(ctx, slog.LevelDebug)
+}
+
+func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = slog.LevelDebug
+	return d.h.Handle(ctx, r)
+}
+
+func (d debugHandler) WithAttrs(as []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(as)} }
+func (d debugHandler) WithGroup(g string) slog.Handler       { return debugHandler{d.h.WithGroup(g)} }

@@ -1,0 +1,176 @@
+package acp
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// fakeEnv switches the test binary into a small ACP agent (fakeAgent) for
+// the faults the real agents cannot show. The prompt's text picks what the
+// turn does.
+const fakeEnv = "ACP_FAKE_AGENT"
+
+type fakeMsg struct {
+	ID     json.RawMessage `json:"id,omitempty"`
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  json.RawMessage `json:"error,omitempty"`
+}
+
+func fakeAgent() int {
+	out := bufio.NewWriter(os.Stdout)
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		out.Write(append(b, '\n'))
+		out.Flush()
+	}
+	raw := func(s string) {
+		out.WriteString(s + "\n")
+		out.Flush()
+	}
+	reply := func(id json.RawMessage, result any) {
+		send(map[string]any{"jsonrpc": "2.0", "id": id, "result": result})
+	}
+	chunk := func(session, text string) {
+		send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+			"sessionId": session, "update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": text}}}})
+	}
+	in := make(chan fakeMsg, 16)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var m fakeMsg
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				// omp acp exits on a malformed line; so does the fake,
+				// which proves the host never sends one.
+				fmt.Fprintln(os.Stderr, "fake: malformed line from the host")
+				os.Exit(9)
+			}
+			in <- m
+		}
+		close(in)
+	}()
+	// call sends a request with id 0 (as the real agents do first) and
+	// waits for its answer.
+	call := func(method string, params any) fakeMsg {
+		send(map[string]any{"jsonrpc": "2.0", "id": 0, "method": method, "params": params})
+		for m := range in {
+			if m.Method == "" && string(m.ID) == "0" {
+				return m
+			}
+		}
+		os.Exit(0)
+		return fakeMsg{}
+	}
+	for m := range in {
+		var p struct {
+			SessionID string `json:"sessionId"`
+			Prompt    []struct {
+				Text string `json:"text"`
+			} `json:"prompt"`
+		}
+		_ = json.Unmarshal(m.Params, &p)
+		switch m.Method {
+		case "initialize":
+			reply(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true}, "authMethods": []any{}})
+		case "session/new":
+			reply(m.ID, map[string]any{"sessionId": "s-1"})
+		case "session/load":
+			if p.SessionID != "s-1" {
+				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32002, "message": "Session not found"}})
+				continue
+			}
+			chunk(p.SessionID, "replayed")
+			reply(m.ID, map[string]any{})
+		case "session/cancel":
+		case "session/prompt":
+			text := ""
+			if len(p.Prompt) > 0 {
+				text = p.Prompt[0].Text
+			}
+			cmd, arg, _ := strings.Cut(text, ":")
+			s := p.SessionID
+			switch cmd {
+			case "hello":
+				chunk(s, "hi ")
+				chunk(s, "there")
+			case "malformed":
+				raw("this is not json")
+				raw(`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":`)
+				raw(`{"jsonrpc":"2.0"}`)
+				raw("[1,2,3]")
+				chunk(s, "after")
+			case "unknown":
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_thing", "x": 1}}})
+				send(map[string]any{"jsonrpc": "2.0", "method": "_vendor/status", "params": map[string]any{"ok": true}})
+				chunk(s, "after")
+			case "long":
+				raw(`{"jsonrpc":"2.0","method":"session/update","params":{"x":"` + strings.Repeat("a", 2<<20) + `"}}`)
+				chunk(s, "after")
+			case "exit":
+				chunk(s, "bye")
+				fmt.Fprintln(os.Stderr, "fake: exiting mid-turn")
+				os.Exit(3)
+			case "permission":
+				r := call("session/request_permission", map[string]any{"sessionId": s,
+					"toolCall": map[string]any{"toolCallId": "t1", "title": "bash", "kind": "execute", "rawInput": map[string]any{"command": "echo hi"}},
+					"options": []any{
+						map[string]any{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+						map[string]any{"optionId": "no", "name": "Reject", "kind": "reject_once"},
+					}})
+				chunk(s, string(r.Result))
+			case "read", "write":
+				params := map[string]any{"sessionId": s, "path": arg}
+				method := "fs/read_text_file"
+				if cmd == "write" {
+					method = "fs/write_text_file"
+					params["content"] = "written"
+				}
+				r := call(method, params)
+				if r.Error != nil {
+					chunk(s, "error")
+				} else {
+					chunk(s, "ok "+string(r.Result))
+				}
+			case "setsid":
+				// A tool shell in a session of its own (as claude and
+				// copilot run theirs), still running when the turn ends.
+				c := exec.Command("sleep", "300")
+				c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+				if err := c.Start(); err != nil {
+					chunk(s, "error "+err.Error())
+				} else {
+					chunk(s, fmt.Sprint(c.Process.Pid))
+				}
+			case "hang":
+				// Never answers, ignores session/cancel, keeps reading.
+				for range in {
+				}
+				time.Sleep(time.Hour)
+			case "cancel":
+				for m := range in {
+					if m.Method == "session/cancel" {
+						break
+					}
+				}
+				reply(m.ID, map[string]any{"stopReason": "cancelled"})
+				continue
+			}
+			reply(m.ID, map[string]any{"stopReason": "end_turn"})
+		default:
+			if m.ID != nil && m.Method != "" {
+				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,120 @@
+package acp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// MaxFileBytes bounds a file read or written for the agent: the answer
+// must fit one line.
+const MaxFileBytes = 4 << 20
+
+// ErrOutsideRoot: an fs request named a path outside the workspace (after
+// resolving "..", and symlinks, which os.Root follows only inside it).
+var ErrOutsideRoot = errors.New("acp: path outside the workspace")
+
+// fsRoot serves fs/* requests inside one directory through os.Root, so a
+// symlink or ".." can never lead out of it.
+type fsRoot struct {
+	dirs []string // the root as given and with symlinks resolved
+	root *os.Root
+}
+
+func openFSRoot(dir string) (*fsRoot, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("acp: fs root: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return nil, fmt.Errorf("acp: fs root: %w", err)
+	}
+	r, err := os.OpenRoot(real)
+	if err != nil {
+		return nil, fmt.Errorf("acp: fs root: %w", err)
+	}
+	return &fsRoot{dirs: []string{abs, real}, root: r}, nil
+}
+
+func (f *fsRoot) close() {
+	if f != nil {
+		f.root.Close()
+	}
+}
+
+// rel maps an absolute path the agent sent to one relative to the root.
+func (f *fsRoot) rel(path string) (string, error) {
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("%w: not an absolute path", ErrOutsideRoot)
+	}
+	path = filepath.Clean(path)
+	for _, d := range f.dirs {
+		r, err := filepath.Rel(d, path)
+		if err == nil && r != ".." && !strings.HasPrefix(r, ".."+string(filepath.Separator)) {
+			return r, nil
+		}
+	}
+	return "", ErrOutsideRoot
+}
+
+// escaped tells an os.Root refusal from other errors.
+func escaped(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "escapes") {
+		return fmt.Errorf("%w: %s", ErrOutsideRoot, pe.Err)
+	}
+	return err
+}
+
+func (f *fsRoot) read(path string, line, limit *int) (string, error) {
+	rel, err := f.rel(path)
+	if err != nil {
+		return "", err
+	}
+	fh, err := f.root.Open(rel)
+	if err != nil {
+		return "", escaped(err)
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, MaxFileBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(data) > MaxFileBytes {
+		return "", fmt.Errorf("acp: file larger than %d bytes", MaxFileBytes)
+	}
+	text := string(data)
+	if line == nil && limit == nil {
+		return text, nil
+	}
+	lines := strings.SplitAfter(text, "\n")
+	start := 0
+	if line != nil && *line > 1 {
+		start = min(*line-1, len(lines))
+	}
+	end := len(lines)
+	if limit != nil && *limit >= 0 {
+		end = min(start+*limit, len(lines))
+	}
+	return strings.Join(lines[start:end], ""), nil
+}
+
+func (f *fsRoot) write(path, content string) error {
+	if len(content) > MaxFileBytes {
+		return fmt.Errorf("acp: content larger than %d bytes", MaxFileBytes)
+	}
+	rel, err := f.rel(path)
+	if err != nil {
+		return err
+	}
+	if dir := filepath.Dir(rel); dir != "." {
+		if err := f.root.MkdirAll(dir, 0o755); err != nil {
+			return escaped(err)
+		}
+	}
+	return escaped(f.root.WriteFile(rel, []byte(content), 0o644))
+}

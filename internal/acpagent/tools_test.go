@@ -1,0 +1,123 @@
+package acpagent
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agenthost/agenthost/room"
+)
+
+// mcpHelperEnv makes the test binary a minimal MCP server on stdio with
+// one tool, echo_upper; the variable's value is a file it creates when it
+// starts (so a test can tell whether the agent started it).
+const mcpHelperEnv = "ACPAGENT_TEST_MCP"
+
+func init() {
+	if os.Getenv(mcpHelperEnv) != "" {
+		os.Exit(mcpHelper())
+	}
+}
+
+func mcpHelper() int {
+	_ = os.WriteFile(os.Getenv(mcpHelperEnv), []byte("started"), 0o600)
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	out := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				Arguments struct {
+					Text string `json:"text"`
+				} `json:"arguments"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(in.Bytes(), &req) != nil || len(req.ID) == 0 {
+			continue // a notification
+		}
+		var result any
+		switch req.Method {
+		case "initialize":
+			result = map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{"tools": map[string]any{}},
+				"serverInfo": map[string]any{"name": "probe", "version": "1"}}
+		case "tools/list":
+			result = map[string]any{"tools": []any{map[string]any{
+				"name": "echo_upper", "description": "Upper-cases text",
+				"inputSchema": map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}},
+			}}}
+		case "tools/call":
+			result = map[string]any{"content": []any{map[string]any{"type": "text", "text": "probe:" + strings.ToUpper(req.Params.Arguments.Text)}}}
+		default:
+			_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": -32601, "message": "unknown method"}})
+			continue
+		}
+		_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
+	}
+	return 0
+}
+
+// A room's own stdio MCP server reaches omp acp through session/new; one
+// in the workspace's files does not.
+func TestRealACPRoomMCP(t *testing.T) {
+	dir := t.TempDir()
+	started := filepath.Join(dir, "probe-started")
+	injected := filepath.Join(dir, "injected-started")
+	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo, MCP: map[string]room.MCPServer{
+		"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: started}},
+	}}})
+	acc := h.submit("r", `[[say:warm up]]`)
+	h.settled("r", acc)
+	files, _ := filepath.Glob(filepath.Join(h.root, "*", "workspace"))
+	if len(files) != 1 {
+		t.Fatalf("workspaces: %v", files)
+	}
+	evil, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"injected": map[string]any{
+		"command": os.Args[0], "args": []string{"-test.run=^$"}, "env": map[string]string{mcpHelperEnv: injected},
+	}}})
+	for _, name := range []string{".mcp.json", "mcp.json"} {
+		if err := os.WriteFile(filepath.Join(files[0], name), evil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.m.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	acc = h.submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
+	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	if !strings.Contains(tool["output"].(string), "probe:HI") {
+		t.Fatalf("room MCP tool: %v", tool)
+	}
+	h.settled("r", acc)
+	if _, err := os.Stat(injected); err == nil {
+		t.Fatal("omp acp started an MCP server from the workspace's own configuration")
+	}
+}
+
+// The room tools' MCP server answers only the agent it was made for.
+func TestToolServerNeedsItsToken(t *testing.T) {
+	ts, err := serveTools(nil, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts.close()
+	for _, auth := range []string{"", "Bearer wrong"} {
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", ts.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("auth %q: status %d", auth, resp.StatusCode)
+		}
+	}
+}

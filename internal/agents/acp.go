@@ -1,0 +1,101 @@
+package agents
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+)
+
+// The agents that agenthost runs over ACP only.
+const (
+	// Claude is claude-agent-acp (npm @agentclientprotocol/claude-agent-acp).
+	Claude Kind = "claude"
+	// Codex is codex-acp (npm @agentclientprotocol/codex-acp).
+	Codex Kind = "codex"
+	// Copilot is GitHub Copilot's CLI run as `copilot --acp`.
+	Copilot Kind = "copilot"
+)
+
+// ErrNoRecipe means no ACP recipe is known for the kind (yet).
+var ErrNoRecipe = errors.New("agents: no ACP recipe for this agent")
+
+// ACPOptions is what an ACP recipe is prepared for.
+type ACPOptions struct {
+	// Home is the agent's throwaway home (created if needed).
+	Home string
+	// ModelURL, if set, is the scripted model ("http://127.0.0.1:PORT/v1")
+	// the home points the agent at; "" leaves the agent's own provider
+	// configuration to the environment.
+	ModelURL string
+	// Yolo: the agent runs every tool without asking permission.
+	Yolo bool
+}
+
+// ACPRecipe is how to run one agent over ACP.
+type ACPRecipe struct {
+	// Argv is the command line (never run through a shell); Env the whole
+	// environment.
+	Argv, Env []string
+	// Model is the model id to select with session/set_model when the
+	// room names none ("" keeps the agent's default).
+	Model string
+	// Mode, if set, is switched to with session/set_mode after
+	// session/new and session/load (an agent whose default mode never
+	// asks permission).
+	Mode string
+}
+
+// ACPRecipeFunc prepares the recipe of one kind (see ACPRecipes).
+type ACPRecipeFunc func(in *Install, opts ACPOptions) (ACPRecipe, error)
+
+// ACPRecipes maps each ACP agent kind to its recipe (omp's is here, the
+// others are in acppeers.go).
+var ACPRecipes = map[Kind]ACPRecipeFunc{
+	OMP:     ompACP,
+	Claude:  claudeACP,
+	Codex:   codexACP,
+	Copilot: copilotACP,
+}
+
+// ACP returns the recipe for running agent k over ACP, its home prepared.
+func (in *Install) ACP(k Kind, opts ACPOptions) (ACPRecipe, error) {
+	f, ok := ACPRecipes[k]
+	if !ok {
+		return ACPRecipe{}, fmt.Errorf("%w: %q", ErrNoRecipe, k)
+	}
+	return f(in, opts)
+}
+
+// ompACP runs `omp acp`, its home pointed at the scripted model when there
+// is one, asking permission for every tool call unless yolo.
+func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
+	argv, err := in.Argv(OMP)
+	if err != nil {
+		return ACPRecipe{}, err
+	}
+	r := ACPRecipe{Argv: append(argv, "acp")}
+	if opts.ModelURL != "" {
+		if r.Env, err = Home(opts.Home, OMP, opts.ModelURL); err != nil {
+			return ACPRecipe{}, err
+		}
+		r.Model = ModelID
+	} else if r.Env, err = plainHome(opts.Home); err != nil {
+		return ACPRecipe{}, err
+	}
+	if opts.Yolo {
+		r.Argv = append(r.Argv, "--approval-mode", "yolo")
+	}
+	return r, nil
+}
+
+// plainHome makes dir the agent's HOME with nothing in it; the provider's
+// key comes in the room's environment.
+func plainHome(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("agents: %w", err)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
+	return append(env, "HOME="+dir), nil
+}

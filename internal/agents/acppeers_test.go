@@ -1,0 +1,153 @@
+package agents_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/agenthost/agenthost/internal/agents"
+)
+
+// fakeACPTools is fakeTools plus stubs of the three ACP agents' packages.
+func fakeACPTools(t *testing.T) string {
+	t.Helper()
+	dir := fakeTools(t)
+	files := map[string]string{
+		"node_modules/@agentclientprotocol/claude-agent-acp/package.json":  `{"version":"0.101.0"}`,
+		"node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js": "",
+		"node_modules/@agentclientprotocol/codex-acp/package.json":         `{"version":"2.6.0"}`,
+		"node_modules/@agentclientprotocol/codex-acp/dist/index.js":        "",
+		"node_modules/@github/copilot/package.json":                        `{"version":"1.0.102"}`,
+		"node_modules/@github/copilot-linux-x64/copilot":                   "#!/bin/sh\n",
+	}
+	for name, content := range files {
+		path := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func envValue(env []string, name string) (string, bool) {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// TestInstall_ACPRecipes checks what each peer's recipe writes and sets: the home points at the
+// scripted model only, permissions are asked unless yolo, and no parent credential leaks.
+func TestInstall_ACPRecipes(t *testing.T) {
+	tools := fakeACPTools(t)
+	pathDir := t.TempDir()
+	node := filepath.Join(pathDir, "node")
+	if err := os.WriteFile(node, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", pathDir)
+	t.Setenv("OPENAI_API_KEY", "leak")
+	t.Setenv("GITHUB_TOKEN", "leak")
+	in := &agents.Install{Dir: tools}
+	const url = "http://127.0.0.1:4000/v1"
+
+	for k, want := range map[agents.Kind]string{agents.Claude: "0.101.0", agents.Codex: "2.6.0", agents.Copilot: "1.0.102"} {
+		if v, err := in.Version(k); v != want || err != nil {
+			t.Errorf("Version(%s) = %q, %v; want %q", k, v, err, want)
+		}
+	}
+
+	for _, yolo := range []bool{false, true} {
+		home := t.TempDir()
+		r, err := in.ACP(agents.Claude, agents.ACPOptions{Home: home, ModelURL: url, Yolo: yolo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{node, filepath.Join(tools, "node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js")}; !slices.Equal(r.Argv, want) {
+			t.Errorf("claude argv %q, want %q", r.Argv, want)
+		}
+		var settings struct{ Permissions struct{ DefaultMode string } }
+		data, err := os.ReadFile(filepath.Join(home, ".claude", "settings.json"))
+		if err != nil || json.Unmarshal(data, &settings) != nil {
+			t.Fatalf("claude settings: %s, %v", data, err)
+		}
+		if want := map[bool]string{false: "default", true: "bypassPermissions"}[yolo]; settings.Permissions.DefaultMode != want {
+			t.Errorf("claude defaultMode %q (yolo %v), want %q", settings.Permissions.DefaultMode, yolo, want)
+		}
+		for name, want := range map[string]string{
+			"ANTHROPIC_BASE_URL": "http://127.0.0.1:4000", "HOME": home, "DISABLE_TELEMETRY": "1",
+			"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+		} {
+			if v, _ := envValue(r.Env, name); v != want {
+				t.Errorf("claude %s=%q, want %q", name, v, want)
+			}
+		}
+		if _, ok := envValue(r.Env, "ANTHROPIC_API_KEY"); !ok {
+			t.Error("claude has no ANTHROPIC_API_KEY (it refuses to start without one)")
+		}
+		if _, ok := envValue(r.Env, "IS_SANDBOX"); ok != (os.Geteuid() == 0) {
+			t.Errorf("claude IS_SANDBOX set %v as uid %d", ok, os.Geteuid())
+		}
+	}
+
+	home := t.TempDir()
+	r, err := in.ACP(agents.Codex, agents.ACPOptions{Home: home, ModelURL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(home, ".codex", "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`model = "fake-model"`, `approval_policy = "on-request"`, `sandbox_mode = "workspace-write"`,
+		`base_url = "` + url + `"`, `wire_api = "responses"`, "[features]\nplugins = false", "tool_suggest = false", "[analytics]\nenabled = false"} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("codex config.toml lacks %q:\n%s", want, cfg)
+		}
+	}
+	if v, _ := envValue(r.Env, "CODEX_HOME"); v != filepath.Join(home, ".codex") {
+		t.Errorf("CODEX_HOME=%q", v)
+	}
+
+	r, err = in.ACP(agents.Copilot, agents.ACPOptions{Home: t.TempDir(), ModelURL: url, Yolo: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(tools, "node_modules/@github/copilot-linux-x64/copilot"), "--acp", "--no-auto-update", "--allow-all-tools"}; !slices.Equal(r.Argv, want) {
+		t.Errorf("copilot argv %q, want %q", r.Argv, want)
+	}
+	for name, want := range map[string]string{
+		"COPILOT_PROVIDER_BASE_URL": url, "COPILOT_PROVIDER_TYPE": "openai", "COPILOT_MODEL": "fake-model",
+		"COPILOT_OFFLINE": "true", "XDG_CACHE_HOME": in.CacheDir(),
+	} {
+		if v, _ := envValue(r.Env, name); v != want {
+			t.Errorf("copilot %s=%q, want %q", name, v, want)
+		}
+	}
+	for _, leak := range []string{"OPENAI_API_KEY", "GITHUB_TOKEN"} {
+		for _, env := range [][]string{r.Env} {
+			if _, ok := envValue(env, leak); ok {
+				t.Errorf("%s reaches the agent", leak)
+			}
+		}
+	}
+
+	if _, err := in.ACP("nope", agents.ACPOptions{Home: t.TempDir()}); !errors.Is(err, agents.ErrNoRecipe) {
+		t.Errorf("ACP(nope): %v, want ErrNoRecipe", err)
+	}
+	if err := os.Remove(filepath.Join(tools, "node_modules/@github/copilot-linux-x64/copilot")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.ACP(agents.Copilot, agents.ACPOptions{Home: t.TempDir(), ModelURL: url}); !errors.Is(err, agents.ErrNotFound) {
+		t.Errorf("copilot without its binary: %v, want ErrNotFound", err)
+	}
+}

@@ -1,0 +1,326 @@
+//go:build linux
+
+package roomclaims
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agenthost/agenthost/room"
+)
+
+// The claims. Each runs on the path's host as the path's rooms are left by the claims before it
+// (their order is the table's).
+
+func claimReply(r *pathRun) {
+	acc := r.submit(roomMain, "[[say:hello from the room]]")
+	if got := r.answerText(r.settled(roomMain, acc)); got != "hello from the room" {
+		r.t.Fatalf("turn text %q, want %q", got, "hello from the room")
+	}
+}
+
+func claimStreaming(r *pathRun) {
+	acc := r.submit(roomMain, "[[say:streamed in pieces]]")
+	end, d := r.ended(roomMain, acc)
+	if d["outcome"] != room.OutcomeSettled {
+		r.t.Fatalf("turn ended %v", d)
+	}
+	evs, err := r.h.db.Events(r.t.Context(), roomMain, acc.Seq, int(end.Seq-acc.Seq))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var deltas []string
+	for _, ev := range evs {
+		if ev.Type == room.KindText && ev.Seq < end.Seq {
+			var x struct{ Text string }
+			_ = json.Unmarshal(ev.Data, &x)
+			deltas = append(deltas, x.Text)
+		}
+	}
+	if len(deltas) == 0 {
+		r.t.Fatal("no text.delta before turn.ended: the answer was not streamed")
+	}
+	if got, want := strings.Join(deltas, ""), d["text"]; got != want {
+		r.t.Fatalf("the deltas make %q, the turn's text is %q", got, want)
+	}
+}
+
+func claimRoomTools(r *pathRun) {
+	acc := r.submit(roomMain, `[[tool:room_post {"text":"hello people"}]]`)
+	r.settled(roomMain, acc)
+	_, post := r.wait(roomMain, acc.Seq, "room.post", nil)
+	if post["text"] != "hello people" {
+		r.t.Fatalf("room.post: %v", post)
+	}
+	acc = r.submit(roomMain, `[[tool:room_info {}]]`)
+	r.settled(roomMain, acc)
+	if !r.modelSaw("tool", `"room":"main"`) {
+		r.t.Fatal("room_info's result never reached the model")
+	}
+}
+
+// approval runs a shell command that creates name in the approvals room's workspace, lets decide
+// settle the approval, and reports whether the command ran and who resolved it.
+func approval(r *pathRun, name string, decide func(id string)) (ran bool, by string) {
+	r.askPerson.Store(true)
+	defer r.askPerson.Store(false)
+	acc := r.submit(roomMain, "Run it: "+r.p.shell("touch "+name))
+	ev, req := r.wait(roomMain, acc.Seq, "approval.requested", nil)
+	if in, _ := req["input"].(string); !strings.Contains(in, "touch "+name) {
+		r.t.Fatalf("approval.requested does not show the command: %v", req)
+	}
+	if decide != nil {
+		decide(req["approval_id"].(string))
+	}
+	_, res := r.wait(roomMain, ev.Seq, "approval.resolved", nil)
+	r.settled(roomMain, acc)
+	_, err := os.Stat(filepath.Join(r.workspace(roomMain), name))
+	by, _ = res["by"].(string)
+	return err == nil, by
+}
+
+func claimAllow(r *pathRun) {
+	ran, by := approval(r, "allowed.txt", func(id string) {
+		if err := r.h.m.Approve(r.t.Context(), roomMain, id, true); err != nil {
+			r.t.Fatal(err)
+		}
+	})
+	if !ran || by != "person" {
+		r.t.Fatalf("allowed by %q; the command ran: %v", by, ran)
+	}
+}
+
+func claimDeny(r *pathRun) {
+	ran, by := approval(r, "denied.txt", func(id string) {
+		if err := r.h.m.Approve(r.t.Context(), roomMain, id, false); err != nil {
+			r.t.Fatal(err)
+		}
+	})
+	if ran || by != "person" {
+		r.t.Fatalf("denied by %q; the command ran: %v", by, ran)
+	}
+}
+
+func claimDeadline(r *pathRun) {
+	ran, by := approval(r, "expired.txt", nil)
+	if ran || by != "deadline" {
+		r.t.Fatalf("resolved by %q (want deadline); the command ran: %v", by, ran)
+	}
+}
+
+func claimWorkspace(r *pathRun) {
+	acc := r.submit(roomMain, "Where? "+r.p.shell("pwd > where.txt"))
+	r.settled(roomMain, acc)
+	ws := r.workspace(roomMain)
+	got, err := os.ReadFile(filepath.Join(ws, "where.txt"))
+	if err != nil {
+		r.t.Fatalf("the tool's relative write did not land in the workspace: %v", err)
+	}
+	if strings.TrimSpace(string(got)) != ws {
+		r.t.Fatalf("the tool ran in %q, the room's workspace is %q", strings.TrimSpace(string(got)), ws)
+	}
+	// Nothing of the agent's home (configuration, sessions) lands in the workspace: it holds what
+	// the claims' tools wrote and the planted MCP files only.
+	want := map[string]bool{"where.txt": true, "allowed.txt": true}
+	for _, n := range plantedMCP {
+		want[n] = true
+	}
+	ents, _ := os.ReadDir(ws)
+	for _, e := range ents {
+		if !want[e.Name()] {
+			r.t.Errorf("the workspace holds %q, which no claim wrote", e.Name())
+		}
+	}
+}
+
+func claimMCP(r *pathRun) {
+	acc := r.submit(roomMain, `[[tool:`+r.p.mcpTool+` {"text":"hi"}]]`)
+	r.settled(roomMain, acc)
+	if _, err := os.Stat(r.mcp); err != nil {
+		var tools []string
+		if reqs := r.sim.Requests(); len(reqs) > 0 {
+			tools = reqs[len(reqs)-1].Tools
+		}
+		r.t.Fatalf("the room's MCP server never started (%v); the model was offered %v", err, tools)
+	}
+	if !r.modelSaw("tool", "probe:HI") {
+		var tools []string
+		if reqs := r.sim.Requests(); len(reqs) > 0 {
+			tools = reqs[len(reqs)-1].Tools
+		}
+		r.t.Fatalf("the MCP tool's result never reached the model; the model was offered %v", tools)
+	}
+	// The workspace's own MCP files were there before the agent started.
+	if _, err := os.Stat(r.injected()); err == nil {
+		r.t.Fatal("the agent started an MCP server from the workspace's own configuration")
+	}
+}
+
+func claimMultiTurn(r *pathRun) {
+	a1 := r.submit(roomMain, "remember the word pelican")
+	r.settled(roomMain, a1)
+	a2 := r.submit(roomMain, "which word?")
+	if got := r.answerText(r.settled(roomMain, a2)); got != "ok: which word?" {
+		r.t.Fatalf("second turn %q", got)
+	}
+	if !r.modelSawTogether("which word?", "pelican") {
+		r.t.Fatal("no model request of the second turn carries the first turn")
+	}
+}
+
+func claimCancel(r *pathRun) {
+	acc := r.submit(roomMain, "[[slow:60s]]a long answer")
+	r.wait(roomMain, acc.Seq, "turn.started", nil)
+	// The model's request log is the only sign the agent is answering.
+	for deadline := time.Now().Add(waitTimeout); !r.modelSaw("user", "a long answer"); {
+		if time.Now().After(deadline) {
+			r.t.Fatal("the slow turn never reached the model")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t0 := time.Now()
+	if err := r.h.m.Cancel(r.t.Context(), roomMain); err != nil {
+		r.t.Fatal(err)
+	}
+	if _, d := r.ended(roomMain, acc); d["outcome"] != room.OutcomeCancelled {
+		r.t.Fatalf("turn ended %v", d)
+	}
+	r.t.Logf("cancel → turn.ended %v", time.Since(t0).Round(time.Millisecond))
+	next := r.submit(roomMain, "after the cancel")
+	if got := r.answerText(r.settled(roomMain, next)); got != "ok: after the cancel" {
+		r.t.Fatalf("next turn %q", got)
+	}
+}
+
+// bgCmd starts a process that outlives its command, detached from the tool's output.
+const bgCmd = "sh -c 'tail -f /dev/null >/dev/null 2>&1 & echo pid=$!'"
+
+func claimBackground(r *pathRun) {
+	acc := r.submit(roomMain, "Start it: "+r.p.shell(bgCmd))
+	r.settled(roomMain, acc)
+	var pid int
+	for _, q := range r.sim.Requests() {
+		for _, m := range q.Messages {
+			if m.Role == "tool" {
+				if sm := pidRE.FindStringSubmatch(m.Content); sm != nil {
+					pid, _ = strconv.Atoi(sm[1])
+				}
+			}
+		}
+	}
+	if pid == 0 {
+		if os.Getenv("ROOMCLAIMS_DEBUG") != "" {
+			reqs := r.sim.Requests()
+			for _, m := range reqs[len(reqs)-1].Messages {
+				r.t.Logf("%s: %.300q", m.Role, m.Content)
+			}
+		}
+		r.t.Fatal("the tool's result never told the model the background pid")
+	}
+	var bg *markerProc
+	for _, p := range markerProcs() {
+		if p.pid == pid {
+			bg = &p
+		}
+	}
+	if bg == nil {
+		r.t.Fatalf("the background process %d is not running in custody after the turn settled", pid)
+	}
+	if !strings.Contains(bg.cmd, "tail -f /dev/null") {
+		r.t.Fatalf("pid %d is %q", pid, bg.cmd)
+	}
+	r.bgPid = pid
+}
+
+func claimQuestions(r *pathRun) {
+	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	acc := r.submit(roomMain, ask)
+	_, q := r.wait(roomMain, acc.Seq, "question.asked", nil)
+	if q["title"] != "Which color?" {
+		r.t.Fatalf("question: %v", q)
+	}
+	if err := r.h.m.Answer(r.t.Context(), roomMain, q["question_id"].(string), "blue"); err != nil {
+		r.t.Fatal(err)
+	}
+	r.settled(roomMain, acc)
+	if !r.modelSaw("tool", "blue") {
+		r.t.Fatal("the answer never reached the model")
+	}
+}
+
+func claimModel(r *pathRun) {
+	acc := r.submit(roomModel, "which model?")
+	r.settled(roomModel, acc)
+	var seen string
+	for _, q := range r.sim.Requests() {
+		for _, m := range q.Messages {
+			if m.Role == "user" && strings.Contains(m.Content, "which model?") {
+				seen = q.Model
+			}
+		}
+	}
+	if seen != r.p.modelSeen {
+		r.t.Fatalf("the model server saw model %q, want %q", seen, r.p.modelSeen)
+	}
+	bad := r.submit(roomBad, "unknown model")
+	if _, d := r.ended(roomBad, bad); d["outcome"] != room.OutcomeFailed {
+		r.t.Fatalf("a turn on an unknown model ended %v", d)
+	}
+	if r.modelSaw("user", "unknown model") {
+		r.t.Fatal("a turn reached a model the room did not select")
+	}
+}
+
+func claimCleanup(r *pathRun) {
+	scope := r.scopeOf(roomMain)
+	var tree []markerProc
+	for _, p := range markerProcs() {
+		if p.scope == scope {
+			tree = append(tree, p)
+		}
+	}
+	if err := r.h.m.Release(r.t.Context(), roomMain); err != nil {
+		r.t.Fatal(err)
+	}
+	_, rel := r.wait(roomMain, 0, "agent.released", func(d map[string]any) bool {
+		rec, _ := json.Marshal(d["receipt"])
+		return strings.Contains(string(rec), scope)
+	})
+	for _, p := range tree {
+		if p.alive() {
+			r.t.Errorf("after release, pid %d (%s) of the agent's tree still runs", p.pid, p.cmd)
+		}
+	}
+	rec, _ := json.Marshal(rel["receipt"])
+	if r.bgPid != 0 && !strings.Contains(string(rec), `"pid":`+strconv.Itoa(r.bgPid)+",") {
+		r.t.Errorf("the receipt lacks the background process %d: %s", r.bgPid, rec)
+	}
+	r.t.Logf("released %d processes of scope %s", len(tree), scope)
+}
+
+func claimResume(r *pathRun) {
+	st, err := r.h.m.State(r.t.Context(), roomMain)
+	if err != nil || st.SessionID == "" {
+		r.t.Fatalf("state %+v, %v", st, err)
+	}
+	r.h.close()
+	r.h = r.startHost()
+	acc := r.submit(roomMain, "what was the word?")
+	_, started := r.wait(roomMain, acc.Seq, "agent.started", nil)
+	if got := r.answerText(r.settled(roomMain, acc)); got != "ok: what was the word?" {
+		r.t.Fatalf("turn after the restart %q", got)
+	}
+	if started["session_id"] != st.SessionID || started["resumed"] != true {
+		r.t.Fatalf("agent.started %v, want session %s resumed", started, st.SessionID)
+	}
+	if len(r.events(roomMain, acc.Seq, "context.lost")) != 0 {
+		r.t.Fatal("the session was lost (context.lost)")
+	}
+	if !r.modelSawTogether("what was the word?", "pelican") {
+		r.t.Fatal("no model request of the resumed session carries the earlier turns")
+	}
+}

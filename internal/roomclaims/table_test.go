@@ -1,0 +1,205 @@
+package roomclaims
+
+import (
+	"encoding/json"
+
+	"github.com/agenthost/agenthost/internal/agents"
+)
+
+// The table: what a room promises (claims), and the real agent paths that must keep the promises
+// (paths). Each path either runs a claim or names its gap with the reason; the support matrix is
+// rendered from this data, so it says exactly what the test run proves.
+
+// claim is one named promise of a room.
+type claim struct {
+	id, title string
+	// how says, per transport ("rpc", "acp"), how the promise is kept; a path may say more.
+	how map[string]string
+	run func(r *pathRun)
+}
+
+// path is one real agent on one transport.
+type path struct {
+	id        string // column name in the matrix
+	transport string // "rpc" or "acp"
+	kind      agents.Kind
+	// shell returns the script directive that makes the agent run cmd in its shell tool (one
+	// that asks permission when the room asks).
+	shell func(cmd string) string
+	// mcpTool is the name the model calls the room's probe MCP server's echo_upper tool by.
+	mcpTool string
+	// model and modelSeen: a model the room selects and the name the model server then sees.
+	model, modelSeen string
+	// how adds, per claim, what is particular to this path.
+	how map[string]string
+	// gaps are the claims this path does not keep, with the reason (a measured fact).
+	gaps map[string]string
+}
+
+// Claim ids, in matrix order.
+const (
+	cReply      = "reply"
+	cStreaming  = "streaming"
+	cRoomTools  = "room-tools"
+	cAllow      = "approval-allow"
+	cDeny       = "approval-deny"
+	cDeadline   = "approval-deadline"
+	cWorkspace  = "workspace"
+	cMCP        = "mcp"
+	cMultiTurn  = "multi-turn"
+	cResume     = "resume"
+	cCancel     = "cancel"
+	cBackground = "background"
+	cQuestions  = "questions"
+	cModel      = "model"
+	cCleanup    = "cleanup"
+)
+
+var claims = []claim{
+	{cReply, "Replies: a message gets the agent's answer as the turn's text", map[string]string{
+		"rpc": "`prompt`, text from `agent_end`",
+		"acp": "`session/prompt`, text from `agent_message_chunk` updates",
+	}, claimReply},
+	{cStreaming, "Streaming: the answer arrives as `text.delta` events before the turn ends", map[string]string{
+		"rpc": "`message_update` text deltas",
+		"acp": "`agent_message_chunk` updates",
+	}, claimStreaming},
+	{cRoomTools, "Room tools: the agent calls the room's tools (`room_post`, `room_info`, host tools)", map[string]string{
+		"rpc": "omp host tools over RPC",
+	}, claimRoomTools},
+	{cAllow, "Approvals, allow: a tool call waits for a person's allow, then runs", map[string]string{
+		"rpc": "omp `--approval-mode always-ask` select dialog → durable approval",
+		"acp": "`session/request_permission` → durable approval → `allow_once`",
+	}, claimAllow},
+	{cDeny, "Approvals, deny: a denied tool call does not run, and the turn settles", map[string]string{
+		"rpc": "`Deny` answer; omp reports the denial to the model",
+		"acp": "`reject_once`",
+	}, claimDeny},
+	{cDeadline, "Approvals, deadline: an approval nobody answers is denied at its deadline, never allowed", map[string]string{
+		"rpc": "the room answers `Deny` at the deadline",
+		"acp": "the room answers `reject_once` at the deadline",
+	}, claimDeadline},
+	{cWorkspace, "Workspace: the agent's tools run in the room's own workspace, apart from its home", map[string]string{
+		"rpc": "the agent's cwd is the workspace, its home a separate folder",
+		"acp": "`session/new` cwd is the workspace; `fs/*` requests confined to it",
+	}, claimWorkspace},
+	{cMCP, "Room-scoped MCP: the room's MCP servers, and only those, reach the agent", map[string]string{
+		"rpc": "written into the room's own agent home (`--plugin-dir`), project files ignored",
+		"acp": "`mcpServers` of `session/new` (stdio)",
+	}, claimMCP},
+	{cMultiTurn, "Multi-turn: the next message is answered in the same session, with the earlier turns", map[string]string{
+		"rpc": "one agent process and session per room",
+		"acp": "one agent process and session per room",
+	}, claimMultiTurn},
+	{cResume, "Resume after a process restart: a new host resumes the room's session", map[string]string{
+		"rpc": "`--resume` of the room's session file",
+		"acp": "`session/load` (strict: a refused load is an error)",
+	}, claimResume},
+	{cCancel, "Cancellation: a running turn is cancelled, and the next one runs", map[string]string{
+		"rpc": "`abort`, after denying the turn's pending approvals",
+		"acp": "`session/cancel`, bounded (5 s)",
+	}, claimCancel},
+	{cBackground, "Background work: a turn that leaves a background process settles; the process is the room's", map[string]string{
+		"rpc": "the turn ends at `agent_end`; the process stays in the agent's custody scope",
+		"acp": "the turn ends at the `session/prompt` answer; the process stays in the agent's custody scope",
+	}, claimBackground},
+	{cQuestions, "Questions: the agent's questions become durable room questions", map[string]string{
+		"rpc": "omp's `ask` tool (rpc-ui dialogs) → `question.asked`, answered by API or the next message",
+	}, claimQuestions},
+	{cModel, "Model selection: the room's model is used, and an unknown one fails the turn", map[string]string{
+		"rpc": "`--model`, checked with `get_state`",
+		"acp": "`session/set_model` from the session's model list",
+	}, claimModel},
+	{cCleanup, "Cleanup: after a room's release nothing of its agent's process tree remains, and the receipt says so", map[string]string{
+		"rpc": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
+		"acp": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
+	}, claimCleanup},
+}
+
+// shellCmd builds a tool directive with cmd under key and the extra fields.
+func shellCmd(tool, key string, extra map[string]any) func(string) string {
+	return func(cmd string) string {
+		args := map[string]any{key: cmd}
+		for k, v := range extra {
+			args[k] = v
+		}
+		b, _ := json.Marshal(args)
+		return "[[tool:" + tool + " " + string(b) + "]]"
+	}
+}
+
+const (
+	gapNoRoomTools = "the ACP transport offers no room tools yet (ACP has no host tools; they would come as a per-room MCP server)"
+	gapNoQuestions = "ACP has no question request (an agent's only way to ask is `session/request_permission`)"
+	gapModelOption = "the agent offers its model as a session config option, not a session model list; the transport selects only from the model list"
+)
+
+var paths = []path{
+	{
+		id: "omp rpc", transport: "rpc", kind: agents.OMP,
+		shell:   shellCmd("bash", "command", nil),
+		mcpTool: "mcp__probe_echo_upper",
+		model:   agents.ModelID, modelSeen: "fake-model",
+	},
+	{
+		id: "omp acp", transport: "acp", kind: agents.OMP,
+		shell:   shellCmd("bash", "command", nil),
+		mcpTool: "mcp__probe_echo_upper",
+		gaps: map[string]string{
+			cRoomTools: gapNoRoomTools,
+			cQuestions: gapNoQuestions,
+			cModel:     gapModelOption,
+		},
+	},
+	{
+		id: "claude", transport: "acp", kind: agents.Claude,
+		shell:   shellCmd("Bash", "command", map[string]any{"description": "run it"}),
+		mcpTool: "mcp__probe__echo_upper",
+		how: map[string]string{
+			cAllow:   "settings `defaultMode: default` (its default mode never asks)",
+			cCleanup: "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
+		},
+		gaps: map[string]string{
+			cRoomTools: gapNoRoomTools,
+			cQuestions: gapNoQuestions,
+			cModel:     gapModelOption,
+			cMCP: "claude also starts the MCP servers of the workspace's own `.mcp.json` (Claude Code's project settings); " +
+				"`_meta.claudeCode.options.strictMcpConfig` in `session/new` would stop it, which the ACP client does not send yet",
+		},
+	},
+	{
+		id: "codex", transport: "acp", kind: agents.Codex,
+		shell: shellCmd("exec_command", "cmd", map[string]any{
+			"sandbox_permissions": "require_escalated", "justification": "run it",
+		}),
+		mcpTool: "mcp__probe__echo_upper",
+		model:   "gpt-5.5[low]", modelSeen: "gpt-5.5",
+		how: map[string]string{
+			cReply:     "codex opens every turn's text with a warning that the scripted model's metadata is unknown",
+			cAllow:     "asks only for a command that requests escalation out of its workspace-write sandbox",
+			cDeny:      "codex ends a turn whose tool was denied as `cancelled`; the room counts it settled",
+			cWorkspace: "plus its own workspace-write sandbox",
+			cMCP:       "codex offers each server's tools in a Responses API namespace",
+			cCleanup:   "codex also ends its whole tree itself on stdin EOF",
+		},
+		gaps: map[string]string{
+			cRoomTools:  gapNoRoomTools,
+			cQuestions:  gapNoQuestions,
+			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
+		},
+	},
+	{
+		id: "copilot", transport: "acp", kind: agents.Copilot,
+		shell:   shellCmd("bash", "command", map[string]any{"description": "run it", "mode": "sync", "initial_wait": 30}),
+		mcpTool: "probe-echo_upper",
+		how: map[string]string{
+			cCleanup: "its tool shells run in sessions of their own: the custody sweep ends them",
+		},
+		gaps: map[string]string{
+			cRoomTools: gapNoRoomTools,
+			cQuestions: gapNoQuestions,
+			cModel:     gapModelOption,
+			cMCP:       "copilot 1.0.102 does not start the `mcpServers` of `session/new`: their tools never reach the model",
+		},
+	},
+}
