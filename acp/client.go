@@ -180,9 +180,6 @@ type Client struct {
 	closure   Closure
 
 	closeOnce sync.Once
-	closeDone chan struct{}
-	receipt   *custody.Receipt
-	closeErr  error
 }
 
 // Closure says how the agent ended when Close ran.
@@ -209,7 +206,6 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 		readerDone: make(chan struct{}),
 		stderrDone: make(chan struct{}),
 		turns:      map[string]*turn{},
-		closeDone:  make(chan struct{}),
 	}
 	if opts.FSRoot != "" {
 		fs, err := openFSRoot(opts.FSRoot)
@@ -304,7 +300,6 @@ func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 		case <-ctx.Done():
 		}
 		t.Stop()
-		close(c.closeDone)
 	})
 	r, err := c.scope.Close(ctx)
 	if err != nil {
