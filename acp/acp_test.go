@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -484,5 +485,25 @@ func TestPromptCtxEndCancelBounded(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Prompt did not return after its ctx and the cancel bound")
+	}
+}
+
+func TestFormQuestions(t *testing.T) {
+	schema := sdk.UnstableElicitationSchema{
+		Required: []string{"q0", "n"},
+		Properties: map[string]any{
+			"q0":        map[string]any{"type": "string", "enum": []any{"red", "blue"}},
+			"q0__other": map[string]any{"type": "string", "title": "Other"},
+			"n":         map[string]any{"type": "integer", "title": "How many?"},
+			"opt":       map[string]any{"type": "string"},
+		},
+	}
+	qs := formQuestions("Pick", schema)
+	if len(qs) != 2 || qs[0].Field != "n" || qs[0].Title != "Pick\nHow many?" || qs[1].Field != "q0" ||
+		fmt.Sprint(qs[1].Options) != "[red blue]" || qs[1].other != "q0__other" {
+		t.Fatalf("%+v", qs)
+	}
+	if v := answerValue(qs[0], " 3 "); fmt.Sprint(v) != "3" {
+		t.Fatalf("integer answer %v", v)
 	}
 }

@@ -114,7 +114,12 @@ type Options struct {
 	// ends at PermissionTimeout; an answer after that, or a nil Permission,
 	// rejects.
 	Permission func(ctx context.Context, req PermissionRequest) bool
-	// PermissionTimeout bounds one permission decision (default 10 min).
+	// Ask, if set, advertises elicitation forms (omp's ask tool uses them)
+	// and answers each field of one; ok false (or an answer after
+	// PermissionTimeout) cancels the form. Nil: not advertised.
+	Ask func(ctx context.Context, q Question) (answer string, ok bool)
+	// PermissionTimeout bounds one permission decision, and one question
+	// (default 10 min).
 	PermissionTimeout time.Duration
 	// CancelTimeout bounds how long Cancel waits for the turn to end
 	// (default 5 s).
@@ -231,12 +236,14 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	go c.drainStderr()
 	go c.read()
 
+	caps := sdk.ClientCapabilities{Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil}}
+	if opts.Ask != nil {
+		caps.Elicitation = &sdk.ElicitationCapabilities{Form: &sdk.ElicitationFormCapabilities{}}
+	}
 	resp, err := c.conn.Initialize(ctx, sdk.InitializeRequest{
-		ProtocolVersion: sdk.ProtocolVersionNumber,
-		ClientInfo:      &sdk.Implementation{Name: opts.ClientName, Version: opts.ClientVersion},
-		ClientCapabilities: sdk.ClientCapabilities{
-			Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil},
-		},
+		ProtocolVersion:    sdk.ProtocolVersionNumber,
+		ClientInfo:         &sdk.Implementation{Name: opts.ClientName, Version: opts.ClientVersion},
+		ClientCapabilities: caps,
 	})
 	if err != nil {
 		err = c.callErr(ctx, "initialize", err)

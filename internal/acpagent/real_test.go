@@ -387,3 +387,37 @@ func TestRealACPModelAndThinkingSelection(t *testing.T) {
 		}
 	}
 }
+
+// omp's ask tool reaches the room over ACP elicitation forms: answered
+// through the Manager, or cancelled at its deadline with the turn going on.
+func TestRealACPQuestions(t *testing.T) {
+	t.Parallel()
+	h := startHost(t, "", nil, room.Options{RoomConfig: func(r string) room.Config {
+		if r == "deadline" {
+			return room.Config{QuestionTimeout: 3 * time.Second}
+		}
+		return room.Config{}
+	}})
+	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	acc := h.submit("r", ask)
+	late := h.submit("deadline", ask)
+	_, q := h.wait("r", acc.Seq, "question.asked", nil)
+	if !strings.Contains(q["title"].(string), "Which color?") || fmt.Sprint(q["options"]) != "[red blue]" {
+		t.Fatalf("question: %v", q)
+	}
+	if err := h.m.Answer(t.Context(), "r", q["question_id"].(string), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	if out := tool["output"].(string); !strings.Contains(out, "blue") || strings.Contains(out, "no answer") {
+		t.Fatalf("ask result %v", tool)
+	}
+	h.settled("r", acc)
+
+	ev, _ := h.wait("deadline", late.Seq, "question.asked", nil)
+	_, ans := h.wait("deadline", ev.Seq, "question.answered", nil)
+	if ans["by"] != "deadline" || ans["cancelled"] != true {
+		t.Fatalf("answered: %v", ans)
+	}
+	h.settled("deadline", late)
+}
