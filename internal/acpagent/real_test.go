@@ -199,6 +199,33 @@ func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
 	if !saw {
 		t.Fatal("the second turn did not carry the first (not one session)")
 	}
+	h.checkTurnEvents("r")
+}
+
+// checkTurnEvents checks that every text delta and tool event of the room
+// lies inside its own turn: after turn.started, before turn.ended.
+func (h *host) checkTurnEvents(roomID string) {
+	h.t.Helper()
+	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	running := ""
+	for _, ev := range evs {
+		var d map[string]any
+		_ = json.Unmarshal(ev.Data, &d)
+		id, _ := d["turn_id"].(string)
+		switch ev.Type {
+		case "turn.started":
+			running = id
+		case "turn.ended":
+			running = ""
+		case room.KindText, room.KindToolStarted, room.KindToolEnded:
+			if id == "" || id != running {
+				h.t.Fatalf("room %q: %s at seq %d for turn %q while turn %q runs", roomID, ev.Type, ev.Seq, id, running)
+			}
+		}
+	}
 }
 
 func TestRealACPApprovalsAllowDenyDeadline(t *testing.T) {
@@ -232,6 +259,7 @@ func TestRealACPApprovalsAllowDenyDeadline(t *testing.T) {
 			t.Fatalf("case %d: the command ran: %v, want %v", i, err == nil, tc.ran)
 		}
 	}
+	h.checkTurnEvents("r")
 }
 
 func TestRealACPResumeAfterRestart(t *testing.T) {
