@@ -16,6 +16,7 @@
 package acp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -402,7 +403,7 @@ func (c *Client) read() {
 		if err != nil {
 			return
 		}
-		if len(strings.TrimSpace(string(line))) == 0 {
+		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var msg struct {
