@@ -96,7 +96,8 @@ func (t *Transport) recipe(spec room.AgentSpec) (Recipe, error) {
 	if kind == "" {
 		kind = agents.OMP
 	}
-	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo}
+	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo,
+		Instructions: cfg.Instructions}
 	var r Recipe
 	var err error
 	switch {

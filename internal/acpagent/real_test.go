@@ -177,7 +177,7 @@ func bashCall(cmd string) string {
 
 func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
 	t.Parallel()
-	h := startHost(t, "", nil, room.Options{})
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Instructions: "Always mention marker-I."}})
 	a1 := h.submit("r", "[[say:hello from acp]]")
 	if got := h.settled("r", a1); got != "hello from acp" {
 		t.Fatalf("turn 1: %q", got)
@@ -198,6 +198,13 @@ func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
 	}
 	if !saw {
 		t.Fatal("the second turn did not carry the first (not one session)")
+	}
+	var instructed bool
+	for _, m := range last.Messages {
+		instructed = instructed || m.Role == "system" && strings.Contains(m.Content, "Always mention marker-I.")
+	}
+	if !instructed {
+		t.Fatal("the room's instructions are not in the system prompt")
 	}
 	h.checkTurnEvents("r")
 }
