@@ -174,6 +174,9 @@ func TestUnknownUpdateKeptRaw(t *testing.T) {
 	}
 	var found bool
 	for _, ev := range evs.all() {
+		if ev.Type == "future_chunk" && (ev.Known || ev.Update != (sdk.SessionUpdate{}) || ev.Text() != "" || !strings.Contains(string(ev.Raw), "not a reply")) {
+			t.Fatalf("an unknown kind shaped like a chunk was decoded as a known one: %+v", ev)
+		}
 		if ev.Type == "future_thing" {
 			found = true
 			var v map[string]any

@@ -111,6 +111,10 @@ func fakeAgent() int {
 			case "unknown":
 				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
 					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_thing", "x": 1}}})
+				// Shaped like a known kind: the SDK alone would decode it as
+				// a message chunk.
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_chunk", "content": map[string]any{"type": "text", "text": "not a reply"}}}})
 				send(map[string]any{"jsonrpc": "2.0", "method": "_vendor/status", "params": map[string]any{"ok": true}})
 				chunk(s, "after")
 			case "long":
