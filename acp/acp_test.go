@@ -1,6 +1,7 @@
 package acp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,7 +63,8 @@ func startFake(t *testing.T, opts Options) (*Client, *events) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := Start(ctx, Spec{Argv: []string{os.Args[0]}, Env: append(os.Environ(), fakeEnv+"=1")}, opts)
+	mode := cmp.Or(os.Getenv("TEST_FAKE_MODE"), "1")
+	c, err := Start(ctx, Spec{Argv: []string{os.Args[0]}, Env: append(os.Environ(), fakeEnv+"="+mode)}, opts)
 	if err != nil {
 		_ = cust.Close()
 		t.Fatal(err)
@@ -508,5 +510,29 @@ func TestFormQuestions(t *testing.T) {
 	}
 	if v := answerValue(qs[0], " 3 "); fmt.Sprint(v) != "3" {
 		t.Fatalf("integer answer %v", v)
+	}
+}
+
+// A prompt to an agent that stopped reading its stdin (the write blocks on
+// a full pipe) still returns within its ctx and the cancel bound, and
+// Close releases the agent.
+func TestPromptToDeafAgentBounded(t *testing.T) {
+	t.Setenv("TEST_FAKE_MODE", "deaf")
+	c, _ := startFake(t, Options{CancelTimeout: 300 * time.Millisecond, CloseGrace: 200 * time.Millisecond})
+	s := newSession(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Prompt(ctx, s, strings.Repeat("x", 1<<20))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrCancelTimeout) {
+			t.Fatalf("err %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Prompt blocked on a write to an agent that does not read")
 	}
 }

@@ -46,7 +46,12 @@ func fakeAgent() int {
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
+		for n := 0; sc.Scan(); n++ {
+			if n == 2 && os.Getenv(fakeEnv) == "deaf" {
+				// After initialize and session/new it stops reading its
+				// stdin: the host's writes fill the pipe.
+				time.Sleep(time.Hour)
+			}
 			var m fakeMsg
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				// omp acp exits on a malformed line; so does the fake,
