@@ -46,7 +46,12 @@ func fakeAgent() int {
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
+		for n := 0; sc.Scan(); n++ {
+			if n == 2 && os.Getenv(fakeEnv) == "deaf" {
+				// After initialize and session/new it stops reading its
+				// stdin: the host's writes fill the pipe.
+				time.Sleep(time.Hour)
+			}
 			var m fakeMsg
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				// omp acp exits on a malformed line; so does the fake,
@@ -111,6 +116,10 @@ func fakeAgent() int {
 			case "unknown":
 				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
 					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_thing", "x": 1}}})
+				// Shaped like a known kind: the SDK alone would decode it as
+				// a message chunk.
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_chunk", "content": map[string]any{"type": "text", "text": "not a reply"}}}})
 				send(map[string]any{"jsonrpc": "2.0", "method": "_vendor/status", "params": map[string]any{"ok": true}})
 				chunk(s, "after")
 			case "long":
