@@ -45,6 +45,7 @@ func (c *Client) readLoop() {
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
 		}
+		c.readEnd = c.opts.Adopt.offset() + fr.offset()
 		c.handleLine(line)
 	}
 }
@@ -64,7 +65,7 @@ func (c *Client) handleLine(line []byte) {
 				return
 			}
 		}
-		ev := Event{Type: typ}
+		ev := Event{Type: typ, end: c.readEnd}
 		// A frame the turn keeps is checked there (an invalid one must not
 		// stay in Turn.Events), so the dispatcher need not check it again.
 		checked, err := c.trackTurn(typ, line, &ev, deferred)
@@ -141,7 +142,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line), end: c.readEnd}})
 		}
 		return
 	case "ready":
@@ -153,7 +154,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	case "extension_ui_request":
 		c.handleUIRequest(line)
 	}
-	ev := Event{Type: typ}
+	ev := Event{Type: typ, end: c.readEnd}
 	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {
