@@ -45,7 +45,7 @@ func (h *handler) Event(ev AgentEvent) {
 	default:
 		return
 	}
-	h.r.events.add(ev.Kind, data)
+	h.r.events.add(ev.Kind, data, ev.Offset)
 }
 
 // await pauses the turn's clocks while a person decides, and returns the
@@ -129,6 +129,10 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	allow, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
 		return allow
+	}
+	if m.isDetaching() {
+		// Left pending for the next host, which asks the agent again.
+		return false
 	}
 	by := "cancel"
 	if timedOut {
@@ -225,6 +229,9 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	a, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
 		return a.text, a.ok
+	}
+	if m.isDetaching() {
+		return "", false
 	}
 	by := "cancel"
 	if timedOut {
