@@ -31,6 +31,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/agenthost/agenthost/internal/procio"
@@ -56,6 +57,9 @@ var (
 	// ErrNotConfirmed is returned by Close when an owned process could not
 	// be confirmed gone; the scope keeps it and a later Close retries.
 	ErrNotConfirmed = errors.New("custody: processes not confirmed gone")
+	// ErrScopeClosed is returned by Signal after the scope's Close
+	// completed: its processes are gone and their ids may be reused.
+	ErrScopeClosed = errors.New("custody: scope closed")
 )
 
 // Options configure a Custodian. The zero value is usable.
@@ -331,9 +335,33 @@ func (s *Scope) ExitErr() error {
 // blocked on a pipe that a descendant still holds.
 func (s *Scope) CloseOutput() {
 	s.outOnce.Do(func() {
-		s.stdout.Close()
-		s.stderr.Close()
+		if s.stdout != nil {
+			s.stdout.Close()
+			s.stderr.Close()
+		}
 	})
+}
+
+// nopCloser is a tty scope's stdin: the terminal is the caller's.
+type nopCloser struct{}
+
+func (nopCloser) Write(p []byte) (int, error) {
+	return 0, errors.New("custody: a tty scope has no stdin pipe")
+}
+func (nopCloser) Close() error { return nil }
+
+// Signal sends sig to the scope's process group (while the leader is
+// unreaped, so the group id cannot have been reused) and to every owned
+// process still alive, each after re-checking its identity. It never
+// reaches a process that is not the scope's; after a completed Close it
+// returns ErrScopeClosed.
+func (s *Scope) Signal(sig syscall.Signal) error {
+	if s.getPhase() >= 4 {
+		return ErrScopeClosed
+	}
+	s.c.scan() // what was born since the last periodic scan gets it too
+	s.signalAll(sysSignal(sig))
+	return nil
 }
 
 // Receipt returns the receipt of a completed Close, or nil.
@@ -348,11 +376,26 @@ func (s *Scope) Receipt() *Receipt {
 // Linux a cgroup when available. cmd's Stdin, Stdout and Stderr must be nil:
 // the scope makes the pipes. ctx bounds starting only.
 func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
 		return nil, errors.New("custody: Start makes the command's pipes; leave Stdin, Stdout and Stderr nil")
+	}
+	return c.start(ctx, cmd, nil)
+}
+
+// StartTTY is Start for a command on a terminal: tty (the pty's child end)
+// becomes its stdin, stdout, stderr and controlling terminal. The scope has
+// no pipes (Stdin is a no-op closer, Stdout and Stderr are nil); the caller
+// keeps the pty's host end and closes its copy of tty after StartTTY.
+func (c *Custodian) StartTTY(ctx context.Context, cmd *exec.Cmd, tty *os.File) (*Scope, error) {
+	if tty == nil || cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
+		return nil, errors.New("custody: StartTTY needs a tty and the command's stdio unset")
+	}
+	return c.start(ctx, cmd, tty)
+}
+
+func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File) (*Scope, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -390,7 +433,17 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	// The leader is registered before any scan can see it as the host's
 	// child: its exit status is cmd.Wait's alone.
 	hostChildren.mu.Lock()
-	pipes, err := procio.Start(cmd)
+	var pipes procio.Pipes
+	var err error
+	if tty != nil {
+		// The leader's own session (prepare) with the tty as its
+		// controlling terminal: fd 0 in the child.
+		setCtty(cmd)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		err = cmd.Start()
+	} else {
+		pipes, err = procio.Start(cmd)
+	}
 	if err != nil {
 		hostChildren.mu.Unlock()
 		_ = s.cg.remove()
@@ -402,7 +455,11 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	hostChildren.scopes[s] = struct{}{}
 	hostChildren.mu.Unlock()
 	s.cg.started()
-	s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
+	if tty != nil {
+		s.stdin = nopCloser{}
+	} else {
+		s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
+	}
 	s.started = time.Now()
 	// Until cmd.Wait reaps it the leader holds its pid, so its group and
 	// session are its own at least until now.

@@ -607,3 +607,7 @@ func (w *pidfdWaiter) close() {
 		delete(w.fds, id)
 	}
 }
+
+// setCtty makes the child's fd 0 its controlling terminal (its own
+// session is set by prepare).
+func setCtty(cmd *exec.Cmd) { cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0 }

@@ -21,3 +21,6 @@ func prepareGroup(*exec.Cmd) {}
 func signalProcess(p *os.Process, _ sysSignal) error { return p.Kill() }
 
 func signalGroupOther(int, sysSignal) {}
+
+// setCtty: Windows has no controlling terminals.
+func setCtty(cmd *exec.Cmd) {}

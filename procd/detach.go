@@ -1,0 +1,89 @@
+package procd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Detach starts the daemon for dataDir in the background and returns once
+// it answers: argv (with "--data DIR" appended) runs in a session of its
+// own with its output appended to DIR/procd/daemon.log. A daemon that
+// already answers is success. ctx bounds the wait. The caller should exit
+// soon after: the daemon is its child until then, and is reparented after.
+func Detach(ctx context.Context, dataDir string, argv, env []string) error {
+	if len(argv) == 0 {
+		return errors.New("procd: Detach needs a command")
+	}
+	if c, err := Dial(ctx, dataDir); err == nil {
+		_ = c.Close()
+		return nil
+	}
+	if err := os.MkdirAll(procdDir(dataDir), 0o700); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(procdDir(dataDir), logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("procd: daemon log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], "--data", dataDir)...)
+	cmd.Env = withoutMarker(env)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("procd: starting the daemon: %w", err)
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	exited := false
+	for {
+		if c, err := Dial(ctx, dataDir); err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if !exited {
+			// Polled, not waited for: the daemon outlives this call.
+			var ws syscall.WaitStatus
+			if wpid, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); wpid == pid {
+				exited = true
+				if ws.ExitStatus() != 0 || ws.Signaled() {
+					// Lost a race to another daemon, or failed: the next
+					// Dial tells which.
+					if c, err := Dial(ctx, dataDir); err == nil {
+						_ = c.Close()
+						return nil
+					}
+					return fmt.Errorf("procd: the daemon exited (%v); see %s", ws, filepath.Join(procdDir(dataDir), logFile))
+				}
+			}
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("procd: the daemon did not answer: %w", ctx.Err())
+		}
+	}
+}
+
+// pidAlive reports whether pid runs (and is not a zombie).
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return syscall.Kill(pid, 0) == nil
+	}
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == ')' && i+2 < len(b) {
+			return b[i+2] != 'Z' && b[i+2] != 'X'
+		}
+	}
+	return true
+}

@@ -1,0 +1,55 @@
+// Package procd is a process daemon and its client: one daemon per data
+// dir starts and reaps processes (pipe or pty) through custody, so they
+// outlive the host that asked for them, and a planned restart of that host
+// loses nothing.
+//
+// # Finding the daemon
+//
+// The daemon of a data dir writes DIR/procd/service.json (0600; instance id,
+// pid, protocol, socket, token) by temp file and rename while it holds an
+// exclusive flock on DIR/procd/service.lock for its whole life, so there is
+// never more than one. Its Unix socket lives in a 0700 directory and is
+// itself 0600; every request carries the token, and the peer's uid must be
+// the daemon's (SO_PEERCRED). Connect starts a daemon when none answers.
+//
+// # Wire
+//
+// Frames are a big-endian u32 length and a JSON payload of at most
+// MaxFrame bytes. A request is {"token": T, "request": {"op": OP, ...}};
+// replies and events are JSON objects with a "type". A plain request has a
+// connection of its own and the first frame back is its reply; wait,
+// subscribe and own keep their connection. ping is the handshake: its
+// reply carries the protocol version (Protocol, 8). An unknown op is
+// answered "unsupported request: OP", a bad field "invalid OP request: ...".
+//
+// # Owners, other clients and the bounds that end processes
+//
+// At most one client is the owner (Own): the host whose restarts the daemon
+// spans. Other clients (the agenthost proc command line) may use every
+// request but own and prepare_handoff. What ends processes nobody looks
+// after:
+//
+//   - An owned daemon lives as long as its owner's connection. When it
+//     closes without a prepared handoff (the host crashed or stopped), the
+//     daemon ends every process (custody receipts) and exits.
+//   - An unowned daemon (started by the command line) ends a process no
+//     client has named in a request, waited on or subscribed to for
+//     Options.Unattended (10 min), and exits once it has no process and no
+//     connection for Options.IdleExit (5 s).
+//
+// # Handoff across a planned restart
+//
+//  1. The old host calls PrepareHandoff on its owner client: the daemon
+//     makes a single-use ticket valid for HandoffTTL (120 s), writes it to
+//     DIR/procd/handoff.json (0600), and from then on the owner's
+//     connection closing no longer ends anything.
+//  2. The old host exits, leaving its processes running.
+//  3. The new host calls Own(ctx, DIR): it reads the ticket file and claims
+//     the daemon with own{instance_id, ticket}. The ticket is spent; the file
+//     is removed.
+//  4. If the claim fails (the ticket expired, the daemon is gone or another
+//     instance answers), Own shuts the old daemon down (every process ended,
+//     with receipts) and starts a fresh one, so the restart itself always
+//     succeeds; OwnResult says which happened. A ticket nobody claims within
+//     HandoffTTL makes the daemon end everything and exit on its own.
+package procd

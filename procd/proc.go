@@ -1,0 +1,568 @@
+package procd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"golang.org/x/sys/unix"
+)
+
+// writeTimeout bounds one write to a child's stdin that does not read.
+const writeTimeout = 30 * time.Second
+
+// proc is one process record.
+type proc struct {
+	id        string
+	mode      Mode
+	argv      []string
+	cwd       string
+	scope     *custody.Scope
+	startedAt time.Time
+
+	exited chan struct{} // closed once exit is set (output complete)
+	ended  chan struct{} // closed when the record is terminated
+	done   chan struct{} // closed when the process goroutines are finished
+
+	// Under daemon.mu.
+	metadata json.RawMessage
+	exit     *Exit
+	endCode  string // codeTerminated or codeShutdown, once ended
+	// exitBeforeEnd: the exit was published before the record was ended.
+	exitBeforeEnd bool
+	touched  time.Time
+	watchers int
+
+	// Pipe mode.
+	stdinMu sync.Mutex
+	pipe    *pipeState
+	// PTY mode.
+	pty *ptyState
+}
+
+type pipeState struct {
+	outPath, errPath string
+	mu               sync.Mutex
+	bytes, lines     int64
+	outErr           string
+}
+
+func (d *daemon) info(p *proc) ProcessInfo {
+	pi := ProcessInfo{ID: p.id, Mode: p.mode, Argv: p.argv, Cwd: p.cwd, PID: p.scope.Pid(), Running: p.exit == nil,
+		StartedAt: p.startedAt, Metadata: p.metadata}
+	if p.exit != nil {
+		e := *p.exit
+		pi.Exit, pi.ExitedAt = &e, &e.ExitedAt
+	}
+	if ps := p.pipe; ps != nil {
+		ps.mu.Lock()
+		pi.Pipe = &PipeInfo{OutputPath: ps.outPath, StderrPath: ps.errPath, OutputBytes: ps.bytes, OutputLines: ps.lines, OutputError: ps.outErr}
+		ps.mu.Unlock()
+	}
+	if t := p.pty; t != nil {
+		pi.PTY = t.info()
+	}
+	return pi
+}
+
+// lookup finds a record and counts the request as attention.
+func (d *daemon) lookup(op, id string) (*proc, error) {
+	if id == "" {
+		return nil, invalid(op, "id is required")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.procs[id]
+	if p == nil {
+		return nil, errf(codeNotFound, "no such process: %s", id)
+	}
+	p.touched = time.Now()
+	return p, nil
+}
+
+// checkCommon validates what both create requests share.
+func checkCommon(op string, argv []string, cwd string, env []string, meta json.RawMessage) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return invalid(op, "argv is required")
+	}
+	if !filepath.IsAbs(cwd) {
+		return invalid(op, "cwd must be an absolute path")
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return invalid(op, "cwd is not a directory")
+	}
+	for _, e := range env {
+		if !strings.Contains(e, "=") || strings.IndexByte(e, 0) >= 0 {
+			return invalid(op, "env entries must be KEY=VALUE")
+		}
+	}
+	if len(meta) > MaxMetadata {
+		return invalid(op, "metadata is %d bytes, over %d", len(meta), MaxMetadata)
+	}
+	return nil
+}
+
+// command builds the child's command: argv[0] is looked up in the child's
+// own PATH (its exact environment), else the daemon's.
+func command(argv []string, cwd string, env []string) *exec.Cmd {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if !strings.Contains(argv[0], "/") {
+		for _, e := range env {
+			if path, ok := strings.CutPrefix(e, "PATH="); ok {
+				for _, dir := range filepath.SplitList(path) {
+					c := filepath.Join(dir, argv[0])
+					if fi, err := os.Stat(c); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 && filepath.IsAbs(c) {
+						cmd.Path, cmd.Err = c, nil
+						break
+					}
+				}
+			}
+		}
+	}
+	cmd.Dir = cwd
+	cmd.Env = append([]string{}, env...)
+	return cmd
+}
+
+// openOutput opens an output file: created or truncated, never through a
+// symlink, and only a regular file (a FIFO would block the daemon).
+func openOutput(op, field, path string) (*os.File, error) {
+	if !filepath.IsAbs(path) {
+		return nil, invalid(op, "%s must be an absolute path", field)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink == 0 && !fi.Mode().IsRegular() {
+		return nil, invalid(op, "%s is not a regular file", field)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o666)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, invalid(op, "%s is a symlink", field)
+		}
+		return nil, invalid(op, "%s: %v", field, errors.Unwrap(err))
+	}
+	return f, nil
+}
+
+func (d *daemon) opCreatePipe(c *conn, op string, raw json.RawMessage) error {
+	var s struct {
+		Op string `json:"op"`
+		PipeSpec
+	}
+	if err := decode(op, raw, &s); err != nil {
+		return err
+	}
+	if err := checkCommon(op, s.Argv, s.Cwd, s.Env, s.Metadata); err != nil {
+		return err
+	}
+	if s.OutputPath == "" {
+		return invalid(op, "output_path is required")
+	}
+	out, err := openOutput(op, "output_path", s.OutputPath)
+	if err != nil {
+		return err
+	}
+	var errf_ *os.File
+	if s.StderrPath != "" {
+		if errf_, err = openOutput(op, "stderr_path", s.StderrPath); err != nil {
+			out.Close()
+			return err
+		}
+	}
+	p := &proc{id: "p-" + randHex(8), mode: ModePipe, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata,
+		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}),
+		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath}}
+	if err := d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
+		return d.cust.Start(ctx, command(s.Argv, s.Cwd, s.Env))
+	}); err != nil {
+		out.Close()
+		if errf_ != nil {
+			errf_.Close()
+		}
+		return err
+	}
+	d.wg.Add(1)
+	go d.runPipe(p, out, errf_)
+	d.mu.Lock()
+	info := d.info(p)
+	d.mu.Unlock()
+	return c.send(Reply{Type: TypeProcess, Process: &info})
+}
+
+// startProc starts p's command and registers it, unless the daemon is
+// shutting down.
+func (d *daemon) startProc(p *proc, start func(context.Context) (*custody.Scope, error)) error {
+	d.mu.Lock()
+	if d.closing {
+		d.mu.Unlock()
+		return errf(codeShutdown, "daemon shutting down")
+	}
+	d.wg.Add(1) // held while starting, so shutdown cannot miss this one
+	d.mu.Unlock()
+	defer d.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	scope, err := start(ctx)
+	if err != nil {
+		return errf(codeFailed, "start: %v", errors.Unwrap(err))
+	}
+	p.scope, p.startedAt = scope, time.Now().UTC()
+	d.mu.Lock()
+	if d.closing {
+		d.mu.Unlock()
+		rctx, rcancel := context.WithTimeout(context.Background(), DefaultTerminate)
+		defer rcancel()
+		_, _ = scope.Close(rctx)
+		return errf(codeShutdown, "daemon shutting down")
+	}
+	p.touched = time.Now()
+	d.procs[p.id] = p
+	d.mu.Unlock()
+	return nil
+}
+
+// runPipe copies stdout (and stderr) into the files, then publishes the
+// exit once the files are closed.
+func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
+	defer d.wg.Done()
+	defer close(p.done)
+	var outMu sync.Mutex // stdout and stderr share out when errFile is nil
+	var wg sync.WaitGroup
+	copyTo := func(r io.Reader, f *os.File, count bool, fmu *sync.Mutex) {
+		defer wg.Done()
+		buf := make([]byte, 256<<10)
+		for {
+			n, rerr := r.Read(buf)
+			if n > 0 {
+				fmu.Lock()
+				_, werr := f.Write(buf[:n])
+				fmu.Unlock()
+				ps := p.pipe
+				ps.mu.Lock()
+				if werr != nil {
+					if ps.outErr == "" {
+						ps.outErr = werr.Error()
+					}
+				} else if count {
+					ps.bytes += int64(n)
+					ps.lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+				}
+				ps.mu.Unlock()
+			}
+			if rerr != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go copyTo(p.scope.Stdout(), out, true, &outMu)
+	if errFile != nil {
+		var errMu sync.Mutex
+		go copyTo(p.scope.Stderr(), errFile, false, &errMu)
+	} else {
+		go copyTo(p.scope.Stderr(), out, true, &outMu)
+	}
+	readersDone := make(chan struct{})
+	go func() { wg.Wait(); close(readersDone) }()
+	d.awaitOutput(p, readersDone, p.scope.CloseOutput)
+	for _, f := range []*os.File{out, errFile} {
+		if f == nil {
+			continue
+		}
+		if err := f.Close(); err != nil {
+			p.pipe.mu.Lock()
+			if p.pipe.outErr == "" {
+				p.pipe.outErr = err.Error()
+			}
+			p.pipe.mu.Unlock()
+		}
+	}
+	p.pipe.mu.Lock()
+	lines, n, oe := p.pipe.lines, p.pipe.bytes, p.pipe.outErr
+	p.pipe.mu.Unlock()
+	d.publishExit(p, lines, oe, n)
+}
+
+// awaitOutput waits for the leader's exit and then the output's end (EOF),
+// at most ExitDrain after the exit; past that the host's ends are closed,
+// so a descendant that holds the pipe cannot hold the exit back. A
+// terminated record stops waiting at once.
+func (d *daemon) awaitOutput(p *proc, readersDone <-chan struct{}, release func()) {
+	select {
+	case <-p.scope.Exited():
+	case <-p.ended:
+	}
+	t := time.NewTimer(d.opts.ExitDrain)
+	defer t.Stop()
+	select {
+	case <-readersDone:
+		return
+	case <-t.C:
+	case <-p.ended:
+	}
+	release()
+	<-readersDone
+}
+
+// publishExit records how the leader ended; waiters wake.
+func (d *daemon) publishExit(p *proc, lines int64, outErr string, final int64) {
+	<-p.scope.Exited() // the leader is reaped (a terminated scope is closed)
+	e := &Exit{ID: p.id, ExitedAt: time.Now().UTC(), OutputLines: lines, OutputError: outErr, FinalOffset: final}
+	var ee *exec.ExitError
+	if err := p.scope.ExitErr(); errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.Code, e.Signal = 128+int(ws.Signal()), strings.TrimPrefix(unix.SignalName(ws.Signal()), "SIG")
+		} else {
+			e.Code = ee.ExitCode()
+		}
+	} else if err != nil {
+		e.Code = -1
+	}
+	d.mu.Lock()
+	p.exit = e
+	d.mu.Unlock()
+	close(p.exited)
+}
+
+func (d *daemon) opWrite(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op   string `json:"op"`
+		ID   string `json:"id"`
+		Data []byte `json:"data"`
+		EOF  bool   `json:"eof"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	if len(r.Data) > maxWrite {
+		return invalid(op, "data is %d bytes, over %d", len(r.Data), maxWrite)
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	if p.pty != nil {
+		if r.EOF {
+			return invalid(op, "eof applies to pipe processes")
+		}
+		if err := p.pty.write(nil, r.Data); err != nil {
+			return err
+		}
+		return c.send(Reply{Type: TypeOK})
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	in := p.scope.Stdin()
+	if f, ok := in.(*os.File); ok {
+		_ = f.SetWriteDeadline(time.Now().Add(writeTimeout))
+	}
+	if len(r.Data) > 0 {
+		if _, err := in.Write(r.Data); err != nil {
+			return errf(codeFailed, "write: stdin: %v", errors.Unwrap(err))
+		}
+	}
+	if r.EOF {
+		_ = in.Close()
+	}
+	return c.send(Reply{Type: TypeOK})
+}
+
+func (d *daemon) opList(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op   string `json:"op"`
+		Mode Mode   `json:"mode"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	if r.Mode != ModePipe && r.Mode != ModePTY {
+		return invalid(op, "mode must be %q or %q", ModePTY, ModePipe)
+	}
+	d.mu.Lock()
+	out := []ProcessInfo{}
+	for _, p := range d.procs {
+		if p.mode == r.Mode {
+			out = append(out, d.info(p))
+		}
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
+	return c.send(Reply{Type: TypeProcesses, Processes: out})
+}
+
+func (d *daemon) opGet(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op string `json:"op"`
+		ID string `json:"id"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	info := d.info(p)
+	d.mu.Unlock()
+	return c.send(Reply{Type: TypeProcess, Process: &info})
+}
+
+func (d *daemon) opWait(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op string `json:"op"`
+		ID string `json:"id"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	p.watchers++
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		p.watchers--
+		p.touched = time.Now()
+		d.mu.Unlock()
+	}()
+	gone := watchClose(c, &d.wg)
+	select {
+	case <-p.exited:
+	case <-p.ended:
+	case <-gone:
+		return nil // the client left; nothing to say
+	}
+	d.mu.Lock()
+	e, code := p.exit, p.endCode
+	d.mu.Unlock()
+	// An exit published before the record was ended stands; otherwise
+	// the end is the answer.
+	if code != "" && !p.exitBeforeEnd {
+		if code == codeShutdown {
+			return errf(codeShutdown, "daemon shutting down")
+		}
+		return errf(codeTerminated, "terminated")
+	}
+	return c.send(Reply{Type: TypeExited, Exit: e})
+}
+
+func (d *daemon) opSignal(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op     string `json:"op"`
+		ID     string `json:"id"`
+		Signal Signal `json:"signal"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	var sig syscall.Signal
+	switch strings.TrimPrefix(strings.ToUpper(string(r.Signal)), "SIG") {
+	case "TERM":
+		sig = syscall.SIGTERM
+	case "INT":
+		sig = syscall.SIGINT
+	case "KILL":
+		sig = syscall.SIGKILL
+	default:
+		return invalid(op, "signal must be TERM, INT or KILL")
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	if err := p.scope.Signal(sig); err != nil {
+		// The scope closed between lookup and here: the record is gone.
+		return errf(codeNotFound, "no such process: %s", r.ID)
+	}
+	return c.send(Reply{Type: TypeOK})
+}
+
+func (d *daemon) opSetMetadata(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op       string          `json:"op"`
+		ID       string          `json:"id"`
+		Metadata json.RawMessage `json:"metadata"`
+	}
+	if len(raw) > MaxMetadata+(64<<10) {
+		return invalid(op, "metadata is over %d bytes", MaxMetadata)
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	if len(r.Metadata) > MaxMetadata {
+		return invalid(op, "metadata is %d bytes, over %d", len(r.Metadata), MaxMetadata)
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	p.metadata = r.Metadata
+	d.mu.Unlock()
+	return c.send(Reply{Type: TypeOK})
+}
+
+func (d *daemon) opTerminate(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op string `json:"op"`
+		ID string `json:"id"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	rec, err := d.terminate(p, codeTerminated)
+	if err != nil {
+		return err
+	}
+	return c.send(Reply{Type: TypeTerminated, Receipt: rec})
+}
+
+// terminate removes p's record (so no later signal can reach a reused pid),
+// wakes its waiters, and closes its scope: the whole tree, with a receipt.
+// Concurrent calls for one record: the first does it, the rest get
+// ErrNotFound.
+func (d *daemon) terminate(p *proc, code string) (*custody.Receipt, error) {
+	d.mu.Lock()
+	if d.procs[p.id] != p || p.endCode != "" {
+		d.mu.Unlock()
+		return nil, errf(codeNotFound, "no such process: %s", p.id)
+	}
+	delete(d.procs, p.id)
+	p.endCode = code
+	p.exitBeforeEnd = p.exit != nil
+	if len(d.procs) == 0 {
+		d.idleFrom = time.Now()
+	}
+	d.mu.Unlock()
+	close(p.ended)
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultTerminate)
+	defer cancel()
+	r, err := p.scope.Close(ctx)
+	if err != nil {
+		return nil, errf(codeFailed, "terminate: %v", err)
+	}
+	<-p.done
+	return r, nil
+}
+
+// ErrUnsupportedPlatform is returned where the daemon cannot run.
+var ErrUnsupportedPlatform = fmt.Errorf("procd: %w", errors.ErrUnsupported)

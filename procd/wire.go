@@ -1,0 +1,280 @@
+package procd
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+)
+
+// Protocol is the wire protocol version the handshake reports. It follows
+// the reference's numbering (protocol 8: create_pty/create_pipe, get, wait,
+// signal, set_metadata).
+const Protocol = 8
+
+const (
+	// MaxFrame caps one frame's payload, both ways (the reference's cap).
+	MaxFrame = 8 << 20
+	// MaxMetadata caps a process's opaque metadata.
+	MaxMetadata = 1 << 20
+	// ReplayLimit is how much pty output each terminal keeps for replay.
+	ReplayLimit = 2 << 20
+	// HandoffTTL bounds how long a handoff ticket is valid.
+	HandoffTTL = 120 * time.Second
+	// maxWrite caps one write request's data, well under MaxFrame once
+	// base64-encoded.
+	maxWrite = 4 << 20
+)
+
+// Mode is how a process's stdio is connected.
+type Mode string
+
+const (
+	ModePipe Mode = "pipe" // stdin from write, stdout (and stderr) to a file
+	ModePTY  Mode = "pty"  // a pseudo-terminal with a replay buffer
+)
+
+// Signal names a signal that may be sent to a process's group.
+type Signal string
+
+const (
+	SigTerm Signal = "TERM"
+	SigInt  Signal = "INT"
+	SigKill Signal = "KILL"
+)
+
+// ProcessInfo describes one process the daemon holds.
+type ProcessInfo struct {
+	ID        string          `json:"id"`
+	Mode      Mode            `json:"mode"`
+	Argv      []string        `json:"argv"`
+	Cwd       string          `json:"cwd"`
+	PID       int             `json:"pid"`
+	Running   bool            `json:"running"`
+	StartedAt time.Time       `json:"started_at"`
+	ExitedAt  *time.Time      `json:"exited_at,omitempty"`
+	Exit      *Exit           `json:"exit,omitempty"`
+	Metadata  json.RawMessage `json:"metadata,omitempty"`
+	PTY       *PTYInfo        `json:"pty,omitempty"`
+	Pipe      *PipeInfo       `json:"pipe,omitempty"`
+}
+
+// PTYInfo is the pty group of a ProcessInfo.
+type PTYInfo struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+	// Offset is the absolute offset of the end of the output so far.
+	Offset int64 `json:"offset"`
+	// Controller says whether a subscriber controls the terminal.
+	Controller bool `json:"controller"`
+}
+
+// PipeInfo is the pipe group of a ProcessInfo.
+type PipeInfo struct {
+	OutputPath string `json:"output_path"`
+	// StderrPath is where stderr goes; "" means into OutputPath too.
+	StderrPath string `json:"stderr_path,omitempty"`
+	// OutputBytes and OutputLines count what reached the output file.
+	OutputBytes int64  `json:"output_bytes"`
+	OutputLines int64  `json:"output_lines"`
+	OutputError string `json:"output_error,omitempty"`
+}
+
+// Exit is how a process ended. It is published only after its output is
+// complete (the pipe file closed, the pty at EOF or given up on).
+type Exit struct {
+	ID string `json:"id"`
+	// Code is the exit status, or 128+signal for a process killed by one.
+	Code int `json:"exit_code"`
+	// Signal names the signal that killed it, if one did.
+	Signal      string    `json:"signal,omitempty"`
+	ExitedAt    time.Time `json:"exited_at"`
+	OutputLines int64     `json:"output_lines,omitempty"`
+	OutputError string    `json:"output_error,omitempty"`
+	// FinalOffset is the output's end: bytes in the pipe file, or the pty's
+	// absolute offset.
+	FinalOffset int64 `json:"final_offset"`
+}
+
+// PipeSpec is a create_pipe request.
+type PipeSpec struct {
+	Argv []string `json:"argv"`
+	// Cwd must be absolute.
+	Cwd string `json:"cwd"`
+	// Env is the child's exact environment (custody adds only its scope
+	// marker, AGENTHOST_SCOPE).
+	Env []string `json:"env"`
+	// OutputPath (absolute) is created or truncated, never through a
+	// symlink; stdout goes there, and stderr too unless StderrPath is set.
+	OutputPath string `json:"output_path"`
+	// StderrPath (absolute), if set, gets stderr alone, opened the same way.
+	StderrPath string          `json:"stderr_path,omitempty"`
+	Metadata   json.RawMessage `json:"metadata,omitempty"`
+}
+
+// PTYSpec is a create_pty request.
+type PTYSpec struct {
+	Argv     []string        `json:"argv"`
+	Cwd      string          `json:"cwd"`
+	Env      []string        `json:"env"`
+	Cols     uint16          `json:"cols"`
+	Rows     uint16          `json:"rows"`
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+}
+
+// Ticket is a prepared handoff.
+type Ticket struct {
+	InstanceID string    `json:"instance_id"`
+	Ticket     string    `json:"ticket"`
+	ExpiresAt  time.Time `json:"expires_at"`
+}
+
+// Reply is one frame from the daemon: a reply or an event.
+type Reply struct {
+	Type       string            `json:"type"`
+	Message    string            `json:"message,omitempty"` // "error"
+	Code       string            `json:"code,omitempty"`    // "error": what kind
+	Protocol   int               `json:"protocol,omitempty"`
+	InstanceID string            `json:"instance_id,omitempty"`
+	Process    *ProcessInfo      `json:"process,omitempty"`
+	Processes  []ProcessInfo     `json:"processes,omitempty"`
+	Exit       *Exit             `json:"exit,omitempty"`
+	Receipt    *custody.Receipt  `json:"receipt,omitempty"`
+	Receipts   []custody.Receipt `json:"receipts,omitempty"`
+	Ticket     *Ticket           `json:"ticket,omitempty"`
+	// Subscriptions: "attached" carries the replay from Offset (Truncated
+	// when older output was already dropped); "output" carries Data at
+	// Offset; "resized" Cols and Rows; "controller_changed" Controller.
+	Offset     int64  `json:"offset,omitempty"`
+	Data       []byte `json:"data,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	Cols       uint16 `json:"cols,omitempty"`
+	Rows       uint16 `json:"rows,omitempty"`
+	Controller bool   `json:"controller,omitempty"`
+}
+
+// Reply and event types.
+const (
+	TypeError             = "error"
+	TypeOK                = "ok"
+	TypePong              = "pong"
+	TypeProcess           = "process"
+	TypeProcesses         = "processes"
+	TypeExited            = "exited"
+	TypeTerminated        = "terminated"
+	TypeOwned             = "owned"
+	TypeHandoff           = "handoff"
+	TypeShutdown          = "shutdown"
+	TypeAttached          = "attached"
+	TypeOutput            = "output"
+	TypeResized           = "resized"
+	TypeControllerChanged = "controller_changed"
+	TypeDropped           = "dropped"
+)
+
+// Error codes in an "error" reply, each mapped to a sentinel by the client.
+const (
+	codeUnsupported = "unsupported"
+	codeInvalid     = "invalid"
+	codeNotFound    = "not_found"
+	codeTerminated  = "terminated"
+	codeForbidden   = "forbidden"
+	codeOwned       = "owned"
+	codeHandoff     = "handoff"
+	codeShutdown    = "shutting_down"
+	codeFailed      = "failed"
+)
+
+var (
+	// ErrUnsupported: the daemon does not know the request.
+	ErrUnsupported = errors.New("procd: unsupported request")
+	// ErrInvalid: a request field was missing or wrong.
+	ErrInvalid = errors.New("procd: invalid request")
+	// ErrNotFound: no process has that id (never created, or terminated).
+	ErrNotFound = errors.New("procd: no such process")
+	// ErrTerminated: the process was terminated before it could be waited
+	// on to its exit.
+	ErrTerminated = errors.New("procd: terminated")
+	// ErrForbidden: the token was missing or wrong, the peer another user,
+	// or the request needs the owner (or the pty's controller).
+	ErrForbidden = errors.New("procd: forbidden")
+	// ErrOwned: the daemon already has an owner.
+	ErrOwned = errors.New("procd: daemon already owned")
+	// ErrHandoff: a handoff ticket was refused (wrong, spent or expired).
+	ErrHandoff = errors.New("procd: handoff refused")
+	// ErrShuttingDown: the daemon is shutting down.
+	ErrShuttingDown = errors.New("procd: daemon shutting down")
+	// ErrProtocol: the daemon speaks another protocol or broke framing.
+	ErrProtocol = errors.New("procd: protocol error")
+	// ErrNoDaemon: no daemon answers for the data dir.
+	ErrNoDaemon = errors.New("procd: no daemon running")
+	// ErrFailed: the daemon could not do what was asked (an error the other
+	// sentinels do not name; the message says what).
+	ErrFailed = errors.New("procd: request failed")
+)
+
+var codeErrs = map[string]error{
+	codeUnsupported: ErrUnsupported, codeInvalid: ErrInvalid, codeNotFound: ErrNotFound,
+	codeTerminated: ErrTerminated, codeForbidden: ErrForbidden, codeOwned: ErrOwned,
+	codeHandoff: ErrHandoff, codeShutdown: ErrShuttingDown, codeFailed: ErrFailed,
+}
+
+// ReplyError is an "error" reply; it unwraps to the sentinel its code names.
+type ReplyError struct {
+	Code    string
+	Message string
+}
+
+func (e *ReplyError) Error() string { return "procd: " + e.Message }
+func (e *ReplyError) Unwrap() error {
+	if err, ok := codeErrs[e.Code]; ok {
+		return err
+	}
+	return ErrFailed
+}
+
+// envelope is what a client sends.
+type envelope struct {
+	Token   string          `json:"token"`
+	Request json.RawMessage `json:"request"`
+}
+
+// writeFrame writes one frame; the caller serialises writers.
+func writeFrame(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxFrame {
+		return fmt.Errorf("%w: frame of %d bytes over %d", ErrProtocol, len(b), MaxFrame)
+	}
+	buf := make([]byte, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	copy(buf[4:], b)
+	_, err = w.Write(buf)
+	return err
+}
+
+// readFrame reads one frame's payload (at most MaxFrame bytes).
+func readFrame(r io.Reader) ([]byte, error) {
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(h[:])
+	if n > MaxFrame {
+		return nil, fmt.Errorf("%w: frame of %d bytes over %d", ErrProtocol, n, MaxFrame)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return b, nil
+}
