@@ -44,7 +44,10 @@ var ErrNotRunning = errors.New("daemonproc: the process is not running")
 // Handle names a pipe process of the daemon and its output files; a room
 // records it (as a string) to attach again after a restart.
 type Handle struct {
-	ID     string `json:"id"`
+	// Instance is the daemon's instance id: a fresh daemon's process of
+	// the same id is another process.
+	Instance string `json:"instance"`
+	ID       string `json:"id"`
 	Output string `json:"output"`
 	Stderr string `json:"stderr"`
 	// V2: the agent speaks RPC protocol v2 (negotiated at its start).
@@ -112,7 +115,7 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 	if err != nil {
 		return nil, fmt.Errorf("daemonproc: create_pipe: %w", err)
 	}
-	h := Handle{ID: info.ID, Output: base + ".out", Stderr: base + ".err"}
+	h := Handle{Instance: s.Client.InstanceID(), ID: info.ID, Output: base + ".out", Stderr: base + ".err"}
 	p, err := open(s.Client, h, 0, 0)
 	if err != nil {
 		tctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
@@ -127,6 +130,9 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 // (its stderr from its current end). ErrNotRunning when it has exited or
 // the daemon does not know it.
 func Attach(ctx context.Context, c *procd.Client, h Handle, offset int64) (*Process, error) {
+	if h.Instance != c.InstanceID() {
+		return nil, fmt.Errorf("%w: %s was a process of daemon %s, this is %s", ErrNotRunning, h.ID, h.Instance, c.InstanceID())
+	}
 	info, err := c.Get(ctx, h.ID)
 	if errors.Is(err, procd.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %s", ErrNotRunning, h.ID)
@@ -136,6 +142,9 @@ func Attach(ctx context.Context, c *procd.Client, h Handle, offset int64) (*Proc
 	}
 	if !info.Running {
 		return nil, fmt.Errorf("%w: %s exited", ErrNotRunning, h.ID)
+	}
+	if info.Pipe == nil || info.Pipe.OutputPath != h.Output {
+		return nil, fmt.Errorf("%w: %s is another process", ErrNotRunning, h.ID)
 	}
 	var errAt int64
 	if fi, err := os.Stat(h.Stderr); err == nil {

@@ -131,6 +131,13 @@ func TestProcess_DetachAttachStop(t *testing.T) {
 	if err != nil || parsed != h {
 		t.Fatalf("handle round trip: %+v %v", parsed, err)
 	}
+	// A handle of another daemon instance (a fresh daemon reuses ids)
+	// never attaches.
+	other := parsed
+	other.Instance = "0123456789abcdef"
+	if _, err := Attach(ctxT(t), c, other, offset); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("attach with another instance's handle: %v", err)
+	}
 	q, err := Attach(ctxT(t), c, parsed, offset)
 	if err != nil {
 		t.Fatal(err)
