@@ -23,6 +23,6 @@ func newRoot() *cobra.Command {
 	}
 	isVerbose := func() bool { return verbose }
 	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd(), newServeCmd(isVerbose),
-		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd())
+		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd(), newModelCmd())
 	return root
 }
