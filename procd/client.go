@@ -164,6 +164,10 @@ func (c *Client) ownConn(ctx context.Context, ticket string) error {
 		}
 		return err
 	}
+	if err := replyErr(r); err != nil {
+		conn.Close()
+		return err
+	}
 	if r.Type != TypeOwned {
 		conn.Close()
 		return fmt.Errorf("%w: own answered %q", ErrProtocol, r.Type)
@@ -545,7 +549,7 @@ func (c *Client) find(ctx context.Context) error {
 	return c.Ping(pctx)
 }
 
-func (c *Client) findOrStart(ctx context.Context) error {
+func (c *Client) findOrStartOnce(ctx context.Context) error {
 	if err := c.find(ctx); err == nil || !errors.Is(err, ErrNoDaemon) {
 		return err
 	}
@@ -573,6 +577,16 @@ func (c *Client) findOrStart(ctx context.Context) error {
 		return fmt.Errorf("procd: starting a daemon: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return c.find(ctx)
+}
+
+func (c *Client) findOrStart(ctx context.Context) error {
+	err := c.findOrStartOnce(ctx)
+	if errors.Is(err, ErrNoDaemon) {
+		// The daemon just started may have ended already (idle, or shut
+		// down by another client): once more.
+		err = c.findOrStartOnce(ctx)
+	}
+	return err
 }
 
 // withoutMarker drops custody's scope marker: the daemon is nobody's

@@ -52,6 +52,9 @@ type Options struct {
 	// pipe or terminal (default DefaultExitDrain); then its exit is
 	// published and the reader stops.
 	ExitDrain time.Duration
+	// HandoffTTL is how long a handoff ticket is valid (default and
+	// maximum HandoffTTL).
+	HandoffTTL time.Duration
 	// Custody configures the daemon's custodian.
 	Custody custody.Options
 	Logger  *slog.Logger
@@ -66,6 +69,9 @@ func (o *Options) fill() {
 	}
 	if o.ExitDrain <= 0 {
 		o.ExitDrain = DefaultExitDrain
+	}
+	if o.HandoffTTL <= 0 || o.HandoffTTL > HandoffTTL {
+		o.HandoffTTL = HandoffTTL
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -593,7 +599,7 @@ func (d *daemon) prepareHandoff(c *conn, op string, raw json.RawMessage) error {
 	if err := decode(op, raw, &r); err != nil {
 		return err
 	}
-	t := Ticket{InstanceID: d.instanceID, Ticket: randHex(16), ExpiresAt: time.Now().Add(HandoffTTL).UTC()}
+	t := Ticket{InstanceID: d.instanceID, Ticket: randHex(16), ExpiresAt: time.Now().Add(d.opts.HandoffTTL).UTC()}
 	d.mu.Lock()
 	if d.owner != c {
 		d.mu.Unlock()

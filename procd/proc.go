@@ -42,8 +42,8 @@ type proc struct {
 	endCode  string // codeTerminated or codeShutdown, once ended
 	// exitBeforeEnd: the exit was published before the record was ended.
 	exitBeforeEnd bool
-	touched  time.Time
-	watchers int
+	touched       time.Time
+	watchers      int
 
 	// Pipe mode.
 	stdinMu sync.Mutex

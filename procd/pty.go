@@ -29,6 +29,7 @@ type ptyState struct {
 }
 
 type ptySub struct {
+	conn    *conn
 	ch      chan Reply
 	dropped chan struct{} // closed when dropped for being slow
 }
@@ -57,6 +58,8 @@ func (t *ptyState) dropLocked(s *ptySub) {
 	}
 	delete(t.subs, s)
 	close(s.dropped)
+	// Its socket may be full: closing it frees a send blocked on it.
+	s.conn.Close()
 	if t.controller == s {
 		t.controller = nil
 		t.emit(Reply{Type: TypeControllerChanged, Controller: false})
@@ -253,7 +256,7 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	if t == nil {
 		return invalid(op, "%s is not a pty (a pipe process's output is its file)", r.ID)
 	}
-	s := &ptySub{ch: make(chan Reply, subQueue), dropped: make(chan struct{})}
+	s := &ptySub{conn: c, ch: make(chan Reply, subQueue), dropped: make(chan struct{})}
 	t.mu.Lock()
 	from := min(max(r.Offset, t.base), t.end)
 	att := Reply{Type: TypeAttached, Offset: from, Truncated: r.Offset < t.base,

@@ -1,0 +1,72 @@
+package procd
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// The test binary plays the daemon (and its detaching starter) when
+// PROCD_TEST_DAEMON is set: the real daemon code in its own process, as
+// agenthost procd runs it.
+const daemonEnv = "PROCD_TEST_DAEMON"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(daemonEnv) != "" {
+		os.Exit(daemonMain(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func daemonMain(args []string) int {
+	fs := flag.NewFlagSet("procd", flag.ContinueOnError)
+	data := fs.String("data", "", "")
+	detach := fs.Bool("detach", false, "")
+	unattended := fs.Duration("unattended", 0, "")
+	idle := fs.Duration("idle", 0, "")
+	ttl := fs.Duration("handoff-ttl", 0, "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *detach {
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		argv := []string{os.Args[0]}
+		if *unattended > 0 {
+			argv = append(argv, "--unattended", unattended.String())
+		}
+		if *idle > 0 {
+			argv = append(argv, "--idle", idle.String())
+		}
+		if *ttl > 0 {
+			argv = append(argv, "--handoff-ttl", ttl.String())
+		}
+		if err := Detach(dctx, *data, argv, os.Environ()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// testOpts makes clients start the test binary as their daemon; extra
+// daemon flags go before --data.
+func testOpts(flags ...string) *ClientOptions {
+	return &ClientOptions{DaemonCommand: append([]string{os.Args[0]}, flags...), DaemonEnv: append(os.Environ(), daemonEnv+"=1")}
+}
