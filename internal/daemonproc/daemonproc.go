@@ -48,8 +48,8 @@ type Handle struct {
 	// the same id is another process.
 	Instance string `json:"instance"`
 	ID       string `json:"id"`
-	Output string `json:"output"`
-	Stderr string `json:"stderr"`
+	Output   string `json:"output"`
+	Stderr   string `json:"stderr"`
 	// V2: the agent speaks RPC protocol v2 (negotiated at its start).
 	V2 bool `json:"v2,omitempty"`
 }
