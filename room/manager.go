@@ -99,10 +99,15 @@ type roomState struct {
 	turn      *turnRun
 	lastUsed  time.Time
 	approvals map[string]chan bool
+	// inheritedA are the approvals pending in a continued turn when the
+	// previous host let go: the agent asks again (its request lies past
+	// the recorded offset), and the asking takes the pending one over.
+	inheritedA []store.Approval
 
 	qmu       sync.Mutex // guards questions and questionQ (never under mu)
 	questions map[string]chan answer
 	questionQ []string // pending question ids, oldest first
+	inheritedQ []store.Question // as inheritedA
 }
 
 // contTurn is a turn the previous host started on an agent it left
@@ -201,7 +206,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, t := range turns {
-		if attached[t.Room] {
+		if _, ok := attached[t.Room]; ok {
 			continue // its agent runs on; the room's worker continues it
 		}
 		err := m.st.Write(ctx, func(tx Tx) error {
@@ -222,8 +227,8 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, a := range aps {
-		if attached[a.Room] && a.TurnID != "" {
-			continue // the attached agent still waits for the answer
+		if tid := attached[a.Room]; tid != "" && a.TurnID == tid {
+			continue // the attached agent asks again (inherited)
 		}
 		if err := m.resolveApproval(ctx, a.Room, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
 			return err
@@ -234,7 +239,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, q := range qs {
-		if attached[q.Room] && q.TurnID != "" {
+		if tid := attached[q.Room]; tid != "" && q.TurnID == tid {
 			continue
 		}
 		if err := m.answerQuestion(ctx, q.Room, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
@@ -246,7 +251,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, msg := range msgs {
-		if msg.Status == store.MessageStarted && attached[msg.Room] && msg.TurnID != "" {
+		if tid := attached[msg.Room]; msg.Status == store.MessageStarted && tid != "" && msg.TurnID == tid {
 			// In (or steered into) the turn the attached agent runs on.
 			continue
 		}
@@ -285,11 +290,15 @@ func (m *Manager) recover(ctx context.Context) error {
 	return nil
 }
 
+// attachConcurrency bounds the agents attached at once at Start.
+const attachConcurrency = 8
+
 // attach re-attaches the agents a previous host left running (through an
-// Attacher transport) and reports the rooms attached. A room whose agent
-// cannot be attached forgets it and recovers as after a crash.
-func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]bool, error) {
-	attached := map[string]bool{}
+// Attacher transport) and reports the rooms attached, each with the turn
+// it continues ("" for none). A room whose agent cannot be attached
+// forgets it and recovers as after a crash.
+func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]string, error) {
+	attached := map[string]string{}
 	recs, err := m.st.AgentRooms(ctx)
 	if err != nil || len(recs) == 0 {
 		return attached, err
@@ -312,12 +321,31 @@ func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]bo
 			}
 		}
 	}
-	for _, rec := range recs {
-		a, reason := Detachable(nil), "the transport cannot attach agents"
-		var r *roomState
-		if ok {
-			a, r, reason = m.attachRoom(ctx, at, rec, open)
+	// Side by side: each attach waits on its agent's answers.
+	type attachment struct {
+		a      Detachable
+		r      *roomState
+		reason string
+	}
+	got := make([]attachment, len(recs))
+	sem := make(chan struct{}, attachConcurrency)
+	var wg sync.WaitGroup
+	for i, rec := range recs {
+		if !ok {
+			got[i].reason = "the transport cannot attach agents"
+			continue
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			got[i].a, got[i].r, got[i].reason = m.attachRoom(ctx, at, rec, open)
+		}()
+	}
+	wg.Wait()
+	for i, rec := range recs {
+		a, r, reason := got[i].a, got[i].r, got[i].reason
 		if a == nil {
 			m.log.Warn("room: the agent left running could not be attached; the room recovers", "room", rec.ID, "reason", reason)
 			err := m.st.Write(ctx, func(tx Tx) error {
@@ -332,14 +360,19 @@ func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]bo
 			}
 			continue
 		}
-		attached[rec.ID] = true
 		t, running := open[rec.ID]
+		attached[rec.ID] = t.ID
 		err := m.st.Write(ctx, func(tx Tx) error {
 			_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": a.SessionID(), "offset": rec.AgentOffset, "turn_id": t.ID})
 			return err
 		})
 		if err != nil {
 			return nil, err
+		}
+		if running {
+			if err := m.inherit(ctx, r, t.ID); err != nil {
+				return nil, err
+			}
 		}
 		r.mu.Lock()
 		if running {
@@ -355,6 +388,62 @@ func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]bo
 		r.mu.Unlock()
 	}
 	return attached, nil
+}
+
+// inherit keeps the approvals and questions pending in the turn the
+// attached agent runs on, for the agent to ask again.
+func (m *Manager) inherit(ctx context.Context, r *roomState, turnID string) error {
+	aps, err := m.st.Approvals(ctx, r.id, true)
+	if err != nil {
+		return err
+	}
+	qs, err := m.st.Questions(ctx, r.id, true)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.inheritedA = slices.DeleteFunc(aps, func(a store.Approval) bool { return a.TurnID != turnID })
+	r.mu.Unlock()
+	r.qmu.Lock()
+	r.inheritedQ = slices.DeleteFunc(qs, func(q store.Question) bool { return q.TurnID != turnID })
+	r.qmu.Unlock()
+	return nil
+}
+
+// settleInherited denies (cancels) what a continued turn inherited and the
+// agent did not ask again, so nothing stays pending past its turn.
+func (m *Manager) settleInherited(r *roomState) {
+	r.mu.Lock()
+	aps := r.inheritedA
+	r.inheritedA = nil
+	r.mu.Unlock()
+	r.qmu.Lock()
+	qs := r.inheritedQ
+	r.inheritedQ = nil
+	r.qmu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, a := range aps {
+		if err := m.resolveApproval(ctx, r.id, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
+			m.log.Error("room: denying an approval left from before the restart", "room", r.id, "err", err)
+		}
+	}
+	for _, q := range qs {
+		if err := m.answerQuestion(ctx, r.id, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
+			m.log.Error("room: cancelling a question left from before the restart", "room", r.id, "err", err)
+		}
+	}
+}
+
+// noteOffset records that the agent's output up to offset is handled (a
+// dialog decided), so a later attach does not ask it again.
+func (m *Manager) noteOffset(r *roomState, offset int64) {
+	if offset <= 0 || m.isDetaching() {
+		return
+	}
+	if err := m.write(func(tx Tx) error { return tx.SetAgentOffset(r.id, offset) }); err != nil {
+		m.log.Error("room: recording the agent's output offset", "room", r.id, "err", err)
+	}
 }
 
 // attachRoom attaches one room's agent; nil and why when it cannot.
@@ -725,9 +814,15 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	if m.isDetaching() {
 		r.mu.Lock()
 		r.turn = nil
+		prompted := t.prompted
 		r.mu.Unlock()
+		if !prompted {
+			// The agent never had it: the next host runs it again.
+			m.requeue(r, t)
+		}
 		return
 	}
+	m.settleInherited(r)
 	if res.outcome != OutcomeSettled {
 		// A turn that did not settle retires its agent before the next.
 		m.release(r, "turn "+res.outcome)
@@ -760,6 +855,33 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	})
 	if err != nil {
 		m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
+	}
+}
+
+// requeue ends a turn whose prompt never reached the agent and puts its
+// messages back in the queue (in the store, for the next host).
+func (m *Manager) requeue(r *roomState, t *turnRun) {
+	err := m.write(func(tx Tx) error {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), ""); err != nil {
+			return err
+		}
+		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+			"turn_id": t.id, "message_id": t.messageID, "outcome": OutcomeCancelled, "reason": errDetached.Error(), "text": "",
+		}); err != nil {
+			return err
+		}
+		for _, id := range append([]string{t.messageID}, t.joined...) {
+			if err := tx.UpdateMessage(id, store.MessageQueued, "", "", ""); err != nil {
+				return err
+			}
+			if _, err := tx.Append(r.id, "message.queued", map[string]any{"message_id": id, "recovered": true}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Error("room: queueing a turn the agent never had again", "room", r.id, "err", err)
 	}
 }
 

@@ -150,10 +150,14 @@ type ApprovalRequest struct {
 	Tool    string
 	Input   string // redacted and bounded by the transport
 	Options []string
+	// Offset is the request's position in the agent's output, as
+	// AgentEvent.Offset: recorded once it is decided.
+	Offset int64
 }
 
 // QuestionRequest is an agent's question to people.
 type QuestionRequest struct {
 	Title   string
 	Options []string
+	Offset  int64 // as ApprovalRequest.Offset
 }

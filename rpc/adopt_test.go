@@ -100,3 +100,28 @@ func TestClient_AdoptIdleSettles(t *testing.T) {
 		t.Fatal("an idle adopted agent's assumed run should end with AgentInvoked false")
 	}
 }
+
+// Replies to the previous client's requests, read again from the agent's
+// output, are dropped quietly by an adopted client; a client that read
+// from the start reports such a reply.
+func TestClient_AdoptDropsThePreviousClientsReplies(t *testing.T) {
+	for _, adopt := range []*Adopt{{Offset: 10}, nil} {
+		p := newPipePeer(t, Options{Adopt: adopt})
+		seen := make(chan struct{})
+		p.c.On("notice", func(Event) { close(seen) })
+		p.say(`{"type":"response","id":"ah-7","command":"get_state","success":true,"data":{}}`,
+			`{"type":"notice","message":"after"}`)
+		select {
+		case <-seen:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the frame after the reply was not read")
+		}
+		errs := p.c.Errors()
+		if adopt != nil && len(errs) != 0 {
+			t.Fatalf("adopted: errors %v, want none", errs)
+		}
+		if adopt == nil && (len(errs) != 1 || !strings.Contains(errs[0].Error(), "unknown request")) {
+			t.Fatalf("not adopted: errors %v, want the unknown reply", errs)
+		}
+	}
+}

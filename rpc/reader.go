@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -421,6 +422,12 @@ func (c *Client) handleResponse(line []byte) {
 			return
 		}
 		c.mu.Unlock()
+		if c.opts.Adopt != nil && !strings.HasPrefix(r.ID, c.idPrefix) {
+			// Read again from the agent's output: the answer to a
+			// request of the client before.
+			c.log.Debug("rpc: dropped a reply to the adopted agent's previous client", "command", r.Command)
+			return
+		}
 		c.reportError(&ProtocolError{Op: "response", Err: fmt.Errorf("response to unknown request (command %q)", r.Command)})
 		return
 	}

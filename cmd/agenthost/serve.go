@@ -323,9 +323,11 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if err != nil {
 		return &exitError{2, fmt.Errorf("serve: %w", err)}
 	}
+	began := time.Now()
 	if err := m.Start(ctx); err != nil {
 		return fmt.Errorf("serve: recovering the rooms: %w", err)
 	}
+	log.Debug("rooms recovered", "took", time.Since(began))
 	defer func() {
 		if cerr := m.Close(); cerr != nil && !errors.Is(cerr, room.ErrClosed) && err == nil {
 			err = cerr

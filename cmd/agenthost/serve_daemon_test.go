@@ -22,7 +22,7 @@ import (
 // daemonServer is `agenthost serve --daemon` run as a process of its own
 // (the test binary as agenthost), so that signals reach it as they would.
 type daemonServer struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	url    string
 	token  string
@@ -33,7 +33,7 @@ type daemonServer struct {
 
 // freeAddr is a loopback address free a moment ago: both servers of a
 // restart listen on it, as an operator's would.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -44,7 +44,7 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-func startDaemonServer(t *testing.T, data, addr string, args ...string) *daemonServer {
+func startDaemonServer(t testing.TB, data, addr string, args ...string) *daemonServer {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--daemon", "--listen", addr, "--data", data}, args...)...)
 	cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN=")
@@ -116,8 +116,17 @@ func (s *daemonServer) stop(sig syscall.Signal) {
 func (s *daemonServer) post(room, text string) {
 	s.t.Helper()
 	b, _ := json.Marshal(map[string]string{"text": text})
-	if code, body := call(s.t, "POST", s.url+"v1/rooms/"+room+"/messages", s.token, string(b)); code != 202 {
-		s.t.Fatalf("post: %d %s", code, body)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"v1/rooms/"+room+"/messages", strings.NewReader(string(b)))
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != 202 {
+		s.t.Fatalf("post: %d", res.StatusCode)
 	}
 }
 
@@ -344,4 +353,79 @@ func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 	}
 	s2.stop(syscall.SIGTERM)
 	checkNothingLeft(t, data, "r")
+}
+
+
+// BenchmarkServeDaemon_Restart20Rooms: SIGUSR2 to a server with 20
+// resident rooms (omp on the built-in model, each after one turn), until
+// the next server serves with every room re-attached (its start line is
+// printed after the rooms are). No agent starts: checked at the end.
+//
+//	go test -run '^$' -bench ServeDaemon_Restart20Rooms -benchtime 5x ./cmd/agenthost
+func BenchmarkServeDaemon_Restart20Rooms(b *testing.B) {
+	const rooms = 20
+	data := b.TempDir()
+	addr := freeAddr(b)
+	args := []string{"--max-resident", strconv.Itoa(rooms)}
+	s := startDaemonServer(b, data, addr, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 900*time.Second)
+	defer cancel()
+	// Rooms start a few at a time: 20 omp starting at once on a small
+	// machine outlast the start timeout. Setup is not measured.
+	for i := range rooms {
+		s.post(fmt.Sprintf("r%02d", i), "[[say:hi]]")
+		if i%4 != 3 && i != rooms-1 {
+			continue
+		}
+		for j := i - i%4; j <= i; j++ {
+			evs, err := follow(ctx, s.url, s.token, fmt.Sprintf("r%02d", j), func(ev sseEvent) bool { return ev.typ == "turn.ended" })
+			if err != nil {
+				b.Fatal(err)
+			}
+			if end := evs[len(evs)-1].data; end["outcome"] != "settled" {
+				b.Fatalf("room r%02d: the turn ended %v", j, end)
+			}
+		}
+	}
+	var exit, serve time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		s.stop(syscall.SIGUSR2)
+		t1 := time.Now()
+		s = startDaemonServer(b, data, addr, args...)
+		t2 := time.Now()
+		exit += t1.Sub(t0)
+		serve += t2.Sub(t1)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(exit.Microseconds())/1e3/float64(b.N), "ms-old-exit/op")
+	b.ReportMetric(float64(serve.Microseconds())/1e3/float64(b.N), "ms-new-serving/op")
+	s.stop(syscall.SIGTERM)
+	// Every room was re-attached each time, and no agent started again.
+	db, err := store.Open(ctx, filepath.Join(data, "agenthost.db"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	for i := range rooms {
+		room := fmt.Sprintf("r%02d", i)
+		evs, err := db.Events(ctx, room, 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		starts, attaches := 0, 0
+		for _, ev := range evs {
+			switch ev.Type {
+			case "agent.started":
+				starts++
+			case "agent.attached":
+				attaches++
+			}
+		}
+		if starts != 1 || attaches != b.N {
+			ids, _ := db.RoomIDs(ctx)
+			b.Fatalf("room %s: agent.started %d, agent.attached %d (want 1 and %d); %d events; rooms %v", room, starts, attaches, b.N, len(evs), ids)
+		}
+	}
 }

@@ -178,3 +178,49 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 		t.Fatalf("a released agent's handle is still recorded: %+v", rooms)
 	}
 }
+
+// A restart while the turn waits on an approval: the next host re-reads
+// the agent's request, takes the pending approval over (not asked twice),
+// and a person's decision on it reaches the agent; the turn completes.
+func TestRealDaemonRestartDuringApproval(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	sim := startSim(t)
+	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	acc := h1.submit("r", "Run it: "+bashCall("echo approved-run"))
+	_, req := h1.wait("r", acc.Seq, "approval.requested", nil)
+	id := req["approval_id"].(string)
+	h1.detach()
+
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	// The pending approval is the agent's again (not denied by the
+	// restart); deciding it reaches omp, whether omp's request is read
+	// again before or after.
+	if err := h2.m.Approve(t.Context(), "r", id, true); err != nil {
+		t.Fatalf("approving %s after the restart: %v", id, err)
+	}
+	if got := h2.settled("r", acc); got != "done" {
+		t.Fatalf("turn text %q", got)
+	}
+	requested, resolved := 0, 0
+	var output string
+	for _, ev := range h2.roomEvents("r") {
+		switch ev.Type {
+		case "approval.requested":
+			requested++
+		case "approval.resolved":
+			resolved++
+			if by := field(ev.Data, "by"); by != "person" {
+				t.Fatalf("approval resolved by %q", by)
+			}
+		case room.KindToolEnded:
+			output = field(ev.Data, "output")
+		}
+	}
+	if requested != 1 || resolved != 1 {
+		t.Fatalf("approval.requested %d, approval.resolved %d: want 1 and 1", requested, resolved)
+	}
+	if !strings.Contains(output, "approved-run") {
+		t.Fatalf("tool output %q", output)
+	}
+}

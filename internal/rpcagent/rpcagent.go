@@ -445,6 +445,11 @@ func (a *agent) Continue(ctx context.Context) (room.TurnResult, error) {
 	a.acked = acked
 	a.mu.Unlock()
 	turn, err := a.c.WaitTurn(ctx)
+	if err == nil && !turn.AgentInvoked {
+		// No run was in progress after all (the prompt never reached
+		// the agent): the turn fails rather than settle with nothing.
+		return room.TurnResult{}, errors.New("rpcagent: the agent had no run in progress when it was attached")
+	}
 	return a.finish(ctx, turn, err)
 }
 
@@ -610,7 +615,7 @@ var approvalOptions = []string{"Approve", "Deny"}
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
-		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options}) {
+		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
@@ -627,7 +632,7 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	case "confirm":
 		options = []string{"yes", "no"}
 	}
-	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options})
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options, Offset: a.offset(req.End)})
 	switch {
 	case !ok:
 		return rpc.Cancelled()
