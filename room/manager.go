@@ -104,9 +104,9 @@ type roomState struct {
 	// the recorded offset), and the asking takes the pending one over.
 	inheritedA []store.Approval
 
-	qmu       sync.Mutex // guards questions and questionQ (never under mu)
-	questions map[string]chan answer
-	questionQ []string // pending question ids, oldest first
+	qmu        sync.Mutex // guards questions and questionQ (never under mu)
+	questions  map[string]chan answer
+	questionQ  []string         // pending question ids, oldest first
 	inheritedQ []store.Question // as inheritedA
 }
 

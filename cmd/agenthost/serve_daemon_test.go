@@ -355,7 +355,6 @@ func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 	checkNothingLeft(t, data, "r")
 }
 
-
 // BenchmarkServeDaemon_Restart20Rooms: SIGUSR2 to a server with 20
 // resident rooms (omp on the built-in model, each after one turn), until
 // the next server serves with every room re-attached (its start line is
