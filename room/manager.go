@@ -114,6 +114,7 @@ type roomState struct {
 // running, with the messages steered or followed up into it.
 type contTurn struct {
 	rec    store.Turn
+	run    *turnRun // in place before the agent was attached
 	joined []string
 }
 
@@ -362,21 +363,9 @@ func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]st
 		}
 		t, running := open[rec.ID]
 		attached[rec.ID] = t.ID
-		err := m.st.Write(ctx, func(tx Tx) error {
-			_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": a.SessionID(), "offset": rec.AgentOffset, "turn_id": t.ID})
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		if running {
-			if err := m.inherit(ctx, r, t.ID); err != nil {
-				return nil, err
-			}
-		}
 		r.mu.Lock()
 		if running {
-			c := &contTurn{rec: t}
+			c := &contTurn{rec: t, run: r.turn}
 			for _, id := range joined[t.ID] {
 				if id != t.MessageID {
 					c.joined = append(c.joined, id)
@@ -458,14 +447,47 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec store.Room, o
 	if err != nil {
 		return nil, nil, err.Error()
 	}
-	_, running := open[rec.ID]
+	t, running := open[rec.ID]
 	spec := AgentSpec{Room: r.id, Workspace: r.workspace, Home: filepath.Join(r.dir, "home"),
 		SessionID: rec.SessionID, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
+	// The agent reads on from the offset as soon as it is attached: the
+	// turn it continues, and what it asked before, are in place first,
+	// and agent.attached precedes what it reads.
+	if running {
+		if err := m.inherit(ctx, r, t.ID); err != nil {
+			return nil, nil, err.Error()
+		}
+		tctx, cancel := context.WithCancelCause(m.ctx)
+		run := &turnRun{id: t.ID, messageID: t.MessageID, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness), prompted: true}
+		r.mu.Lock()
+		r.turn = run
+		r.mu.Unlock()
+	}
+	undo := func() {
+		r.mu.Lock()
+		if r.turn != nil {
+			r.turn.cancel(nil)
+		}
+		r.turn, r.inheritedA = nil, nil
+		r.mu.Unlock()
+		r.qmu.Lock()
+		r.inheritedQ = nil
+		r.qmu.Unlock()
+	}
+	err = m.st.Write(ctx, func(tx Tx) error {
+		_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": rec.SessionID, "offset": rec.AgentOffset, "turn_id": t.ID})
+		return err
+	})
+	if err != nil {
+		undo()
+		return nil, nil, err.Error()
+	}
 	m.mu.Lock()
 	m.resident++ // a slot, over MaxResident if it must: the agent runs already
 	m.mu.Unlock()
 	a, err := at.Attach(ctx, spec, Attachment{Handle: rec.AgentProc, Offset: rec.AgentOffset, RunOpen: running})
 	if err != nil {
+		undo()
 		m.freeSlot()
 		return nil, nil, err.Error()
 	}
@@ -783,13 +805,10 @@ type turnEnd struct {
 // continueTurn runs on a turn the previous host started, on the agent it
 // left running (attached at Start), to the turn's end.
 func (m *Manager) continueTurn(r *roomState, c contTurn) {
-	rec := c.rec
+	t := c.run
+	tctx, cancel := t.ctx, t.cancel
 	r.mu.Lock()
-	cfg, _ := m.configLocked(r)
-	tctx, cancel := context.WithCancelCause(m.ctx)
-	t := &turnRun{id: rec.ID, messageID: rec.MessageID, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness),
-		joined: c.joined, prompted: true}
-	r.turn = t
+	t.joined = c.joined
 	r.lastUsed = time.Now()
 	a, _ := r.agent.(Detachable)
 	r.mu.Unlock()

@@ -514,7 +514,9 @@ func (c *Client) handleReady(line []byte) {
 	if r.MaxReassembledFrameBytes > 0 {
 		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
 	}
-	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	// An adopted client reading the agent's ready frame again keeps the
+	// protocol its predecessor negotiated (Adopt.V2).
+	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate && c.opts.Adopt == nil
 	id := ""
 	if wantV2 {
 		c.negotiate = true
