@@ -33,7 +33,10 @@ fuzz:
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzFramer$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzScanFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzReassembler$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./procd -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./procd -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 
 bench: setup
 	$(GO) test ./rpc -run '^$$' -bench . -benchmem
+	$(GO) test ./procd -run '^$$' -bench PipeThroughput -benchtime 10x -count 3
 	./bin/agenthost bench

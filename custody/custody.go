@@ -313,10 +313,22 @@ func (s *Scope) Stdin() io.WriteCloser { return s.stdin }
 
 // Stdout is the read end of the command's stdout; keep draining it until
 // Close returns, so the command never blocks on a full pipe.
-func (s *Scope) Stdout() io.Reader { return s.stdout }
+// Nil after StartTTY.
+func (s *Scope) Stdout() io.Reader {
+	if s.stdout == nil {
+		return nil
+	}
+	return s.stdout
+}
 
-// Stderr is the read end of the command's stderr.
-func (s *Scope) Stderr() io.Reader { return s.stderr }
+// Stderr is the read end of the command's stderr (nil after StartTTY or
+// StartCombined).
+func (s *Scope) Stderr() io.Reader {
+	if s.stderr == nil {
+		return nil
+	}
+	return s.stderr
+}
 
 // Exited is closed when the leader has exited and been reaped.
 func (s *Scope) Exited() <-chan struct{} { return s.exited }
@@ -337,6 +349,8 @@ func (s *Scope) CloseOutput() {
 	s.outOnce.Do(func() {
 		if s.stdout != nil {
 			s.stdout.Close()
+		}
+		if s.stderr != nil {
 			s.stderr.Close()
 		}
 	})
@@ -379,7 +393,16 @@ func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
 	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
 		return nil, errors.New("custody: Start makes the command's pipes; leave Stdin, Stdout and Stderr nil")
 	}
-	return c.start(ctx, cmd, nil)
+	return c.start(ctx, cmd, nil, false)
+}
+
+// StartCombined is Start with the command's stderr on its stdout pipe, in
+// the order it wrote them (as 2>&1); the scope's Stderr is then nil.
+func (c *Custodian) StartCombined(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
+	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
+		return nil, errors.New("custody: Start makes the command's pipes; leave Stdin, Stdout and Stderr nil")
+	}
+	return c.start(ctx, cmd, nil, true)
 }
 
 // StartTTY is Start for a command on a terminal: tty (the pty's child end)
@@ -390,10 +413,10 @@ func (c *Custodian) StartTTY(ctx context.Context, cmd *exec.Cmd, tty *os.File) (
 	if tty == nil || cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
 		return nil, errors.New("custody: StartTTY needs a tty and the command's stdio unset")
 	}
-	return c.start(ctx, cmd, tty)
+	return c.start(ctx, cmd, tty, false)
 }
 
-func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File) (*Scope, error) {
+func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, combined bool) (*Scope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -441,6 +464,8 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File) (*Sc
 		setCtty(cmd)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
 		err = cmd.Start()
+	} else if combined {
+		pipes, err = procio.StartCombined(cmd)
 	} else {
 		pipes, err = procio.Start(cmd)
 	}

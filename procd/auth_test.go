@@ -1,3 +1,5 @@
+//go:build linux
+
 package procd
 
 import (
@@ -38,6 +40,7 @@ func init() {
 }
 
 func TestAuth_Token(t *testing.T) {
+	t.Parallel()
 	dir, _ := startDaemon(t)
 	svc, err := readService(dir)
 	if err != nil {
@@ -69,6 +72,7 @@ func TestAuth_Token(t *testing.T) {
 // socket's directory keeps it out, and with that loosened (test only) the
 // daemon's peer check (SO_PEERCRED) still refuses it, right token or not.
 func TestAuth_OtherUID(t *testing.T) {
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("needs root to run a client as another uid (the tests run as root in CI)")
 	}
@@ -124,5 +128,35 @@ func TestAuth_OtherUID(t *testing.T) {
 	var r Reply
 	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Type != TypeError || r.Code != codeForbidden || !strings.Contains(r.Message, "peer") {
 		t.Fatalf("another uid with the right token: %s", out)
+	}
+}
+
+// TestFrame_OverLimit: a frame over MaxFrame is answered with an error, not
+// dropped silently, and the daemon serves on.
+func TestFrame_OverLimit(t *testing.T) {
+	t.Parallel()
+	dir, c := startDaemon(t)
+	svc, _ := readService(dir)
+	conn, err := net.Dial("unix", svc.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	var h [4]byte
+	h[0], h[1], h[2], h[3] = 0, 0x80, 0, 1 // 8 MiB + 1
+	if _, err := conn.Write(h[:]); err != nil {
+		t.Fatal(err)
+	}
+	b, err := readFrame(conn)
+	if err != nil {
+		t.Fatalf("no answer to an oversized frame: %v", err)
+	}
+	var r Reply
+	if err := json.Unmarshal(b, &r); err != nil || r.Type != TypeError || r.Code != codeInvalid {
+		t.Fatalf("reply %s", b)
+	}
+	if err := c.Ping(testCtx(t)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -43,19 +43,19 @@ type Client struct {
 	opts    ClientOptions
 
 	// Owner state: nil conn for a plain client.
-	ownMu      sync.Mutex // one owner request at a time
-	owner      net.Conn
-	ownReplies chan ownFrame
-	done       chan struct{} // closed when the owner connection is lost
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
-	claimed    bool
-	handoffErr error
+	ownMu       sync.Mutex // one owner request at a time
+	owner       net.Conn
+	ownReplies  chan ownFrame
+	done        chan struct{} // closed when the owner connection is lost
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	claimed     bool
+	handoffErr  error
+	oldReceipts []custody.Receipt
 }
 
 type ownFrame struct {
-	r   Reply
-	err error
+	r Reply
 }
 
 // Dial connects to the daemon already running for dataDir; ErrNoDaemon
@@ -99,11 +99,16 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 			c.claimed = true
 			return c, nil
 		}
+		if errors.Is(err, ErrOwned) {
+			return nil, err // a live owner's daemon is not ours to end
+		}
 		c.handoffErr = err
 		// A failed handoff ends the old daemon so no process is left that
 		// nobody owns; the restart goes on with a fresh one.
 		if old, derr := Dial(ctx, dataDir); derr == nil {
-			if _, serr := old.Shutdown(ctx); serr != nil && !errors.Is(serr, ErrShuttingDown) {
+			rs, serr := old.Shutdown(ctx)
+			c.oldReceipts = rs
+			if serr != nil && !errors.Is(serr, ErrShuttingDown) {
 				return nil, fmt.Errorf("procd: ending the daemon after a failed handoff (%v): %w", err, serr)
 			}
 			if werr := waitGone(ctx, dataDir); werr != nil {
@@ -121,7 +126,9 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 		// The daemon waits for a handoff whose ticket file is gone: end it
 		// and start fresh.
 		c.handoffErr = err
-		if _, serr := c.Shutdown(ctx); serr != nil && !errors.Is(serr, ErrShuttingDown) {
+		rs, serr := c.Shutdown(ctx)
+		c.oldReceipts = rs
+		if serr != nil && !errors.Is(serr, ErrShuttingDown) {
 			return nil, serr
 		}
 		if err := waitGone(ctx, dataDir); err != nil {
@@ -209,6 +216,10 @@ func (c *Client) Claimed() bool { return c.claimed }
 // HandoffErr is why a handoff ticket present at Own was not honoured, or nil.
 func (c *Client) HandoffErr() error { return c.handoffErr }
 
+// OldReceipts are the receipts of the processes Own ended with the old
+// daemon after a failed handoff.
+func (c *Client) OldReceipts() []custody.Receipt { return c.oldReceipts }
+
 // Owner reports whether this client is the daemon's owner.
 func (c *Client) Owner() bool { return c.owner != nil }
 
@@ -284,10 +295,17 @@ func (c *Client) CreatePTY(ctx context.Context, spec PTYSpec) (ProcessInfo, erro
 }
 
 // Write writes data to a process's stdin (a pipe process) or terminal
-// input (a pty nobody controls). It returns once the data is written.
+// input (a pty nobody controls). It returns once the data is written; data
+// over one request's cap goes in several requests, in order.
 func (c *Client) Write(ctx context.Context, id string, data []byte) error {
-	_, err := c.do(ctx, map[string]any{"op": "write", "id": id, "data": data}, TypeOK)
-	return err
+	for first := true; first || len(data) > 0; first = false {
+		n := min(len(data), maxWrite)
+		if _, err := c.do(ctx, map[string]any{"op": "write", "id": id, "data": data[:n]}, TypeOK); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
 }
 
 // CloseStdin closes a pipe process's stdin (EOF for the child).

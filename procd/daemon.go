@@ -1,3 +1,5 @@
+//go:build unix
+
 package procd
 
 import (
@@ -21,65 +23,11 @@ import (
 	"github.com/agenthost/agenthost/custody"
 )
 
-// Defaults for Options.
+// A starting daemon retries a busy lock lockTries times, lockRetry apart.
 const (
-	DefaultUnattended = 10 * time.Minute
-	DefaultIdleExit   = 5 * time.Second
-	DefaultExitDrain  = 2 * time.Second
-	// DefaultTerminate bounds one terminate (custody's Close of a tree).
-	DefaultTerminate = 30 * time.Second
-	// firstFrameTimeout bounds how long a new connection may take to send
-	// its request.
-	firstFrameTimeout = 10 * time.Second
-	// socketPathLimit is sun_path's size less its terminator, rounded down
-	// for portability.
-	socketPathLimit = 100
+	lockTries = 20
+	lockRetry = 10 * time.Millisecond
 )
-
-// Options configure a daemon. The zero value is usable but for DataDir.
-type Options struct {
-	// DataDir is the data dir the daemon serves; required.
-	DataDir string
-	// Unattended is how long a process of a daemon without owner may go
-	// unattended (no request names it, nobody waits on or subscribes to
-	// it) before it is ended (default DefaultUnattended).
-	Unattended time.Duration
-	// IdleExit is how long a daemon without owner, handoff, process or
-	// connection lives on (default DefaultIdleExit).
-	IdleExit time.Duration
-	// ExitDrain bounds how long, after a pipe or pty process's leader
-	// exited, its output may still arrive from descendants that hold the
-	// pipe or terminal (default DefaultExitDrain); then its exit is
-	// published and the reader stops.
-	ExitDrain time.Duration
-	// HandoffTTL is how long a handoff ticket is valid (default and
-	// maximum HandoffTTL).
-	HandoffTTL time.Duration
-	// Custody configures the daemon's custodian.
-	Custody custody.Options
-	Logger  *slog.Logger
-}
-
-func (o *Options) fill() {
-	if o.Unattended <= 0 {
-		o.Unattended = DefaultUnattended
-	}
-	if o.IdleExit <= 0 {
-		o.IdleExit = DefaultIdleExit
-	}
-	if o.ExitDrain <= 0 {
-		o.ExitDrain = DefaultExitDrain
-	}
-	if o.HandoffTTL <= 0 || o.HandoffTTL > HandoffTTL {
-		o.HandoffTTL = HandoffTTL
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-}
-
-// ErrRunning is returned by Run when a daemon already serves the data dir.
-var ErrRunning = errors.New("procd: a daemon already runs for this data dir")
 
 // daemon is one running daemon.
 type daemon struct {
@@ -117,12 +65,22 @@ func Run(ctx context.Context, opts Options) error {
 		return errors.New("procd: Options.DataDir is required")
 	}
 	opts.fill()
-	lock, ok, err := lockService(opts.DataDir)
-	if err != nil {
-		return fmt.Errorf("procd: lock: %w", err)
-	}
-	if !ok {
-		return ErrRunning
+	// Clients probe the lock for a moment (lockFree): a lock held that
+	// briefly is retried, one a daemon holds is not released in time.
+	var lock *os.File
+	for try := 0; ; try++ {
+		l, ok, err := lockService(opts.DataDir)
+		if err != nil {
+			return fmt.Errorf("procd: lock: %w", err)
+		}
+		if ok {
+			lock = l
+			break
+		}
+		if try == lockTries {
+			return ErrRunning
+		}
+		time.Sleep(lockRetry)
 	}
 	defer lock.Close()
 	d := &daemon{
@@ -388,11 +346,17 @@ func (d *daemon) readRequest(c *conn) (string, json.RawMessage, error) {
 	if err != nil {
 		return "", nil, err
 	}
+	return parseEnvelope(b, d.token)
+}
+
+// parseEnvelope checks one frame's envelope and token, and returns its op
+// and raw request.
+func parseEnvelope(b []byte, token string) (string, json.RawMessage, error) {
 	var env envelope
 	if err := json.Unmarshal(b, &env); err != nil {
 		return "", nil, errf(codeInvalid, "invalid envelope: %v", err)
 	}
-	if subtle.ConstantTimeCompare([]byte(env.Token), []byte(d.token)) != 1 {
+	if subtle.ConstantTimeCompare([]byte(env.Token), []byte(token)) != 1 {
 		return "", nil, errf(codeForbidden, "forbidden: missing or wrong token")
 	}
 	var head struct {
@@ -418,6 +382,10 @@ func (d *daemon) serveConn(nc *net.UnixConn) {
 		var re *reqErr
 		if errors.As(err, &re) {
 			c.fail(re.code, re.msg)
+		} else if errors.Is(err, ErrProtocol) {
+			// An oversized frame: said, then the connection closes (the
+			// rest of the frame is not read).
+			c.fail(codeInvalid, "invalid frame: over the 8 MiB limit")
 		}
 		return
 	}
@@ -522,6 +490,12 @@ func (d *daemon) opOwn(c *conn, op string, raw json.RawMessage) error {
 		return errf(codeShutdown, "daemon shutting down")
 	case r.Ticket != "":
 		h := d.handoff
+		if h == nil && d.owner != nil {
+			// No handoff under way: a stale ticket must not make its
+			// holder end a live owner's daemon.
+			d.mu.Unlock()
+			return errf(codeOwned, "daemon already owned (no handoff is pending)")
+		}
 		if h == nil || subtle.ConstantTimeCompare([]byte(r.Ticket), []byte(h.Ticket)) != 1 {
 			d.mu.Unlock()
 			return errf(codeHandoff, "handoff refused: no such ticket (wrong or already spent)")

@@ -1,3 +1,5 @@
+//go:build unix
+
 package procd
 
 import (
@@ -10,6 +12,9 @@ import (
 	"syscall"
 	"time"
 )
+
+// maxLog is the daemon log's size past which a new daemon starts a new one.
+const maxLog = 16 << 20
 
 // Detach starts the daemon for dataDir in the background and returns once
 // it answers: argv (with "--data DIR" appended) runs in a session of its
@@ -27,7 +32,12 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 	if err := os.MkdirAll(procdDir(dataDir), 0o700); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(procdDir(dataDir), logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	logPath := filepath.Join(procdDir(dataDir), logFile)
+	if fi, err := os.Lstat(logPath); err == nil && fi.Size() > maxLog {
+		// One old generation is kept; the log never grows past twice this.
+		_ = os.Rename(logPath, logPath+".1")
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("procd: daemon log: %w", err)
 	}
@@ -55,15 +65,17 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 			var ws syscall.WaitStatus
 			if wpid, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); wpid == pid {
 				exited = true
-				if ws.ExitStatus() != 0 || ws.Signaled() {
-					// Lost a race to another daemon, or failed: the next
-					// Dial tells which.
-					if c, err := Dial(ctx, dataDir); err == nil {
-						_ = c.Close()
-						return nil
-					}
-					return fmt.Errorf("procd: the daemon exited (%v); see %s", ws, filepath.Join(procdDir(dataDir), logFile))
+			}
+		}
+		if exited {
+			// It failed, or lost the race to another daemon that holds
+			// the lock and is still starting: that one is waited for.
+			if free, _ := lockFree(dataDir); free {
+				if c, err := Dial(ctx, dataDir); err == nil {
+					_ = c.Close()
+					return nil
 				}
+				return fmt.Errorf("procd: the daemon exited; see %s", filepath.Join(procdDir(dataDir), logFile))
 			}
 		}
 		select {

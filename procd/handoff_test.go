@@ -1,3 +1,5 @@
+//go:build linux
+
 package procd
 
 import (
@@ -27,6 +29,7 @@ func ownDaemon(t *testing.T, flags ...string) (string, *Client) {
 }
 
 func TestHandoff_Claimed(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `while read l; do echo "$l"; done`))
@@ -77,6 +80,19 @@ func TestHandoff_Claimed(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(procdDir(dir), ticketFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("ticket file after the claim: %v", err)
 	}
+	// A stale ticket while an owner is connected and no handoff pending:
+	// refused, and the live owner's daemon is left alone.
+	stale := tk
+	stale.Ticket = "stale"
+	if err := writeJSON(filepath.Join(procdDir(dir), ticketFile), stale); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Own(ctx, dir, testOpts()); !errors.Is(err, ErrOwned) {
+		t.Fatalf("own with a stale ticket beside a live owner: %v", err)
+	}
+	if got, err := o2.Get(ctx, info.ID); err != nil || !got.Running {
+		t.Fatalf("the live owner's process after a stale claim: %+v %v", got, err)
+	}
 	// A new owner with a fresh ticket cuts the old one off.
 	if _, err := o2.PrepareHandoff(ctx); err != nil {
 		t.Fatal(err)
@@ -99,6 +115,7 @@ func TestHandoff_Claimed(t *testing.T) {
 // TestHandoff_Failed: a ticket the daemon refuses (here: a forged one)
 // ends the old daemon with its processes, and Own starts fresh.
 func TestHandoff_Failed(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -125,6 +142,9 @@ func TestHandoff_Failed(t *testing.T) {
 	if pidAlive(info.PID) {
 		t.Fatalf("the old daemon's process %d still runs", info.PID)
 	}
+	if rs := o2.OldReceipts(); len(rs) != 1 || len(rs[0].Processes) == 0 || rs[0].Processes[0].PID != info.PID {
+		t.Fatalf("receipts of the old daemon: %+v", rs)
+	}
 	if ps, err := o2.List(ctx, ModePipe); err != nil || len(ps) != 0 {
 		t.Fatalf("fresh daemon's list: %+v %v", ps, err)
 	}
@@ -133,6 +153,7 @@ func TestHandoff_Failed(t *testing.T) {
 // TestHandoff_Expired: a handoff nobody claims ends the daemon and its
 // processes on its own; the next Own, with the stale ticket, starts fresh.
 func TestHandoff_Expired(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t, "--handoff-ttl", "300ms")
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -167,6 +188,7 @@ func TestHandoff_Expired(t *testing.T) {
 // TestOwner_LeavesWithoutHandoff: the owner's connection closing (a crash,
 // or a stop) ends every process and the daemon.
 func TestOwner_LeavesWithoutHandoff(t *testing.T) {
+	t.Parallel()
 	dir, o1 := ownDaemon(t)
 	ctx := testCtx(t)
 	info, err := o1.CreatePipe(ctx, pipeSpec(t, `sleep 300 & exec sleep 301`))
@@ -188,6 +210,7 @@ func TestOwner_LeavesWithoutHandoff(t *testing.T) {
 // TestUnowned_UnattendedEnded: without an owner, a process nobody looks
 // after is ended after the bound, and the idle daemon exits.
 func TestUnowned_UnattendedEnded(t *testing.T) {
+	t.Parallel()
 	dir, c := startDaemon(t, "--unattended", "1s", "--idle", "1s")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `exec sleep 300`))
@@ -204,6 +227,7 @@ func TestUnowned_UnattendedEnded(t *testing.T) {
 
 // TestUnowned_WatchedKept: a process someone waits on is attended.
 func TestUnowned_WatchedKept(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t, "--unattended", "500ms", "--idle", "1s")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 2; exit 4`))
@@ -213,5 +237,38 @@ func TestUnowned_WatchedKept(t *testing.T) {
 	exit, err := c.Wait(ctx, info.ID)
 	if err != nil || exit.Code != 4 {
 		t.Fatalf("a waited-on process past the bound: %+v %v", exit, err)
+	}
+}
+
+// TestConnect_Concurrent: clients racing to start the daemon of one data
+// dir all end up with the same one.
+func TestConnect_Concurrent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	t.Cleanup(func() { stopDaemon(t, dir) })
+	ctx := testCtx(t)
+	ids := make(chan string, 4)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c, err := Connect(ctx, dir, testOpts())
+			if err != nil {
+				errs <- err
+				return
+			}
+			ids <- c.InstanceID()
+		}()
+	}
+	seen := map[string]bool{}
+	for range 4 {
+		select {
+		case id := <-ids:
+			seen[id] = true
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 1 {
+		t.Fatalf("%d daemons for one data dir: %v", len(seen), seen)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package procd
 
 import (
@@ -115,4 +117,23 @@ func outputLines(t *testing.T, c *Client, id string, n int) []string {
 		t.Fatal(err)
 	}
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// watchers waits until n waits or subscriptions are open on id.
+func watchers(t *testing.T, c *Client, id string, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	waitFor(t, "watchers", func() bool {
+		pi, err := c.Get(ctx, id)
+		return err == nil && pi.Watchers == n
+	})
+}
+
+func svcToken(t *testing.T, dir string) string {
+	t.Helper()
+	svc, err := readService(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Token
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package procd
 
 import (
@@ -33,6 +35,7 @@ func daemonMain(args []string) int {
 	unattended := fs.Duration("unattended", 0, "")
 	idle := fs.Duration("idle", 0, "")
 	ttl := fs.Duration("handoff-ttl", 0, "")
+	fsize := fs.Int64("fsize", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -51,11 +54,23 @@ func daemonMain(args []string) int {
 		if *ttl > 0 {
 			argv = append(argv, "--handoff-ttl", ttl.String())
 		}
+		if *fsize > 0 {
+			argv = append(argv, "--fsize", fmt.Sprint(*fsize))
+		}
 		if err := Detach(dctx, *data, argv, os.Environ()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 		return 0
+	}
+	if *fsize > 0 {
+		// A file size limit makes output writes fail as on a full disk
+		// (EFBIG instead of the signal).
+		signal.Ignore(syscall.SIGXFSZ)
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: uint64(*fsize), Max: uint64(*fsize)}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log}); err != nil {

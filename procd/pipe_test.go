@@ -1,3 +1,5 @@
+//go:build linux
+
 package procd
 
 import (
@@ -10,6 +12,7 @@ import (
 )
 
 func TestPipe_RoundTrip(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	spec := pipeSpec(t, `while read l; do echo "got $l"; done; echo bye >&2; exit 3`)
@@ -24,6 +27,11 @@ func TestPipe_RoundTrip(t *testing.T) {
 	if err := c.Write(ctx, info.ID, []byte("a\nb\n")); err != nil {
 		t.Fatal(err)
 	}
+	// Over one request's cap: several requests, in order.
+	long := strings.Repeat("x", maxWrite+10)
+	if err := c.Write(ctx, info.ID, []byte(long+"\n")); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.CloseStdin(ctx, info.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -31,18 +39,19 @@ func TestPipe_RoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit.Code != 3 || exit.OutputLines != 3 || exit.OutputError != "" || exit.FinalOffset != int64(len("got a\ngot b\nbye\n")) {
+	want := "got a\ngot b\ngot " + long + "\nbye\n"
+	if exit.Code != 3 || exit.OutputLines != 4 || exit.OutputError != "" || exit.FinalOffset != int64(len(want)) {
 		t.Fatalf("exit: %+v", exit)
 	}
 	b, _ := os.ReadFile(spec.OutputPath)
-	if string(b) != "got a\ngot b\nbye\n" {
-		t.Fatalf("output file: %q", b)
+	if string(b) != want {
+		t.Fatalf("output file: %d bytes, want %d", len(b), len(want))
 	}
 	got, err := c.Get(ctx, info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Running || got.ExitedAt == nil || got.Exit == nil || got.Exit.Code != 3 || got.Pipe.OutputLines != 3 || string(got.Metadata) != `{"room":"r1"}` {
+	if got.Running || got.ExitedAt == nil || got.Exit == nil || got.Exit.Code != 3 || got.Pipe.OutputLines != 4 || string(got.Metadata) != `{"room":"r1"}` {
 		t.Fatalf("get: %+v", got)
 	}
 	// Waiting again on an exited process answers at once.
@@ -76,6 +85,7 @@ func TestPipe_RoundTrip(t *testing.T) {
 }
 
 func TestPipe_SeparateStderr(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	spec := pipeSpec(t, `echo out; echo err >&2`)
@@ -96,6 +106,7 @@ func TestPipe_SeparateStderr(t *testing.T) {
 }
 
 func TestCreatePipe_Invalid(t *testing.T) {
+	t.Parallel()
 	dir, c := startDaemon(t)
 	ctx := testCtx(t)
 	base := pipeSpec(t, "true")
@@ -173,6 +184,7 @@ func TestCreatePipe_Invalid(t *testing.T) {
 }
 
 func TestRequests_UnknownID(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	checks := map[string]error{}
@@ -190,5 +202,49 @@ func TestRequests_UnknownID(t *testing.T) {
 	}
 	if _, err := c.Get(ctx, ""); !errors.Is(err, ErrInvalid) {
 		t.Errorf("get without id: %v", err)
+	}
+}
+
+// TestPipe_OutputWriteError: a write to the output file that fails (here
+// a file size limit, as a full disk would) sets output_error; the process
+// still runs to its exit, which is published.
+func TestPipe_OutputWriteError(t *testing.T) {
+	t.Parallel()
+	_, c := startDaemon(t, "--fsize", "4096")
+	ctx := testCtx(t)
+	info, err := c.CreatePipe(ctx, pipeSpec(t, `i=0; while [ $i -lt 200 ]; do echo "line $i of some length to pass the limit"; i=$((i+1)); done; exit 0`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := c.Wait(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.Code != 0 || exit.OutputError == "" || exit.FinalOffset > 4096 || exit.OutputLines == 0 {
+		t.Fatalf("exit: %+v", exit)
+	}
+	got, err := c.Get(ctx, info.ID)
+	if err != nil || got.Pipe.OutputError == "" {
+		t.Fatalf("get: %+v %v", got.Pipe, err)
+	}
+}
+
+// TestPipe_BackgroundChildHoldsStdout: a background child that inherited
+// stdout cannot hold the exit back past ExitDrain.
+func TestPipe_BackgroundChildHoldsStdout(t *testing.T) {
+	t.Parallel()
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 300 & echo started`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := c.Wait(ctx, info.ID)
+	if err != nil || exit.Code != 0 || exit.OutputLines != 1 {
+		t.Fatalf("exit: %+v %v", exit, err)
+	}
+	rec, err := c.Terminate(ctx, info.ID)
+	if err != nil || len(rec.Processes) < 2 {
+		t.Fatalf("terminate: %v %v", rec, err)
 	}
 }

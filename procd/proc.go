@@ -1,3 +1,5 @@
+//go:build unix
+
 package procd
 
 import (
@@ -5,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -61,7 +62,7 @@ type pipeState struct {
 
 func (d *daemon) info(p *proc) ProcessInfo {
 	pi := ProcessInfo{ID: p.id, Mode: p.mode, Argv: p.argv, Cwd: p.cwd, PID: p.scope.Pid(), Running: p.exit == nil,
-		StartedAt: p.startedAt, Metadata: p.metadata}
+		StartedAt: p.startedAt, Metadata: p.metadata, Watchers: p.watchers}
 	if p.exit != nil {
 		e := *p.exit
 		pi.Exit, pi.ExitedAt = &e, &e.ExitedAt
@@ -184,6 +185,9 @@ func (d *daemon) opCreatePipe(c *conn, op string, raw json.RawMessage) error {
 		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}),
 		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath}}
 	if err := d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
+		if s.StderrPath == "" {
+			return d.cust.StartCombined(ctx, command(s.Argv, s.Cwd, s.Env))
+		}
 		return d.cust.Start(ctx, command(s.Argv, s.Cwd, s.Env))
 	}); err != nil {
 		out.Close()
@@ -246,17 +250,18 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 			n, rerr := r.Read(buf)
 			if n > 0 {
 				fmu.Lock()
-				_, werr := f.Write(buf[:n])
+				wn, werr := f.Write(buf[:n])
 				fmu.Unlock()
 				ps := p.pipe
 				ps.mu.Lock()
-				if werr != nil {
-					if ps.outErr == "" {
-						ps.outErr = werr.Error()
-					}
-				} else if count {
-					ps.bytes += int64(n)
-					ps.lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+				if werr != nil && ps.outErr == "" {
+					ps.outErr = werr.Error()
+				}
+				// Only what reached the file counts; the rest is drained
+				// so the child never blocks.
+				if count {
+					ps.bytes += int64(wn)
+					ps.lines += int64(bytes.Count(buf[:wn], []byte{'\n'}))
 				}
 				ps.mu.Unlock()
 			}
@@ -265,13 +270,12 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 			}
 		}
 	}
-	wg.Add(2)
+	wg.Add(1)
 	go copyTo(p.scope.Stdout(), out, true, &outMu)
 	if errFile != nil {
 		var errMu sync.Mutex
+		wg.Add(1)
 		go copyTo(p.scope.Stderr(), errFile, false, &errMu)
-	} else {
-		go copyTo(p.scope.Stderr(), out, true, &outMu)
 	}
 	readersDone := make(chan struct{})
 	go func() { wg.Wait(); close(readersDone) }()
@@ -563,6 +567,3 @@ func (d *daemon) terminate(p *proc, code string) (*custody.Receipt, error) {
 	<-p.done
 	return r, nil
 }
-
-// ErrUnsupportedPlatform is returned where the daemon cannot run.
-var ErrUnsupportedPlatform = fmt.Errorf("procd: %w", errors.ErrUnsupported)

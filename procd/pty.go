@@ -1,3 +1,5 @@
+//go:build unix
+
 package procd
 
 import (
@@ -12,16 +14,20 @@ import (
 	"github.com/creack/pty"
 )
 
-// subQueue bounds one subscriber's pending events; a subscriber that lets
-// it fill is dropped (told so when it can still be), never waited for.
-const subQueue = 256
+// subQueue and subMaxPending bound one subscriber's pending events and
+// their output bytes; a subscriber that falls further behind is dropped
+// (told so when it can still be), never waited for.
+const (
+	subQueue      = 256
+	subMaxPending = 1 << 20
+)
 
 type ptyState struct {
 	ptmx *os.File
 	inMu sync.Mutex // one writer to the terminal at a time
 
 	mu         sync.Mutex
-	buf        []byte // the last ReplayLimit bytes of output
+	buf        []byte // the last ReplayLimit to 2*ReplayLimit bytes of output
 	base, end  int64  // absolute offsets of buf's start and end
 	cols, rows uint16
 	subs       map[*ptySub]struct{}
@@ -30,6 +36,7 @@ type ptyState struct {
 
 type ptySub struct {
 	conn    *conn
+	pending int // output bytes queued, under ptyState.mu
 	ch      chan Reply
 	dropped chan struct{} // closed when dropped for being slow
 }
@@ -44,8 +51,13 @@ func (t *ptyState) info() *PTYInfo {
 // subscriber.
 func (t *ptyState) emit(r Reply) {
 	for s := range t.subs {
+		if s.pending+len(r.Data) > subMaxPending {
+			t.dropLocked(s)
+			continue
+		}
 		select {
 		case s.ch <- r:
+			s.pending += len(r.Data)
 		default:
 			t.dropLocked(s)
 		}
@@ -85,7 +97,9 @@ func (t *ptyState) append(data []byte) {
 	off := t.end
 	t.buf = append(t.buf, data...)
 	t.end += int64(len(data))
-	if over := len(t.buf) - ReplayLimit; over > 0 {
+	// Compacted only past twice the limit, so each byte is copied at most
+	// once more; replay serves the last ReplayLimit bytes (replayStart).
+	if over := len(t.buf) - ReplayLimit; len(t.buf) > 2*ReplayLimit {
 		n := copy(t.buf, t.buf[over:])
 		t.buf = t.buf[:n]
 		t.base += int64(over)
@@ -258,8 +272,9 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	}
 	s := &ptySub{conn: c, ch: make(chan Reply, subQueue), dropped: make(chan struct{})}
 	t.mu.Lock()
-	from := min(max(r.Offset, t.base), t.end)
-	att := Reply{Type: TypeAttached, Offset: from, Truncated: r.Offset < t.base,
+	start := max(t.base, t.end-ReplayLimit)
+	from := min(max(r.Offset, start), t.end)
+	att := Reply{Type: TypeAttached, Offset: from, Truncated: r.Offset < start,
 		Data: append([]byte(nil), t.buf[from-t.base:]...), Cols: t.cols, Rows: t.rows}
 	if r.Control {
 		if t.controller != nil {
@@ -310,6 +325,9 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	for {
 		select {
 		case ev := <-s.ch:
+			t.mu.Lock()
+			s.pending -= len(ev.Data)
+			t.mu.Unlock()
 			_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 			if c.send(ev) != nil {
 				return nil

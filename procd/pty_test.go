@@ -1,8 +1,11 @@
+//go:build linux
+
 package procd
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -23,6 +26,7 @@ func readUntil(t *testing.T, ctx context.Context, s *Subscription, seen *bytes.B
 }
 
 func TestPTY_AttachInputResizeReplay(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	d := t.TempDir()
@@ -144,10 +148,11 @@ func TestPTY_AttachInputResizeReplay(t *testing.T) {
 }
 
 func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
+	t.Parallel()
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	d := t.TempDir()
-	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read go; head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END; read x"}, Cwd: d, Env: []string{"PATH=/usr/bin:/bin"}})
+	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read go; head -c 5000000 /dev/zero | tr '\\0' a; echo; echo END; read x"}, Cwd: d, Env: []string{"PATH=/usr/bin:/bin"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +167,7 @@ func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
 	}
 	waitFor(t, "all output", func() bool {
 		g, err := c.Get(ctx, info.ID)
-		return err == nil && g.PTY.Offset > 3000000
+		return err == nil && g.PTY.Offset > 5000000
 	})
 	late, err := c.Subscribe(ctx, info.ID, 0, false)
 	if err != nil {
@@ -184,5 +189,59 @@ func TestPTY_ReplayTruncatedAndSlowObserverDropped(t *testing.T) {
 	}
 	if _, err := c.Terminate(ctx, info.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRequests_ModeErrors(t *testing.T) {
+	t.Parallel()
+	dir, c := startDaemon(t)
+	ctx := testCtx(t)
+	pipe, err := c.CreatePipe(ctx, pipeSpec(t, `exit 0`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, pipe.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, pipe.ID, []byte("late\n")); !errors.Is(err, ErrFailed) {
+		t.Errorf("write to an exited pipe process: %v", err)
+	}
+	big, _ := json.Marshal(map[string]any{"op": "write", "id": pipe.ID, "data": make([]byte, maxWrite+1)})
+	if r := rawRequest(t, dir, svcToken(t, dir), string(big)); r.Code != codeInvalid || !strings.HasPrefix(r.Message, "invalid write request: data is") {
+		t.Errorf("oversized write: %+v", r)
+	}
+	if err := c.Resize(ctx, pipe.ID, 80, 24); !errors.Is(err, ErrInvalid) {
+		t.Errorf("resize of a pipe process: %v", err)
+	}
+	if _, err := c.Subscribe(ctx, pipe.ID, 0, false); !errors.Is(err, ErrInvalid) {
+		t.Errorf("subscribe to a pipe process: %v", err)
+	}
+	tty, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read x"}, Cwd: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"sh"}, Cwd: "relative"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("create_pty with a relative cwd: %v", err)
+	}
+	if err := c.CloseStdin(ctx, tty.ID); !errors.Is(err, ErrInvalid) {
+		t.Errorf("eof to a pty: %v", err)
+	}
+	if err := c.Resize(ctx, tty.ID, 0, 10); !errors.Is(err, ErrInvalid) {
+		t.Errorf("resize to zero: %v", err)
+	}
+	if _, err := c.Subscribe(ctx, tty.ID, -1, false); !errors.Is(err, ErrInvalid) {
+		t.Errorf("negative offset: %v", err)
+	}
+	if err := c.Resize(ctx, tty.ID, 132, 43); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, tty.ID); err != nil || got.PTY.Cols != 132 || got.PTY.Rows != 43 {
+		t.Fatalf("after resize: %+v %v", got.PTY, err)
+	}
+	if err := c.Write(ctx, tty.ID, []byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := c.Wait(ctx, tty.ID); err != nil || e.Code != 0 {
+		t.Fatalf("pty exit: %+v %v", e, err)
 	}
 }

@@ -27,7 +27,7 @@ const (
 	HandoffTTL = 120 * time.Second
 	// maxWrite caps one write request's data, well under MaxFrame once
 	// base64-encoded.
-	maxWrite = 4 << 20
+	maxWrite = 1 << 20
 )
 
 // Mode is how a process's stdio is connected.
@@ -59,8 +59,11 @@ type ProcessInfo struct {
 	ExitedAt  *time.Time      `json:"exited_at,omitempty"`
 	Exit      *Exit           `json:"exit,omitempty"`
 	Metadata  json.RawMessage `json:"metadata,omitempty"`
-	PTY       *PTYInfo        `json:"pty,omitempty"`
-	Pipe      *PipeInfo       `json:"pipe,omitempty"`
+	// Watchers counts the open waits and subscriptions on it: a process
+	// with any is attended.
+	Watchers int       `json:"watchers"`
+	PTY      *PTYInfo  `json:"pty,omitempty"`
+	Pipe     *PipeInfo `json:"pipe,omitempty"`
 }
 
 // PTYInfo is the pty group of a ProcessInfo.

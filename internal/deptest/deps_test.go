@@ -17,6 +17,10 @@ var allowed = map[string][]string{
 	// Custody: standard library, x/sys and the pipe helper.
 	module + "/custody":         {"golang.org/x/sys/", module + "/internal/procio"},
 	module + "/internal/procio": nil,
+	// The process daemon and its client: custody, the pipe helper, x/sys
+	// and the pty library; never rooms, the store or the server (those
+	// drive it through its client).
+	module + "/procd": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/creack/pty"},
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/agents":   nil,

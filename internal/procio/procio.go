@@ -20,13 +20,21 @@ type Pipes struct {
 func (p Pipes) Close() {
 	p.Stdin.Close()
 	p.Stdout.Close()
-	p.Stderr.Close()
+	if p.Stderr != nil {
+		p.Stderr.Close()
+	}
 }
 
 // Start starts cmd with fresh pipes as its stdin, stdout and stderr (which
 // must be nil) and closes the child's ends in the host once it runs. On
 // error nothing is left open.
-func Start(cmd *exec.Cmd) (Pipes, error) {
+func Start(cmd *exec.Cmd) (Pipes, error) { return start(cmd, false) }
+
+// StartCombined is Start with stderr on the stdout pipe, in the order the
+// child wrote (as 2>&1); Pipes.Stderr is nil.
+func StartCombined(cmd *exec.Cmd) (Pipes, error) { return start(cmd, true) }
+
+func start(cmd *exec.Cmd, combined bool) (Pipes, error) {
 	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
 		return Pipes{}, fmt.Errorf("procio: the command's stdio must be unset")
 	}
@@ -39,6 +47,9 @@ func Start(cmd *exec.Cmd) (Pipes, error) {
 		}
 	}
 	for i := range host {
+		if i == 2 && combined {
+			break
+		}
 		r, w, err := os.Pipe()
 		if err != nil {
 			closeAll()
@@ -51,6 +62,9 @@ func Start(cmd *exec.Cmd) (Pipes, error) {
 		}
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
+	if combined {
+		cmd.Stderr = child[1]
+	}
 	if err := cmd.Start(); err != nil {
 		closeAll()
 		return Pipes{}, err

@@ -1,0 +1,200 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/procd"
+)
+
+// TestProc_Commands drives agenthost proc run|list|get|wait|signal|kill|
+// shutdown against a daemon the commands start (the test binary running
+// agenthost procd).
+func TestProc_Commands(t *testing.T) {
+	procDaemonEnv = append(os.Environ(), serveHelperEnv+"=1")
+	defer func() { procDaemonEnv = nil }()
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	defer func() { _ = run(ctx, []string{"proc", "shutdown", "--data", data}, &bytes.Buffer{}, &bytes.Buffer{}) }()
+	cli := func(args ...string) (string, error) {
+		var out, errb bytes.Buffer
+		err := run(ctx, append([]string{"proc"}, args...), &out, &errb)
+		return out.String(), err
+	}
+	out := filepath.Join(t.TempDir(), "out.txt")
+	id, err := cli("run", "--data", data, "--output", out, "--meta", `{"a":1}`, "--", "/bin/sh", "-c", "echo hi; exit 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(id)
+	got, err := cli("wait", "--data", data, id)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 3 {
+		t.Fatalf("wait: %v, want exit code 3", err)
+	}
+	var exit procd.Exit
+	if err := json.Unmarshal([]byte(got), &exit); err != nil || exit.Code != 3 || exit.OutputLines != 1 {
+		t.Fatalf("wait printed %q (%v)", got, err)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "hi\n" {
+		t.Fatalf("output file %q", b)
+	}
+	got, err = cli("get", "--data", data, id)
+	var info procd.ProcessInfo
+	if err != nil || json.Unmarshal([]byte(got), &info) != nil || info.ID != id || string(info.Metadata) != `{"a":1}` {
+		t.Fatalf("get: %q %v", got, err)
+	}
+	got, err = cli("list", "--data", data, "--mode", "pipe")
+	if err != nil || strings.Count(got, "\n") != 1 {
+		t.Fatalf("list: %q %v", got, err)
+	}
+	if _, err := cli("list", "--data", data, "--mode", "tty"); !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("list --mode tty: %v", err)
+	}
+	id2, err := cli("run", "--data", data, "--", "sleep", "300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2 = strings.TrimSpace(id2)
+	if _, err := cli("signal", "--data", data, id2, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli("wait", "--data", data, id2); !errors.As(err, &ee) || ee.code != 143 {
+		t.Fatalf("wait after TERM: %v", err)
+	}
+	id3, err := cli("run", "--data", data, "--pty", "--", "sleep", "300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = cli("kill", "--data", data, strings.TrimSpace(id3))
+	if err != nil || !strings.Contains(got, `"processes"`) {
+		t.Fatalf("kill: %q %v", got, err)
+	}
+	if _, err := cli("get", "--data", data, strings.TrimSpace(id3)); !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("get after kill: %v", err)
+	}
+	got, err = cli("shutdown", "--data", data)
+	if err != nil || strings.Count(got, "\n") != 2 {
+		t.Fatalf("shutdown: %q %v", got, err)
+	}
+	// Shutdown never starts a daemon.
+	if _, err := cli("shutdown", "--data", data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProc_Attach relays a pty: the replay first, then input and output,
+// and the process's exit code.
+func TestProc_Attach(t *testing.T) {
+	procDaemonEnv = append(os.Environ(), serveHelperEnv+"=1")
+	defer func() { procDaemonEnv = nil }()
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	defer func() { _ = run(ctx, []string{"proc", "shutdown", "--data", data}, &bytes.Buffer{}, &bytes.Buffer{}) }()
+	var out bytes.Buffer
+	if err := run(ctx, []string{"proc", "run", "--data", data, "--pty", "--", "/bin/sh", "-c", "echo ready; read x; echo got-$x; exit 4"}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out.String())
+	c, err := procd.Connect(ctx, data, &procd.ClientOptions{DaemonEnv: procDaemonEnv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The output before anyone attached is in the replay.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := c.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.PTY.Offset >= int64(len("ready\r\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no output from the pty")
+		}
+		time.Sleep(10 * time.Millisecond) // polling: no event for output nobody subscribed to
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if _, err := w.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	var term bytes.Buffer
+	err = attach(ctx, c, id, r, &term)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 4 {
+		t.Fatalf("attach: %v, want exit code 4", err)
+	}
+	if got := term.String(); !strings.Contains(got, "ready") || !strings.Contains(got, "got-hello") {
+		t.Fatalf("terminal saw %q", got)
+	}
+}
+
+// TestProcd_ForegroundHangup: agenthost procd in the foreground ends every
+// process and exits 0 on SIGHUP (its terminal closing), as on SIGTERM.
+func TestProcd_ForegroundHangup(t *testing.T) {
+	data := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.Command(os.Args[0], "procd", "--data", data)
+	cmd.Env = append(os.Environ(), serveHelperEnv+"=1")
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	defer func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	var c *procd.Client
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		if c, err = procd.Dial(ctx, data); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never answered: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling: the foreground daemon announces nothing to this process
+	}
+	defer c.Close()
+	info, err := c.CreatePipe(ctx, procd.PipeSpec{Argv: []string{"sleep", "300"}, Cwd: data, Env: []string{"PATH=/usr/bin:/bin"},
+		OutputPath: filepath.Join(data, "out")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	waited = true
+	if err != nil {
+		t.Fatalf("procd after SIGHUP: %v", err)
+	}
+	if err := syscall.Kill(info.PID, 0); err == nil {
+		t.Fatalf("process %d outlived the daemon", info.PID)
+	}
+}
