@@ -20,6 +20,7 @@ import (
 // output file.
 type daemonTransport struct {
 	prompted chan struct{} // a Run waits for its run's end
+	gate     chan struct{} // if set, Start waits for it (or its ctx)
 	mu       sync.Mutex
 	procs    map[string]*daemonProc
 	n        int
@@ -43,6 +44,13 @@ func newDaemonTransport() *daemonTransport {
 }
 
 func (d *daemonTransport) Start(ctx context.Context, spec AgentSpec) (Agent, error) {
+	if d.gate != nil {
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
 	d.mu.Lock()
 	d.n++
 	p := &daemonProc{id: fmt.Sprintf("p%d", d.n), grew: make(chan struct{})}
@@ -336,5 +344,42 @@ func TestAttachOfAGoneAgentRecovers(t *testing.T) {
 	d.proc("p2").emit(frame{text: "fresh", end: true})
 	if end := h.turnEnded("r", acc2); end["text"] != "fresh" {
 		t.Fatalf("second turn %v", end)
+	}
+}
+
+// A planned restart while the turn's agent is still starting: the agent
+// never had the prompt, so the turn ends cancelled and its message is
+// queued again; the next host runs it.
+func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	d := newDaemonTransport()
+	d.gate = make(chan struct{})
+	root := filepath.Join(dir, "rooms")
+	m1 := managerOn(t, db, root, d)
+	h := &harness{t: t, db: db, m: m1}
+	acc := h.submit("r", "go")
+	h.waitEvent("r", acc.Seq, "turn.started", nil)
+	if err := m1.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	end := h.turnEnded("r", acc)
+	if end["outcome"] != OutcomeCancelled {
+		t.Fatalf("turn ended %v", end)
+	}
+	h.waitEvent("r", acc.Seq, "message.queued", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["recovered"] == true })
+	d.gate = nil
+	m2 := managerOn(t, db, root, d)
+	defer m2.Close()
+	h.m = m2
+	d.waitPrompted(t)
+	d.proc("p1").emit(frame{text: "ran", end: true})
+	ev := h.waitEvent("r", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["outcome"] == OutcomeSettled })
+	if field(ev, "text") != "ran" {
+		t.Fatalf("the message's second turn: %s", ev.Data)
 	}
 }
