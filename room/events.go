@@ -16,16 +16,18 @@ type eventLog struct {
 	m    *Manager
 	room string
 
-	mu      sync.Mutex
-	pending []pendingEvent
-	dropped int
-	running bool       // a writer drains pending
-	idle    *sync.Cond // broadcast when the writer stops
+	mu        sync.Mutex
+	pending   []pendingEvent
+	dropped   int
+	droppedAt int64      // the offset past the last dropped event
+	running   bool       // a writer drains pending
+	idle      *sync.Cond // broadcast when the writer stops
 }
 
 type pendingEvent struct {
-	kind string
-	data map[string]any
+	kind   string
+	data   map[string]any
+	offset int64 // in the agent's output, past the event's frame (0: none)
 }
 
 func newEventLog(m *Manager, room string) *eventLog {
@@ -35,17 +37,19 @@ func newEventLog(m *Manager, room string) *eventLog {
 }
 
 // add queues an event; it never waits for the store.
-func (l *eventLog) add(kind string, data map[string]any) {
+func (l *eventLog) add(kind string, data map[string]any, offset int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch n := len(l.pending); {
 	case n < maxPendingEvents:
-		l.pending = append(l.pending, pendingEvent{kind, data})
+		l.pending = append(l.pending, pendingEvent{kind, data, offset})
 	case kind == KindText && l.pending[n-1].kind == KindText:
-		last := l.pending[n-1].data
-		last["text"] = last["text"].(string) + data["text"].(string)
+		last := &l.pending[n-1]
+		last.data["text"] = last.data["text"].(string) + data["text"].(string)
+		last.offset = max(last.offset, offset)
 	default:
 		l.dropped++
+		l.droppedAt = max(l.droppedAt, offset)
 	}
 	if !l.running {
 		l.running = true
@@ -60,8 +64,8 @@ func (l *eventLog) drain() {
 	defer l.m.wg.Done()
 	for {
 		l.mu.Lock()
-		batch, dropped := l.pending, l.dropped
-		l.pending, l.dropped = nil, 0
+		batch, dropped, offset := l.pending, l.dropped, l.droppedAt
+		l.pending, l.dropped, l.droppedAt = nil, 0, 0
 		if len(batch) == 0 && dropped == 0 {
 			l.running = false
 			l.idle.Broadcast()
@@ -74,10 +78,17 @@ func (l *eventLog) drain() {
 				if _, err := tx.Append(l.room, ev.kind, ev.data); err != nil {
 					return err
 				}
+				offset = max(offset, ev.offset)
 			}
 			if dropped > 0 {
-				_, err := tx.Append(l.room, "events.dropped", map[string]int{"count": dropped})
-				return err
+				if _, err := tx.Append(l.room, "events.dropped", map[string]int{"count": dropped}); err != nil {
+					return err
+				}
+			}
+			if offset > 0 {
+				// These events' frames are not to be read again after a
+				// restart that keeps the agent.
+				return tx.SetAgentOffset(l.room, offset)
 			}
 			return nil
 		})

@@ -45,7 +45,7 @@ func (h *handler) Event(ev AgentEvent) {
 	default:
 		return
 	}
-	h.r.events.add(ev.Kind, data)
+	h.r.events.add(ev.Kind, data, ev.Offset)
 }
 
 // await pauses the turn's clocks while a person decides, and returns the
@@ -94,6 +94,13 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	deadline := now.Add(cfg.ApprovalTimeout)
 	ch := make(chan bool, 1)
 	r.mu.Lock()
+	// Asked again after a restart: the pending approval goes on.
+	i := slices.IndexFunc(r.inheritedA, func(a store.Approval) bool { return a.Tool == req.Tool && a.Input == req.Input })
+	inherited := i >= 0
+	if inherited {
+		id, deadline = r.inheritedA[i].ID, r.inheritedA[i].Deadline
+		r.inheritedA = slices.Delete(r.inheritedA, i, i+1)
+	}
 	if r.approvals == nil {
 		r.approvals = map[string]chan bool{}
 	}
@@ -105,37 +112,52 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 		r.mu.Unlock()
 	}()
 	r.events.flush() // the tool's own events come first
-	err := m.write(func(tx Tx) error {
-		if err := tx.PutApproval(store.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
-			Options: req.Options, Created: now, Deadline: deadline}); err != nil {
-			return err
-		}
-		_, err := tx.Append(r.id, "approval.requested", map[string]any{
-			"approval_id": id, "turn_id": turnID, "tool": req.Tool, "input": req.Input, "options": req.Options, "deadline": deadline.UTC(),
-		})
-		return err
-	})
-	if err != nil {
-		m.log.Error("room: recording an approval failed; denied", "room", r.id, "err", err)
-		return false
-	}
-	if m.opts.Policy != nil {
-		if d := m.opts.Policy(r.id, req); d != Ask {
-			if err := m.resolveApproval(context.Background(), r.id, id, d == Allow, "policy"); err == nil {
-				return d == Allow
+	if !inherited {
+		err := m.write(func(tx Tx) error {
+			if err := tx.PutApproval(store.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
+				Options: req.Options, Created: now, Deadline: deadline}); err != nil {
+				return err
 			}
+			_, err := tx.Append(r.id, "approval.requested", map[string]any{
+				"approval_id": id, "turn_id": turnID, "tool": req.Tool, "input": req.Input, "options": req.Options, "deadline": deadline.UTC(),
+			})
+			return err
+		})
+		if err != nil {
+			m.log.Error("room: recording an approval failed; denied", "room", r.id, "err", err)
+			return false
+		}
+		if m.opts.Policy != nil {
+			if d := m.opts.Policy(r.id, req); d != Ask {
+				if err := m.resolveApproval(context.Background(), r.id, id, d == Allow, "policy"); err == nil {
+					m.noteOffset(r, req.Offset)
+					return d == Allow
+				}
+			}
+		}
+	} else if aps, err := m.st.Approvals(context.Background(), r.id, false); err == nil {
+		// Decided while no host listened: that decision stands.
+		if j := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id }); j >= 0 && aps[j].Decision != "" {
+			m.noteOffset(r, req.Offset)
+			return aps[j].Decision == "allow"
 		}
 	}
 	allow, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
+		m.noteOffset(r, req.Offset)
 		return allow
+	}
+	if m.isDetaching() {
+		// Left pending for the next host, which asks the agent again.
+		return false
 	}
 	by := "cancel"
 	if timedOut {
 		by = "deadline"
 	}
+	defer m.noteOffset(r, req.Offset)
 	// Nobody decided: deny, unless a person got there first.
-	err = m.resolveApproval(context.Background(), r.id, id, false, by)
+	err := m.resolveApproval(context.Background(), r.id, id, false, by)
 	if errors.Is(err, ErrConflict) {
 		aps, _ := m.st.Approvals(context.Background(), r.id, false)
 		i := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id })
@@ -195,20 +217,29 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	// qmu is held from the write to the registration: a message that saw
 	// question.asked must find the question waiting for its answer.
 	r.qmu.Lock()
-	err := m.write(func(tx Tx) error {
-		if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
-			Created: now, Deadline: deadline}); err != nil {
-			return err
-		}
-		_, err := tx.Append(r.id, "question.asked", map[string]any{
-			"question_id": id, "turn_id": turnID, "title": req.Title, "options": req.Options, "deadline": deadline.UTC(),
-		})
-		return err
+	// Asked again after a restart: the pending question goes on.
+	i := slices.IndexFunc(r.inheritedQ, func(q store.Question) bool {
+		return q.Title == req.Title && slices.Equal(q.Options, req.Options)
 	})
-	if err != nil {
-		r.qmu.Unlock()
-		m.log.Error("room: recording a question failed; cancelled", "room", r.id, "err", err)
-		return "", false
+	if i >= 0 {
+		id, deadline = r.inheritedQ[i].ID, r.inheritedQ[i].Deadline
+		r.inheritedQ = slices.Delete(r.inheritedQ, i, i+1)
+	} else {
+		err := m.write(func(tx Tx) error {
+			if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
+				Created: now, Deadline: deadline}); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "question.asked", map[string]any{
+				"question_id": id, "turn_id": turnID, "title": req.Title, "options": req.Options, "deadline": deadline.UTC(),
+			})
+			return err
+		})
+		if err != nil {
+			r.qmu.Unlock()
+			m.log.Error("room: recording a question failed; cancelled", "room", r.id, "err", err)
+			return "", false
+		}
 	}
 	if r.questions == nil {
 		r.questions = map[string]chan answer{}
@@ -222,10 +253,24 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 		r.questionQ = slices.DeleteFunc(r.questionQ, func(q string) bool { return q == id })
 		r.qmu.Unlock()
 	}()
+	if i >= 0 {
+		// Answered while no host listened: that answer stands.
+		if qs, err := m.st.Questions(context.Background(), r.id, false); err == nil {
+			if j := slices.IndexFunc(qs, func(q store.Question) bool { return q.ID == id }); j >= 0 && !qs[j].Answered.IsZero() {
+				m.noteOffset(r, req.Offset)
+				return qs[j].Answer, qs[j].By != "restart"
+			}
+		}
+	}
 	a, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
+		m.noteOffset(r, req.Offset)
 		return a.text, a.ok
 	}
+	if m.isDetaching() {
+		return "", false
+	}
+	defer m.noteOffset(r, req.Offset)
 	by := "cancel"
 	if timedOut {
 		by = "deadline"

@@ -59,6 +59,7 @@ var (
 var (
 	errCancelled = errors.New("cancelled")
 	errShutdown  = errors.New("host shutting down")
+	errDetached  = errors.New("host restarting; the agent goes on")
 )
 
 // Manager runs rooms. Create it with New, call Start, and Close it last.
@@ -74,6 +75,7 @@ type Manager struct {
 	mu        sync.Mutex
 	started   bool
 	closing   bool
+	detaching bool // Detach: agents that outlive the host are left running
 	rooms     map[string]*roomState
 	resident  int
 	slotFreed chan struct{} // closed and replaced when a slot frees
@@ -89,17 +91,31 @@ type roomState struct {
 	mu        sync.Mutex
 	cfg       *Config // filled and validated at first use
 	queue     []queued
-	working   bool // a worker goroutine serves the queue
+	cont      *contTurn // a turn an attached agent runs, continued first
+	working   bool      // a worker goroutine serves the queue
 	agent     Agent
 	session   string
 	lost      bool // the next prompt carries the transcript
 	turn      *turnRun
 	lastUsed  time.Time
 	approvals map[string]chan bool
+	// inheritedA are the approvals pending in a continued turn when the
+	// previous host let go: the agent asks again (its request lies past
+	// the recorded offset), and the asking takes the pending one over.
+	inheritedA []store.Approval
 
-	qmu       sync.Mutex // guards questions and questionQ (never under mu)
-	questions map[string]chan answer
-	questionQ []string // pending question ids, oldest first
+	qmu        sync.Mutex // guards questions and questionQ (never under mu)
+	questions  map[string]chan answer
+	questionQ  []string         // pending question ids, oldest first
+	inheritedQ []store.Question // as inheritedA
+}
+
+// contTurn is a turn the previous host started on an agent it left
+// running, with the messages steered or followed up into it.
+type contTurn struct {
+	rec    store.Turn
+	run    *turnRun // in place before the agent was attached
+	joined []string
 }
 
 type queued struct {
@@ -186,7 +202,14 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	attached, err := m.attach(ctx, turns)
+	if err != nil {
+		return err
+	}
 	for _, t := range turns {
+		if _, ok := attached[t.Room]; ok {
+			continue // its agent runs on; the room's worker continues it
+		}
 		err := m.st.Write(ctx, func(tx Tx) error {
 			if err := tx.EndTurn(t.ID, OutcomeFailed, "host restarted", ""); err != nil {
 				return err
@@ -205,6 +228,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, a := range aps {
+		if tid := attached[a.Room]; tid != "" && a.TurnID == tid {
+			continue // the attached agent asks again (inherited)
+		}
 		if err := m.resolveApproval(ctx, a.Room, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
@@ -214,6 +240,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, q := range qs {
+		if tid := attached[q.Room]; tid != "" && q.TurnID == tid {
+			continue
+		}
 		if err := m.answerQuestion(ctx, q.Room, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
@@ -223,6 +252,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, msg := range msgs {
+		if tid := attached[msg.Room]; msg.Status == store.MessageStarted && tid != "" && msg.TurnID == tid {
+			// In (or steered into) the turn the attached agent runs on.
+			continue
+		}
 		if msg.Status == store.MessageStarted {
 			// Its turn died with the host (or it was steered into one).
 			err := m.st.Write(ctx, func(tx Tx) error {
@@ -256,6 +289,212 @@ func (m *Manager) recover(ctx context.Context) error {
 		r.mu.Unlock()
 	}
 	return nil
+}
+
+// attachConcurrency bounds the agents attached at once at Start.
+const attachConcurrency = 8
+
+// attach re-attaches the agents a previous host left running (through an
+// Attacher transport) and reports the rooms attached, each with the turn
+// it continues ("" for none). A room whose agent cannot be attached
+// forgets it and recovers as after a crash.
+func (m *Manager) attach(ctx context.Context, turns []store.Turn) (map[string]string, error) {
+	attached := map[string]string{}
+	recs, err := m.st.AgentRooms(ctx)
+	if err != nil || len(recs) == 0 {
+		return attached, err
+	}
+	at, ok := m.opts.Transport.(Attacher)
+	open := map[string]store.Turn{}
+	for _, t := range turns {
+		open[t.Room] = t
+	}
+	var joined map[string][]string // turn -> messages steered into it
+	if ok {
+		msgs, err := m.st.OpenMessages(ctx)
+		if err != nil {
+			return nil, err
+		}
+		joined = map[string][]string{}
+		for _, msg := range msgs {
+			if msg.Status == store.MessageStarted && msg.TurnID != "" {
+				joined[msg.TurnID] = append(joined[msg.TurnID], msg.ID)
+			}
+		}
+	}
+	// Side by side: each attach waits on its agent's answers.
+	type attachment struct {
+		a      Detachable
+		r      *roomState
+		reason string
+	}
+	got := make([]attachment, len(recs))
+	sem := make(chan struct{}, attachConcurrency)
+	var wg sync.WaitGroup
+	for i, rec := range recs {
+		if !ok {
+			got[i].reason = "the transport cannot attach agents"
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			got[i].a, got[i].r, got[i].reason = m.attachRoom(ctx, at, rec, open)
+		}()
+	}
+	wg.Wait()
+	for i, rec := range recs {
+		a, r, reason := got[i].a, got[i].r, got[i].reason
+		if a == nil {
+			m.log.Warn("room: the agent left running could not be attached; the room recovers", "room", rec.ID, "reason", reason)
+			err := m.st.Write(ctx, func(tx Tx) error {
+				if err := tx.SetAgentProc(rec.ID, ""); err != nil {
+					return err
+				}
+				_, err := tx.Append(rec.ID, "agent.released", map[string]any{"reason": "not attached at restart: " + reason})
+				return err
+			})
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		t, running := open[rec.ID]
+		attached[rec.ID] = t.ID
+		r.mu.Lock()
+		if running {
+			c := &contTurn{rec: t, run: r.turn}
+			for _, id := range joined[t.ID] {
+				if id != t.MessageID {
+					c.joined = append(c.joined, id)
+				}
+			}
+			r.cont = c
+			m.ensureWorkerLocked(r)
+		}
+		r.mu.Unlock()
+	}
+	return attached, nil
+}
+
+// inherit keeps the approvals and questions pending in the turn the
+// attached agent runs on, for the agent to ask again.
+func (m *Manager) inherit(ctx context.Context, r *roomState, turnID string) error {
+	aps, err := m.st.Approvals(ctx, r.id, true)
+	if err != nil {
+		return err
+	}
+	qs, err := m.st.Questions(ctx, r.id, true)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.inheritedA = slices.DeleteFunc(aps, func(a store.Approval) bool { return a.TurnID != turnID })
+	r.mu.Unlock()
+	r.qmu.Lock()
+	r.inheritedQ = slices.DeleteFunc(qs, func(q store.Question) bool { return q.TurnID != turnID })
+	r.qmu.Unlock()
+	return nil
+}
+
+// settleInherited denies (cancels) what a continued turn inherited and the
+// agent did not ask again, so nothing stays pending past its turn.
+func (m *Manager) settleInherited(r *roomState) {
+	r.mu.Lock()
+	aps := r.inheritedA
+	r.inheritedA = nil
+	r.mu.Unlock()
+	r.qmu.Lock()
+	qs := r.inheritedQ
+	r.inheritedQ = nil
+	r.qmu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, a := range aps {
+		if err := m.resolveApproval(ctx, r.id, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
+			m.log.Error("room: denying an approval left from before the restart", "room", r.id, "err", err)
+		}
+	}
+	for _, q := range qs {
+		if err := m.answerQuestion(ctx, r.id, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
+			m.log.Error("room: cancelling a question left from before the restart", "room", r.id, "err", err)
+		}
+	}
+}
+
+// noteOffset records that the agent's output up to offset is handled (a
+// dialog decided), so a later attach does not ask it again.
+func (m *Manager) noteOffset(r *roomState, offset int64) {
+	if offset <= 0 || m.isDetaching() {
+		return
+	}
+	if err := m.write(func(tx Tx) error { return tx.SetAgentOffset(r.id, offset) }); err != nil {
+		m.log.Error("room: recording the agent's output offset", "room", r.id, "err", err)
+	}
+}
+
+// attachRoom attaches one room's agent; nil and why when it cannot.
+func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec store.Room, open map[string]store.Turn) (Detachable, *roomState, string) {
+	r, err := m.room(rec.ID)
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	r.mu.Lock()
+	cfg, err := m.configLocked(r)
+	r.mu.Unlock()
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	t, running := open[rec.ID]
+	spec := AgentSpec{Room: r.id, Workspace: r.workspace, Home: filepath.Join(r.dir, "home"),
+		SessionID: rec.SessionID, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
+	// The agent reads on from the offset as soon as it is attached: the
+	// turn it continues, and what it asked before, are in place first,
+	// and agent.attached precedes what it reads.
+	if running {
+		if err := m.inherit(ctx, r, t.ID); err != nil {
+			return nil, nil, err.Error()
+		}
+		tctx, cancel := context.WithCancelCause(m.ctx)
+		run := &turnRun{id: t.ID, messageID: t.MessageID, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness), prompted: true}
+		r.mu.Lock()
+		r.turn = run
+		r.mu.Unlock()
+	}
+	undo := func() {
+		r.mu.Lock()
+		if r.turn != nil {
+			r.turn.cancel(nil)
+		}
+		r.turn, r.inheritedA = nil, nil
+		r.mu.Unlock()
+		r.qmu.Lock()
+		r.inheritedQ = nil
+		r.qmu.Unlock()
+	}
+	err = m.st.Write(ctx, func(tx Tx) error {
+		_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": rec.SessionID, "offset": rec.AgentOffset, "turn_id": t.ID})
+		return err
+	})
+	if err != nil {
+		undo()
+		return nil, nil, err.Error()
+	}
+	m.mu.Lock()
+	m.resident++ // a slot, over MaxResident if it must: the agent runs already
+	m.mu.Unlock()
+	a, err := at.Attach(ctx, spec, Attachment{Handle: rec.AgentProc, Offset: rec.AgentOffset, RunOpen: running})
+	if err != nil {
+		undo()
+		m.freeSlot()
+		return nil, nil, err.Error()
+	}
+	r.mu.Lock()
+	r.agent, r.session, r.lastUsed = a, a.SessionID(), time.Now()
+	r.mu.Unlock()
+	return a, r, ""
 }
 
 // room returns the room's state, creating it.
@@ -494,6 +733,13 @@ func (m *Manager) ensureWorkerLocked(r *roomState) {
 // work serves the room's queue, one turn at a time, until it is empty.
 func (m *Manager) work(r *roomState) {
 	defer m.wg.Done()
+	r.mu.Lock()
+	cont := r.cont
+	r.cont = nil
+	r.mu.Unlock()
+	if cont != nil {
+		m.continueTurn(r, *cont)
+	}
 	for {
 		r.mu.Lock()
 		if len(r.queue) == 0 || m.ctx.Err() != nil {
@@ -536,20 +782,69 @@ func (m *Manager) runTurn(r *roomState, q queued) {
 		_, err := tx.Append(r.id, "turn.started", map[string]string{"turn_id": t.id, "message_id": q.id})
 		return err
 	})
-	outcome, reason, text := OutcomeFailed, "", ""
+	var res turnEnd
 	if err != nil {
-		reason = "store: " + err.Error()
+		res = turnEnd{outcome: OutcomeFailed, reason: "store: " + err.Error()}
 	} else {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
 			t.clock.watch(tctx, cancel)
 		}()
-		outcome, reason, text = m.execute(r, t, cfg, q.text)
+		res = m.execute(r, t, cfg, q.text)
 	}
-	if outcome != OutcomeSettled {
+	m.finishTurn(r, t, res)
+}
+
+// turnEnd is how a turn ended, as the room records it.
+type turnEnd struct {
+	outcome, reason, text string
+	offset                int64 // TurnResult.Offset
+}
+
+// continueTurn runs on a turn the previous host started, on the agent it
+// left running (attached at Start), to the turn's end.
+func (m *Manager) continueTurn(r *roomState, c contTurn) {
+	t := c.run
+	tctx, cancel := t.ctx, t.cancel
+	r.mu.Lock()
+	t.joined = c.joined
+	r.lastUsed = time.Now()
+	a, _ := r.agent.(Detachable)
+	r.mu.Unlock()
+	defer cancel(nil)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t.clock.watch(tctx, cancel)
+	}()
+	var res TurnResult
+	err := errors.New("the attached agent is gone")
+	if a != nil {
+		res, err = a.Continue(t.ctx)
+	}
+	m.finishTurn(r, t, m.judge(t, res, err))
+}
+
+// finishTurn records the turn's end, retiring the agent first when the
+// turn did not settle. A turn cut short by Detach is left open: the next
+// host continues it.
+func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
+	if m.isDetaching() {
+		r.mu.Lock()
+		r.turn = nil
+		prompted := t.prompted
+		r.mu.Unlock()
+		if !prompted {
+			// The agent never had it: the next host runs it again.
+			m.requeue(r, t)
+		}
+		return
+	}
+	m.settleInherited(r)
+	if res.outcome != OutcomeSettled {
 		// A turn that did not settle retires its agent before the next.
-		m.release(r, "turn "+outcome)
+		m.release(r, "turn "+res.outcome)
 	}
 	r.events.flush() // the turn's events come before its end
 	r.mu.Lock()
@@ -557,28 +852,68 @@ func (m *Manager) runTurn(r *roomState, q queued) {
 	r.lastUsed = time.Now()
 	joined := t.joined
 	r.mu.Unlock()
-	err = m.write(func(tx Tx) error {
-		if err := tx.EndTurn(t.id, outcome, reason, text); err != nil {
+	err := m.write(func(tx Tx) error {
+		if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
 			return err
 		}
-		for _, id := range append([]string{q.id}, joined...) {
-			if err := tx.UpdateMessage(id, store.MessageEnded, "", outcome, reason); err != nil {
+		for _, id := range append([]string{t.messageID}, joined...) {
+			if err := tx.UpdateMessage(id, store.MessageEnded, "", res.outcome, res.reason); err != nil {
 				return err
 			}
 		}
-		_, err := tx.Append(r.id, "turn.ended", map[string]string{
-			"turn_id": t.id, "message_id": q.id, "outcome": outcome, "reason": reason, "text": text,
-		})
-		return err
+		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+			"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
+		}); err != nil {
+			return err
+		}
+		if res.offset > 0 {
+			// The turn's frames, its end included, are not read again.
+			return tx.SetAgentOffset(r.id, res.offset)
+		}
+		return nil
 	})
 	if err != nil {
 		m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
 	}
 }
 
+// requeue ends a turn whose prompt never reached the agent and puts its
+// messages back in the queue (in the store, for the next host).
+func (m *Manager) requeue(r *roomState, t *turnRun) {
+	err := m.write(func(tx Tx) error {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), ""); err != nil {
+			return err
+		}
+		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+			"turn_id": t.id, "message_id": t.messageID, "outcome": OutcomeCancelled, "reason": errDetached.Error(), "text": "",
+		}); err != nil {
+			return err
+		}
+		for _, id := range append([]string{t.messageID}, t.joined...) {
+			if err := tx.UpdateMessage(id, store.MessageQueued, "", "", ""); err != nil {
+				return err
+			}
+			if _, err := tx.Append(r.id, "message.queued", map[string]any{"message_id": id, "recovered": true}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Error("room: queueing a turn the agent never had again", "room", r.id, "err", err)
+	}
+}
+
+func (m *Manager) isDetaching() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.detaching
+}
+
 // execute runs the turn on the room's agent and judges its outcome.
-func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (outcome, reason, final string) {
+func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) turnEnd {
 	a, err := m.ensureAgent(t.ctx, r, cfg)
+	var res TurnResult
 	if err == nil {
 		r.mu.Lock()
 		lost := r.lost
@@ -593,26 +928,31 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (ou
 		}
 		t.prompted = true
 		r.mu.Unlock()
-		var res TurnResult
 		res, err = a.Run(t.ctx, text)
-		if err == nil && t.ctx.Err() == nil {
-			if res.Uncertain {
-				return OutcomeSettled, "uncertain: the agent's state could not be confirmed after the turn", res.Text
-			}
-			return OutcomeSettled, "", res.Text
+	}
+	return m.judge(t, res, err)
+}
+
+// judge is a turn's outcome from the agent's result and the turn's
+// context.
+func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
+	if err == nil && t.ctx.Err() == nil {
+		if res.Uncertain {
+			return turnEnd{OutcomeSettled, "uncertain: the agent's state could not be confirmed after the turn", res.Text, res.Offset}
 		}
+		return turnEnd{OutcomeSettled, "", res.Text, res.Offset}
 	}
 	switch cause := context.Cause(t.ctx); {
 	case errors.Is(cause, errCancelled):
-		return OutcomeCancelled, "cancelled", ""
+		return turnEnd{outcome: OutcomeCancelled, reason: "cancelled"}
 	case errors.Is(cause, errShutdown):
-		return OutcomeCancelled, errShutdown.Error(), ""
+		return turnEnd{outcome: OutcomeCancelled, reason: errShutdown.Error()}
 	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled):
-		return OutcomeTimedOut, cause.Error(), ""
+		return turnEnd{outcome: OutcomeTimedOut, reason: cause.Error()}
 	case err != nil:
-		return OutcomeFailed, err.Error(), ""
+		return turnEnd{outcome: OutcomeFailed, reason: err.Error()}
 	default:
-		return OutcomeFailed, cause.Error(), ""
+		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
 	}
 }
 
@@ -680,9 +1020,19 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 		r.lost = true
 	}
 	r.mu.Unlock()
+	handle := ""
+	if d, ok := a.(Detachable); ok {
+		handle = d.Handle()
+	}
 	err = m.write(func(tx Tx) error {
 		if err := tx.SetSession(r.id, cfg.Agent, a.SessionID()); err != nil {
 			return err
+		}
+		if handle != "" {
+			// With agent.started: a host that restarts finds it.
+			if err := tx.SetAgentProc(r.id, handle); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.Append(r.id, "agent.started", map[string]any{
 			"session_id": a.SessionID(), "resumed": sess != "" && lost == "",
@@ -842,6 +1192,11 @@ func (m *Manager) release(r *roomState, reason string) {
 		m.log.Error("room: releasing the agent", "room", r.id, "err", err)
 	}
 	werr := m.write(func(tx Tx) error {
+		if d, ok := a.(Detachable); ok && d.Handle() != "" {
+			if err := tx.SetAgentProc(r.id, ""); err != nil {
+				return err
+			}
+		}
 		if len(receipt) > 0 {
 			if _, err := tx.PutReceipt(r.id, receipt); err != nil {
 				return err
@@ -932,18 +1287,7 @@ func (m *Manager) Close() error {
 		r.mu.Unlock()
 	}
 	m.cancel()
-	deadline := time.Now().Add(m.opts.ShutdownBudget)
-	done := make(chan struct{})
-	go func() {
-		m.wg.Wait()
-		close(done)
-	}()
-	var err error
-	select {
-	case <-done:
-	case <-time.After(time.Until(deadline)):
-		err = errors.New("room: close: turns still running after the shutdown budget")
-	}
+	err := m.waitWorkers()
 	// Workers are done (or out of budget): release every agent left,
 	// all at once.
 	var wg sync.WaitGroup
@@ -956,4 +1300,92 @@ func (m *Manager) Close() error {
 	}
 	wg.Wait()
 	return err
+}
+
+// Detach ends the manager for a planned restart: like Close, except that
+// agents that can outlive the host (Detachable, with a Handle) are let go
+// of running, their turns left open in the store with the position their
+// output was read to, their pending approvals and questions left pending;
+// the next manager's Start attaches them (see Attacher) and continues
+// those turns. Other agents are released as by Close.
+func (m *Manager) Detach() error {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	m.closing = true
+	m.detaching = true
+	rooms := make([]*roomState, 0, len(m.rooms))
+	for _, r := range m.rooms {
+		rooms = append(rooms, r)
+	}
+	m.mu.Unlock()
+	// Let go of the agents first: their turns' Run and Continue return
+	// with nothing sent to the agent, and finishTurn records nothing.
+	m.detachAll(rooms)
+	for _, r := range rooms {
+		r.mu.Lock()
+		if r.turn != nil {
+			r.turn.cancel(errDetached)
+		}
+		r.mu.Unlock()
+	}
+	m.cancel()
+	err := m.waitWorkers()
+	// An agent started meanwhile is let go of too; the others released.
+	m.detachAll(rooms)
+	var wg sync.WaitGroup
+	for _, r := range rooms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.release(r, "host shutting down")
+		}()
+	}
+	wg.Wait()
+	return err
+}
+
+// detachAll lets go of every detachable agent, leaving it running; the
+// room forgets it (the store keeps its handle for the next host).
+func (m *Manager) detachAll(rooms []*roomState) {
+	var wg sync.WaitGroup
+	for _, r := range rooms {
+		r.mu.Lock()
+		d, ok := r.agent.(Detachable)
+		if ok && d.Handle() != "" {
+			r.agent = nil
+		}
+		r.mu.Unlock()
+		if !ok || d.Handle() == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.Detach(); err != nil {
+				m.log.Warn("room: letting go of the agent", "room", r.id, "err", err)
+			}
+			m.freeSlot()
+		}()
+	}
+	wg.Wait()
+}
+
+// waitWorkers waits for the workers within ShutdownBudget.
+func (m *Manager) waitWorkers() error {
+	done := make(chan struct{})
+	go func() {
+		m.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(m.opts.ShutdownBudget)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return errors.New("room: close: turns still running after the shutdown budget")
+	}
 }

@@ -17,6 +17,8 @@ type Store interface {
 	Watch(room string) (<-chan struct{}, func())
 	Room(ctx context.Context, room string) (store.Room, error)
 	RoomIDs(ctx context.Context) ([]string, error)
+	// AgentRooms lists the rooms with a recorded agent handle.
+	AgentRooms(ctx context.Context) ([]store.Room, error)
 	Messages(ctx context.Context, room string, after int64, limit int) ([]store.Message, error)
 	Exchanges(ctx context.Context, room string, before int64, limit int) ([]store.Exchange, error)
 	OpenMessages(ctx context.Context) ([]store.Message, error)
@@ -29,6 +31,8 @@ type Store interface {
 type Tx interface {
 	Append(room, typ string, data any) (store.Event, error)
 	SetSession(room, agent, sessionID string) error
+	SetAgentProc(room, handle string) error
+	SetAgentOffset(room string, offset int64) error
 	PutMessage(m store.Message) error
 	UpdateMessage(id, status, turnID, outcome, reason string) error
 	PutTurn(t store.Turn) error

@@ -59,9 +59,50 @@ type Agent interface {
 	Done() <-chan struct{}
 }
 
+// Attacher is a Transport whose agents can outlive the host (a process
+// daemon keeps them running across a planned restart): the next host
+// attaches to them instead of starting new ones.
+type Attacher interface {
+	Transport
+	// Attach takes over the running agent at. It fails (the room then
+	// recovers as after a crash) when the agent is gone.
+	Attach(ctx context.Context, spec AgentSpec, at Attachment) (Detachable, error)
+}
+
+// Attachment is what a room recorded of an agent that outlives the host.
+type Attachment struct {
+	// Handle is the agent's Detachable.Handle.
+	Handle string
+	// Offset is the position in the agent's output past the last frame
+	// whose effects the room committed (AgentEvent.Offset,
+	// TurnResult.Offset): the attached agent reads on from there, so no
+	// event is recorded twice or lost.
+	Offset int64
+	// RunOpen: the room had a turn running; Continue waits for its end.
+	RunOpen bool
+}
+
+// Detachable is an Agent that can outlive the host.
+type Detachable interface {
+	Agent
+	// Handle identifies the running agent for Attacher.Attach; "" when it
+	// cannot be attached again. The room records it with agent.started.
+	Handle() string
+	// Detach lets go of the agent and leaves it running: reading stops,
+	// nothing is sent, dialogs in progress are left unanswered. Idempotent.
+	Detach() error
+	// Continue waits for the run that was in progress when the agent was
+	// attached (Attachment.RunOpen) to end, as Run does for its own.
+	Continue(ctx context.Context) (TurnResult, error)
+}
+
 // TurnResult is how a turn ended on the agent's side.
 type TurnResult struct {
-	Text string
+	// Offset is the position in the agent's output past the frames the
+	// turn read (0 when the transport keeps no output): recorded with the
+	// turn's end, see Attachment.Offset.
+	Offset int64
+	Text   string
 	// Uncertain: the agent's state could not be confirmed after the turn
 	// (the post-turn refresh failed); the turn still ended.
 	Uncertain bool
@@ -98,6 +139,10 @@ type AgentEvent struct {
 	Input   string // KindToolStarted, bounded by the transport
 	Output  string // KindToolEnded, bounded by the transport
 	IsError bool   // KindToolEnded
+	// Offset is the position in the agent's output past the frame this
+	// event came from (0 when the transport keeps no output); recorded
+	// with the event, see Attachment.Offset.
+	Offset int64
 }
 
 // ApprovalRequest is an agent's request to run a tool.
@@ -105,10 +150,14 @@ type ApprovalRequest struct {
 	Tool    string
 	Input   string // redacted and bounded by the transport
 	Options []string
+	// Offset is the request's position in the agent's output, as
+	// AgentEvent.Offset: recorded once it is decided.
+	Offset int64
 }
 
 // QuestionRequest is an agent's question to people.
 type QuestionRequest struct {
 	Title   string
 	Options []string
+	Offset  int64 // as ApprovalRequest.Offset
 }

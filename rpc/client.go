@@ -3,6 +3,8 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,11 +89,39 @@ type Options struct {
 	KeptErrors int
 	// Logger receives diagnostics; never frame payloads. Default: discard.
 	Logger *slog.Logger
+	// Adopt, when set, makes the client one of an agent that is already
+	// running (another client, perhaps in another process, drove it
+	// before), reading its stdout from a position on: see Adopt.
+	Adopt *Adopt
 	// OnEvent, when set, is a listener for every frame, registered before
 	// the reader starts (as On("", OnEvent) would be), so it also sees the
 	// start handshake: omp's ready, the first responses. Spawn starts the
 	// client before returning; a listener added with On after it misses them.
 	OnEvent func(Event)
+}
+
+// Adopt describes an agent a client takes over mid-stream: its stdout is
+// kept elsewhere (a file) and read from Offset, which must be a frame
+// boundary (an Event's End).
+type Adopt struct {
+	// Offset is the stdout position of the first byte the client reads;
+	// Event.End counts from it.
+	Offset int64
+	// V2: the agent speaks protocol v2 (negotiated by the client before);
+	// its ready frame is not read again.
+	V2 bool
+	// RunOpen: a run may be in progress (its agent_start lies before
+	// Offset). The client then tracks one as an Unsolicited turn from the
+	// start, which WaitTurn returns at the run's agent_end, as for a run
+	// the agent started on its own.
+	RunOpen bool
+}
+
+func (a *Adopt) offset() int64 {
+	if a == nil {
+		return 0
+	}
+	return a.Offset
 }
 
 func (o *Options) fill() {
@@ -221,6 +251,14 @@ type Client struct {
 	stderrWG sync.WaitGroup // the stderr drain, also counted in wg
 	wg       sync.WaitGroup // every other goroutine the client starts
 
+	// readEnd is the stream position past the frame being handled; the
+	// reader's alone.
+	readEnd int64
+	// idPrefix starts every request id: "ah-", or one of its own for an
+	// adopted agent, whose stdout may still hold replies to the ids of the
+	// client before.
+	idPrefix string
+
 	firstFrame chan error // Start's handshake: result of the first frame
 	firstOnce  sync.Once
 	closeErr   error
@@ -251,7 +289,11 @@ type errListener struct {
 // client owns both from Start on: Close closes w. Options are copied.
 func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 	opts.fill()
-	return &Client{
+	if opts.Adopt != nil {
+		a := *opts.Adopt
+		opts.Adopt = &a
+	}
+	c := &Client{
 		opts:       opts,
 		log:        opts.Logger,
 		r:          r,
@@ -277,7 +319,22 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		closeDone:    make(chan struct{}),
 		cbGoroutines: map[uint64]int{},
 		all:          onEvent(opts.OnEvent),
+		idPrefix:     "ah-",
 	}
+	if a := opts.Adopt; a != nil {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.idPrefix = "ah" + hex.EncodeToString(b[:]) + "-"
+		c.v2 = a.V2
+		if a.RunOpen {
+			t := newTurn()
+			t.result.Unsolicited = true
+			t.started = true
+			c.turn = t
+			c.track.runOpen = true
+		}
+	}
+	return c
 }
 
 func onEvent(fn func(Event)) []*listener {
@@ -320,7 +377,10 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	hs := make(chan error, 1)
 	go func() { // bounded by ctx and by the transport ending
-		_, err := c.GetState(ctx)
+		st, err := c.GetState(ctx)
+		if err == nil && !st.IsStreaming && c.opts.Adopt != nil && c.opts.Adopt.RunOpen {
+			c.settleAdopted()
+		}
 		hs <- err
 	}()
 	var hsErr error
@@ -374,6 +434,22 @@ func (c *Client) Start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// settleAdopted ends the run an adopted client assumed open when the
+// agent reports none: the answer comes on the same stream as the events,
+// so an agent_end written before it has been read already.
+func (c *Client) settleAdopted() {
+	c.mu.Lock()
+	t := c.turn
+	if t != nil && !t.settled {
+		t.result.AgentInvoked = false
+		c.track.runOpen = false
+	}
+	c.mu.Unlock()
+	if t != nil {
+		c.settleTurn(t, nil)
+	}
 }
 
 // ProtocolVersion is 2 once omp accepted v2, else 1.
@@ -522,7 +598,7 @@ func (c *Client) RequestLine(ctx context.Context, line []byte) (*Response, error
 }
 
 func (c *Client) newID() string {
-	return "ah-" + strconv.FormatUint(c.nextID.Add(1), 10)
+	return c.idPrefix + strconv.FormatUint(c.nextID.Add(1), 10)
 }
 
 func encodeCommand(id, typ string, params any) ([]byte, error) {

@@ -17,7 +17,15 @@ import (
 type Event struct {
 	Type string
 	raw  []byte
+	end  int64
 }
+
+// End is the position in the agent's stdout just past this frame (past
+// the last chunk of a reassembled protocol v2 frame), counted from
+// Options.Adopt's Offset (0 for a client that read from the start). A host
+// that keeps the agent's output in a file records it to read on from
+// there after a restart (see Adopt). 0 for an event built by NewEvent.
+func (e Event) End() int64 { return e.end }
 
 // NewEvent builds an Event from one JSON frame (for tests and fakes). The
 // frame is copied.

@@ -461,6 +461,9 @@ type ExtensionUIRequestEvent struct {
 	URL             string                 `json:"url,omitempty"`
 	LaunchURL       string                 `json:"launchUrl,omitempty"`
 	Instructions    string                 `json:"instructions,omitempty"`
+	// End is the request frame's position in the agent's stdout, as
+	// Event.End (set on the request a UIHandler gets; not on the wire).
+	End int64 `json:"-"`
 }
 
 // ThinkingLevelChangedEvent reports a new thinking level. omp names the

@@ -61,7 +61,12 @@ type framer struct {
 	stable     bool     // lines stay valid after later calls (see fillStable)
 	segs       [][]byte // stable only: the earlier parts of the pending line
 	segLen     int      // bytes in segs
+	total      int64    // bytes read from r so far
 }
+
+// offset is the stream position just past the last line next returned
+// (past its LF): what was read minus what is still unread.
+func (f *framer) offset() int64 { return f.total - int64(f.end-f.start) }
 
 func newFramer(r io.Reader, max int, stable bool) *framer {
 	if max <= 0 {
@@ -211,6 +216,7 @@ func (f *framer) fillStable() {
 func (f *framer) read() {
 	n, err := f.r.Read(f.buf[f.end:])
 	f.end += n
+	f.total += int64(n)
 	if err != nil {
 		f.err = err
 	}
@@ -232,6 +238,7 @@ func (f *framer) skipLong() error {
 			return &LineTooLongError{Len: skipped, Max: f.max}
 		}
 		n, err := f.r.Read(f.buf)
+		f.total += int64(n)
 		if err != nil {
 			f.err = err
 		}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -45,6 +46,7 @@ func (c *Client) readLoop() {
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
 		}
+		c.readEnd = c.opts.Adopt.offset() + fr.offset()
 		c.handleLine(line)
 	}
 }
@@ -64,7 +66,7 @@ func (c *Client) handleLine(line []byte) {
 				return
 			}
 		}
-		ev := Event{Type: typ}
+		ev := Event{Type: typ, end: c.readEnd}
 		// A frame the turn keeps is checked there (an invalid one must not
 		// stay in Turn.Events), so the dispatcher need not check it again.
 		checked, err := c.trackTurn(typ, line, &ev, deferred)
@@ -141,7 +143,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line)}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line), end: c.readEnd}})
 		}
 		return
 	case "ready":
@@ -153,7 +155,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	case "extension_ui_request":
 		c.handleUIRequest(line)
 	}
-	ev := Event{Type: typ}
+	ev := Event{Type: typ, end: c.readEnd}
 	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {
@@ -420,6 +422,12 @@ func (c *Client) handleResponse(line []byte) {
 			return
 		}
 		c.mu.Unlock()
+		if c.opts.Adopt != nil && !strings.HasPrefix(r.ID, c.idPrefix) {
+			// Read again from the agent's output: the answer to a
+			// request of the client before.
+			c.log.Debug("rpc: dropped a reply to the adopted agent's previous client", "command", r.Command)
+			return
+		}
 		c.reportError(&ProtocolError{Op: "response", Err: fmt.Errorf("response to unknown request (command %q)", r.Command)})
 		return
 	}
@@ -506,7 +514,9 @@ func (c *Client) handleReady(line []byte) {
 	if r.MaxReassembledFrameBytes > 0 {
 		c.reasm.reassembledMax = min(r.MaxReassembledFrameBytes, int64(c.opts.MaxLineBytes))
 	}
-	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate
+	// An adopted client reading the agent's ready frame again keeps the
+	// protocol its predecessor negotiated (Adopt.V2).
+	wantV2 := !c.opts.DisableV2 && slices.Contains(r.SupportedProtocolVersions, 2) && !c.negotiate && c.opts.Adopt == nil
 	id := ""
 	if wantV2 {
 		c.negotiate = true

@@ -161,6 +161,19 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	return c, nil
 }
 
+// Attach starts a client over p, an agent process already running (set
+// Options.Adopt to say where its stdout is read from), and owns p as if
+// Spawn had started it: Close stops it. On failure p is stopped.
+func Attach(ctx context.Context, p Process, opts SpawnOptions) (*Client, error) {
+	c := New(p.Stdout(), p.Stdin(), opts.Options)
+	c.attachProcess(p)
+	if err := c.Start(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
 // checkDir names a bad working directory; exec would report it as the
 // agent binary missing.
 func checkDir(dir string) error {

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,7 +32,10 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if os.Getenv(serveHelperEnv) != "" {
-		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		// As main: SIGINT and SIGTERM end the command gracefully.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "agenthost:", err)
 			os.Exit(1)
 		}

@@ -24,6 +24,6 @@ func newRoot() *cobra.Command {
 	isVerbose := func() bool { return verbose }
 	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd(), newServeCmd(isVerbose),
 		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd(),
-		newProcdCmd(isVerbose), newProcCmd())
+		newProcdCmd(isVerbose), newProcCmd(), newModelCmd())
 	return root
 }

@@ -11,8 +11,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -22,6 +24,7 @@ import (
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/server"
 	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -36,6 +39,8 @@ const (
 	// their own budget, room.DefaultShutdownBudget).
 	shutdownBudget = 10 * time.Second
 	tokenEnv       = "AGENTHOST_TOKEN"
+	// handoffBudget bounds asking the daemon for a handoff ticket.
+	handoffBudget = 10 * time.Second
 )
 
 type serveFlags struct {
@@ -44,6 +49,7 @@ type serveFlags struct {
 	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
 	approvalMode, config                    string
+	daemon                                  bool
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -51,7 +57,7 @@ var serveEnv = map[string]string{
 	"listen": "AGENTHOST_LISTEN", "data": "AGENTHOST_DATA", "agent": "AGENTHOST_AGENT", "model": "AGENTHOST_MODEL",
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
-	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT",
+	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -73,7 +79,13 @@ address to open. Settings come from flags, then AGENTHOST_* environment
 variables (AGENTHOST_LISTEN, AGENTHOST_DATA, ...), then --config FILE (YAML,
 or TOML for a .toml file, with the flags' names as keys), then defaults.
 
-One server per data dir: a second one refuses to start.`,
+One server per data dir: a second one refuses to start.
+
+With --daemon every room's agent runs as a process of the data dir's process
+daemon (agenthost procd), and SIGUSR2 is a planned restart: the server hands
+the daemon over, stops accepting, and exits 0 with the agents running; the next
+"agenthost serve --daemon" on the data dir within 2 minutes takes them over,
+and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var custom []string
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
@@ -110,6 +122,7 @@ One server per data dir: a second one refuses to start.`,
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
+	fl.BoolVar(&f.daemon, "daemon", false, "run the agents in the process daemon; SIGUSR2 restarts the server and keeps them running")
 	return cmd
 }
 
@@ -204,6 +217,10 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	switch {
 	case f.transport != transportRPC && f.transport != transportACP:
 		return &exitError{2, fmt.Errorf("serve: --transport %q: want rpc or acp", f.transport)}
+	case f.daemon && f.transport == transportACP:
+		// The daemon's handoff re-attaches an agent mid-stream by its
+		// output offset, which only the RPC client can adopt.
+		return &exitError{2, errors.New("serve: --daemon runs agents over RPC only (not with --transport acp)")}
 	case len(custom) > 0:
 	case f.transport == transportACP:
 		if err := checkACPKind(f.agent); err != nil {
@@ -222,6 +239,13 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	}
 	if err := os.MkdirAll(f.data, 0o700); err != nil {
 		return fmt.Errorf("serve: data dir: %w", err)
+	}
+	var restartSig chan os.Signal
+	if f.daemon {
+		// From the start: SIGUSR2's default action would kill the server.
+		restartSig = make(chan os.Signal, 1)
+		signal.Notify(restartSig, syscall.SIGUSR2)
+		defer signal.Stop(restartSig)
 	}
 
 	db, err := store.Open(ctx, filepath.Join(f.data, "agenthost.db"), store.Options{Logger: log})
@@ -265,11 +289,36 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	}()
 	var install *agents.Install
 	var modelURL string
+	var pd *procd.Client
+	if f.daemon {
+		// The owner of the data dir's daemon: a handoff left by the server
+		// before is claimed (its agents run on), or a fresh daemon starts.
+		if pd, err = procd.Own(ctx, f.data, nil); err != nil {
+			return fmt.Errorf("serve: the process daemon: %w", err)
+		}
+		defer func() {
+			// Without a prepared handoff this ends the daemon and
+			// everything left in it.
+			_ = pd.Close()
+		}()
+		switch {
+		case pd.Claimed():
+			log.Info("claimed the process daemon from the server before", "daemon_pid", pd.PID())
+		case pd.HandoffErr() != nil:
+			log.Warn("the handoff was not honoured; a fresh process daemon runs the agents", "err", pd.HandoffErr())
+		}
+	}
 	if len(custom) == 0 {
 		if install, err = agents.Find(); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
-		if f.model == "" {
+		if f.model == "" && pd != nil {
+			// In the daemon, so a turn streaming from it goes on across
+			// a planned restart.
+			if modelURL, err = daemonModel(ctx, pd, f.data); err != nil {
+				return fmt.Errorf("serve: starting the built-in model: %w", err)
+			}
+		} else if f.model == "" {
 			sim := modelsim.New(modelsim.Options{Logger: log})
 			if err := sim.Start(ctx); err != nil {
 				return fmt.Errorf("serve: starting the built-in model: %w", err)
@@ -282,7 +331,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if f.transport == transportACP {
 		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: pd, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -296,9 +345,11 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if err != nil {
 		return &exitError{2, fmt.Errorf("serve: %w", err)}
 	}
+	began := time.Now()
 	if err := m.Start(ctx); err != nil {
 		return fmt.Errorf("serve: recovering the rooms: %w", err)
 	}
+	log.Debug("rooms recovered", "took", time.Since(began))
 	defer func() {
 		if cerr := m.Close(); cerr != nil && !errors.Is(cerr, room.ErrClosed) && err == nil {
 			err = cerr
@@ -330,15 +381,19 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	}
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
+	restart := false
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
+	case <-restartSig:
+		restart = handOver(pd, log)
 	case err = <-served:
 		api.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
-	// Streams end first (they never go idle), then in-flight requests
-	// finish; the rooms close after (deferred), recording receipts.
+	// Streams end first (they never go idle; clients reconnect with
+	// Last-Event-ID), then in-flight requests finish; the rooms close
+	// after (deferred), recording receipts, unless they are handed over.
 	api.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownBudget)
 	defer cancel()
@@ -347,5 +402,25 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		_ = hs.Close()
 	}
 	<-served
+	if restart {
+		if derr := m.Detach(); derr != nil {
+			log.Warn("letting go of the rooms", "err", derr)
+		}
+		fmt.Fprintf(stdout, "agenthost: restarting: the agents run on; start agenthost serve --daemon on %s within %s\n", f.data, procd.HandoffTTL)
+	}
 	return nil
+}
+
+// handOver prepares the process daemon's handoff for a planned restart;
+// false (a plain shutdown follows) when the daemon refused.
+func handOver(pd *procd.Client, log *slog.Logger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), handoffBudget)
+	defer cancel()
+	t, err := pd.PrepareHandoff(ctx)
+	if err != nil {
+		log.Error("planned restart: preparing the handoff failed; stopping everything instead", "err", err)
+		return false
+	}
+	log.Info("planned restart: the agents are handed over", "expires", t.ExpiresAt)
+	return true
 }

@@ -40,6 +40,10 @@ var allowed = map[string][]string{
 	// Rooms know their store and nothing of the agents, the transports or
 	// the server: transports plug in through room.Transport.
 	module + "/room": append([]string{module + "/internal/store"}, sqliteDeps...),
+	// Agents as processes of the daemon: the daemon's client, the
+	// protocol client and custody's receipts; never rooms.
+	module + "/internal/daemonproc": {module + "/procd", module + "/rpc", module + "/custody", module + "/internal/procio",
+		"golang.org/x/sys/", "github.com/creack/pty"},
 	// The HTTP server knows rooms, their store and Prometheus' client;
 	// never a transport or an agent (the command wires those in).
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},

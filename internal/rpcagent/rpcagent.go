@@ -19,11 +19,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/daemonproc"
+	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
 )
@@ -40,6 +43,10 @@ const (
 type Options struct {
 	// Custodian owns every agent process (required).
 	Custodian *custody.Custodian
+	// Daemon, when set, runs every agent as a pipe process of the process
+	// daemon instead (its output files in the room's home), so that agents
+	// outlive the host: the Transport is then a room.Attacher.
+	Daemon *procd.Client
 	// Install locates omp and pi (required unless every room runs a
 	// custom command).
 	Install *agents.Install
@@ -54,10 +61,11 @@ type Options struct {
 	Logger       *slog.Logger
 }
 
-// Transport implements room.Transport over rpc.
+// Transport implements room.Transport over rpc, and room.Attacher when
+// its agents run in the process daemon.
 type Transport struct{ opts Options }
 
-var _ room.Transport = (*Transport)(nil)
+var _ room.Attacher = (*Transport)(nil)
 
 // New returns a Transport.
 func New(opts Options) (*Transport, error) {
@@ -167,33 +175,92 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
 	}
+	if t.opts.Daemon != nil {
+		opts.Starter = &daemonproc.Starter{Client: t.opts.Daemon, Dir: spec.Home}
+	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
 	}
 	a.c = c
 	a.unsub = c.On("", a.event)
-	st, err := c.GetState(ctx)
-	if err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("rpcagent: reading the agent's state: %w", err)
+	if p, ok := c.Process().(*daemonproc.Process); ok {
+		h := p.Handle()
+		h.V2 = c.ProtocolVersion() == 2
+		a.proc, a.handle = p, h.String()
 	}
-	a.session = st.SessionID
-	if err := verifySelection(ctx, c, st, rs.Model, cfg.Thinking); err != nil {
-		_ = c.Close()
+	if err := a.setup(ctx, c, spec, rs.Model, kind == agents.OMP && !custom); err != nil {
 		return nil, err
-	}
-	// Host tools are omp's; pi has none, and a custom command may not.
-	if len(spec.Tools) > 0 && (kind == agents.OMP && !custom) {
-		if err := c.SetHostTools(ctx, hostTools(spec.Tools)); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("rpcagent: registering the room's tools: %w", err)
-		}
 	}
 	return a, nil
 }
 
-func hostTools(tools []room.Tool) []rpc.HostTool {
+// Attach implements room.Attacher: it takes over an agent the daemon kept
+// running across a restart of the host, reading its output from
+// at.Offset on; with at.RunOpen the run in progress is Continue's.
+func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Attachment) (room.Detachable, error) {
+	if t.opts.Daemon == nil {
+		return nil, errors.New("rpcagent: no process daemon to attach agents from")
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
+	defer cancel()
+	h, err := daemonproc.ParseHandle(at.Handle)
+	if err != nil {
+		return nil, err
+	}
+	p, err := daemonproc.Attach(ctx, t.opts.Daemon, h, at.Offset)
+	if err != nil {
+		return nil, err
+	}
+	cfg := spec.Config
+	kind := agents.Kind(cfg.Agent)
+	if kind == "" {
+		kind = agents.OMP
+	}
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen}
+	c, err := rpc.Attach(ctx, p, rpc.SpawnOptions{Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog,
+		MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes), OnEvent: a.event,
+		Adopt: &rpc.Adopt{Offset: at.Offset, V2: h.V2, RunOpen: at.RunOpen}}})
+	if err != nil {
+		return nil, fmt.Errorf("rpcagent: attaching to the agent: %w", err)
+	}
+	a.c = c
+	a.unsub = func() {}
+	model := cfg.Model
+	if model == "" && t.opts.ModelURL != "" && len(cfg.Command) == 0 {
+		model = agents.ModelID
+	}
+	if err := a.setup(ctx, c, spec, model, kind == agents.OMP && len(cfg.Command) == 0); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// setup reads the agent's session, checks its selection and registers the
+// room's tools; on failure the client is closed.
+func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, model string, hostTools bool) error {
+	cfg := spec.Config
+	st, err := c.GetState(ctx)
+	if err != nil {
+		_ = c.Close()
+		return fmt.Errorf("rpcagent: reading the agent's state: %w", err)
+	}
+	a.session = st.SessionID
+	if err := verifySelection(ctx, c, st, model, cfg.Thinking); err != nil {
+		_ = c.Close()
+		return err
+	}
+	// Host tools are omp's; pi has none, and a custom command may not.
+	if len(spec.Tools) > 0 && hostTools {
+		if err := c.SetHostTools(ctx, toHostTools(spec.Tools)); err != nil {
+			_ = c.Close()
+			return fmt.Errorf("rpcagent: registering the room's tools: %w", err)
+		}
+	}
+	return nil
+}
+
+func toHostTools(tools []room.Tool) []rpc.HostTool {
 	out := make([]rpc.HostTool, 0, len(tools))
 	for _, t := range tools {
 		out = append(out, rpc.HostTool{
@@ -337,6 +404,53 @@ type agent struct {
 	unsub   func()
 	mu      sync.Mutex
 	acked   chan struct{} // closed once the current turn's prompt was answered
+
+	// An agent in the process daemon: its process, handle (recorded by
+	// the room), whether it was attached mid-run, whether it was let go
+	// of; read is the output position past the last frame the listeners
+	// saw.
+	proc     *daemonproc.Process
+	handle   string
+	attached bool
+	detached atomic.Bool
+	read     atomic.Int64
+}
+
+var _ room.Detachable = (*agent)(nil)
+
+// Handle implements room.Detachable ("" for an agent in custody here).
+func (a *agent) Handle() string { return a.handle }
+
+// Detach implements room.Detachable: the client ends, the process runs on.
+func (a *agent) Detach() error {
+	if a.proc == nil {
+		return errors.New("rpcagent: the agent does not run in the process daemon")
+	}
+	a.detached.Store(true)
+	a.proc.Detach()
+	_ = a.c.Close()
+	a.unsub()
+	return nil
+}
+
+// Continue implements room.Detachable: it waits for the run that was in
+// progress when the agent was attached.
+func (a *agent) Continue(ctx context.Context) (room.TurnResult, error) {
+	if !a.attached {
+		return room.TurnResult{}, errors.New("rpcagent: no run to continue")
+	}
+	acked := make(chan struct{})
+	close(acked) // the prompt was answered before the restart
+	a.mu.Lock()
+	a.acked = acked
+	a.mu.Unlock()
+	turn, err := a.c.WaitTurn(ctx)
+	if err == nil && !turn.AgentInvoked {
+		// No run was in progress after all (the prompt never reached
+		// the agent): the turn fails rather than settle with nothing.
+		return room.TurnResult{}, errors.New("rpcagent: the agent had no run in progress when it was attached")
+	}
+	return a.finish(ctx, turn, err)
 }
 
 func (a *agent) SessionID() string { return a.session }
@@ -360,6 +474,11 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 		return room.TurnResult{}, err
 	}
 	turn, err := a.c.WaitTurn(ctx)
+	return a.finish(ctx, turn, err)
+}
+
+// finish judges a turn the client saw end (or not).
+func (a *agent) finish(ctx context.Context, turn *rpc.Turn, err error) (room.TurnResult, error) {
 	if err == nil {
 		// The listeners run behind the reader: let them see the turn's
 		// last events before the room records its end.
@@ -368,7 +487,7 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 		cancel()
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !a.detached.Load() {
 			// Stop the agent's work; the room retires it anyway.
 			actx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = a.c.Abort(actx)
@@ -382,12 +501,15 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	case rpc.StopReasonAborted:
 		return room.TurnResult{}, errors.New("the agent aborted the turn")
 	}
+	// Past the turn's last frame (the listeners have seen it, Sync):
+	// recorded with the turn's end.
+	offset := a.read.Load()
 	// The post-turn refresh is bounded: when it fails the turn still
 	// ends, marked uncertain.
 	rctx, cancel := context.WithTimeout(ctx, a.refresh)
 	defer cancel()
 	_, serr := a.c.GetState(rctx)
-	return room.TurnResult{Text: turn.Text, Uncertain: serr != nil}, nil
+	return room.TurnResult{Text: turn.Text, Uncertain: serr != nil, Offset: offset}, nil
 }
 
 // Steer and FollowUp wait until the running turn's prompt was
@@ -432,25 +554,32 @@ func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	var raw json.RawMessage
 	if r := agentproc.Receipt(a.c); r != nil {
 		raw, _ = json.Marshal(r)
+	} else if a.proc != nil && a.proc.Receipt() != nil {
+		raw, _ = json.Marshal(a.proc.Receipt())
 	}
 	return raw, err
 }
 
-// event normalises the agent's frames for the room.
+// event normalises the agent's frames for the room, each with its
+// position in the agent's output.
 func (a *agent) event(ev rpc.Event) {
+	end := ev.End()
+	if a.proc != nil && end > a.read.Load() {
+		a.read.Store(end) // the dispatcher is the only writer
+	}
 	switch ev.Type {
 	case rpc.EventMessageUpdate:
 		var u rpc.MessageUpdateEvent
 		if ev.Decode(&u) == nil {
 			if d, err := u.Update(); err == nil && d.Type == "text_delta" && d.Delta != "" {
-				a.h.Event(room.AgentEvent{Kind: room.KindText, Text: d.Delta})
+				a.h.Event(room.AgentEvent{Kind: room.KindText, Text: d.Delta, Offset: a.offset(end)})
 				return
 			}
 		}
 	case rpc.EventToolExecutionStart:
 		var s rpc.ToolExecutionStartEvent
 		if ev.Decode(&s) == nil {
-			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: s.ToolName, CallID: s.ToolCallID, Input: bound(string(s.Args))})
+			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: s.ToolName, CallID: s.ToolCallID, Input: bound(string(s.Args)), Offset: a.offset(end)})
 			return
 		}
 	case rpc.EventToolExecutionEnd:
@@ -460,11 +589,20 @@ func (a *agent) event(ev rpc.Event) {
 			if r, err := e.DecodeResult(); err == nil {
 				out = r.Text()
 			}
-			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: e.ToolName, CallID: e.ToolCallID, Output: bound(out), IsError: e.IsError})
+			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: e.ToolName, CallID: e.ToolCallID, Output: bound(out), IsError: e.IsError, Offset: a.offset(end)})
 			return
 		}
 	}
 	a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+}
+
+// offset is an event's position for the room: only an agent whose output
+// outlives the host has one.
+func (a *agent) offset(end int64) int64 {
+	if a.proc == nil {
+		return 0
+	}
+	return end
 }
 
 // approvalPrefix and approvalOptions are omp's permission prompt: a select
@@ -477,7 +615,7 @@ var approvalOptions = []string{"Approve", "Deny"}
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
-		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options}) {
+		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
@@ -494,7 +632,7 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	case "confirm":
 		options = []string{"yes", "no"}
 	}
-	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options})
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options, Offset: a.offset(req.End)})
 	switch {
 	case !ok:
 		return rpc.Cancelled()

@@ -116,6 +116,11 @@ type Room struct {
 	SessionID string
 	Config    json.RawMessage
 	LastSeq   int64
+	// AgentProc is the transport's handle to the room's agent when that
+	// agent outlives the host ("" for none); AgentOffset the position in
+	// its output past the last frame whose effects are committed.
+	AgentProc   string
+	AgentOffset int64
 }
 
 // Approval is a durable request for a person's (or a policy's) decision

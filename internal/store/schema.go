@@ -91,6 +91,13 @@ CREATE TABLE receipts (
 );
 CREATE INDEX receipts_room ON receipts (room, id);
 `,
+	// 2: a room's agent that outlives the host (a process daemon's): the
+	// transport's handle to it, and the position in its output past the
+	// last frame whose effects are committed with the room's events.
+	`
+ALTER TABLE rooms ADD COLUMN agent_proc TEXT NOT NULL DEFAULT '';
+ALTER TABLE rooms ADD COLUMN agent_offset INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // SchemaVersion is the schema version this agenthost writes.

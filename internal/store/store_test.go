@@ -583,3 +583,57 @@ func TestWritesRacingCloseEndCleanly(t *testing.T) {
 		t.Fatalf("%d writes acknowledged, %d stored", landed, s)
 	}
 }
+
+// A room's agent handle and output offset: set together with events,
+// the offset never moving back, a new handle starting from 0, and only
+// rooms with a handle listed.
+func TestAgentProcAndOffset(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	err := db.Write(ctx, func(w *Writer) error {
+		if _, err := w.Append("a", "agent.started", nil); err != nil {
+			return err
+		}
+		if _, err := w.Append("b", "agent.started", nil); err != nil {
+			return err
+		}
+		return w.SetAgentProc("a", `{"id":"p1"}`)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{120, 80} {
+		err := db.Write(ctx, func(w *Writer) error {
+			if _, err := w.Append("a", "text.delta", nil); err != nil {
+				return err
+			}
+			return w.SetAgentOffset("a", off)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, err := db.AgentRooms(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].ID != "a" || rs[0].AgentProc != `{"id":"p1"}` || rs[0].AgentOffset != 120 {
+		t.Fatalf("agent rooms: %+v", rs)
+	}
+	if err := db.Write(ctx, func(w *Writer) error { return w.SetAgentProc("a", `{"id":"p2"}`) }); err != nil {
+		t.Fatal(err)
+	}
+	r, err := db.Room(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.AgentProc != `{"id":"p2"}` || r.AgentOffset != 0 {
+		t.Fatalf("room after a new handle: %+v", r)
+	}
+	if err := db.Write(ctx, func(w *Writer) error { return w.SetAgentProc("a", "") }); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := db.AgentRooms(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("agent rooms after clearing: %+v %v", rs, err)
+	}
+}

@@ -86,6 +86,23 @@ func (w *Writer) SetSession(room, agent, sessionID string) error {
 	return wrap("set session", err)
 }
 
+// SetAgentProc records the handle of the room's agent that outlives the
+// host ("" when it has none), its output read from the start.
+func (w *Writer) SetAgentProc(room, handle string) error {
+	if err := w.EnsureRoom(room); err != nil {
+		return err
+	}
+	_, err := w.exec("UPDATE rooms SET agent_proc = ?, agent_offset = 0 WHERE id = ?", handle, room)
+	return wrap("set agent proc", err)
+}
+
+// SetAgentOffset records that the effects of the room's agent's output
+// up to offset are committed (with this write). It never moves back.
+func (w *Writer) SetAgentOffset(room string, offset int64) error {
+	_, err := w.exec("UPDATE rooms SET agent_offset = MAX(agent_offset, ?) WHERE id = ?", offset, room)
+	return wrap("set agent offset", err)
+}
+
 // PutMessage stores a new message.
 func (w *Writer) PutMessage(m Message) error {
 	if err := w.EnsureRoom(m.Room); err != nil {

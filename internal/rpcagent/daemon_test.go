@@ -1,0 +1,226 @@
+package rpcagent
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/procd"
+	"github.com/agenthost/agenthost/room"
+)
+
+// startDaemon runs a procd daemon for dir in this process and returns a
+// client of it; the daemon ends (with every process) with the test.
+func startDaemon(t *testing.T, dir string) *procd.Client {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- procd.Run(ctx, procd.Options{DataDir: dir}) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := procd.Dial(dctx, dir)
+		dcancel()
+		if err == nil {
+			t.Cleanup(func() {
+				cancel()
+				select {
+				case <-ran:
+				case <-time.After(60 * time.Second):
+					t.Error("the daemon did not end")
+				}
+			})
+			return c
+		}
+		select {
+		case err := <-ran:
+			cancel()
+			t.Fatalf("the daemon ended: %v", err)
+		case <-time.After(10 * time.Millisecond): // its registration is a file: polled, bounded
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("the daemon does not answer: %v", err)
+		}
+	}
+}
+
+// startDaemonHost is startHost with every agent in the daemon d.
+func startDaemonHost(t *testing.T, dir string, sim *modelsim.Server, d *procd.Client, opts room.Options) *host {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	in, err := agents.Find()
+	if err != nil {
+		t.Fatalf("the real agents are needed (run make setup): %v", err)
+	}
+	db, err := store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cust, err := custody.New(custody.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := New(Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Daemon: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Store, opts.Transport, opts.Root = room.SQLite(db), tr, filepath.Join(dir, "rooms")
+	m, err := room.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h := &host{t: t, sim: sim, db: db, cust: cust, m: m, root: opts.Root}
+	t.Cleanup(h.close)
+	return h
+}
+
+// detach ends the host as a planned restart does: its agents run on.
+func (h *host) detach() {
+	h.t.Helper()
+	if err := h.m.Detach(); err != nil {
+		h.t.Fatalf("detaching the rooms: %v", err)
+	}
+	if err := h.cust.Close(); err != nil {
+		h.t.Errorf("closing custody: %v", err)
+	}
+	_ = h.db.Close()
+	h.m = nil
+}
+
+// roomEvents is the room's whole log.
+func (h *host) roomEvents(roomID string) []store.Event {
+	h.t.Helper()
+	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return evs
+}
+
+// A host restarted mid-turn (Detach, then a new host on the same store and
+// daemon) re-attaches omp at the recorded offset without starting it again;
+// the turn goes on to its end, and the room's log holds every text delta
+// exactly once: together they are the answer.
+func TestRealDaemonRestartMidTurn(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	sim := startSim(t)
+	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	words := "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
+	acc := h1.submit("r", "[[slow:250ms]] [[say:"+words+"]]")
+	h1.wait("r", acc.Seq, room.KindText, nil)
+	h1.detach()
+	procs, err := d.List(t.Context(), procd.ModePipe)
+	if err != nil || len(procs) != 1 || !procs[0].Running {
+		t.Fatalf("after the host let go: %+v %v", procs, err)
+	}
+
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	text := h2.settled("r", acc)
+	if text != words {
+		t.Fatalf("the turn's answer %q", text)
+	}
+	var deltas strings.Builder
+	starts, attaches := 0, 0
+	for _, ev := range h2.roomEvents("r") {
+		switch ev.Type {
+		case room.KindText:
+			deltas.WriteString(field(ev.Data, "text"))
+		case "agent.started":
+			starts++
+		case "agent.attached":
+			attaches++
+		}
+	}
+	if deltas.String() != words {
+		t.Fatalf("text deltas across the restart add up to %q, want %q (each exactly once)", deltas.String(), words)
+	}
+	if starts != 1 || attaches != 1 {
+		t.Fatalf("agent.started %d, agent.attached %d: want 1 and 1 (no second start)", starts, attaches)
+	}
+	// The room goes on on the same agent.
+	acc2 := h2.submit("r", "[[say:still here]]")
+	if got := h2.settled("r", acc2); got != "still here" {
+		t.Fatalf("second turn %q", got)
+	}
+	// Closing the host (not a restart) ends the agent with a receipt.
+	h2.close()
+	procs, err = d.List(t.Context(), procd.ModePipe)
+	if err != nil || len(procs) != 0 {
+		t.Fatalf("after close: %+v %v", procs, err)
+	}
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rs, err := db.Receipts(t.Context(), "r")
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("receipts %d %v", len(rs), err)
+	}
+	var rec custody.Receipt
+	if err := json.Unmarshal(rs[0].Receipt, &rec); err != nil || len(rec.Processes) == 0 {
+		t.Fatalf("receipt %s: %v", rs[0].Receipt, err)
+	}
+	if rooms, _ := db.AgentRooms(t.Context()); len(rooms) != 0 {
+		t.Fatalf("a released agent's handle is still recorded: %+v", rooms)
+	}
+}
+
+// A restart while the turn waits on an approval: the next host re-reads
+// the agent's request, takes the pending approval over (not asked twice),
+// and a person's decision on it reaches the agent; the turn completes.
+func TestRealDaemonRestartDuringApproval(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	sim := startSim(t)
+	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	acc := h1.submit("r", "Run it: "+bashCall("echo approved-run"))
+	_, req := h1.wait("r", acc.Seq, "approval.requested", nil)
+	id := req["approval_id"].(string)
+	h1.detach()
+
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	// The pending approval is the agent's again (not denied by the
+	// restart); deciding it reaches omp, whether omp's request is read
+	// again before or after.
+	if err := h2.m.Approve(t.Context(), "r", id, true); err != nil {
+		t.Fatalf("approving %s after the restart: %v", id, err)
+	}
+	if got := h2.settled("r", acc); got != "done" {
+		t.Fatalf("turn text %q", got)
+	}
+	requested, resolved := 0, 0
+	var output string
+	for _, ev := range h2.roomEvents("r") {
+		switch ev.Type {
+		case "approval.requested":
+			requested++
+		case "approval.resolved":
+			resolved++
+			if by := field(ev.Data, "by"); by != "person" {
+				t.Fatalf("approval resolved by %q", by)
+			}
+		case room.KindToolEnded:
+			output = field(ev.Data, "output")
+		}
+	}
+	if requested != 1 || resolved != 1 {
+		t.Fatalf("approval.requested %d, approval.resolved %d: want 1 and 1", requested, resolved)
+	}
+	if !strings.Contains(output, "approved-run") {
+		t.Fatalf("tool output %q", output)
+	}
+}

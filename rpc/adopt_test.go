@@ -1,0 +1,127 @@
+package rpc
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A client adopting an agent mid-run: events carry their end position in
+// the agent's stdout counted from the adopted offset, and the run whose
+// agent_start lies before that offset ends at its agent_end as a turn.
+func TestClient_AdoptMidRun(t *testing.T) {
+	const base = 1000
+	frames := []string{
+		`{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"lo"}}`,
+		`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"hello"}],"stopReason":"stop"}}`,
+		`{"type":"agent_end","messages":[]}`,
+	}
+	p := newPipePeer(t, Options{Adopt: &Adopt{Offset: base, RunOpen: true}})
+	var mu sync.Mutex
+	var ends []int64
+	p.c.On("", func(ev Event) {
+		mu.Lock()
+		ends = append(ends, ev.End())
+		mu.Unlock()
+	})
+	p.say(frames...)
+	turn, err := p.c.WaitTurn(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !turn.Unsolicited || turn.Text != "hello" || !turn.AgentInvoked {
+		t.Fatalf("turn: unsolicited %v, text %q, invoked %v", turn.Unsolicited, turn.Text, turn.AgentInvoked)
+	}
+	if err := p.c.Sync(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	want, at := []int64{}, int64(base)
+	for _, f := range frames {
+		at += int64(len(f)) + 1
+		want = append(want, at)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ends) != len(want) {
+		t.Fatalf("ends %v, want %v", ends, want)
+	}
+	for i := range want {
+		if ends[i] != want[i] {
+			t.Fatalf("ends %v, want %v", ends, want)
+		}
+	}
+}
+
+// An adopted client whose agent turns out idle (the run ended before the
+// adopted offset, or never began) does not wait for an agent_end that
+// will never come: the handshake's get_state, read in order with the
+// events, settles the assumed run.
+func TestClient_AdoptIdleSettles(t *testing.T) {
+	cr, aw := io.Pipe()
+	ar, cw := io.Pipe()
+	c := New(cr, cw, Options{Adopt: &Adopt{Offset: 42, RunOpen: true}})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(ar)
+		for sc.Scan() {
+			var cmd map[string]any
+			if json.Unmarshal(sc.Bytes(), &cmd) != nil {
+				continue
+			}
+			id, _ := cmd["id"].(string)
+			if !strings.HasPrefix(id, "ah") || strings.HasPrefix(id, "ah-") {
+				t.Errorf("an adopted client's request id %q may collide with the previous client's", id)
+			}
+			b, _ := json.Marshal(map[string]any{"type": "response", "id": id, "command": cmd["type"], "success": true,
+				"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
+			_, _ = aw.Write(append(b, '\n'))
+		}
+	}()
+	defer func() {
+		c.Close()
+		aw.Close()
+		ar.Close()
+		wg.Wait()
+	}()
+	if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	turn, err := c.WaitTurn(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.AgentInvoked {
+		t.Fatal("an idle adopted agent's assumed run should end with AgentInvoked false")
+	}
+}
+
+// Replies to the previous client's requests, read again from the agent's
+// output, are dropped quietly by an adopted client; a client that read
+// from the start reports such a reply.
+func TestClient_AdoptDropsThePreviousClientsReplies(t *testing.T) {
+	for _, adopt := range []*Adopt{{Offset: 10}, nil} {
+		p := newPipePeer(t, Options{Adopt: adopt})
+		seen := make(chan struct{})
+		p.c.On("notice", func(Event) { close(seen) })
+		p.say(`{"type":"response","id":"ah-7","command":"get_state","success":true,"data":{}}`,
+			`{"type":"notice","message":"after"}`)
+		select {
+		case <-seen:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the frame after the reply was not read")
+		}
+		errs := p.c.Errors()
+		if adopt != nil && len(errs) != 0 {
+			t.Fatalf("adopted: errors %v, want none", errs)
+		}
+		if adopt == nil && (len(errs) != 1 || !strings.Contains(errs[0].Error(), "unknown request")) {
+			t.Fatalf("not adopted: errors %v, want the unknown reply", errs)
+		}
+	}
+}
