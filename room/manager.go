@@ -96,6 +96,8 @@ type roomState struct {
 	turn      *turnRun
 	lastUsed  time.Time
 	approvals map[string]chan bool
+	dropped   bool           // Drop: the host lost the room's lease
+	worker    sync.WaitGroup // the goroutine serving the queue
 
 	qmu       sync.Mutex // guards questions and questionQ (never under mu)
 	questions map[string]chan answer
@@ -173,26 +175,32 @@ func (m *Manager) Start(ctx context.Context) error {
 			return fmt.Errorf("room: root: %w", err)
 		}
 	}
-	if err := m.recover(ctx); err != nil {
-		return err
+	if m.opts.Cluster == nil {
+		// With a Cluster, rooms are recovered as they are adopted.
+		if err := m.recoverRooms(ctx, "", "host restarted", "restart"); err != nil {
+			return err
+		}
 	}
 	m.wg.Add(1)
 	go m.janitor()
 	return nil
 }
 
-func (m *Manager) recover(ctx context.Context) error {
+// recoverRooms recovers room ("" for every room): turns that were running
+// end failed (reason), pending approvals are denied and questions
+// cancelled (by), and waiting messages queue again in order.
+func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) error {
 	turns, err := m.st.OpenTurns(ctx)
 	if err != nil {
 		return err
 	}
-	for _, t := range turns {
+	for _, t := range openTurnsOf(turns, room) {
 		err := m.st.Write(ctx, func(tx Tx) error {
-			if err := tx.EndTurn(t.ID, OutcomeFailed, "host restarted", ""); err != nil {
+			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, ""); err != nil {
 				return err
 			}
 			_, err := tx.Append(t.Room, "turn.ended", map[string]string{
-				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": "host restarted", "text": "",
+				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": reason, "text": "",
 			})
 			return err
 		})
@@ -200,21 +208,21 @@ func (m *Manager) recover(ctx context.Context) error {
 			return err
 		}
 	}
-	aps, err := m.st.Approvals(ctx, "", true)
+	aps, err := m.st.Approvals(ctx, room, true)
 	if err != nil {
 		return err
 	}
 	for _, a := range aps {
-		if err := m.resolveApproval(ctx, a.Room, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
+		if err := m.resolveApproval(ctx, a.Room, a.ID, false, by); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
 	}
-	qs, err := m.st.Questions(ctx, "", true)
+	qs, err := m.st.Questions(ctx, room, true)
 	if err != nil {
 		return err
 	}
 	for _, q := range qs {
-		if err := m.answerQuestion(ctx, q.Room, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
+		if err := m.answerQuestion(ctx, q.Room, q.ID, "", by, false); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
 	}
@@ -223,10 +231,13 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, msg := range msgs {
+		if room != "" && msg.Room != room {
+			continue
+		}
 		if msg.Status == store.MessageStarted {
 			// Its turn died with the host (or it was steered into one).
 			err := m.st.Write(ctx, func(tx Tx) error {
-				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, "host restarted")
+				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, reason)
 			})
 			if err != nil {
 				return err
@@ -320,6 +331,12 @@ type Accepted struct {
 // otherwise it is queued (or, for steer and follow_up while a turn runs,
 // delivered into that turn).
 func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepted, error) {
+	return m.submit(ctx, room, newID("m"), msg, m.opts.Cluster != nil)
+}
+
+// submit accepts msg under id; forward hands it to the cluster's inbox
+// (the holder accepts it from there).
+func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forward bool) (Accepted, error) {
 	switch {
 	case msg.Delivery == "":
 		msg.Delivery = DeliverQueue
@@ -329,11 +346,16 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 	if msg.Text == "" || len(msg.Text) > MaxMessageBytes {
 		return Accepted{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrBadMessage, MaxMessageBytes)
 	}
+	if forward {
+		if err := ValidateID(room); err != nil {
+			return Accepted{}, err
+		}
+		return m.opts.Cluster.Forward(ctx, room, id, msg)
+	}
 	r, err := m.room(room)
 	if err != nil {
 		return Accepted{}, err
 	}
-	id := newID("m")
 	var question string
 	r.qmu.Lock()
 	if len(r.questionQ) > 0 {
@@ -483,17 +505,19 @@ func (m *Manager) endMessage(ctx context.Context, room, id, turnID, outcome, rea
 }
 
 func (m *Manager) ensureWorkerLocked(r *roomState) {
-	if r.working {
+	if r.working || r.dropped {
 		return
 	}
 	r.working = true
 	m.wg.Add(1)
+	r.worker.Add(1)
 	go m.work(r)
 }
 
 // work serves the room's queue, one turn at a time, until it is empty.
 func (m *Manager) work(r *roomState) {
 	defer m.wg.Done()
+	defer r.worker.Done()
 	for {
 		r.mu.Lock()
 		if len(r.queue) == 0 || m.ctx.Err() != nil {
@@ -607,6 +631,8 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) (ou
 		return OutcomeCancelled, "cancelled", ""
 	case errors.Is(cause, errShutdown):
 		return OutcomeCancelled, errShutdown.Error(), ""
+	case errors.Is(cause, errDropped):
+		return OutcomeFailed, cause.Error(), ""
 	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled):
 		return OutcomeTimedOut, cause.Error(), ""
 	case err != nil:
@@ -884,6 +910,16 @@ func (m *Manager) janitor() {
 
 // Cancel ends the room's running turn as cancelled.
 func (m *Manager) Cancel(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlCancel}); ok {
+		return err
+	}
+	return m.cancelLocal(room)
+}
+
+func (m *Manager) cancelLocal(room string) error {
 	r, err := m.room(room)
 	if err != nil {
 		return err
@@ -900,6 +936,16 @@ func (m *Manager) Cancel(ctx context.Context, room string) error {
 
 // Release releases the room's agent (not while a turn runs).
 func (m *Manager) Release(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlRelease}); ok {
+		return err
+	}
+	return m.releaseLocal(room)
+}
+
+func (m *Manager) releaseLocal(room string) error {
 	r, err := m.room(room)
 	if err != nil {
 		return err
