@@ -78,6 +78,9 @@ type Cluster struct {
 	closed  bool
 	held    map[string]*held
 	subs    []*nats.Subscription
+	// retryWake: wake-ups the wake stream did not take yet.
+	retryWake    map[string]bool
+	droppedWakes int
 }
 
 // held is a room this host holds.
@@ -126,7 +129,7 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}}
+	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}, retryWake: map[string]bool{}}
 	c.st = newStore(cfg.Conn, js, cfg.Node)
 	c.st.fence = c.fenced
 	return c, nil
@@ -154,12 +157,20 @@ func Setup(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL t
 }
 
 func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration) error {
-	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// A JetStream request finds no meta leader before the cluster elects
+	// one: ask briefly, and often.
+	ictx, icancel := context.WithTimeout(ctx, time.Second)
+	_, err := js.AccountInfo(ictx)
+	icancel()
+	if err != nil {
+		return fmt.Errorf("account info: %w", err)
+	}
+	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if _, err := js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{
 		Bucket: BucketLease, LimitMarkerTTL: leaseTTL, Replicas: replicas,
 	}); err != nil {
-		return err
+		return fmt.Errorf("lease bucket: %w", err)
 	}
 	// Worker loads: each worker puts its free slots every second; the
 	// bucket's age limit forgets a dead worker.
@@ -213,7 +224,7 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	if err != nil {
 		return err
 	}
-	in, err := c.nc.Subscribe("rooms.*.in", c.inboxSignal)
+	in, err := c.nc.Subscribe("agenthost.in.*", c.inboxSignal)
 	if err != nil {
 		_ = ctl.Unsubscribe()
 		return err
@@ -223,6 +234,7 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	c.mu.Unlock()
 	c.goRun(c.renewLoop)
 	c.goRun(c.watchLeases)
+	c.goRun(c.wakeLoop)
 	if c.cfg.Worker {
 		c.goRun(c.dispatch)
 	}
@@ -331,11 +343,12 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id)); err != nil {
 		return room.Accepted{}, fmt.Errorf("natsroom: queueing the message: %w", err)
 	}
+	_ = c.nc.Publish(inSignal(rm), nil)
 	c.wakeRoom(ctx, rm)
 	acc := room.Accepted{ID: id}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.AcceptWait)
 	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
+	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		msgs, err := c.st.Messages(wctx, rm, 0, 0)
@@ -359,10 +372,59 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 // wakeRoom asks the workers to place the room (coalesced: one wake per
 // room waits at a time).
 func (c *Cluster) wakeRoom(ctx context.Context, rm string) {
-	_, err := c.js.Publish(ctx, wakeSubject(rm), nil)
+	if c.tryWake(ctx, rm) {
+		return
+	}
+	// The wake stream has no leader (an election, a partition): retry
+	// until it takes the wake-up, or the set is full.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.retryWake) >= maxRetryWakes {
+		c.droppedWakes++
+		c.log.Error("natsroom: too many wake-ups to retry; dropping one (the room wakes with its next message)", "room", rm, "dropped", c.droppedWakes)
+		return
+	}
+	c.retryWake[rm] = true
+}
+
+// maxRetryWakes bounds the wake-ups waiting for a retry.
+const maxRetryWakes = 100000
+
+func (c *Cluster) tryWake(ctx context.Context, rm string) bool {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := c.js.Publish(wctx, wakeSubject(rm), nil)
 	var ae *jetstream.APIError
 	if err != nil && !(errors.As(err, &ae) && ae.ErrorCode == 10077) {
 		c.log.Warn("natsroom: waking a room failed", "room", rm, "err", err)
+		return false
+	}
+	return true
+}
+
+// wakeLoop retries failed wake-ups every second.
+func (c *Cluster) wakeLoop() {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		var rooms []string
+		for rm := range c.retryWake {
+			rooms = append(rooms, rm)
+		}
+		c.mu.Unlock()
+		for _, rm := range rooms {
+			if c.tryWake(c.ctx, rm) {
+				c.mu.Lock()
+				delete(c.retryWake, rm)
+				c.mu.Unlock()
+			}
+		}
 	}
 }
 
@@ -457,7 +519,7 @@ func (c *Cluster) serveControl(msg *nats.Msg) {
 // inboxSignal wakes a held room's inbox reader (a lost signal is
 // harmless: the reader polls too).
 func (c *Cluster) inboxSignal(msg *nats.Msg) {
-	tok := msg.Subject[len("rooms.") : len(msg.Subject)-len(".in")]
+	tok := msg.Subject[len("agenthost.in."):]
 	rm, ok := untoken(tok)
 	if !ok {
 		return
@@ -604,6 +666,7 @@ func (c *Cluster) renew(h *held) {
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(c.cfg.LeaseTTL))
 	switch {
 	case err == nil:
+		c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
 		h.mu.Lock()
 		h.rev = ack.Sequence
 		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
@@ -617,6 +680,7 @@ func (c *Cluster) renew(h *held) {
 			c.forget(h, "lease lost: it expired and was taken")
 		}
 	default:
+		c.log.Debug("natsroom: renew failed", "room", h.room, "err", err)
 		// A timeout: keep acting until the local deadline.
 	}
 }
@@ -674,6 +738,7 @@ func (c *Cluster) watchLeases() {
 				continue
 			}
 			if rm, ok := untoken(e.Key()); ok {
+				c.log.Debug("natsroom: lease gone; waking the room", "room", rm, "op", e.Operation().String())
 				ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
 				c.wakeRoom(ctx, rm)
 				cancel()
@@ -701,8 +766,18 @@ func (c *Cluster) dispatch() {
 			}
 			continue
 		}
+		n := 0
 		for msg := range batch.Messages() {
+			n++
 			c.place(msg)
+		}
+		if n == 0 && batch.Error() != nil {
+			// No consumer leader (an election, a partition): back off.
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	}
 }
@@ -715,6 +790,7 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, 20*time.Second)
 	defer cancel()
+	c.log.Debug("natsroom: wake", "room", rm)
 	if c.Holder(ctx, rm) != "" {
 		_ = msg.Ack()
 		return
@@ -728,7 +804,9 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		}
 	}
 	_ = msg.InProgress()
-	if _, err := c.acquire(ctx, rm); err != nil {
+	ok, err := c.acquire(ctx, rm)
+	c.log.Debug("natsroom: acquire", "room", rm, "ok", ok, "err", err)
+	if err != nil {
 		c.log.Warn("natsroom: placing a room", "room", rm, "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return

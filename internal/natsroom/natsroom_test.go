@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -53,7 +55,11 @@ func startHost(t *testing.T, o hostOpts) *host {
 		node.Close()
 		t.Fatal(err)
 	}
-	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: 8, AcceptWait: 20 * time.Second})
+	var lg *slog.Logger
+	if os.Getenv("NATSROOM_DEBUG") != "" {
+		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
+	}
+	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: 8, AcceptWait: 20 * time.Second, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +114,13 @@ func waitEvent(ctx context.Context, t *testing.T, h *host, rm string, after int6
 	t.Helper()
 	watch, unwatch := h.m.Watch(rm)
 	defer unwatch()
+	var lastErr error
 	for {
 		evs, err := h.m.Events(ctx, rm, after, 0)
+		if err != nil && err != lastErr {
+			t.Logf("reading %q through %s: %v", rm, h.name, err)
+			lastErr = err
+		}
 		if err == nil {
 			for _, e := range evs {
 				after = e.Seq

@@ -57,7 +57,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		ServerName: cfg.Name, JetStream: true, StoreDir: cfg.StoreDir,
 		NoSigs: true, NoLog: true, DontListen: cfg.Listen == "",
 	}
+	if cfg.Listen == "" && cfg.ClusterListen != "" {
+		// A clustered node is not ready without a client listener.
+		cfg.Listen = "127.0.0.1:0"
+	}
 	if cfg.Listen != "" {
+		opts.DontListen = false
 		h, p, err := splitHostPort(cfg.Listen)
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: --nats-listen: %w", err)

@@ -53,6 +53,10 @@ func untoken(t string) (string, bool) {
 
 func evSubject(room string) string { return "rooms." + token(room) + ".ev" }
 func inSubject(room string) string { return "rooms." + token(room) + ".in" }
+
+// Core subjects that say an append is stored: a room's log, its inbox.
+func evSignal(room string) string { return "agenthost.ev." + token(room) }
+func inSignal(room string) string { return "agenthost.in." + token(room) }
 func wakeSubject(room string) string {
 	return "wake." + token(room)
 }
@@ -219,7 +223,7 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 // Watch implements room.Store: a signal per append to the room's log.
 func (s *Store) Watch(room string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
-	sub, err := s.nc.Subscribe(evSubject(room), func(*nats.Msg) {
+	sub, err := s.nc.Subscribe(evSignal(room), func(*nats.Msg) {
 		select {
 		case ch <- struct{}{}:
 		default:
@@ -526,6 +530,9 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 	}
 	l.addLocked(b, ack.Sequence)
 	l.inboxAt = 0
+	// Watchers hear of the append only once it is stored (a subscriber
+	// to the log subject itself may hear it before a read finds it).
+	_ = s.nc.Publish(evSignal(rm), nil)
 	return nil
 }
 
