@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -90,6 +91,7 @@ type held struct {
 	epoch    uint64
 	mu       sync.Mutex
 	deadline time.Time // local, monotonic: stop acting after it
+	since    time.Time // acquired
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -295,6 +297,9 @@ func (c *Cluster) Close() {
 			rev := h.rev
 			h.mu.Unlock()
 			_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+			if c.needsWake(ctx, h.room) {
+				c.tryWake(ctx, h.room)
+			}
 		}
 	}
 	if c.load != nil {
@@ -560,7 +565,7 @@ func (c *Cluster) acquire(ctx context.Context, rm string) (bool, error) {
 		return false, fmt.Errorf("natsroom: acquiring the lease: %w", err)
 	}
 	hctx, cancel := context.WithCancel(c.ctx)
-	h := &held{room: rm, rev: rev, epoch: rev, deadline: sent.Add(c.cfg.LeaseTTL - leaseMargin),
+	h := &held{room: rm, rev: rev, epoch: rev, deadline: sent.Add(c.cfg.LeaseTTL - leaseMargin), since: sent,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	c.mu.Lock()
 	c.held[rm] = h
@@ -604,7 +609,9 @@ func (c *Cluster) forget(h *held, reason string) {
 	// Give the lease up at once when it is still ours, so the room moves
 	// without waiting for the TTL; a stale revision is refused.
 	_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
-	c.wakeRoom(ctx, h.room)
+	if c.needsWake(ctx, h.room) {
+		c.wakeRoom(ctx, h.room)
+	}
 }
 
 // fenced is the store's report that the room's log refused a write.
@@ -646,6 +653,7 @@ func (c *Cluster) renewLoop() {
 		for _, h := range hs {
 			c.renew(h)
 		}
+		c.releaseIdle(hs)
 		c.advertise()
 	}
 }
@@ -734,7 +742,9 @@ func (c *Cluster) watchLeases() {
 			if !ok {
 				return
 			}
-			if e == nil || (e.Operation() != jetstream.KeyValuePurge && e.Operation() != jetstream.KeyValueDelete) {
+			// Only expiry (a purge marker): a holder that gives a lease up
+			// deletes it and wakes the room itself when it has work left.
+			if e == nil || e.Operation() != jetstream.KeyValuePurge {
 				continue
 			}
 			if rm, ok := untoken(e.Key()); ok {
@@ -882,4 +892,77 @@ func (c *Cluster) recordCursor(ctx context.Context, rm string) bool {
 		return true
 	}
 	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node}) == nil
+}
+
+// releaseIdle gives up the leases of held rooms with nothing to do (no
+// turn, nothing queued, no agent resident), so that an idle room costs
+// no renewals and frees its slot; its next message wakes it anywhere.
+func (c *Cluster) releaseIdle(hs []*held) {
+	for _, h := range hs {
+		if c.ctx.Err() != nil {
+			return
+		}
+		idle := false
+		l := c.st.log(h.room)
+		l.mu.Lock()
+		if l.owned && !l.f.resident && l.inboxAt <= l.f.inbox {
+			idle = true
+			for _, t := range l.f.turns {
+				idle = idle && !t.Ended.IsZero()
+			}
+			for _, m := range l.f.msgs {
+				idle = idle && m.Status == store.MessageEnded
+			}
+		}
+		l.mu.Unlock()
+		if !idle || time.Since(h.since) < c.cfg.LeaseTTL {
+			continue
+		}
+		c.mu.Lock()
+		if c.held[h.room] != h {
+			c.mu.Unlock()
+			continue
+		}
+		delete(c.held, h.room)
+		c.mu.Unlock()
+		h.cancel()
+		<-h.done
+		c.st.disown(h.room)
+		c.m.Drop(h.room, "idle: lease given up")
+
+		h.mu.Lock()
+		rev := h.rev
+		h.mu.Unlock()
+		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+		_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+		// A message that came in while the lease was given up found the
+		// room held and its wake-up was dropped: wake the room again.
+		if c.needsWake(ctx, h.room) {
+			c.wakeRoom(ctx, h.room)
+		}
+		cancel()
+		c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
+	}
+}
+
+// needsWake reports whether a room this host gave up has work left: a
+// message not ended in its log (the inbox reader may have taken one
+// before it stopped), or an entry in its inbox.
+func (c *Cluster) needsWake(ctx context.Context, rm string) bool {
+	l := c.st.log(rm)
+	l.mu.Lock()
+	cursor, open := l.f.inbox, false
+	for _, m := range l.f.msgs {
+		open = open || m.Status != store.MessageEnded
+	}
+	l.mu.Unlock()
+	if open {
+		return true
+	}
+	st, err := c.js.Stream(ctx, StreamRooms)
+	if err != nil {
+		return true // cannot tell: a spare wake-up costs one placement check
+	}
+	_, err = st.GetMsg(ctx, cursor+1, jetstream.WithGetMsgSubject(inSubject(rm)))
+	return !errors.Is(err, jetstream.ErrMsgNotFound)
 }

@@ -306,3 +306,43 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestCluster_IdleRoomGivesUpItsLease: a room with nothing to do and no
+// agent gives its lease up (no renewals, a free slot); its next message
+// places it again and runs, in the same gap-free log.
+func TestCluster_IdleRoomGivesUpItsLease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true})
+	defer h.stop()
+	h.run(ctx)
+	rm := "idle"
+	for i := range 2 {
+		acc, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("m%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+		if err := h.m.Release(ctx, rm); err != nil {
+			t.Fatal(err)
+		}
+		// The lease goes within a renewal period or two; poll the KV
+		// read model (its watch is the cluster's own).
+		for h.c.Holder(ctx, rm) != "" {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the idle room kept its lease")
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	takeovers := 0
+	for _, e := range checkGapFree(ctx, t, h, rm) {
+		if e.Type == evTakeover {
+			takeovers++
+		}
+	}
+	if takeovers != 2 {
+		t.Fatalf("%d takeovers, want 2 (one per placement)", takeovers)
+	}
+}
