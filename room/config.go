@@ -183,7 +183,10 @@ type Options struct {
 	// TranscriptBytes bounds the transcript given to a fresh session
 	// after a lost one (default 32 KiB).
 	TranscriptBytes int
-	Logger          *slog.Logger
+	// Cluster, if set, places rooms on several hosts (see Cluster); nil
+	// runs every room of the store here.
+	Cluster Cluster
+	Logger  *slog.Logger
 }
 
 func (o *Options) fill() {

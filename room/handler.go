@@ -172,6 +172,9 @@ func (m *Manager) Approve(ctx context.Context, room, id string, allow bool) erro
 	if err := ValidateID(room); err != nil {
 		return err
 	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlApprove, ID: id, Allow: allow}); ok {
+		return err
+	}
 	return m.resolveApproval(ctx, room, id, allow, "person")
 }
 
@@ -301,6 +304,9 @@ func (m *Manager) Answer(ctx context.Context, room, id, text string) error {
 	}
 	if len(text) > MaxMessageBytes {
 		return fmt.Errorf("%w: answer over %d bytes", ErrBadMessage, MaxMessageBytes)
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlAnswer, ID: id, Text: text}); ok {
+		return err
 	}
 	return m.answerQuestion(ctx, room, id, text, "person", true)
 }

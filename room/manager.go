@@ -103,6 +103,8 @@ type roomState struct {
 	// previous host let go: the agent asks again (its request lies past
 	// the recorded offset), and the asking takes the pending one over.
 	inheritedA []store.Approval
+	dropped    bool           // Drop: the host lost the room's lease
+	worker     sync.WaitGroup // the goroutine serving the queue
 
 	qmu        sync.Mutex // guards questions and questionQ (never under mu)
 	questions  map[string]chan answer
@@ -189,33 +191,43 @@ func (m *Manager) Start(ctx context.Context) error {
 			return fmt.Errorf("room: root: %w", err)
 		}
 	}
-	if err := m.recover(ctx); err != nil {
-		return err
+	if m.opts.Cluster == nil {
+		// With a Cluster, rooms are recovered as they are adopted.
+		if err := m.recoverRooms(ctx, "", "host restarted", "restart"); err != nil {
+			return err
+		}
 	}
 	m.wg.Add(1)
 	go m.janitor()
 	return nil
 }
 
-func (m *Manager) recover(ctx context.Context) error {
+// recoverRooms recovers room ("" for every room): turns that were running
+// end failed (reason), pending approvals are denied and questions
+// cancelled (by), and waiting messages queue again in order.
+func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) error {
 	turns, err := m.st.OpenTurns(ctx)
 	if err != nil {
 		return err
 	}
-	attached, err := m.attach(ctx, turns)
-	if err != nil {
-		return err
+	// Agents left running by the host before (the process daemon) are
+	// attached at start; a room adopted from a cluster starts afresh.
+	attached := map[string]string{}
+	if room == "" {
+		if attached, err = m.attach(ctx, turns); err != nil {
+			return err
+		}
 	}
-	for _, t := range turns {
+	for _, t := range openTurnsOf(turns, room) {
 		if _, ok := attached[t.Room]; ok {
 			continue // its agent runs on; the room's worker continues it
 		}
 		err := m.st.Write(ctx, func(tx Tx) error {
-			if err := tx.EndTurn(t.ID, OutcomeFailed, "host restarted", ""); err != nil {
+			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, ""); err != nil {
 				return err
 			}
 			_, err := tx.Append(t.Room, "turn.ended", map[string]string{
-				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": "host restarted", "text": "",
+				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": reason, "text": "",
 			})
 			return err
 		})
@@ -223,7 +235,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			return err
 		}
 	}
-	aps, err := m.st.Approvals(ctx, "", true)
+	aps, err := m.st.Approvals(ctx, room, true)
 	if err != nil {
 		return err
 	}
@@ -231,11 +243,11 @@ func (m *Manager) recover(ctx context.Context) error {
 		if tid := attached[a.Room]; tid != "" && a.TurnID == tid {
 			continue // the attached agent asks again (inherited)
 		}
-		if err := m.resolveApproval(ctx, a.Room, a.ID, false, "restart"); err != nil && !errors.Is(err, ErrConflict) {
+		if err := m.resolveApproval(ctx, a.Room, a.ID, false, by); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
 	}
-	qs, err := m.st.Questions(ctx, "", true)
+	qs, err := m.st.Questions(ctx, room, true)
 	if err != nil {
 		return err
 	}
@@ -243,7 +255,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		if tid := attached[q.Room]; tid != "" && q.TurnID == tid {
 			continue
 		}
-		if err := m.answerQuestion(ctx, q.Room, q.ID, "", "restart", false); err != nil && !errors.Is(err, ErrConflict) {
+		if err := m.answerQuestion(ctx, q.Room, q.ID, "", by, false); err != nil && !errors.Is(err, ErrConflict) {
 			return err
 		}
 	}
@@ -252,6 +264,9 @@ func (m *Manager) recover(ctx context.Context) error {
 		return err
 	}
 	for _, msg := range msgs {
+		if room != "" && msg.Room != room {
+			continue
+		}
 		if tid := attached[msg.Room]; msg.Status == store.MessageStarted && tid != "" && msg.TurnID == tid {
 			// In (or steered into) the turn the attached agent runs on.
 			continue
@@ -259,7 +274,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		if msg.Status == store.MessageStarted {
 			// Its turn died with the host (or it was steered into one).
 			err := m.st.Write(ctx, func(tx Tx) error {
-				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, "host restarted")
+				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, reason)
 			})
 			if err != nil {
 				return err
@@ -559,6 +574,12 @@ type Accepted struct {
 // otherwise it is queued (or, for steer and follow_up while a turn runs,
 // delivered into that turn).
 func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepted, error) {
+	return m.submit(ctx, room, newID("m"), msg, m.opts.Cluster != nil)
+}
+
+// submit accepts msg under id; forward hands it to the cluster's inbox
+// (the holder accepts it from there).
+func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forward bool) (Accepted, error) {
 	switch {
 	case msg.Delivery == "":
 		msg.Delivery = DeliverQueue
@@ -568,11 +589,16 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 	if msg.Text == "" || len(msg.Text) > MaxMessageBytes {
 		return Accepted{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrBadMessage, MaxMessageBytes)
 	}
+	if forward {
+		if err := ValidateID(room); err != nil {
+			return Accepted{}, err
+		}
+		return m.opts.Cluster.Forward(ctx, room, id, msg)
+	}
 	r, err := m.room(room)
 	if err != nil {
 		return Accepted{}, err
 	}
-	id := newID("m")
 	var question string
 	r.qmu.Lock()
 	if len(r.questionQ) > 0 {
@@ -722,17 +748,19 @@ func (m *Manager) endMessage(ctx context.Context, room, id, turnID, outcome, rea
 }
 
 func (m *Manager) ensureWorkerLocked(r *roomState) {
-	if r.working {
+	if r.working || r.dropped {
 		return
 	}
 	r.working = true
 	m.wg.Add(1)
+	r.worker.Add(1)
 	go m.work(r)
 }
 
 // work serves the room's queue, one turn at a time, until it is empty.
 func (m *Manager) work(r *roomState) {
 	defer m.wg.Done()
+	defer r.worker.Done()
 	r.mu.Lock()
 	cont := r.cont
 	r.cont = nil
@@ -947,6 +975,8 @@ func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
 		return turnEnd{outcome: OutcomeCancelled, reason: "cancelled"}
 	case errors.Is(cause, errShutdown):
 		return turnEnd{outcome: OutcomeCancelled, reason: errShutdown.Error()}
+	case errors.Is(cause, errDropped):
+		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
 	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled):
 		return turnEnd{outcome: OutcomeTimedOut, reason: cause.Error()}
 	case err != nil:
@@ -1239,6 +1269,16 @@ func (m *Manager) janitor() {
 
 // Cancel ends the room's running turn as cancelled.
 func (m *Manager) Cancel(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlCancel}); ok {
+		return err
+	}
+	return m.cancelLocal(room)
+}
+
+func (m *Manager) cancelLocal(room string) error {
 	r, err := m.room(room)
 	if err != nil {
 		return err
@@ -1255,6 +1295,16 @@ func (m *Manager) Cancel(ctx context.Context, room string) error {
 
 // Release releases the room's agent (not while a turn runs).
 func (m *Manager) Release(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlRelease}); ok {
+		return err
+	}
+	return m.releaseLocal(room)
+}
+
+func (m *Manager) releaseLocal(room string) error {
 	r, err := m.room(room)
 	if err != nil {
 		return err

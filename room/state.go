@@ -17,6 +17,9 @@ type State struct {
 	LastSeq   int64            `json:"last_seq"`
 	Approvals []store.Approval `json:"approvals"`
 	Questions []store.Question `json:"questions"`
+	// Node is the host that holds the room's lease, with a Cluster ("":
+	// none, or one machine).
+	Node string `json:"node"`
 }
 
 // TurnRef names a running turn.
@@ -50,6 +53,7 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 		st.Queued = len(r.queue)
 		r.mu.Unlock()
 	}
+	m.clusterState(ctx, room, &st)
 	if st.Approvals, err = m.st.Approvals(ctx, room, true); err != nil {
 		return State{}, err
 	}

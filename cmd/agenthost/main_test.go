@@ -60,7 +60,7 @@ func fakeAgent() {
 	send(`{"type":"ready","supportedProtocolVersions":[1]}`)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		var cmd struct{ ID, Type string }
+		var cmd struct{ ID, Type, Message string }
 		if json.Unmarshal(in.Bytes(), &cmd) != nil {
 			continue
 		}
@@ -71,6 +71,10 @@ func fakeAgent() {
 		case "prompt":
 			send(`{"id":` + string(id) + `,"type":"response","command":"prompt","success":true}`)
 			send(`{"type":"agent_start"}`)
+			if strings.HasSuffix(cmd.Message, "hang") {
+				// Mid-turn until killed (the cluster test kills its host).
+				continue
+			}
 			text := strings.Repeat("y", 1000)
 			for i := 0; i < fakeFloodUpdates; i++ {
 				send(`{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"` + text + `"}]}}`)

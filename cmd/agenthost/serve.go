@@ -21,11 +21,13 @@ import (
 	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/natsroom"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/server"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -50,6 +52,11 @@ type serveFlags struct {
 	idleAfter, turnTimeout, approvalTimeout time.Duration
 	approvalMode, config                    string
 	daemon                                  bool
+	// NATS modes
+	node, natsListen, natsClusterListen, role string
+	nats, natsRoutes                          []string
+	natsEmbedded                              bool
+	natsReplicas                              int
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -123,6 +130,14 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
 	fl.BoolVar(&f.daemon, "daemon", false, "run the agents in the process daemon; SIGUSR2 restarts the server and keeps them running")
+	fl.StringVar(&f.node, "node", "", "this node's name in a NATS cluster (needed with --nats or --nats-embedded)")
+	fl.StringSliceVar(&f.nats, "nats", nil, "external JetStream: server URL(s), comma-separated")
+	fl.BoolVar(&f.natsEmbedded, "nats-embedded", false, "run an embedded JetStream node in this process")
+	fl.StringVar(&f.natsListen, "nats-listen", "", "the embedded node's client address (host:port)")
+	fl.StringVar(&f.natsClusterListen, "nats-cluster-listen", "", "the embedded node's cluster (route) address (host:port)")
+	fl.StringSliceVar(&f.natsRoutes, "nats-routes", nil, "the other embedded nodes' route URLs (nats://host:port), comma-separated")
+	fl.StringVar(&f.role, "role", natsroom.RoleBoth, "in a NATS cluster: both, frontend (API only) or worker (runs agents only)")
+	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
 	return cmd
 }
 
@@ -237,6 +252,15 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if f.workspaces == "" {
 		f.workspaces = filepath.Join(f.data, "workspaces")
 	}
+	clustered := f.natsEmbedded || len(f.nats) > 0
+	if err := checkClusterFlags(f, clustered); err != nil {
+		return &exitError{2, err}
+	}
+	if clustered && f.daemon {
+		// A planned restart re-attaches the rooms this server held; in a
+		// cluster they move to other nodes instead (the leases lapse).
+		return &exitError{2, errors.New("serve: --daemon is for a single machine (not with --nats or --nats-embedded)")}
+	}
 	if err := os.MkdirAll(f.data, 0o700); err != nil {
 		return fmt.Errorf("serve: data dir: %w", err)
 	}
@@ -248,18 +272,31 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		defer signal.Stop(restartSig)
 	}
 
-	db, err := store.Open(ctx, filepath.Join(f.data, "agenthost.db"), store.Options{Logger: log})
-	if errors.Is(err, store.ErrLocked) {
-		return fmt.Errorf("serve: another agenthost is already serving the data dir %s (its store is locked); stop it or give another --data", f.data)
-	}
-	if err != nil {
-		return fmt.Errorf("serve: opening the store: %w", err)
-	}
-	defer func() {
-		if cerr := db.Close(); cerr != nil && err == nil {
-			err = cerr
+	var rstore room.Store
+	var cl *natsroom.Cluster
+	if clustered {
+		var stop func()
+		cl, stop, err = startCluster(f, log)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
 		}
-	}()
+		defer stop()
+		rstore = cl.Store()
+	} else {
+		db, err := store.Open(ctx, filepath.Join(f.data, "agenthost.db"), store.Options{Logger: log})
+		if errors.Is(err, store.ErrLocked) {
+			return fmt.Errorf("serve: another agenthost is already serving the data dir %s (its store is locked); stop it or give another --data", f.data)
+		}
+		if err != nil {
+			return fmt.Errorf("serve: opening the store: %w", err)
+		}
+		defer func() {
+			if cerr := db.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+		rstore = room.SQLite(db)
+	}
 	tok, tokPath, created, err := loadToken(f.data)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -336,12 +373,16 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	m, err := room.New(room.Options{
-		Store: room.SQLite(db), Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
+	ropts := room.Options{
+		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
 			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
 		Logger: log,
-	})
+	}
+	if cl != nil {
+		ropts.Cluster = cl
+	}
+	m, err := room.New(ropts)
 	if err != nil {
 		return &exitError{2, fmt.Errorf("serve: %w", err)}
 	}
@@ -351,10 +392,31 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	}
 	log.Debug("rooms recovered", "took", time.Since(began))
 	defer func() {
+		if cl != nil {
+			// No new rooms or inbox entries while the rooms record their
+			// shutdown; the leases go after (the deferred stop).
+			cl.Stop()
+		}
 		if cerr := m.Close(); cerr != nil && !errors.Is(cerr, room.ErrClosed) && err == nil {
 			err = cerr
 		}
 	}()
+	if cl != nil {
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err := cl.Start(sctx, m)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("serve: joining the cluster: %w", err)
+		}
+		log.Info("in the cluster", "node", f.node, "role", f.role)
+	}
+	if f.role == natsroom.RoleWorker {
+		// A worker serves no API: it runs rooms until told to stop.
+		fmt.Fprintf(stdout, "agenthost: node %s running rooms (worker)\n", f.node)
+		<-ctx.Done()
+		log.Info("shutting down")
+		return nil
+	}
 	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Logger: log})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -423,4 +485,83 @@ func handOver(pd *procd.Client, log *slog.Logger) bool {
 	}
 	log.Info("planned restart: the agents are handed over", "expires", t.ExpiresAt)
 	return true
+}
+
+// checkClusterFlags checks the NATS flags go together.
+func checkClusterFlags(f serveFlags, clustered bool) error {
+	switch {
+	case !clustered:
+		if f.node != "" || f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0 || f.role != natsroom.RoleBoth {
+			return errors.New("serve: --node, --nats-listen, --nats-cluster-listen, --nats-routes and --role need --nats or --nats-embedded")
+		}
+		return nil
+	case f.natsEmbedded && len(f.nats) > 0:
+		return errors.New("serve: give either --nats (external) or --nats-embedded, not both")
+	case f.node == "":
+		return errors.New("serve: --node NAME is required with --nats or --nats-embedded")
+	case len(f.nats) > 0 && (f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0):
+		return errors.New("serve: --nats-listen, --nats-cluster-listen and --nats-routes are for --nats-embedded")
+	case len(f.natsRoutes) > 0 && f.natsClusterListen == "":
+		return errors.New("serve: --nats-routes needs --nats-cluster-listen")
+	}
+	switch f.role {
+	case natsroom.RoleBoth, natsroom.RoleFrontend, natsroom.RoleWorker:
+	default:
+		return fmt.Errorf("serve: --role %q: want both, frontend or worker", f.role)
+	}
+	if err := room.ValidateID(f.node); err != nil || strings.ContainsAny(f.node, " \t") {
+		return fmt.Errorf("serve: --node %q: a short name without spaces, dots or slashes", f.node)
+	}
+	return nil
+}
+
+// startCluster starts the embedded node (if any), connects, and returns
+// the cluster; stop closes it, the connection and the node, in order.
+func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), error) {
+	var node *natsroom.Node
+	var nc *nats.Conn
+	var err error
+	replicas := f.natsReplicas
+	if f.natsEmbedded {
+		node, err = natsroom.StartNode(natsroom.NodeConfig{Name: f.node, StoreDir: filepath.Join(f.data, "nats", f.node),
+			Listen: f.natsListen, ClusterListen: f.natsClusterListen, Routes: f.natsRoutes, Logger: log})
+		if err != nil {
+			return nil, nil, err
+		}
+		nc, err = node.Connect("agenthost " + f.node)
+		if replicas == 0 {
+			replicas = 1
+			if len(f.natsRoutes) > 0 {
+				replicas = 3
+			}
+		}
+	} else {
+		nc, err = natsroom.Dial(f.nats, "agenthost "+f.node)
+		if replicas == 0 {
+			replicas = 3
+		}
+	}
+	if err != nil {
+		if node != nil {
+			node.Close()
+		}
+		return nil, nil, fmt.Errorf("connecting to NATS: %w", err)
+	}
+	cl, err := natsroom.New(natsroom.Config{Node: f.node, Conn: nc, Replicas: replicas, Slots: f.maxResident,
+		Worker: f.role != natsroom.RoleFrontend, Logger: log})
+	if err != nil {
+		nc.Close()
+		if node != nil {
+			node.Close()
+		}
+		return nil, nil, err
+	}
+	stop := func() {
+		cl.Close()
+		nc.Close()
+		if node != nil {
+			node.Close()
+		}
+	}
+	return cl, stop, nil
 }

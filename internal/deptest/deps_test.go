@@ -46,6 +46,11 @@ var allowed = map[string][]string{
 		"golang.org/x/sys/", "github.com/creack/pty"},
 	// The HTTP server knows rooms, their store and Prometheus' client;
 	// never a transport or an agent (the command wires those in).
+	// Rooms over NATS JetStream: rooms (whose interfaces it implements),
+	// their store's record types and the NATS server and client; never
+	// the HTTP server, a transport or an agent.
+	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store"},
+		append(sqliteDeps, natsDeps...)...),
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},
 		append(sqliteDeps, prometheusDeps...)...),
 }
@@ -61,6 +66,13 @@ var mcpDeps = []string{
 var prometheusDeps = []string{
 	"github.com/prometheus/", "github.com/beorn7/perks/", "github.com/cespare/xxhash/", "github.com/munnerz/goautoneg",
 	"google.golang.org/protobuf/",
+}
+
+// natsDeps are the NATS server's and client's own dependencies.
+var natsDeps = []string{
+	"github.com/nats-io/", "github.com/klauspost/compress/", "github.com/minio/highwayhash",
+	"github.com/antithesishq/antithesis-sdk-go/", "github.com/google/go-tpm/", "golang.org/x/crypto/", "golang.org/x/time/",
+	"golang.org/x/sys/",
 }
 
 // sqliteDeps are modernc.org/sqlite's own dependencies.

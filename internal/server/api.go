@@ -22,6 +22,9 @@ type roomView struct {
 	LastSeq   int64           `json:"last_seq"`
 	Approvals []approvalView  `json:"approvals"`
 	Questions []questionsView `json:"questions"`
+	// Node holds the room's lease in a cluster ("" when none does, and
+	// on one machine).
+	Node string `json:"node"`
 }
 
 type approvalView struct {
@@ -74,7 +77,7 @@ func nonNil(s []string) []string {
 
 func viewRoom(st room.State) roomView {
 	v := roomView{ID: st.ID, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
-		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}}
+		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node}
 	for _, a := range st.Approvals {
 		v.Approvals = append(v.Approvals, approvalView{ID: a.ID, TurnID: a.TurnID, Tool: a.Tool, Input: a.Input,
 			Options: nonNil(a.Options), Created: a.Created.UTC(), Deadline: a.Deadline.UTC()})

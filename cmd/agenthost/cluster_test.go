@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// serveNode is one `agenthost serve --nats-embedded` process.
+type serveNode struct {
+	name string
+	cmd  *exec.Cmd
+	url  string
+	err  *syncBuf
+	done bool
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startServeCluster starts three serve processes forming one embedded
+// JetStream cluster on loopback, sharing one data dir (the shared storage
+// of the README), each running agent the test binary's fake agent.
+func startServeCluster(t *testing.T, token string) []*serveNode {
+	t.Helper()
+	data := t.TempDir()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake agent's switch goes to the agent only, not to serve.
+	agent := []string{"--", "/usr/bin/env", fakeAgentEnv + "=1", "GORACE=atexit_sleep_ms=0", exe, "-test.run=^$"}
+	var cports [3]int
+	for i := range cports {
+		cports[i] = freeTCPPort(t)
+	}
+	nodes := make([]*serveNode, 3)
+	lines := make([]chan string, 3)
+	for i := range 3 {
+		var routes []string
+		for j := range 3 {
+			if j != i {
+				routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", cports[j]))
+			}
+		}
+		name := fmt.Sprintf("n%d", i+1)
+		args := []string{"serve", "--listen", "127.0.0.1:0", "--data", data, "--node", name, "--nats-embedded",
+			"--nats-listen", "127.0.0.1:0", "--nats-cluster-listen", fmt.Sprintf("127.0.0.1:%d", cports[i]),
+			"--nats-routes", strings.Join(routes, ",")}
+		cmd := exec.Command(os.Args[0], append(args, agent...)...)
+		cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN="+token)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &serveNode{name: name, cmd: cmd, err: &syncBuf{}}
+		cmd.Stderr = n.err
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = n
+		t.Cleanup(func() {
+			if !n.done {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				ch := make(chan struct{})
+				go func() { _ = cmd.Wait(); close(ch) }()
+				select {
+				case <-ch:
+				case <-time.After(30 * time.Second):
+					_ = cmd.Process.Kill()
+					<-ch
+				}
+			}
+		})
+		lines[i] = make(chan string, 1)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			if sc.Scan() {
+				lines[i] <- sc.Text()
+			}
+			close(lines[i])
+			_, _ = io.Copy(io.Discard, stdout)
+		}()
+	}
+	for i, n := range nodes {
+		select {
+		case line := <-lines[i]:
+			u, _, _ := strings.Cut(strings.TrimPrefix(line, "agenthost: serving rooms at "), " ")
+			if !strings.HasPrefix(u, "http://") {
+				t.Fatalf("%s start line %q; stderr:\n%s", n.name, line, n.err.String())
+			}
+			n.url = u
+		case <-time.After(90 * time.Second):
+			t.Fatalf("%s: no start line; stderr:\n%s", n.name, n.err.String())
+		}
+	}
+	return nodes
+}
+
+// roomNode is GET /v1/rooms/{room}'s node through n.
+func roomNode(t *testing.T, n *serveNode, token, rm string) string {
+	t.Helper()
+	code, body := call(t, "GET", n.url+"v1/rooms/"+rm, token, "")
+	var st struct{ Node string }
+	if code != 200 || json.Unmarshal(body, &st) != nil {
+		t.Fatalf("GET room %s through %s: %d %s", rm, n.name, code, body)
+	}
+	return st.Node
+}
+
+// replay is a room's whole event stream (SSE, no follow) through n.
+func replay(t *testing.T, ctx context.Context, n *serveNode, token, rm string) []string {
+	t.Helper()
+	c := &client{base: n.url, token: token, hc: http.DefaultClient}
+	var out []string
+	err := c.events(ctx, rm, 0, false, func(typ string, raw []byte) (bool, error) {
+		out = append(out, string(raw))
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestServe_NATSClusterProcesses: three serve processes with embedded
+// JetStream. Messages to 10 rooms go in through n1 and are watched through
+// n2; replay through n3 is the same, event for event. Then the worker
+// holding a room mid-turn is SIGKILLed: the cut turn ends failed ("worker
+// lost") on another node, the messages queued behind it settle in order,
+// and the room's replay is the same through both survivors.
+func TestServe_NATSClusterProcesses(t *testing.T) {
+	if os.Getenv("AGENTHOST_CLUSTER_TESTS") == "" {
+		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
+	}
+	token := "cluster-test-token"
+	nodes := startServeCluster(t, token)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+
+	// 10 rooms in through n1, watched through n2.
+	want := map[string]string{}
+	for i := range 10 {
+		rm := fmt.Sprintf("r%d", i)
+		code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, fmt.Sprintf(`{"text":"hello %d"}`, i))
+		if code != 202 {
+			t.Fatalf("post %s: %d %s", rm, code, body)
+		}
+		var acc struct {
+			ID  string
+			Seq int64
+		}
+		_ = json.Unmarshal(body, &acc)
+		want[rm] = acc.ID
+	}
+	watch := &client{base: nodes[1].url, token: token, hc: http.DefaultClient}
+	for rm, id := range want {
+		err := watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+			var d map[string]any
+			_ = json.Unmarshal(raw, &d)
+			if typ == "turn.ended" && d["message_id"] == id {
+				if d["outcome"] != "settled" {
+					return true, fmt.Errorf("room %s: turn ended %s", rm, raw)
+				}
+				return true, nil
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := replay(t, ctx, nodes[1], token, rm), replay(t, ctx, nodes[2], token, rm)
+		if strings.Join(a, "\n") != strings.Join(b, "\n") {
+			t.Fatalf("room %s: replay through n2 and n3 differ:\n%s\n---\n%s", rm, strings.Join(a, "\n"), strings.Join(b, "\n"))
+		}
+		for i, ev := range a {
+			var e struct{ Seq int64 }
+			_ = json.Unmarshal([]byte(ev), &e)
+			if e.Seq != int64(i+1) {
+				t.Fatalf("room %s: event %d has seq %d", rm, i, e.Seq)
+			}
+		}
+	}
+
+	// A turn cut by SIGKILL of its worker.
+	rm := "kill"
+	if code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"hang"}`); code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	err := watch.events(ctx, rm, 0, true, func(typ string, _ []byte) (bool, error) { return typ == "turn.started", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queued []string
+	for i := range 2 {
+		code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, fmt.Sprintf(`{"text":"after %d"}`, i))
+		if code != 202 {
+			t.Fatalf("post: %d %s", code, body)
+		}
+		var acc struct{ ID string }
+		_ = json.Unmarshal(body, &acc)
+		queued = append(queued, acc.ID)
+	}
+	// The lease is read from the nearest replica, which may lag the
+	// holder's acquire by a moment.
+	holder := roomNode(t, nodes[0], token, rm)
+	for deadline := time.Now().Add(10 * time.Second); holder == "" && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond) // polling a read model, no event to wait on
+		holder = roomNode(t, nodes[0], token, rm)
+	}
+	var victim *serveNode
+	var survivors []*serveNode
+	for _, n := range nodes {
+		if n.name == holder {
+			victim = n
+		} else {
+			survivors = append(survivors, n)
+		}
+	}
+	if victim == nil {
+		t.Fatalf("room held by %q", holder)
+	}
+	killed := time.Now()
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.cmd.Wait()
+	victim.done = true
+
+	c := &client{base: survivors[0].url, token: token, hc: http.DefaultClient}
+	var cut map[string]any
+	var failover time.Duration
+	settled := 0
+	err = c.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+		var d map[string]any
+		_ = json.Unmarshal(raw, &d)
+		switch {
+		case typ == "turn.ended" && cut == nil:
+			cut = d
+		case typ == "turn.started" && cut != nil && failover == 0:
+			failover = time.Since(killed)
+		case typ == "turn.ended":
+			if d["outcome"] != "settled" || d["message_id"] != queued[settled] {
+				return true, fmt.Errorf("after the failover: %s", raw)
+			}
+			settled++
+		}
+		return settled == len(queued), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cut["outcome"] != "failed" || cut["reason"] != "worker lost" {
+		t.Fatalf("the cut turn ended %v", cut)
+	}
+	t.Logf("failover: the room's next turn started %v after the SIGKILL (lease 3 s)", failover.Round(time.Millisecond))
+	if now := roomNode(t, survivors[1], token, rm); now == "" || now == holder {
+		t.Fatalf("room now held by %q", now)
+	}
+	a, b := replay(t, ctx, survivors[0], token, rm), replay(t, ctx, survivors[1], token, rm)
+	if strings.Join(a, "\n") != strings.Join(b, "\n") {
+		t.Fatalf("replay differs across the survivors")
+	}
+}

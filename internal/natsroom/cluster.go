@@ -1,0 +1,968 @@
+package natsroom
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// Defaults for Config.
+const (
+	DefaultLeaseTTL   = 3 * time.Second
+	DefaultAcceptWait = 10 * time.Second
+	// leaseMargin is how long before the lease's end a holder stops
+	// acting on its own (it may not hear that it lost the lease).
+	leaseMargin = 500 * time.Millisecond
+	// maxInboxEntry bounds one inbox message (a room message's text,
+	// JSON-escaped, with room to spare).
+	maxInboxEntry = 4*room.MaxMessageBytes + 4096
+)
+
+// Roles of a node.
+const (
+	RoleBoth     = "both"
+	RoleFrontend = "frontend"
+	RoleWorker   = "worker"
+)
+
+// Config configures a Cluster.
+type Config struct {
+	// Node names this host (unique in the cluster).
+	Node string
+	// Conn is the connection to JetStream; the Cluster does not close it.
+	Conn *nats.Conn
+	// Replicas of the streams and buckets (3 in a 3-node cluster).
+	Replicas int
+	// LeaseTTL is a room lease's life without a renewal (whole seconds,
+	// at least 1 s; default 3 s).
+	LeaseTTL time.Duration
+	// Slots is how many rooms this worker takes before it reports no
+	// free slot (placement prefers the worker with the most free slots).
+	Slots int
+	// Worker: this node runs rooms (false: a front end only).
+	Worker bool
+	// AcceptWait bounds how long Forward waits for the holder to accept
+	// a message before it answers with Seq 0 (default 10 s).
+	AcceptWait time.Duration
+	Logger     *slog.Logger
+}
+
+// Cluster is room.Cluster over JetStream. Create it with New, pass
+// Store() and the Cluster to room.New, then Start with the Manager.
+type Cluster struct {
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	st    *Store
+	log   *slog.Logger
+	m     *room.Manager
+	lease jetstream.KeyValue
+	load  jetstream.KeyValue
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	held    map[string]*held
+	subs    []*nats.Subscription
+	// retryWake: wake-ups the wake stream did not take yet.
+	retryWake    map[string]bool
+	droppedWakes int
+}
+
+// held is a room this host holds.
+type held struct {
+	room     string
+	rev      uint64 // the lease's KV revision (the epoch at acquire)
+	epoch    uint64
+	mu       sync.Mutex
+	deadline time.Time // local, monotonic: stop acting after it
+	since    time.Time // acquired
+	wake     chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+func (h *held) until() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deadline
+}
+
+// New checks cfg and returns a Cluster (nothing runs until Start).
+func New(cfg Config) (*Cluster, error) {
+	if cfg.Node == "" || cfg.Conn == nil {
+		return nil, errors.New("natsroom: Config.Node and Config.Conn are required")
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.LeaseTTL < time.Second || cfg.LeaseTTL%time.Second != 0 {
+		return nil, errors.New("natsroom: LeaseTTL must be whole seconds, at least 1 s (JetStream truncates TTLs)")
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = room.DefaultMaxResident
+	}
+	if cfg.AcceptWait <= 0 {
+		cfg.AcceptWait = DefaultAcceptWait
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}, retryWake: map[string]bool{}}
+	c.st = newStore(cfg.Conn, js, cfg.Node)
+	c.st.fence = c.fenced
+	return c, nil
+}
+
+// Store is the room.Store to give the Manager.
+func (c *Cluster) Store() *Store { return c.st }
+
+// Setup creates the streams, buckets and the dispatch consumer (or
+// checks them), retrying until ctx ends while a new cluster elects its
+// JetStream leader.
+func Setup(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration) error {
+	var last error
+	for {
+		last = setupOnce(ctx, js, replicas, leaseTTL)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("natsroom: setting up JetStream: %w", last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration) error {
+	// A JetStream request finds no meta leader before the cluster elects
+	// one: ask briefly, and often.
+	ictx, icancel := context.WithTimeout(ctx, time.Second)
+	_, err := js.AccountInfo(ictx)
+	icancel()
+	if err != nil {
+		return fmt.Errorf("account info: %w", err)
+	}
+	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{
+		Bucket: BucketLease, LimitMarkerTTL: leaseTTL, Replicas: replicas,
+	}); err != nil {
+		return fmt.Errorf("lease bucket: %w", err)
+	}
+	// Worker loads: each worker puts its free slots every second; the
+	// bucket's age limit forgets a dead worker.
+	if _, err := js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{
+		Bucket: BucketLoad, TTL: 5 * time.Second, Replicas: replicas,
+	}); err != nil {
+		return err
+	}
+	if _, err := js.CreateOrUpdateStream(octx, jetstream.StreamConfig{
+		Name: StreamRooms, Subjects: []string{"rooms.*.ev", "rooms.*.in"}, Replicas: replicas,
+		Duplicates: 30 * time.Second, MaxMsgSize: maxBatchLen + 4096,
+	}); err != nil {
+		return err
+	}
+	st, err := js.CreateOrUpdateStream(octx, jetstream.StreamConfig{
+		Name: StreamWake, Subjects: []string{"wake.*"}, Retention: jetstream.WorkQueuePolicy,
+		MaxMsgsPerSubject: 1, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true, Replicas: replicas,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = st.CreateOrUpdateConsumer(octx, jetstream.ConsumerConfig{
+		Durable: Dispatch, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1000,
+	})
+	return err
+}
+
+// Start sets up JetStream (waiting for a cluster's leader within ctx) and
+// starts the lease renewals, the control responder, the lease watcher
+// and, on a worker, the dispatcher. m must have this Cluster as its
+// Options.Cluster and Store() as its store.
+func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
+	c.mu.Lock()
+	if c.started || c.closed {
+		c.mu.Unlock()
+		return errors.New("natsroom: Start called twice or after Close")
+	}
+	c.started, c.m = true, m
+	c.mu.Unlock()
+	if err := Setup(ctx, c.js, c.cfg.Replicas, c.cfg.LeaseTTL); err != nil {
+		return err
+	}
+	var err error
+	if c.lease, err = c.js.KeyValue(ctx, BucketLease); err != nil {
+		return err
+	}
+	if c.load, err = c.js.KeyValue(ctx, BucketLoad); err != nil {
+		return err
+	}
+	ctl, err := c.nc.Subscribe(ctlSubject(c.cfg.Node), c.serveControl)
+	if err != nil {
+		return err
+	}
+	in, err := c.nc.Subscribe("agenthost.in.*", c.inboxSignal)
+	if err != nil {
+		_ = ctl.Unsubscribe()
+		return err
+	}
+	c.mu.Lock()
+	c.subs = append(c.subs, ctl, in)
+	c.mu.Unlock()
+	c.goRun(c.renewLoop)
+	c.goRun(c.watchLeases)
+	c.goRun(c.wakeLoop)
+	if c.cfg.Worker {
+		c.goRun(c.dispatch)
+	}
+	return nil
+}
+
+func (c *Cluster) goRun(fn func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		fn()
+	}()
+}
+
+// Stop stops taking rooms and reading inboxes; the held rooms' leases are
+// kept (so the Manager can record its shutdown) until Close.
+func (c *Cluster) Stop() {
+	c.mu.Lock()
+	subs := c.subs
+	c.subs = nil
+	var hs []*held
+	for _, h := range c.held {
+		hs = append(hs, h)
+	}
+	c.mu.Unlock()
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
+	for _, h := range hs {
+		h.cancel()
+		<-h.done
+	}
+}
+
+// Close stops everything and gives up the held leases (after the Manager
+// closed), so that their rooms move at once.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.Stop()
+	c.cancel(errors.New("natsroom: cluster closed"))
+	c.wg.Wait()
+	c.mu.Lock()
+	hs := c.held
+	c.held = map[string]*held{}
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, h := range hs {
+		c.st.disown(h.room)
+		if c.lease != nil {
+			h.mu.Lock()
+			rev := h.rev
+			h.mu.Unlock()
+			_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+			if c.needsWake(ctx, h.room) {
+				c.tryWake(ctx, h.room)
+			}
+		}
+	}
+	if c.load != nil {
+		_ = c.load.Delete(ctx, c.cfg.Node)
+	}
+}
+
+// Owns implements room.Cluster.
+func (c *Cluster) Owns(rm string) bool {
+	c.mu.Lock()
+	h := c.held[rm]
+	c.mu.Unlock()
+	return h != nil && time.Now().Before(h.until()) && c.st.holds(rm)
+}
+
+// Holder implements room.Cluster.
+func (c *Cluster) Holder(ctx context.Context, rm string) string {
+	if c.lease == nil {
+		return ""
+	}
+	e, err := c.lease.Get(ctx, token(rm))
+	if err != nil {
+		return ""
+	}
+	return string(e.Value())
+}
+
+type inboxEntry struct {
+	ID       string `json:"id"`
+	Text     string `json:"text"`
+	Sender   string `json:"sender,omitempty"`
+	Delivery string `json:"delivery,omitempty"`
+}
+
+// Forward implements room.Cluster: the message goes into the room's
+// inbox (durable in JetStream, R3 on 3 nodes, before this returns), a
+// wake-up goes to the workers, and Forward waits (AcceptWait) for the
+// holder to log it, to answer with its sequence.
+func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) (room.Accepted, error) {
+	data, err := json.Marshal(inboxEntry{ID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery})
+	if err != nil {
+		return room.Accepted{}, err
+	}
+	watch, unwatch := c.st.Watch(rm)
+	defer unwatch()
+	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id)); err != nil {
+		return room.Accepted{}, fmt.Errorf("natsroom: queueing the message: %w", err)
+	}
+	_ = c.nc.Publish(inSignal(rm), nil)
+	c.wakeRoom(ctx, rm)
+	acc := room.Accepted{ID: id}
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.AcceptWait)
+	defer cancel()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		msgs, err := c.st.Messages(wctx, rm, 0, 0)
+		if err == nil {
+			for _, m := range msgs {
+				if m.ID == id {
+					acc.Seq = m.Seq
+					return acc, nil
+				}
+			}
+		}
+		select {
+		case <-wctx.Done():
+			return acc, nil // durable in the inbox; the holder logs it later
+		case <-watch:
+		case <-tick.C:
+		}
+	}
+}
+
+// wakeRoom asks the workers to place the room (coalesced: one wake per
+// room waits at a time).
+func (c *Cluster) wakeRoom(ctx context.Context, rm string) {
+	if c.tryWake(ctx, rm) {
+		return
+	}
+	// The wake stream has no leader (an election, a partition): retry
+	// until it takes the wake-up, or the set is full.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.retryWake) >= maxRetryWakes {
+		c.droppedWakes++
+		c.log.Error("natsroom: too many wake-ups to retry; dropping one (the room wakes with its next message)", "room", rm, "dropped", c.droppedWakes)
+		return
+	}
+	c.retryWake[rm] = true
+}
+
+// maxRetryWakes bounds the wake-ups waiting for a retry.
+const maxRetryWakes = 100000
+
+func (c *Cluster) tryWake(ctx context.Context, rm string) bool {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := c.js.Publish(wctx, wakeSubject(rm), nil)
+	var ae *jetstream.APIError
+	if err != nil && !(errors.As(err, &ae) && ae.ErrorCode == 10077) {
+		c.log.Warn("natsroom: waking a room failed", "room", rm, "err", err)
+		return false
+	}
+	return true
+}
+
+// wakeLoop retries failed wake-ups every second.
+func (c *Cluster) wakeLoop() {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		var rooms []string
+		for rm := range c.retryWake {
+			rooms = append(rooms, rm)
+		}
+		c.mu.Unlock()
+		for _, rm := range rooms {
+			if c.tryWake(c.ctx, rm) {
+				c.mu.Lock()
+				delete(c.retryWake, rm)
+				c.mu.Unlock()
+			}
+		}
+	}
+}
+
+func ctlSubject(node string) string { return "agenthost.ctl." + token(node) }
+
+type ctlReq struct {
+	Room string         `json:"room"`
+	Op   room.ControlOp `json:"op"`
+}
+
+type ctlResp struct {
+	Code  string `json:"code,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+var codes = []struct {
+	code string
+	err  error
+}{
+	{"not_found", room.ErrNotFound}, {"conflict", room.ErrConflict}, {"no_turn", room.ErrNoTurn},
+	{"not_held", room.ErrNotHeld}, {"bad_message", room.ErrBadMessage}, {"closed", room.ErrClosed},
+}
+
+// Control implements room.Cluster: a request to the holder.
+func (c *Cluster) Control(ctx context.Context, rm string, op room.ControlOp) error {
+	holder := c.Holder(ctx, rm)
+	if holder == "" {
+		switch op.Kind {
+		case room.ControlCancel:
+			return room.ErrNoTurn
+		case room.ControlRelease:
+			return nil // nothing resident
+		}
+		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
+	}
+	data, _ := json.Marshal(ctlReq{Room: rm, Op: op})
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	reply, err := c.nc.RequestWithContext(rctx, ctlSubject(holder), data)
+	if err != nil {
+		return fmt.Errorf("natsroom: asking %s: %w", holder, err)
+	}
+	var r ctlResp
+	if err := json.Unmarshal(reply.Data, &r); err != nil {
+		return fmt.Errorf("natsroom: answer from %s: %w", holder, err)
+	}
+	for _, x := range codes {
+		if r.Code == x.code {
+			return fmt.Errorf("%w (on %s)", x.err, holder)
+		}
+	}
+	if r.Error != "" {
+		return fmt.Errorf("natsroom: on %s: %s", holder, r.Error)
+	}
+	return nil
+}
+
+func (c *Cluster) serveControl(msg *nats.Msg) {
+	var req ctlReq
+	var resp ctlResp
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		resp.Error = "bad request"
+	} else if !c.Owns(req.Room) {
+		resp.Code = "not_held"
+	} else {
+		// Control ops are quick (they signal the room); run them here, off
+		// the subscription's goroutine only if they could block.
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+			defer cancel()
+			var resp ctlResp
+			if err := c.m.Apply(ctx, req.Room, req.Op); err != nil {
+				resp.Error = err.Error()
+				for _, x := range codes {
+					if errors.Is(err, x.err) {
+						resp.Code = x.code
+						break
+					}
+				}
+			}
+			b, _ := json.Marshal(resp)
+			_ = msg.Respond(b)
+		}()
+		return
+	}
+	b, _ := json.Marshal(resp)
+	_ = msg.Respond(b)
+}
+
+// inboxSignal wakes a held room's inbox reader (a lost signal is
+// harmless: the reader polls too).
+func (c *Cluster) inboxSignal(msg *nats.Msg) {
+	tok := msg.Subject[len("agenthost.in."):]
+	rm, ok := untoken(tok)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	h := c.held[rm]
+	c.mu.Unlock()
+	if h != nil {
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// heldCount is the number of rooms this host holds.
+func (c *Cluster) heldCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.held)
+}
+
+// acquire takes the room's lease if it is free, takes the log over and
+// adopts the room. ok is false when another host holds it.
+func (c *Cluster) acquire(ctx context.Context, rm string) (bool, error) {
+	c.mu.Lock()
+	if c.held[rm] != nil || c.closed {
+		c.mu.Unlock()
+		return c.held[rm] != nil, nil
+	}
+	c.mu.Unlock()
+	sent := time.Now()
+	rev, err := c.lease.Create(ctx, token(rm), []byte(c.cfg.Node), jetstream.KeyTTL(c.cfg.LeaseTTL))
+	if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSeq(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("natsroom: acquiring the lease: %w", err)
+	}
+	hctx, cancel := context.WithCancel(c.ctx)
+	h := &held{room: rm, rev: rev, epoch: rev, deadline: sent.Add(c.cfg.LeaseTTL - leaseMargin), since: sent,
+		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	c.mu.Lock()
+	c.held[rm] = h
+	c.mu.Unlock()
+	if err := c.st.takeover(ctx, rm, h.epoch, h.until); err != nil {
+		c.forget(h, "takeover failed")
+		return false, err
+	}
+	if err := c.m.Adopt(ctx, rm, "worker lost"); err != nil {
+		c.log.Error("natsroom: adopting a room", "room", rm, "err", err)
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer close(h.done)
+		c.readInbox(hctx, h)
+	}()
+	return true, nil
+}
+
+// forget drops a held room: its turn ends, its agent is released, and
+// the lease is left to expire (or deleted when still ours).
+func (c *Cluster) forget(h *held, reason string) {
+	c.mu.Lock()
+	if c.held[h.room] != h {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.held, h.room)
+	c.mu.Unlock()
+	h.cancel()
+	c.st.disown(h.room)
+	if c.m != nil {
+		c.m.Drop(h.room, reason)
+	}
+	h.mu.Lock()
+	rev := h.rev
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	// Give the lease up at once when it is still ours, so the room moves
+	// without waiting for the TTL; a stale revision is refused.
+	_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+	if c.needsWake(ctx, h.room) {
+		c.wakeRoom(ctx, h.room)
+	}
+}
+
+// fenced is the store's report that the room's log refused a write.
+func (c *Cluster) fenced(rm string, err error) {
+	c.mu.Lock()
+	h := c.held[rm]
+	c.mu.Unlock()
+	if h == nil {
+		return
+	}
+	c.log.Warn("natsroom: log append fenced; releasing the room", "room", rm, "err", err)
+	// Off the writer's goroutine: Drop waits for the room's turn, which
+	// may be the writer.
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.forget(h, "lease lost: the room moved to another host")
+	}()
+}
+
+// renewLoop renews every held lease with a CAS+TTL publish (kv.Update
+// would drop the TTL and make the lease permanent), and drops a room
+// whose lease is lost or whose local deadline passed.
+func (c *Cluster) renewLoop() {
+	tick := time.NewTicker(c.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c.mu.Lock()
+		var hs []*held
+		for _, h := range c.held {
+			hs = append(hs, h)
+		}
+		c.mu.Unlock()
+		for _, h := range hs {
+			c.renew(h)
+		}
+		c.releaseIdle(hs)
+		c.advertise()
+	}
+}
+
+func (c *Cluster) renew(h *held) {
+	if !time.Now().Before(h.until()) {
+		c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
+		c.forget(h, "lease lost: no renewal before its deadline")
+		return
+	}
+	h.mu.Lock()
+	rev := h.rev
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
+	defer cancel()
+	sent := time.Now()
+	ack, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + BucketLease + "." + token(h.room), Data: []byte(c.cfg.Node)},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(c.cfg.LeaseTTL))
+	switch {
+	case err == nil:
+		c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
+		h.mu.Lock()
+		h.rev = ack.Sequence
+		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
+		h.mu.Unlock()
+	case isWrongLastSeq(err):
+		// 10164 can be our own renewal still in flight on R3: only the
+		// deadline decides then; 10071 after expiry means lost, and the
+		// log fence or the deadline ends the room.
+		var ae *jetstream.APIError
+		if errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			c.forget(h, "lease lost: it expired and was taken")
+		}
+	default:
+		c.log.Debug("natsroom: renew failed", "room", h.room, "err", err)
+		// A timeout: keep acting until the local deadline.
+	}
+}
+
+// advertise puts this worker's free slots for placement.
+func (c *Cluster) advertise() {
+	if !c.cfg.Worker {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+	defer cancel()
+	free := max(0, c.cfg.Slots-c.heldCount())
+	_, _ = c.load.Put(ctx, token(c.cfg.Node), []byte(strconv.Itoa(free)))
+}
+
+// bestFree is the most free slots another live worker advertises.
+func (c *Cluster) bestFree(ctx context.Context) int {
+	keys, err := c.load.ListKeys(ctx)
+	if err != nil {
+		return 0
+	}
+	best := 0
+	me := token(c.cfg.Node)
+	for k := range keys.Keys() {
+		if k == me {
+			continue
+		}
+		if e, err := c.load.Get(ctx, k); err == nil {
+			if n, err := strconv.Atoi(string(e.Value())); err == nil && n > best {
+				best = n
+			}
+		}
+	}
+	return best
+}
+
+// watchLeases wakes a room whose lease expired or was deleted, so that a
+// worker resumes it (its holder died or gave it up).
+func (c *Cluster) watchLeases() {
+	w, err := c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		c.log.Error("natsroom: watching leases", "err", err)
+		return
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			// Only expiry (a purge marker): a holder that gives a lease up
+			// deletes it and wakes the room itself when it has work left.
+			if e == nil || e.Operation() != jetstream.KeyValuePurge {
+				continue
+			}
+			if rm, ok := untoken(e.Key()); ok {
+				c.log.Debug("natsroom: lease gone; waking the room", "room", rm, "op", e.Operation().String())
+				ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+				c.wakeRoom(ctx, rm)
+				cancel()
+			}
+		}
+	}
+}
+
+// dispatch takes wake-ups and places rooms: a worker takes a room when
+// its lease is free, unless another worker advertises clearly more free
+// slots (then it defers the wake-up a little, a few times).
+func (c *Cluster) dispatch() {
+	cons, err := c.js.Consumer(c.ctx, StreamWake, Dispatch)
+	if err != nil {
+		c.log.Error("natsroom: dispatch consumer", "err", err)
+		return
+	}
+	for c.ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			c.place(msg)
+		}
+		if n == 0 && batch.Error() != nil {
+			// No consumer leader (an election, a partition): back off.
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+}
+
+func (c *Cluster) place(msg jetstream.Msg) {
+	rm, ok := untoken(msg.Subject()[len("wake."):])
+	if !ok {
+		_ = msg.Term()
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 20*time.Second)
+	defer cancel()
+	c.log.Debug("natsroom: wake", "room", rm)
+	if c.Holder(ctx, rm) != "" {
+		_ = msg.Ack()
+		return
+	}
+	free := max(0, c.cfg.Slots-c.heldCount())
+	meta, _ := msg.Metadata()
+	if meta != nil && meta.NumDelivered < 4 {
+		if free == 0 || c.bestFree(ctx) >= free+2 {
+			_ = msg.NakWithDelay(200 * time.Millisecond)
+			return
+		}
+	}
+	_ = msg.InProgress()
+	ok, err := c.acquire(ctx, rm)
+	c.log.Debug("natsroom: acquire", "room", rm, "ok", ok, "err", err)
+	if err != nil {
+		c.log.Warn("natsroom: placing a room", "room", rm, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// readInbox moves the room's inbox into its log, in order: each entry is
+// accepted by the Manager, with the inbox cursor recorded in the same
+// fenced append; taken entries are purged.
+func (c *Cluster) readInbox(ctx context.Context, h *held) {
+	st, err := c.js.Stream(ctx, StreamRooms)
+	if err != nil {
+		return
+	}
+	subj := inSubject(h.room)
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for ctx.Err() == nil {
+		cur := c.st.inboxCursor(h.room)
+		m, err := st.GetMsg(ctx, cur+1, jetstream.WithGetMsgSubject(subj))
+		if err == nil {
+			if !c.take(ctx, h, st, m) {
+				select {
+				case <-ctx.Done():
+					return
+				case <-poll.C: // queue full or a store error: try again
+				}
+			}
+			continue
+		}
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			c.log.Warn("natsroom: reading the inbox", "room", h.room, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+func (c *Cluster) take(ctx context.Context, h *held, st jetstream.Stream, m *jetstream.RawStreamMsg) bool {
+	var e inboxEntry
+	if len(m.Data) > maxInboxEntry || json.Unmarshal(m.Data, &e) != nil || e.ID == "" {
+		c.log.Error("natsroom: skipping an unreadable inbox entry", "room", h.room, "seq", m.Sequence)
+		c.st.takeInbox(h.room, m.Sequence)
+		return c.recordCursor(ctx, h.room)
+	}
+	c.st.takeInbox(h.room, m.Sequence)
+	_, err := c.m.Accept(ctx, h.room, e.ID, room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery})
+	switch {
+	case errors.Is(err, room.ErrBadMessage):
+		c.log.Warn("natsroom: refusing an inbox entry", "room", h.room, "err", err)
+	case err != nil:
+		return false
+	}
+	if !c.recordCursor(ctx, h.room) {
+		return false
+	}
+	_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(m.Sequence+1))
+	return true
+}
+
+// recordCursor writes the inbox cursor when no accepted message carried it
+// (a duplicate, or a refused entry).
+func (c *Cluster) recordCursor(ctx context.Context, rm string) bool {
+	l := c.st.log(rm)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inboxAt <= l.f.inbox {
+		return true
+	}
+	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node}) == nil
+}
+
+// releaseIdle gives up the leases of held rooms with nothing to do (no
+// turn, nothing queued, no agent resident), so that an idle room costs
+// no renewals and frees its slot; its next message wakes it anywhere.
+func (c *Cluster) releaseIdle(hs []*held) {
+	for _, h := range hs {
+		if c.ctx.Err() != nil {
+			return
+		}
+		idle := false
+		l := c.st.log(h.room)
+		l.mu.Lock()
+		if l.owned && !l.f.resident && l.inboxAt <= l.f.inbox {
+			idle = true
+			for _, t := range l.f.turns {
+				idle = idle && !t.Ended.IsZero()
+			}
+			for _, m := range l.f.msgs {
+				idle = idle && m.Status == store.MessageEnded
+			}
+		}
+		l.mu.Unlock()
+		if !idle || time.Since(h.since) < c.cfg.LeaseTTL {
+			continue
+		}
+		c.mu.Lock()
+		if c.held[h.room] != h {
+			c.mu.Unlock()
+			continue
+		}
+		delete(c.held, h.room)
+		c.mu.Unlock()
+		h.cancel()
+		<-h.done
+		c.st.disown(h.room)
+		c.m.Drop(h.room, "idle: lease given up")
+
+		h.mu.Lock()
+		rev := h.rev
+		h.mu.Unlock()
+		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+		_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+		// A message that came in while the lease was given up found the
+		// room held and its wake-up was dropped: wake the room again.
+		if c.needsWake(ctx, h.room) {
+			c.wakeRoom(ctx, h.room)
+		}
+		cancel()
+		c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
+	}
+}
+
+// needsWake reports whether a room this host gave up has work left: a
+// message not ended in its log (the inbox reader may have taken one
+// before it stopped), or an entry in its inbox.
+func (c *Cluster) needsWake(ctx context.Context, rm string) bool {
+	l := c.st.log(rm)
+	l.mu.Lock()
+	cursor, open := l.f.inbox, false
+	for _, m := range l.f.msgs {
+		open = open || m.Status != store.MessageEnded
+	}
+	l.mu.Unlock()
+	if open {
+		return true
+	}
+	st, err := c.js.Stream(ctx, StreamRooms)
+	if err != nil {
+		return true // cannot tell: a spare wake-up costs one placement check
+	}
+	_, err = st.GetMsg(ctx, cursor+1, jetstream.WithGetMsgSubject(inSubject(rm)))
+	return !errors.Is(err, jetstream.ErrMsgNotFound)
+}

@@ -1,0 +1,348 @@
+package natsroom
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// host is one agenthost node in a test: an embedded JetStream node, a
+// Cluster and a Manager on a fake transport.
+type host struct {
+	t       *testing.T
+	name    string
+	node    *Node
+	nc      *nats.Conn
+	c       *Cluster
+	m       *room.Manager
+	tr      *fakeTransport
+	stopped bool
+}
+
+type hostOpts struct {
+	name, storeDir, clusterListen, advertise string
+	routes                                   []string
+	replicas                                 int
+	worker                                   bool
+	journal                                  string
+}
+
+func startHost(t *testing.T, o hostOpts) *host {
+	t.Helper()
+	node, err := StartNode(NodeConfig{Name: o.name, StoreDir: o.storeDir, ClusterListen: o.clusterListen,
+		ClusterAdvertise: o.advertise, Routes: o.routes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &host{t: t, name: o.name, node: node}
+	if h.nc, err = node.Connect(o.name); err != nil {
+		node.Close()
+		t.Fatal(err)
+	}
+	var lg *slog.Logger
+	if os.Getenv("NATSROOM_DEBUG") != "" {
+		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
+	}
+	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: 8, AcceptWait: 20 * time.Second, Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.tr = newFakeTransport(o.name, o.journal)
+	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
+		Cluster: h.c, ShutdownBudget: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// run starts the cluster side (after every node is up: a cluster's
+// JetStream needs a quorum).
+func (h *host) run(ctx context.Context) {
+	h.t.Helper()
+	if err := h.c.Start(ctx, h.m); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// stop shuts the host down in serve's order.
+func (h *host) stop() {
+	if h.stopped {
+		return
+	}
+	h.stopped = true
+	h.c.Stop()
+	_ = h.m.Close()
+	h.c.Close()
+	h.nc.Close()
+	h.node.Close()
+}
+
+// kill is a crash: the node and its connection go first, so nothing it
+// does afterwards reaches the cluster; then its goroutines are ended.
+func (h *host) kill() {
+	h.stopped = true
+	h.nc.Close()
+	h.node.Close()
+	h.c.Stop()
+	_ = h.m.Close()
+	h.c.Close()
+}
+
+// waitEvent waits for an event of typ in rm (after seq after) that
+// matches ok, reading through h.
+func waitEvent(ctx context.Context, t *testing.T, h *host, rm string, after int64, typ string, ok func(map[string]any) bool) store.Event {
+	t.Helper()
+	watch, unwatch := h.m.Watch(rm)
+	defer unwatch()
+	var lastErr error
+	for {
+		evs, err := h.m.Events(ctx, rm, after, 0)
+		if err != nil && err != lastErr {
+			t.Logf("reading %q through %s: %v", rm, h.name, err)
+			lastErr = err
+		}
+		if err == nil {
+			for _, e := range evs {
+				after = e.Seq
+				if e.Type != typ {
+					continue
+				}
+				var d map[string]any
+				_ = json.Unmarshal(e.Data, &d)
+				if ok == nil || ok(d) {
+					return e
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("room %q: no %s event after seq %d: %v", rm, typ, after, context.Cause(ctx))
+		case <-watch:
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// checkGapFree checks a room's events are numbered 1, 2, 3… and returns
+// them.
+func checkGapFree(ctx context.Context, t *testing.T, h *host, rm string) []store.Event {
+	t.Helper()
+	evs, err := h.m.Events(ctx, rm, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range evs {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("room %q: event %d has seq %d", rm, i, e.Seq)
+		}
+	}
+	return evs
+}
+
+func TestCluster_SingleNodeRunsRoomFromInbox(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true})
+	defer h.stop()
+	h.run(ctx)
+
+	rm := "team chat*>" // characters no subject token may hold
+	var accs []room.Accepted
+	for i := range 3 {
+		acc, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("msg %d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if acc.Seq == 0 {
+			t.Fatalf("message %d accepted without a sequence", i)
+		}
+		accs = append(accs, acc)
+	}
+	for _, acc := range accs {
+		waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool {
+			return d["message_id"] == acc.ID && d["outcome"] == room.OutcomeSettled
+		})
+	}
+	evs := checkGapFree(ctx, t, h, rm)
+	if evs[0].Type != evTakeover {
+		t.Fatalf("first event %s, want %s", evs[0].Type, evTakeover)
+	}
+	// Turns ran in order of acceptance.
+	var order []string
+	for _, e := range evs {
+		if e.Type == "turn.started" {
+			var d map[string]string
+			_ = json.Unmarshal(e.Data, &d)
+			order = append(order, d["message_id"])
+		}
+	}
+	for i, acc := range accs {
+		if order[i] != acc.ID {
+			t.Fatalf("turn %d ran %s, want %s", i, order[i], acc.ID)
+		}
+	}
+	st, err := h.m.State(ctx, rm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Node != "n1" {
+		t.Fatalf("State.Node = %q, want n1", st.Node)
+	}
+	ids, err := h.m.Rooms(ctx)
+	if err != nil || len(ids) != 1 || ids[0] != rm {
+		t.Fatalf("Rooms = %q, %v", ids, err)
+	}
+}
+
+// TestStore_OldHolderFenced: after another host takes the room's log
+// over, the old holder's append is refused (and reported), whatever its
+// lease says.
+func TestStore_OldHolderFenced(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	nc, err := node.Connect("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := Setup(ctx, js, 1, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	forever := func() time.Time { return time.Now().Add(time.Hour) }
+	a, b := newStore(nc, js, "a"), newStore(nc, js, "b")
+	var fencedRoom string
+	a.fence = func(rm string, err error) { fencedRoom = rm }
+	if err := a.takeover(ctx, "r", 1, forever); err != nil {
+		t.Fatal(err)
+	}
+	appendEv := func(s *Store, typ string) error {
+		return s.Write(ctx, func(tx room.Tx) error {
+			_, err := tx.Append("r", typ, nil)
+			return err
+		})
+	}
+	if err := appendEv(a, "one"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.takeover(ctx, "r", 2, forever); err != nil {
+		t.Fatal(err)
+	}
+	err = appendEv(a, "late")
+	if !errors.Is(err, ErrFenced) || !errors.Is(err, room.ErrNotHeld) {
+		t.Fatalf("late append by the old holder: %v, want ErrFenced", err)
+	}
+	if fencedRoom != "r" {
+		t.Fatalf("fence reported %q", fencedRoom)
+	}
+	if err := appendEv(b, "two"); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := b.Events(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for i, e := range evs {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("seq %d at %d", e.Seq, i)
+		}
+		types = append(types, e.Type)
+	}
+	if fmt.Sprint(types) != "[takeover one takeover two]" {
+		t.Fatalf("log %v", types)
+	}
+	// A holder past its own lease deadline stops writing by itself.
+	c := newStore(nc, js, "c")
+	past := time.Now().Add(-time.Second)
+	if err := c.takeover(ctx, "r2", 1, func() time.Time { return time.Now().Add(time.Hour) }); err != nil {
+		t.Fatal(err)
+	}
+	c.log("r2").deadline = func() time.Time { return past }
+	if err := appendEv2(ctx, c, "r2"); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("append after the deadline: %v, want ErrLeaseExpired", err)
+	}
+}
+
+func appendEv2(ctx context.Context, s *Store, rm string) error {
+	return s.Write(ctx, func(tx room.Tx) error {
+		_, err := tx.Append(rm, "x", nil)
+		return err
+	})
+}
+
+// freePort reserves a loopback port number (closed again at once).
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestCluster_IdleRoomGivesUpItsLease: a room with nothing to do and no
+// agent gives its lease up (no renewals, a free slot); its next message
+// places it again and runs, in the same gap-free log.
+func TestCluster_IdleRoomGivesUpItsLease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true})
+	defer h.stop()
+	h.run(ctx)
+	rm := "idle"
+	for i := range 2 {
+		acc, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("m%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+		if err := h.m.Release(ctx, rm); err != nil {
+			t.Fatal(err)
+		}
+		// The lease goes within a renewal period or two; poll the KV
+		// read model (its watch is the cluster's own).
+		for h.c.Holder(ctx, rm) != "" {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the idle room kept its lease")
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	takeovers := 0
+	for _, e := range checkGapFree(ctx, t, h, rm) {
+		if e.Type == evTakeover {
+			takeovers++
+		}
+	}
+	if takeovers != 2 {
+		t.Fatalf("%d takeovers, want 2 (one per placement)", takeovers)
+	}
+}
