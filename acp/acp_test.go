@@ -536,3 +536,31 @@ func TestPromptToDeafAgentBounded(t *testing.T) {
 		t.Fatal("Prompt blocked on a write to an agent that does not read")
 	}
 }
+
+// The agent's requests are handled at most maxInbound at once; the rest
+// are refused (a permission denied) at once, and every one is answered.
+func TestInboundRequestsBounded(t *testing.T) {
+	var mu sync.Mutex
+	cur, peak := 0, 0
+	c, _ := startFake(t, Options{PermissionTimeout: time.Second, Permission: func(ctx context.Context, req PermissionRequest) bool {
+		mu.Lock()
+		cur++
+		peak = max(peak, cur)
+		mu.Unlock()
+		<-ctx.Done()
+		mu.Lock()
+		cur--
+		mu.Unlock()
+		return true
+	}})
+	s := newSession(t, c)
+	if r := prompt(t, c, s, "flood"); r.Text != "40" {
+		t.Fatalf("answers: %q", r.Text)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// 40 > maxInbound requests block at once: exactly maxInbound are held.
+	if peak != maxInbound {
+		t.Fatalf("peak concurrent permissions %d (max %d)", peak, maxInbound)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -178,6 +179,7 @@ type Client struct {
 	handlers   sync.WaitGroup // running permission and fs handlers
 	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
 	hclosed    bool
+	inflight   atomic.Int32 // inbound requests being handled
 
 	mu        sync.Mutex
 	turns     map[string]*turn // running prompts by session id

@@ -137,6 +137,22 @@ func fakeAgent() int {
 						map[string]any{"optionId": "no", "name": "Reject", "kind": "reject_once"},
 					}})
 				chunk(s, string(r.Result))
+			case "flood":
+				// 40 permission requests at once; then every answer.
+				for i := range 40 {
+					send(map[string]any{"jsonrpc": "2.0", "id": 100 + i, "method": "session/request_permission", "params": map[string]any{"sessionId": s,
+						"toolCall": map[string]any{"toolCallId": fmt.Sprint(i)},
+						"options":  []any{map[string]any{"optionId": "yes", "name": "Allow", "kind": "allow_once"}, map[string]any{"optionId": "no", "name": "Reject", "kind": "reject_once"}}}})
+				}
+				got := 0
+				for m := range in {
+					if m.Method == "" && m.Result != nil {
+						if got++; got == 40 {
+							break
+						}
+					}
+				}
+				chunk(s, fmt.Sprint(got))
 			case "read", "write":
 				params := map[string]any{"sessionId": s, "path": arg}
 				method := "fs/read_text_file"

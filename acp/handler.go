@@ -25,6 +25,33 @@ type PermissionRequest struct {
 	Options  []sdk.PermissionOption
 }
 
+// maxInbound bounds the agent's requests handled at once (the SDK runs
+// each in a goroutine of its own); beyond it a request is refused at once:
+// a permission denied, a question cancelled, an fs request failed.
+const maxInbound = 32
+
+// errBusy refuses an inbound request over maxInbound.
+var errBusy = errors.New("acp: too many requests from the agent at once")
+
+// inbound registers an inbound request; false when over maxInbound or
+// closed. done must be called when true.
+func (c *Client) inbound() (ok bool) {
+	if c.inflight.Add(1) > maxInbound {
+		c.inflight.Add(-1)
+		return false
+	}
+	if !c.enter() {
+		c.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c *Client) inboundDone() {
+	c.inflight.Add(-1)
+	c.handlers.Done()
+}
+
 // sdkClient is the Client as the SDK calls it.
 type sdkClient Client
 
@@ -35,10 +62,10 @@ var errNoTerminal = sdk.NewMethodNotFound("terminal/* (not advertised by this cl
 
 func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissionRequest) (sdk.RequestPermissionResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.RequestPermissionResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.RequestPermissionResponse{Outcome: pick(p.Options, false)}, nil
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	req := PermissionRequest{SessionID: string(p.SessionId), ToolCallID: string(p.ToolCall.ToolCallId), Options: p.Options}
 	if p.ToolCall.Title != nil {
 		req.Title = *p.ToolCall.Title
@@ -84,10 +111,10 @@ func (s *sdkClient) SessionUpdate(context.Context, sdk.SessionNotification) erro
 
 func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest) (sdk.ReadTextFileResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.ReadTextFileResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.ReadTextFileResponse{}, errBusy
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	if c.fs == nil {
 		return sdk.ReadTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsReadTextFile)
 	}
@@ -100,10 +127,10 @@ func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest)
 
 func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileRequest) (sdk.WriteTextFileResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.WriteTextFileResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.WriteTextFileResponse{}, errBusy
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	if c.fs == nil {
 		return sdk.WriteTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsWriteTextFile)
 	}
@@ -164,10 +191,10 @@ type Question struct {
 // cancelled otherwise. URL elicitations are declined.
 func (s *sdkClient) UnstableCreateElicitation(ctx context.Context, p sdk.UnstableCreateElicitationRequest) (sdk.UnstableCreateElicitationResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.UnstableCreateElicitationResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.UnstableCreateElicitationResponse{Cancel: &sdk.UnstableCreateElicitationCancel{Action: "cancel"}}, nil
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	if p.Form == nil || c.opts.Ask == nil {
 		return sdk.UnstableCreateElicitationResponse{Decline: &sdk.UnstableCreateElicitationDecline{Action: "decline"}}, nil
 	}
