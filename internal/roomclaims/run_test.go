@@ -49,14 +49,22 @@ func claimStreaming(r *pathRun) {
 	}
 }
 
+// roomTool is the name the path's agent calls the room's tool by.
+func (r *pathRun) roomTool(name string) string {
+	if r.p.transport == "rpc" {
+		return name
+	}
+	return r.p.mcpName(room.ReservedName, name)
+}
+
 func claimRoomTools(r *pathRun) {
-	acc := r.submit(roomMain, `[[tool:room_post {"text":"hello people"}]]`)
+	acc := r.submit(roomMain, `[[tool:`+r.roomTool("room_post")+` {"text":"hello people"}]]`)
 	r.settled(roomMain, acc)
 	_, post := r.wait(roomMain, acc.Seq, "room.post", nil)
 	if post["text"] != "hello people" {
 		r.t.Fatalf("room.post: %v", post)
 	}
-	acc = r.submit(roomMain, `[[tool:room_info {}]]`)
+	acc = r.submit(roomMain, `[[tool:`+r.roomTool("room_info")+` {}]]`)
 	r.settled(roomMain, acc)
 	if !r.modelSaw("tool", `"room":"main"`) {
 		r.t.Fatal("room_info's result never reached the model")
@@ -138,7 +146,7 @@ func claimWorkspace(r *pathRun) {
 }
 
 func claimMCP(r *pathRun) {
-	acc := r.submit(roomMain, `[[tool:`+r.p.mcpTool+` {"text":"hi"}]]`)
+	acc := r.submit(roomMain, `[[tool:`+r.p.mcpName("probe", "echo_upper")+` {"text":"hi"}]]`)
 	r.settled(roomMain, acc)
 	if _, err := os.Stat(r.mcp); err != nil {
 		var tools []string
