@@ -1,9 +1,11 @@
 package acp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -61,7 +63,8 @@ func startFake(t *testing.T, opts Options) (*Client, *events) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := Start(ctx, Spec{Argv: []string{os.Args[0]}, Env: append(os.Environ(), fakeEnv+"=1")}, opts)
+	mode := cmp.Or(os.Getenv("TEST_FAKE_MODE"), "1")
+	c, err := Start(ctx, Spec{Argv: []string{os.Args[0]}, Env: append(os.Environ(), fakeEnv+"="+mode)}, opts)
 	if err != nil {
 		_ = cust.Close()
 		t.Fatal(err)
@@ -173,6 +176,9 @@ func TestUnknownUpdateKeptRaw(t *testing.T) {
 	}
 	var found bool
 	for _, ev := range evs.all() {
+		if ev.Type == "future_chunk" && (ev.Known || ev.Update != (sdk.SessionUpdate{}) || ev.Text() != "" || !strings.Contains(string(ev.Raw), "not a reply")) {
+			t.Fatalf("an unknown kind shaped like a chunk was decoded as a known one: %+v", ev)
+		}
 		if ev.Type == "future_thing" {
 			found = true
 			var v map[string]any
@@ -484,5 +490,77 @@ func TestPromptCtxEndCancelBounded(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Prompt did not return after its ctx and the cancel bound")
+	}
+}
+
+func TestFormQuestions(t *testing.T) {
+	schema := sdk.UnstableElicitationSchema{
+		Required: []string{"q0", "n"},
+		Properties: map[string]any{
+			"q0":        map[string]any{"type": "string", "enum": []any{"red", "blue"}},
+			"q0__other": map[string]any{"type": "string", "title": "Other"},
+			"n":         map[string]any{"type": "integer", "title": "How many?"},
+			"opt":       map[string]any{"type": "string"},
+		},
+	}
+	qs := formQuestions("Pick", schema)
+	if len(qs) != 2 || qs[0].Field != "n" || qs[0].Title != "Pick\nHow many?" || qs[1].Field != "q0" ||
+		fmt.Sprint(qs[1].Options) != "[red blue]" || qs[1].other != "q0__other" {
+		t.Fatalf("%+v", qs)
+	}
+	if v := answerValue(qs[0], " 3 "); fmt.Sprint(v) != "3" {
+		t.Fatalf("integer answer %v", v)
+	}
+}
+
+// A prompt to an agent that stopped reading its stdin (the write blocks on
+// a full pipe) still returns within its ctx and the cancel bound, and
+// Close releases the agent.
+func TestPromptToDeafAgentBounded(t *testing.T) {
+	t.Setenv("TEST_FAKE_MODE", "deaf")
+	c, _ := startFake(t, Options{CancelTimeout: 300 * time.Millisecond, CloseGrace: 200 * time.Millisecond})
+	s := newSession(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Prompt(ctx, s, strings.Repeat("x", 1<<20))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrCancelTimeout) {
+			t.Fatalf("err %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Prompt blocked on a write to an agent that does not read")
+	}
+}
+
+// The agent's requests are handled at most maxInbound at once; the rest
+// are refused (a permission denied) at once, and every one is answered.
+func TestInboundRequestsBounded(t *testing.T) {
+	var mu sync.Mutex
+	cur, peak := 0, 0
+	c, _ := startFake(t, Options{PermissionTimeout: time.Second, Permission: func(ctx context.Context, req PermissionRequest) bool {
+		mu.Lock()
+		cur++
+		peak = max(peak, cur)
+		mu.Unlock()
+		<-ctx.Done()
+		mu.Lock()
+		cur--
+		mu.Unlock()
+		return true
+	}})
+	s := newSession(t, c)
+	if r := prompt(t, c, s, "flood"); r.Text != "40" {
+		t.Fatalf("answers: %q", r.Text)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// 40 > maxInbound requests block at once: exactly maxInbound are held.
+	if peak != maxInbound {
+		t.Fatalf("peak concurrent permissions %d (max %d)", peak, maxInbound)
 	}
 }

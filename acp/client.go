@@ -16,6 +16,7 @@
 package acp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -114,7 +116,12 @@ type Options struct {
 	// ends at PermissionTimeout; an answer after that, or a nil Permission,
 	// rejects.
 	Permission func(ctx context.Context, req PermissionRequest) bool
-	// PermissionTimeout bounds one permission decision (default 10 min).
+	// Ask, if set, advertises elicitation forms (omp's ask tool uses them)
+	// and answers each field of one; ok false (or an answer after
+	// PermissionTimeout) cancels the form. Nil: not advertised.
+	Ask func(ctx context.Context, q Question) (answer string, ok bool)
+	// PermissionTimeout bounds one permission decision, and one question
+	// (default 10 min).
 	PermissionTimeout time.Duration
 	// CancelTimeout bounds how long Cancel waits for the turn to end
 	// (default 5 s).
@@ -172,6 +179,7 @@ type Client struct {
 	handlers   sync.WaitGroup // running permission and fs handlers
 	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
 	hclosed    bool
+	inflight   atomic.Int32 // inbound requests being handled
 
 	mu        sync.Mutex
 	turns     map[string]*turn // running prompts by session id
@@ -180,9 +188,6 @@ type Client struct {
 	closure   Closure
 
 	closeOnce sync.Once
-	closeDone chan struct{}
-	receipt   *custody.Receipt
-	closeErr  error
 }
 
 // Closure says how the agent ended when Close ran.
@@ -209,7 +214,6 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 		readerDone: make(chan struct{}),
 		stderrDone: make(chan struct{}),
 		turns:      map[string]*turn{},
-		closeDone:  make(chan struct{}),
 	}
 	if opts.FSRoot != "" {
 		fs, err := openFSRoot(opts.FSRoot)
@@ -235,12 +239,14 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	go c.drainStderr()
 	go c.read()
 
+	caps := sdk.ClientCapabilities{Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil}}
+	if opts.Ask != nil {
+		caps.Elicitation = &sdk.ElicitationCapabilities{Form: &sdk.ElicitationFormCapabilities{}}
+	}
 	resp, err := c.conn.Initialize(ctx, sdk.InitializeRequest{
-		ProtocolVersion: sdk.ProtocolVersionNumber,
-		ClientInfo:      &sdk.Implementation{Name: opts.ClientName, Version: opts.ClientVersion},
-		ClientCapabilities: sdk.ClientCapabilities{
-			Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil},
-		},
+		ProtocolVersion:    sdk.ProtocolVersionNumber,
+		ClientInfo:         &sdk.Implementation{Name: opts.ClientName, Version: opts.ClientVersion},
+		ClientCapabilities: caps,
 	})
 	if err != nil {
 		err = c.callErr(ctx, "initialize", err)
@@ -304,7 +310,6 @@ func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 		case <-ctx.Done():
 		}
 		t.Stop()
-		close(c.closeDone)
 	})
 	r, err := c.scope.Close(ctx)
 	if err != nil {
@@ -400,7 +405,7 @@ func (c *Client) read() {
 		if err != nil {
 			return
 		}
-		if len(strings.TrimSpace(string(line))) == 0 {
+		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var msg struct {

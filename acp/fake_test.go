@@ -46,7 +46,12 @@ func fakeAgent() int {
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
+		for n := 0; sc.Scan(); n++ {
+			if n == 2 && os.Getenv(fakeEnv) == "deaf" {
+				// After initialize and session/new it stops reading its
+				// stdin: the host's writes fill the pipe.
+				time.Sleep(time.Hour)
+			}
 			var m fakeMsg
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				// omp acp exits on a malformed line; so does the fake,
@@ -111,6 +116,10 @@ func fakeAgent() int {
 			case "unknown":
 				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
 					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_thing", "x": 1}}})
+				// Shaped like a known kind: the SDK alone would decode it as
+				// a message chunk.
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+					"sessionId": s, "update": map[string]any{"sessionUpdate": "future_chunk", "content": map[string]any{"type": "text", "text": "not a reply"}}}})
 				send(map[string]any{"jsonrpc": "2.0", "method": "_vendor/status", "params": map[string]any{"ok": true}})
 				chunk(s, "after")
 			case "long":
@@ -128,6 +137,22 @@ func fakeAgent() int {
 						map[string]any{"optionId": "no", "name": "Reject", "kind": "reject_once"},
 					}})
 				chunk(s, string(r.Result))
+			case "flood":
+				// 40 permission requests at once; then every answer.
+				for i := range 40 {
+					send(map[string]any{"jsonrpc": "2.0", "id": 100 + i, "method": "session/request_permission", "params": map[string]any{"sessionId": s,
+						"toolCall": map[string]any{"toolCallId": fmt.Sprint(i)},
+						"options":  []any{map[string]any{"optionId": "yes", "name": "Allow", "kind": "allow_once"}, map[string]any{"optionId": "no", "name": "Reject", "kind": "reject_once"}}}})
+				}
+				got := 0
+				for m := range in {
+					if m.Method == "" && m.Result != nil {
+						if got++; got == 40 {
+							break
+						}
+					}
+				}
+				chunk(s, fmt.Sprint(got))
 			case "read", "write":
 				params := map[string]any{"sessionId": s, "path": arg}
 				method := "fs/read_text_file"

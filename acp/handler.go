@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 
 	sdk "github.com/coder/acp-go-sdk"
 )
@@ -22,6 +25,33 @@ type PermissionRequest struct {
 	Options  []sdk.PermissionOption
 }
 
+// maxInbound bounds the agent's requests handled at once (the SDK runs
+// each in a goroutine of its own); beyond it a request is refused at once:
+// a permission denied, a question cancelled, an fs request failed.
+const maxInbound = 32
+
+// errBusy refuses an inbound request over maxInbound.
+var errBusy = errors.New("acp: too many requests from the agent at once")
+
+// inbound registers an inbound request; false when over maxInbound or
+// closed. done must be called when true.
+func (c *Client) inbound() (ok bool) {
+	if c.inflight.Add(1) > maxInbound {
+		c.inflight.Add(-1)
+		return false
+	}
+	if !c.enter() {
+		c.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c *Client) inboundDone() {
+	c.inflight.Add(-1)
+	c.handlers.Done()
+}
+
 // sdkClient is the Client as the SDK calls it.
 type sdkClient Client
 
@@ -32,10 +62,10 @@ var errNoTerminal = sdk.NewMethodNotFound("terminal/* (not advertised by this cl
 
 func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissionRequest) (sdk.RequestPermissionResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.RequestPermissionResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.RequestPermissionResponse{Outcome: pick(p.Options, false)}, nil
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	req := PermissionRequest{SessionID: string(p.SessionId), ToolCallID: string(p.ToolCall.ToolCallId), Options: p.Options}
 	if p.ToolCall.Title != nil {
 		req.Title = *p.ToolCall.Title
@@ -81,10 +111,10 @@ func (s *sdkClient) SessionUpdate(context.Context, sdk.SessionNotification) erro
 
 func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest) (sdk.ReadTextFileResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.ReadTextFileResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.ReadTextFileResponse{}, errBusy
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	if c.fs == nil {
 		return sdk.ReadTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsReadTextFile)
 	}
@@ -97,10 +127,10 @@ func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest)
 
 func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileRequest) (sdk.WriteTextFileResponse, error) {
 	c := (*Client)(s)
-	if !c.enter() {
-		return sdk.WriteTextFileResponse{}, ErrClosed
+	if !c.inbound() {
+		return sdk.WriteTextFileResponse{}, errBusy
 	}
-	defer c.handlers.Done()
+	defer c.inboundDone()
 	if c.fs == nil {
 		return sdk.WriteTextFileResponse{}, sdk.NewMethodNotFound(sdk.ClientMethodFsWriteTextFile)
 	}
@@ -137,4 +167,154 @@ func (s *sdkClient) ReleaseTerminal(context.Context, sdk.ReleaseTerminalRequest)
 
 func (s *sdkClient) WaitForTerminalExit(context.Context, sdk.WaitForTerminalExitRequest) (sdk.WaitForTerminalExitResponse, error) {
 	return sdk.WaitForTerminalExitResponse{}, errNoTerminal
+}
+
+// Question is one field of an agent's elicitation form (omp's ask tool):
+// the room asks it as a question.
+type Question struct {
+	// Field is the form field's name; Title what to ask (the form's
+	// message, and the field's own title or description).
+	Field, Title string
+	// Options are the allowed values (enum or oneOf consts), nil for free
+	// text; Multi: the answer is a list (one chosen value); Type is the
+	// field's JSON type.
+	Options []string
+	Multi   bool
+	Type    string
+	// other is the free-text field that takes an answer outside Options
+	// (omp pairs field F with "F__other").
+	other string
+}
+
+// UnstableCreateElicitation answers a form elicitation by asking each of
+// its fields through Options.Ask: accepted when every field was answered,
+// cancelled otherwise. URL elicitations are declined.
+func (s *sdkClient) UnstableCreateElicitation(ctx context.Context, p sdk.UnstableCreateElicitationRequest) (sdk.UnstableCreateElicitationResponse, error) {
+	c := (*Client)(s)
+	if !c.inbound() {
+		return sdk.UnstableCreateElicitationResponse{Cancel: &sdk.UnstableCreateElicitationCancel{Action: "cancel"}}, nil
+	}
+	defer c.inboundDone()
+	if p.Form == nil || c.opts.Ask == nil {
+		return sdk.UnstableCreateElicitationResponse{Decline: &sdk.UnstableCreateElicitationDecline{Action: "decline"}}, nil
+	}
+	qs := formQuestions(p.Form.Message, p.Form.RequestedSchema)
+	content := map[string]any{}
+	for _, q := range qs {
+		qctx, cancel := context.WithTimeout(ctx, c.opts.PermissionTimeout)
+		ans, ok := c.opts.Ask(qctx, q)
+		if qctx.Err() != nil {
+			ok = false
+		}
+		cancel()
+		if !ok {
+			return sdk.UnstableCreateElicitationResponse{Cancel: &sdk.UnstableCreateElicitationCancel{Action: "cancel"}}, nil
+		}
+		if q.other != "" && !slices.Contains(q.Options, strings.TrimSpace(ans)) {
+			content[q.other] = strings.TrimSpace(ans)
+			continue
+		}
+		content[q.Field] = answerValue(q, ans)
+	}
+	return sdk.UnstableCreateElicitationResponse{Accept: &sdk.UnstableCreateElicitationAccept{Action: "accept", Content: content}}, nil
+}
+
+// otherSuffix marks the free-text partner of a choice field in omp's ask
+// forms.
+const otherSuffix = "__other"
+
+// formQuestions lists a form's fields to ask, required ones first, each in
+// name order: optional fields are left out when the form has required
+// ones, and a choice field's free-text partner is asked with it, as one
+// question.
+func formQuestions(message string, schema sdk.UnstableElicitationSchema) []Question {
+	names := make([]string, 0, len(schema.Properties))
+	for n := range schema.Properties {
+		names = append(names, n)
+	}
+	req := map[string]bool{}
+	for _, n := range schema.Required {
+		req[n] = true
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if req[a] != req[b] {
+			if req[a] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]Question, 0, len(names))
+	for _, n := range names {
+		if base, ok := strings.CutSuffix(n, otherSuffix); ok && schema.Properties[base] != nil {
+			continue // asked with base
+		}
+		if len(req) > 0 && !req[n] {
+			continue
+		}
+		var f struct {
+			Type        string `json:"type"`
+			Title       string `json:"title"`
+			Description string `json:"description"`
+			Enum        []any  `json:"enum"`
+			OneOf       []struct {
+				Const any    `json:"const"`
+				Title string `json:"title"`
+			} `json:"oneOf"`
+			Items struct {
+				Enum  []any `json:"enum"`
+				AnyOf []struct {
+					Const any `json:"const"`
+				} `json:"anyOf"`
+			} `json:"items"`
+		}
+		b, _ := json.Marshal(schema.Properties[n])
+		_ = json.Unmarshal(b, &f)
+		q := Question{Field: n, Type: f.Type, Title: message, Multi: f.Type == "array"}
+		if t := cmpOr(f.Title, f.Description); t != "" && t != message {
+			q.Title = strings.TrimSpace(message + "\n" + t)
+		}
+		for _, v := range append(f.Enum, f.Items.Enum...) {
+			q.Options = append(q.Options, fmt.Sprint(v))
+		}
+		for _, o := range f.OneOf {
+			q.Options = append(q.Options, fmt.Sprint(o.Const))
+		}
+		for _, o := range f.Items.AnyOf {
+			q.Options = append(q.Options, fmt.Sprint(o.Const))
+		}
+		if f.Type == "boolean" {
+			q.Options = []string{"yes", "no"}
+		}
+		if schema.Properties[n+otherSuffix] != nil {
+			q.other = n + otherSuffix
+		}
+		out = append(out, q)
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// answerValue types a person's answer for the field.
+func answerValue(q Question, ans string) any {
+	ans = strings.TrimSpace(ans)
+	switch q.Type {
+	case "boolean":
+		return strings.EqualFold(ans, "yes") || strings.EqualFold(ans, "true")
+	case "number", "integer":
+		var n json.Number
+		if json.Unmarshal([]byte(ans), &n) == nil {
+			return n
+		}
+	case "array":
+		return []string{ans}
+	}
+	return ans
 }

@@ -226,7 +226,13 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 		err  error
 	}
 	ch := make(chan answer, 1)
+	// Owned by the client: a write to an agent that stopped reading blocks
+	// until Close closes its stdin, and Close waits for it.
+	if !c.enter() {
+		return Result{}, ErrClosed
+	}
 	go func() {
+		defer c.handlers.Done()
 		resp, err := c.conn.Prompt(inner, sdk.PromptRequest{SessionId: sdk.SessionId(session), Prompt: []sdk.ContentBlock{sdk.TextBlock(text)}})
 		ch <- answer{resp, err}
 	}()
@@ -234,7 +240,7 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 	select {
 	case ans = <-ch:
 	case <-ctx.Done():
-		_ = c.conn.Cancel(inner, sdk.CancelNotification{SessionId: sdk.SessionId(session)})
+		c.sendCancel(session)
 		timer := time.NewTimer(c.opts.CancelTimeout)
 		defer timer.Stop()
 		select {
@@ -244,7 +250,6 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 			}
 		case <-timer.C:
 			stop()
-			<-ch
 			return Result{}, fmt.Errorf("acp: session/prompt: %w (%w)", context.Cause(ctx), ErrCancelTimeout)
 		}
 	}
@@ -267,9 +272,7 @@ func (c *Client) Cancel(ctx context.Context, session string) error {
 	if t == nil {
 		return ErrNoTurn
 	}
-	if err := c.conn.Cancel(ctx, sdk.CancelNotification{SessionId: sdk.SessionId(session)}); err != nil {
-		return c.callErr(ctx, "session/cancel", err)
-	}
+	c.sendCancel(session)
 	timer := time.NewTimer(c.opts.CancelTimeout)
 	defer timer.Stop()
 	select {
@@ -280,6 +283,19 @@ func (c *Client) Cancel(ctx context.Context, session string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// sendCancel sends session/cancel aside: an agent that stopped reading its
+// stdin must not hold the caller past its bound (Close's stdin close ends
+// a blocked write).
+func (c *Client) sendCancel(session string) {
+	if !c.enter() {
+		return
+	}
+	go func() {
+		defer c.handlers.Done()
+		_ = c.conn.Cancel(context.Background(), sdk.CancelNotification{SessionId: sdk.SessionId(session)})
+	}()
 }
 
 // SetModel selects a model for the session (session/set_model, which the

@@ -107,7 +107,9 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 			err = cerr
 		}
 	}()
-	opts := acp.Options{Custodian: cust, FSRoot: cwd, Logger: log}
+	// One turn and done: after --timeout the agent gets a second to end
+	// the turn on session/cancel, not acp's 5 s, before custody ends it.
+	opts := acp.Options{Custodian: cust, FSRoot: cwd, Logger: log, CancelTimeout: time.Second}
 	var jw *lineWriter
 	if f.json {
 		jw = newLineWriter(stdout)

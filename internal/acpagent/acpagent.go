@@ -96,7 +96,8 @@ func (t *Transport) recipe(spec room.AgentSpec) (Recipe, error) {
 	if kind == "" {
 		kind = agents.OMP
 	}
-	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo}
+	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo,
+		Instructions: cfg.Instructions}
 	var r Recipe
 	var err error
 	switch {
@@ -132,7 +133,8 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	}
 	a := &agent{h: spec.Handler, log: t.opts.Logger}
 	a.loading.Store(true)
-	approval := cfg.ApprovalTimeout
+	// The room's deadlines decide; acp's is a backstop after the later.
+	approval := max(cfg.ApprovalTimeout, cfg.QuestionTimeout)
 	if approval <= 0 {
 		approval = acp.DefaultPermissionTimeout
 	}
@@ -141,6 +143,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		FSRoot:            ws,
 		Events:            a.event,
 		Permission:        a.permission,
+		Ask:               a.ask,
 		PermissionTimeout: approval + permissionSlack,
 		MaxLineBytes:      cmpOr(cfg.MaxLineBytes, t.opts.MaxLineBytes),
 		CloseGrace:        t.opts.CloseGrace,
@@ -421,6 +424,12 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 		a.mu.Unlock()
 	}
 	return ok
+}
+
+// ask makes a field of the agent's elicitation form (omp's ask tool) a
+// room question.
+func (a *agent) ask(ctx context.Context, q acp.Question) (string, bool) {
+	return a.h.Ask(ctx, room.QuestionRequest{Title: q.Title, Options: q.Options})
 }
 
 // secretRE finds values that look like credentials in an approval's

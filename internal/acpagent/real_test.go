@@ -176,7 +176,8 @@ func bashCall(cmd string) string {
 }
 
 func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
-	h := startHost(t, "", nil, room.Options{})
+	t.Parallel()
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Instructions: "Always mention marker-I."}})
 	a1 := h.submit("r", "[[say:hello from acp]]")
 	if got := h.settled("r", a1); got != "hello from acp" {
 		t.Fatalf("turn 1: %q", got)
@@ -198,9 +199,44 @@ func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
 	if !saw {
 		t.Fatal("the second turn did not carry the first (not one session)")
 	}
+	var instructed bool
+	for _, m := range last.Messages {
+		instructed = instructed || m.Role == "system" && strings.Contains(m.Content, "Always mention marker-I.")
+	}
+	if !instructed {
+		t.Fatal("the room's instructions are not in the system prompt")
+	}
+	h.checkTurnEvents("r")
+}
+
+// checkTurnEvents checks that every text delta and tool event of the room
+// lies inside its own turn: after turn.started, before turn.ended.
+func (h *host) checkTurnEvents(roomID string) {
+	h.t.Helper()
+	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	running := ""
+	for _, ev := range evs {
+		var d map[string]any
+		_ = json.Unmarshal(ev.Data, &d)
+		id, _ := d["turn_id"].(string)
+		switch ev.Type {
+		case "turn.started":
+			running = id
+		case "turn.ended":
+			running = ""
+		case room.KindText, room.KindToolStarted, room.KindToolEnded:
+			if id == "" || id != running {
+				h.t.Fatalf("room %q: %s at seq %d for turn %q while turn %q runs", roomID, ev.Type, ev.Seq, id, running)
+			}
+		}
+	}
 }
 
 func TestRealACPApprovalsAllowDenyDeadline(t *testing.T) {
+	t.Parallel()
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalTimeout: 2 * time.Second}})
 	dir := t.TempDir()
 	for i, tc := range []struct {
@@ -230,9 +266,11 @@ func TestRealACPApprovalsAllowDenyDeadline(t *testing.T) {
 			t.Fatalf("case %d: the command ran: %v, want %v", i, err == nil, tc.ran)
 		}
 	}
+	h.checkTurnEvents("r")
 }
 
 func TestRealACPResumeAfterRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	sim := startSim(t)
 	h := startHost(t, dir, sim, room.Options{})
@@ -268,6 +306,7 @@ func TestRealACPResumeAfterRestart(t *testing.T) {
 }
 
 func TestRealACPCancelThenNextTurn(t *testing.T) {
+	t.Parallel()
 	h := startHost(t, "", nil, room.Options{})
 	first := h.submit("r", "[[say:before]]")
 	h.settled("r", first)
@@ -301,6 +340,7 @@ func TestRealACPCancelThenNextTurn(t *testing.T) {
 }
 
 func TestRealACPCleanupEndsBackgroundWork(t *testing.T) {
+	t.Parallel()
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
 	acc := h.submit("r", "Run it: "+bashCall("/bin/sleep 300 & echo pid=$!"))
 	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
@@ -328,21 +368,18 @@ func TestRealACPCleanupEndsBackgroundWork(t *testing.T) {
 	if err != nil || len(rs) == 0 {
 		t.Fatalf("receipts %v, %v", rs, err)
 	}
-	if !strings.Contains(string(rs[len(rs)-1].Receipt), "/bin/sleep 300") {
-		t.Fatalf("the receipt lacks the background sleep: %s", rs[len(rs)-1].Receipt)
+	// By pid: omp may end the sleep itself on stdin EOF, before custody
+	// read its command line.
+	var rec struct{ Processes []struct{ PID int } }
+	if err := json.Unmarshal(rs[len(rs)-1].Receipt, &rec); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// The room's tools reach omp acp as an MCP server over http on loopback.
-func TestRealACPRoomTools(t *testing.T) {
-	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
-	acc := h.submit("tools-room", `[[tool:mcp__agenthost_room_info {}]]`)
-	_, tool := h.wait("tools-room", acc.Seq, room.KindToolEnded, nil)
-	h.settled("tools-room", acc)
-	if out, _ := tool["output"].(string); !strings.Contains(out, "tools-room") || tool["is_error"] == true {
-		t.Fatalf("room_info over MCP: %v", tool)
-	} else {
-		t.Logf("room_info over MCP: %s", out)
+	var listed bool
+	for _, p := range rec.Processes {
+		listed = listed || p.PID == pid
+	}
+	if !listed {
+		t.Fatalf("the receipt lacks the background sleep %d: %s", pid, rs[len(rs)-1].Receipt)
 	}
 }
 
@@ -353,24 +390,69 @@ func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // offers "auto" thinking but keeps a model without reasoning "off"), fails
 // the turn before any prompt reaches a model.
 func TestRealACPModelAndThinkingSelection(t *testing.T) {
-	h := startHost(t, "", nil, room.Options{Config: room.Config{Model: agents.ModelID, Thinking: "off"}})
-	acc := h.submit("r", "selected")
-	if got := h.settled("r", acc); got != "ok: selected" {
+	t.Parallel()
+	configs := map[string]room.Config{
+		"ok":       {Model: agents.ModelID, Thinking: "off"},
+		"no-model": {Model: "fake/no-such-model"},
+		"ultra":    {Thinking: "ultra"},
+		"auto":     {Thinking: "auto"},
+	}
+	h := startHost(t, "", nil, room.Options{RoomConfig: func(r string) room.Config { return configs[r] }})
+	accs := map[string]room.Accepted{}
+	for r := range configs {
+		accs[r] = h.submit(r, "prompt in "+r)
+	}
+	if got := h.settled("ok", accs["ok"]); got != "ok: prompt in ok" {
 		t.Fatalf("turn: %q", got)
 	}
-	for _, cfg := range []room.Config{{Model: "fake/no-such-model"}, {Thinking: "ultra"}, {Thinking: "auto"}} {
-		h := startHost(t, "", nil, room.Options{Config: cfg})
-		acc := h.submit("r", "refused")
-		d := h.ended("r", acc)
-		if d["outcome"] != room.OutcomeFailed || !strings.Contains(d["reason"].(string), "model selection refused") {
-			t.Fatalf("%+v: turn %v", cfg, d)
+	for r := range configs {
+		if r == "ok" {
+			continue
 		}
-		for _, r := range h.sim.Requests() {
-			for _, m := range r.Messages {
-				if strings.Contains(m.Content, "refused") {
-					t.Fatalf("%+v: a prompt reached the model", cfg)
+		d := h.ended(r, accs[r])
+		if d["outcome"] != room.OutcomeFailed || !strings.Contains(d["reason"].(string), "model selection refused") {
+			t.Fatalf("%s: turn %v", r, d)
+		}
+		for _, req := range h.sim.Requests() {
+			for _, m := range req.Messages {
+				if strings.Contains(m.Content, "prompt in "+r) {
+					t.Fatalf("%s: a prompt reached the model", r)
 				}
 			}
 		}
 	}
+}
+
+// omp's ask tool reaches the room over ACP elicitation forms: answered
+// through the Manager, or cancelled at its deadline with the turn going on.
+func TestRealACPQuestions(t *testing.T) {
+	t.Parallel()
+	h := startHost(t, "", nil, room.Options{RoomConfig: func(r string) room.Config {
+		if r == "deadline" {
+			return room.Config{QuestionTimeout: 3 * time.Second}
+		}
+		return room.Config{}
+	}})
+	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	acc := h.submit("r", ask)
+	late := h.submit("deadline", ask)
+	_, q := h.wait("r", acc.Seq, "question.asked", nil)
+	if !strings.Contains(q["title"].(string), "Which color?") || fmt.Sprint(q["options"]) != "[red blue]" {
+		t.Fatalf("question: %v", q)
+	}
+	if err := h.m.Answer(t.Context(), "r", q["question_id"].(string), "blue"); err != nil {
+		t.Fatal(err)
+	}
+	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	if out := tool["output"].(string); !strings.Contains(out, "blue") || strings.Contains(out, "no answer") {
+		t.Fatalf("ask result %v", tool)
+	}
+	h.settled("r", acc)
+
+	ev, _ := h.wait("deadline", late.Seq, "question.asked", nil)
+	_, ans := h.wait("deadline", ev.Seq, "question.answered", nil)
+	if ans["by"] != "deadline" || ans["cancelled"] != true {
+		t.Fatalf("answered: %v", ans)
+	}
+	h.settled("deadline", late)
 }

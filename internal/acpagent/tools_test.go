@@ -62,17 +62,23 @@ func mcpHelper() int {
 	return 0
 }
 
-// A room's own stdio MCP server reaches omp acp through session/new; one
-// in the workspace's files does not.
-func TestRealACPRoomMCP(t *testing.T) {
+// The room's tools reach omp acp as an MCP server over http on loopback;
+// a room's own stdio MCP server through session/new; one in the
+// workspace's files not at all.
+func TestRealACPRoomToolsAndMCP(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	started := filepath.Join(dir, "probe-started")
 	injected := filepath.Join(dir, "injected-started")
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo, MCP: map[string]room.MCPServer{
 		"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: started}},
 	}}})
-	acc := h.submit("r", `[[say:warm up]]`)
+	acc := h.submit("r", `[[tool:mcp__agenthost_room_info {}]]`)
+	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
 	h.settled("r", acc)
+	if out, _ := tool["output"].(string); !strings.Contains(out, `"room":"r"`) || tool["is_error"] == true {
+		t.Fatalf("room_info over MCP: %v", tool)
+	}
 	files, _ := filepath.Glob(filepath.Join(h.root, "*", "workspace"))
 	if len(files) != 1 {
 		t.Fatalf("workspaces: %v", files)
@@ -89,7 +95,7 @@ func TestRealACPRoomMCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	acc = h.submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
-	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	_, tool = h.wait("r", acc.Seq, room.KindToolEnded, nil)
 	if !strings.Contains(tool["output"].(string), "probe:HI") {
 		t.Fatalf("room MCP tool: %v", tool)
 	}

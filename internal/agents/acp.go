@@ -31,7 +31,13 @@ type ACPOptions struct {
 	ModelURL string
 	// Yolo: the agent runs every tool without asking permission.
 	Yolo bool
+	// Instructions are appended to the agent's system prompt; a recipe
+	// that cannot do that fails with ErrUnsupported when they are set.
+	Instructions string
 }
+
+// ErrUnsupported means the agent cannot do what ACPOptions ask over ACP.
+var ErrUnsupported = errors.New("agents: not supported by this agent")
 
 // ACPRecipe is how to run one agent over ACP.
 type ACPRecipe struct {
@@ -86,6 +92,9 @@ func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	}
 	if opts.Yolo {
 		r.Argv = append(r.Argv, "--approval-mode", "yolo")
+	}
+	if opts.Instructions != "" {
+		r.Argv = append(r.Argv, "--append-system-prompt", opts.Instructions)
 	}
 	return r, nil
 }
