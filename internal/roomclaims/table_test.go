@@ -29,6 +29,8 @@ type path struct {
 	// mcpName is the name the model calls an MCP server's tool by (the room's tools come over ACP
 	// as the MCP server "agenthost").
 	mcpName func(server, tool string) string
+	// ask is the script directive that makes the agent ask "Which color?" (red or blue).
+	ask string
 	// model and modelSeen: a model the room selects and the name the model server then sees.
 	model, modelSeen string
 	// how adds, per claim, what is particular to this path.
@@ -107,6 +109,7 @@ var claims = []claim{
 	}, claimBackground},
 	{cQuestions, "Questions: the agent's questions become durable room questions", map[string]string{
 		"rpc": "omp's `ask` tool (rpc-ui dialogs) → `question.asked`, answered by API or the next message",
+		"acp": "an elicitation form (omp's `ask` tool) → `question.asked`, answered by API",
 	}, claimQuestions},
 	{cModel, "Model selection: the room's model is used, and an unknown one fails the turn", map[string]string{
 		"rpc": "`--model`, checked with `get_state`",
@@ -130,7 +133,12 @@ func shellCmd(tool, key string, extra map[string]any) func(string) string {
 	}
 }
 
-const gapNoQuestions = "ACP has no question request (an agent's only way to ask is `session/request_permission`)"
+// The question tools.
+const (
+	ompAsk    = `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	claudeAsk = `[[tool:AskUserQuestion {"questions":[{"question":"Which color?","header":"Color","multiSelect":false,"options":[{"label":"red","description":"red"},{"label":"blue","description":"blue"}]}]}]]`
+	codexAsk  = `[[tool:request_user_input {"questions":[{"id":"c","header":"Color","question":"Which color?","options":[{"label":"red","description":"red"},{"label":"blue","description":"blue"}]}]}]]`
+)
 
 // MCP tool names as each agent shows them to the model.
 func ompMCP(server, tool string) string    { return "mcp__" + server + "_" + tool }
@@ -142,28 +150,28 @@ var paths = []path{
 		id: "omp rpc", transport: "rpc", kind: agents.OMP,
 		shell:   shellCmd("bash", "command", nil),
 		mcpName: ompMCP,
+		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
 	},
 	{
 		id: "omp acp", transport: "acp", kind: agents.OMP,
 		shell:   shellCmd("bash", "command", nil),
 		mcpName: ompMCP,
+		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
-		gaps: map[string]string{
-			cQuestions: gapNoQuestions,
-		},
 	},
 	{
 		id: "claude", transport: "acp", kind: agents.Claude,
 		shell:   shellCmd("Bash", "command", map[string]any{"description": "run it"}),
 		mcpName: doubleMCP,
+		ask:     claudeAsk,
 		model:   "haiku", modelSeen: "claude-haiku-5-5",
 		how: map[string]string{
 			cAllow:   "settings `defaultMode: default` (its default mode never asks)",
 			cCleanup: "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
 		},
 		gaps: map[string]string{
-			cQuestions: gapNoQuestions,
+			cQuestions: "claude's `AskUserQuestion` arrives as a room question (its header on a second line), but after the answer the turn does not end (no `turn.ended` within 2 min)",
 			cMCP: "claude also starts the MCP servers of the workspace's own `.mcp.json` (Claude Code's project settings); " +
 				"`_meta.claudeCode.options.strictMcpConfig` in `session/new` would stop it, which the ACP client does not send yet",
 		},
@@ -174,6 +182,7 @@ var paths = []path{
 			"sandbox_permissions": "require_escalated", "justification": "run it",
 		}),
 		mcpName: doubleMCP,
+		ask:     codexAsk,
 		model:   "gpt-5.5[low]", modelSeen: "gpt-5.5",
 		how: map[string]string{
 			cReply:     "codex opens every turn's text with a warning that the scripted model's metadata is unknown",
@@ -184,7 +193,7 @@ var paths = []path{
 			cCleanup:   "codex also ends its whole tree itself on stdin EOF",
 		},
 		gaps: map[string]string{
-			cQuestions:  gapNoQuestions,
+			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
 			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
 		},
 	},
@@ -196,7 +205,7 @@ var paths = []path{
 			cCleanup: "its tool shells run in sessions of their own: the custody sweep ends them",
 		},
 		gaps: map[string]string{
-			cQuestions: gapNoQuestions,
+			cQuestions: "copilot offers the model no question tool in ACP mode",
 			cModel:     "copilot offers neither a session model list nor a `model` config option over ACP; its model is fixed by the recipe (`COPILOT_MODEL`)",
 			cMCP:       "copilot 1.0.102 does not start the stdio `mcpServers` of `session/new` (it does start http ones: the room tools): their tools never reach the model",
 		},
