@@ -141,8 +141,12 @@ func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 
 // acpHome creates opts.Home and returns its absolute path and the agent's environment: with a
 // model URL the parent's without credentials or config moves (as [Home]); without one the
-// parent's, so the provider's key reaches the agent, with HOME replaced.
+// parent's, so the provider's key reaches the agent, with HOME replaced. The three peers take no
+// appended instructions through their recipes: asked for some, it fails with [ErrUnsupported].
 func acpHome(opts ACPOptions) (string, []string, error) {
+	if opts.Instructions != "" {
+		return "", nil, fmt.Errorf("%w: appended instructions (only omp's recipe passes them)", ErrUnsupported)
+	}
 	if opts.Home == "" {
 		return "", nil, fmt.Errorf("agents: empty home dir")
 	}

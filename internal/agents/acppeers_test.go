@@ -141,6 +141,11 @@ func TestInstall_ACPRecipes(t *testing.T) {
 		}
 	}
 
+	for _, k := range []agents.Kind{agents.Claude, agents.Codex, agents.Copilot} {
+		if _, err := in.ACP(k, agents.ACPOptions{Home: t.TempDir(), ModelURL: url, Instructions: "be brief"}); !errors.Is(err, agents.ErrUnsupported) {
+			t.Errorf("%s with instructions: %v, want ErrUnsupported", k, err)
+		}
+	}
 	if _, err := in.ACP("nope", agents.ACPOptions{Home: t.TempDir()}); !errors.Is(err, agents.ErrNoRecipe) {
 		t.Errorf("ACP(nope): %v, want ErrNoRecipe", err)
 	}

@@ -41,6 +41,10 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// probeGapsEnv, set, runs the claims a path names as gaps too, to see whether one closed (then
+// take it out of the table and regenerate the matrix).
+const probeGapsEnv = "ROOMCLAIMS_PROBE_GAPS"
+
 // parallelPaths bounds how many agent paths run at once: the agents are Node and Bun programs of
 // ~250 MB that each want a core while starting, and CI boxes have two.
 const parallelPaths = 2
@@ -80,7 +84,7 @@ func TestClaims(t *testing.T) {
 			start := time.Now()
 			for _, c := range claims {
 				if !t.Run(c.id, func(t *testing.T) {
-					if reason, gap := p.gaps[c.id]; gap {
+					if reason, gap := p.gaps[c.id]; gap && os.Getenv(probeGapsEnv) == "" {
 						t.Skipf("gap on %s: %s", p.id, reason)
 					}
 					r.t = t

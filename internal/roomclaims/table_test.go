@@ -26,8 +26,11 @@ type path struct {
 	// shell returns the script directive that makes the agent run cmd in its shell tool (one
 	// that asks permission when the room asks).
 	shell func(cmd string) string
-	// mcpTool is the name the model calls the room's probe MCP server's echo_upper tool by.
-	mcpTool string
+	// mcpName is the name the model calls an MCP server's tool by (the room's tools come over ACP
+	// as the MCP server "agenthost").
+	mcpName func(server, tool string) string
+	// ask is the script directive that makes the agent ask "Which color?" (red or blue).
+	ask string
 	// model and modelSeen: a model the room selects and the name the model server then sees.
 	model, modelSeen string
 	// how adds, per claim, what is particular to this path.
@@ -66,6 +69,7 @@ var claims = []claim{
 	}, claimStreaming},
 	{cRoomTools, "Room tools: the agent calls the room's tools (`room_post`, `room_info`, host tools)", map[string]string{
 		"rpc": "omp host tools over RPC",
+		"acp": "a per-agent MCP server `agenthost` (streamable HTTP on loopback, bearer token) in `session/new`",
 	}, claimRoomTools},
 	{cAllow, "Approvals, allow: a tool call waits for a person's allow, then runs", map[string]string{
 		"rpc": "omp `--approval-mode always-ask` select dialog → durable approval",
@@ -105,10 +109,11 @@ var claims = []claim{
 	}, claimBackground},
 	{cQuestions, "Questions: the agent's questions become durable room questions", map[string]string{
 		"rpc": "omp's `ask` tool (rpc-ui dialogs) → `question.asked`, answered by API or the next message",
+		"acp": "an elicitation form (omp's `ask` tool) → `question.asked`, answered by API",
 	}, claimQuestions},
 	{cModel, "Model selection: the room's model is used, and an unknown one fails the turn", map[string]string{
 		"rpc": "`--model`, checked with `get_state`",
-		"acp": "`session/set_model` from the session's model list",
+		"acp": "`session/set_model` from the session's model list, else the `model` session config option",
 	}, claimModel},
 	{cCleanup, "Cleanup: after a room's release nothing of its agent's process tree remains, and the receipt says so", map[string]string{
 		"rpc": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
@@ -128,41 +133,45 @@ func shellCmd(tool, key string, extra map[string]any) func(string) string {
 	}
 }
 
+// The question tools.
 const (
-	gapNoRoomTools = "the ACP transport offers no room tools yet (ACP has no host tools; they would come as a per-room MCP server)"
-	gapNoQuestions = "ACP has no question request (an agent's only way to ask is `session/request_permission`)"
-	gapModelOption = "the agent offers its model as a session config option, not a session model list; the transport selects only from the model list"
+	ompAsk    = `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	claudeAsk = `[[tool:AskUserQuestion {"questions":[{"question":"Which color?","header":"Color","multiSelect":false,"options":[{"label":"red","description":"red"},{"label":"blue","description":"blue"}]}]}]]`
+	codexAsk  = `[[tool:request_user_input {"questions":[{"id":"c","header":"Color","question":"Which color?","options":[{"label":"red","description":"red"},{"label":"blue","description":"blue"}]}]}]]`
 )
+
+// MCP tool names as each agent shows them to the model.
+func ompMCP(server, tool string) string    { return "mcp__" + server + "_" + tool }
+func doubleMCP(server, tool string) string { return "mcp__" + server + "__" + tool }
+func dashMCP(server, tool string) string   { return server + "-" + tool }
 
 var paths = []path{
 	{
 		id: "omp rpc", transport: "rpc", kind: agents.OMP,
 		shell:   shellCmd("bash", "command", nil),
-		mcpTool: "mcp__probe_echo_upper",
+		mcpName: ompMCP,
+		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
 	},
 	{
 		id: "omp acp", transport: "acp", kind: agents.OMP,
 		shell:   shellCmd("bash", "command", nil),
-		mcpTool: "mcp__probe_echo_upper",
-		gaps: map[string]string{
-			cRoomTools: gapNoRoomTools,
-			cQuestions: gapNoQuestions,
-			cModel:     gapModelOption,
-		},
+		mcpName: ompMCP,
+		ask:     ompAsk,
+		model:   agents.ModelID, modelSeen: "fake-model",
 	},
 	{
 		id: "claude", transport: "acp", kind: agents.Claude,
 		shell:   shellCmd("Bash", "command", map[string]any{"description": "run it"}),
-		mcpTool: "mcp__probe__echo_upper",
+		mcpName: doubleMCP,
+		ask:     claudeAsk,
+		model:   "haiku", modelSeen: "claude-haiku-5-5",
 		how: map[string]string{
 			cAllow:   "settings `defaultMode: default` (its default mode never asks)",
 			cCleanup: "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
 		},
 		gaps: map[string]string{
-			cRoomTools: gapNoRoomTools,
-			cQuestions: gapNoQuestions,
-			cModel:     gapModelOption,
+			cQuestions: "claude's `AskUserQuestion` arrives as a room question (its header on a second line), but after the answer the turn does not end (no `turn.ended` within 2 min)",
 			cMCP: "claude also starts the MCP servers of the workspace's own `.mcp.json` (Claude Code's project settings); " +
 				"`_meta.claudeCode.options.strictMcpConfig` in `session/new` would stop it, which the ACP client does not send yet",
 		},
@@ -172,7 +181,8 @@ var paths = []path{
 		shell: shellCmd("exec_command", "cmd", map[string]any{
 			"sandbox_permissions": "require_escalated", "justification": "run it",
 		}),
-		mcpTool: "mcp__probe__echo_upper",
+		mcpName: doubleMCP,
+		ask:     codexAsk,
 		model:   "gpt-5.5[low]", modelSeen: "gpt-5.5",
 		how: map[string]string{
 			cReply:     "codex opens every turn's text with a warning that the scripted model's metadata is unknown",
@@ -183,23 +193,21 @@ var paths = []path{
 			cCleanup:   "codex also ends its whole tree itself on stdin EOF",
 		},
 		gaps: map[string]string{
-			cRoomTools:  gapNoRoomTools,
-			cQuestions:  gapNoQuestions,
+			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
 			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
 		},
 	},
 	{
 		id: "copilot", transport: "acp", kind: agents.Copilot,
 		shell:   shellCmd("bash", "command", map[string]any{"description": "run it", "mode": "sync", "initial_wait": 30}),
-		mcpTool: "probe-echo_upper",
+		mcpName: dashMCP,
 		how: map[string]string{
 			cCleanup: "its tool shells run in sessions of their own: the custody sweep ends them",
 		},
 		gaps: map[string]string{
-			cRoomTools: gapNoRoomTools,
-			cQuestions: gapNoQuestions,
-			cModel:     gapModelOption,
-			cMCP:       "copilot 1.0.102 does not start the `mcpServers` of `session/new`: their tools never reach the model",
+			cQuestions: "copilot offers the model no question tool in ACP mode",
+			cModel:     "copilot offers neither a session model list nor a `model` config option over ACP; its model is fixed by the recipe (`COPILOT_MODEL`)",
+			cMCP:       "copilot 1.0.102 does not start the stdio `mcpServers` of `session/new` (it does start http ones: the room tools): their tools never reach the model",
 		},
 	},
 }
