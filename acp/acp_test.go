@@ -343,6 +343,28 @@ func TestCancelBounded(t *testing.T) {
 	}
 }
 
+// TestSessionMeta: Options.SessionMeta reaches the agent in session/new and
+// session/load (claude's strictMcpConfig travels this way); none is sent
+// without it.
+func TestSessionMeta(t *testing.T) {
+	c, _ := startFake(t, Options{SessionMeta: map[string]any{"claudeCode": map[string]any{"options": map[string]any{"strictMcpConfig": true}}}})
+	const want = `{"claudeCode":{"options":{"strictMcpConfig":true}}}`
+	s := newSession(t, c)
+	if r := prompt(t, c, s, "meta"); r.Text != want {
+		t.Fatalf("session/new _meta %q, want %q", r.Text, want)
+	}
+	if _, err := c.LoadSession(t.Context(), s, t.TempDir(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := prompt(t, c, s, "meta"); r.Text != want {
+		t.Fatalf("session/load _meta %q, want %q", r.Text, want)
+	}
+	plain, _ := startFake(t, Options{})
+	if r := prompt(t, plain, newSession(t, plain), "meta"); r.Text != "" {
+		t.Fatalf("_meta %q sent without SessionMeta", r.Text)
+	}
+}
+
 func TestLoadSessionStrict(t *testing.T) {
 	c, evs := startFake(t, Options{})
 	if _, err := c.LoadSession(t.Context(), "nope", t.TempDir(), nil); !errors.Is(err, ErrSessionNotFound) {

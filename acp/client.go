@@ -132,6 +132,9 @@ type Options struct {
 	// MaxLineBytes caps one line from the agent (default and maximum
 	// DefaultMaxLineBytes and 10 MiB).
 	MaxLineBytes int
+	// SessionMeta, if set, is sent as the _meta of every session/new and
+	// session/load (agent-specific session options).
+	SessionMeta map[string]any
 	// ClientName and ClientVersion are sent in initialize (default
 	// "agenthost", "dev").
 	ClientName, ClientVersion string

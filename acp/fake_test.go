@@ -75,9 +75,11 @@ func fakeAgent() int {
 		os.Exit(0)
 		return fakeMsg{}
 	}
+	var meta json.RawMessage // the _meta of the last session/new or session/load
 	for m := range in {
 		var p struct {
-			SessionID string `json:"sessionId"`
+			Meta      json.RawMessage `json:"_meta"`
+			SessionID string          `json:"sessionId"`
 			Prompt    []struct {
 				Text string `json:"text"`
 			} `json:"prompt"`
@@ -87,8 +89,10 @@ func fakeAgent() int {
 		case "initialize":
 			reply(m.ID, map[string]any{"protocolVersion": 1, "agentCapabilities": map[string]any{"loadSession": true}, "authMethods": []any{}})
 		case "session/new":
+			meta = p.Meta
 			reply(m.ID, map[string]any{"sessionId": "s-1"})
 		case "session/load":
+			meta = p.Meta
 			if p.SessionID != "s-1" {
 				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32002, "message": "Session not found"}})
 				continue
@@ -104,6 +108,8 @@ func fakeAgent() int {
 			cmd, arg, _ := strings.Cut(text, ":")
 			s := p.SessionID
 			switch cmd {
+			case "meta":
+				chunk(s, string(meta))
 			case "hello":
 				chunk(s, "hi ")
 				chunk(s, "there")

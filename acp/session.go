@@ -133,7 +133,7 @@ func (c *Client) NewSession(ctx context.Context, cwd string, mcp []sdk.McpServer
 	if mcp == nil {
 		mcp = []sdk.McpServer{}
 	}
-	resp, err := c.conn.NewSession(ctx, sdk.NewSessionRequest{Cwd: cwd, McpServers: mcp})
+	resp, err := c.conn.NewSession(ctx, sdk.NewSessionRequest{Cwd: cwd, McpServers: mcp, Meta: c.opts.SessionMeta})
 	if err != nil {
 		return nil, c.callErr(ctx, "session/new", err)
 	}
@@ -153,7 +153,7 @@ func (c *Client) LoadSession(ctx context.Context, id, cwd string, mcp []sdk.McpS
 	if mcp == nil {
 		mcp = []sdk.McpServer{}
 	}
-	resp, err := c.conn.LoadSession(ctx, sdk.LoadSessionRequest{SessionId: sdk.SessionId(id), Cwd: cwd, McpServers: mcp})
+	resp, err := c.conn.LoadSession(ctx, sdk.LoadSessionRequest{SessionId: sdk.SessionId(id), Cwd: cwd, McpServers: mcp, Meta: c.opts.SessionMeta})
 	if err != nil {
 		var re *sdk.RequestError
 		if errors.As(err, &re) && !c.gone() && ctx.Err() == nil {

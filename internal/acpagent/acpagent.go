@@ -147,6 +147,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		PermissionTimeout: approval + permissionSlack,
 		MaxLineBytes:      cmpOr(cfg.MaxLineBytes, t.opts.MaxLineBytes),
 		CloseGrace:        t.opts.CloseGrace,
+		SessionMeta:       r.SessionMeta,
 		Logger:            t.opts.Logger,
 	})
 	if err != nil {

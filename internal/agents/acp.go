@@ -51,6 +51,9 @@ type ACPRecipe struct {
 	// session/new and session/load (an agent whose default mode never
 	// asks permission).
 	Mode string
+	// SessionMeta, if set, is sent as the _meta of session/new and
+	// session/load (agent-specific session options).
+	SessionMeta map[string]any
 }
 
 // ACPRecipeFunc prepares the recipe of one kind (see ACPRecipes).

@@ -61,7 +61,10 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 		env = append(env, "ANTHROPIC_BASE_URL="+strings.TrimSuffix(strings.TrimSuffix(opts.ModelURL, "/"), "/v1"),
 			"ANTHROPIC_API_KEY="+acpKey)
 	}
-	return ACPRecipe{Argv: argv, Env: env}, nil
+	// Claude Code would also start the MCP servers of the workspace's own .mcp.json: a repository
+	// could inject servers into the room. Strict MCP config takes only session/new's.
+	meta := map[string]any{"claudeCode": map[string]any{"options": map[string]any{"strictMcpConfig": true}}}
+	return ACPRecipe{Argv: argv, Env: env, SessionMeta: meta}, nil
 }
 
 // codexACP runs codex-acp (with the codex binary) on Node. CODEX_HOME holds a config.toml whose

@@ -94,6 +94,10 @@ func TestInstall_ACPRecipes(t *testing.T) {
 		if _, ok := envValue(r.Env, "ANTHROPIC_API_KEY"); !ok {
 			t.Error("claude has no ANTHROPIC_API_KEY (it refuses to start without one)")
 		}
+		// Only the session's MCP servers: the workspace's own .mcp.json could inject others.
+		if opts, _ := r.SessionMeta["claudeCode"].(map[string]any)["options"].(map[string]any); opts["strictMcpConfig"] != true {
+			t.Errorf("claude session _meta %v, want claudeCode.options.strictMcpConfig true", r.SessionMeta)
+		}
 		if _, ok := envValue(r.Env, "IS_SANDBOX"); ok != (os.Geteuid() == 0) {
 			t.Errorf("claude IS_SANDBOX set %v as uid %d", ok, os.Geteuid())
 		}
@@ -113,6 +117,9 @@ func TestInstall_ACPRecipes(t *testing.T) {
 		if !strings.Contains(string(cfg), want) {
 			t.Errorf("codex config.toml lacks %q:\n%s", want, cfg)
 		}
+	}
+	if r.SessionMeta != nil {
+		t.Errorf("codex session _meta %v, want none", r.SessionMeta)
 	}
 	if v, _ := envValue(r.Env, "CODEX_HOME"); v != filepath.Join(home, ".codex") {
 		t.Errorf("CODEX_HOME=%q", v)

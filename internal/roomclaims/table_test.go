@@ -168,12 +168,11 @@ var paths = []path{
 		model:   "haiku", modelSeen: "claude-haiku-5-5",
 		how: map[string]string{
 			cAllow:   "settings `defaultMode: default` (its default mode never asks)",
+			cMCP:     "`_meta.claudeCode.options.strictMcpConfig` in `session/new` and `session/load`: Claude Code ignores the workspace's own `.mcp.json`",
 			cCleanup: "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
 		},
 		gaps: map[string]string{
 			cQuestions: "claude's `AskUserQuestion` arrives as a room question (its header on a second line), but after the answer the turn does not end (no `turn.ended` within 2 min)",
-			cMCP: "claude also starts the MCP servers of the workspace's own `.mcp.json` (Claude Code's project settings); " +
-				"`_meta.claudeCode.options.strictMcpConfig` in `session/new` would stop it, which the ACP client does not send yet",
 		},
 	},
 	{
