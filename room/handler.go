@@ -42,6 +42,12 @@ func (h *handler) Event(ev AgentEvent) {
 		data["tool"], data["call_id"], data["input"] = ev.Tool, ev.CallID, ev.Input
 	case KindToolEnded:
 		data["tool"], data["call_id"], data["output"], data["is_error"] = ev.Tool, ev.CallID, ev.Output, ev.IsError
+	case KindMalformed:
+		if ev.Suppressed > 0 {
+			data["suppressed"] = ev.Suppressed
+		} else {
+			data["line"], data["length"], data["reason"] = ev.Line, ev.Length, ev.Reason
+		}
 	default:
 		return
 	}

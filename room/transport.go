@@ -126,6 +126,10 @@ const (
 	KindText        = "text.delta"
 	KindToolStarted = "tool.started"
 	KindToolEnded   = "tool.ended"
+	// KindMalformed: the agent sent a line the transport dropped (Line,
+	// Length, Reason; never the payload) or, with Suppressed > 0, that many
+	// more it did not report one by one (the transport bounds a flood).
+	KindMalformed = "agent.malformed"
 	// KindActivity is any other frame: it only proves the agent is alive.
 	KindActivity = "activity"
 )
@@ -139,6 +143,11 @@ type AgentEvent struct {
 	Input   string // KindToolStarted, bounded by the transport
 	Output  string // KindToolEnded, bounded by the transport
 	IsError bool   // KindToolEnded
+	// KindMalformed: the line's number on the agent's output and its
+	// length in bytes, why it was dropped, or how many were not reported.
+	Line, Length int64
+	Reason       string
+	Suppressed   int
 	// Offset is the position in the agent's output past the frame this
 	// event came from (0 when the transport keeps no output); recorded
 	// with the event, see Attachment.Offset.

@@ -36,6 +36,9 @@ const (
 	// permissionSlack: the room's own approval deadline decides; the acp
 	// client's is a backstop just after it.
 	permissionSlack = time.Minute
+	// maxMalformedPerTurn bounds the agent.malformed events of one turn;
+	// the rest of a flood is one event with their count.
+	maxMalformedPerTurn = 10
 )
 
 // Recipe is how to run one room's agent over ACP.
@@ -285,14 +288,18 @@ type agent struct {
 
 	tools *toolServer // the room's tools over MCP (nil: none)
 
-	mu     sync.Mutex
-	denied bool              // a permission was denied in the running turn
-	calls  map[string]string // running tool calls' names by id
+	mu        sync.Mutex
+	denied    bool              // a permission was denied in the running turn
+	calls     map[string]string // running tool calls' names by id
+	malformed int               // malformed lines since the turn began
+	unshown   int               // of those, the ones past maxMalformedPerTurn
 }
 
 func (a *agent) SessionID() string { return a.session }
 
 func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
+	a.flushMalformed() // lines between turns
+	defer a.flushMalformed()
 	a.mu.Lock()
 	a.denied = false
 	a.mu.Unlock()
@@ -334,13 +341,16 @@ func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 
 // event maps the agent's updates to room events.
 func (a *agent) event(ev acp.Event) {
+	if ev.Type == acp.TypeMalformed {
+		// Not history even during a load: the agent sent it now.
+		a.malformedLine(ev.Err)
+		return
+	}
 	if a.loading.Load() {
 		return
 	}
 	u := ev.Update
 	switch {
-	case ev.Type == acp.TypeMalformed:
-		a.log.Warn("acpagent: the agent sent a malformed line", "err", ev.Err)
 	case u.AgentMessageChunk != nil:
 		if t := ev.Text(); t != "" {
 			a.h.Event(room.AgentEvent{Kind: room.KindText, Text: t})
@@ -368,6 +378,39 @@ func (a *agent) event(ev acp.Event) {
 		}
 	}
 	a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+}
+
+// malformedLine reports a line the acp client dropped as a room event,
+// the first maxMalformedPerTurn of a turn one by one (acp logs each).
+func (a *agent) malformedLine(err error) {
+	var le *acp.LineError
+	if !errors.As(err, &le) {
+		le = &acp.LineError{Reason: "malformed"}
+	}
+	a.mu.Lock()
+	a.malformed++
+	over := a.malformed > maxMalformedPerTurn
+	if over {
+		a.unshown++
+	}
+	a.mu.Unlock()
+	if over {
+		a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+		return
+	}
+	a.h.Event(room.AgentEvent{Kind: room.KindMalformed, Line: le.Line, Length: le.Len, Reason: bound(le.Reason)})
+}
+
+// flushMalformed reports how many malformed lines had no event of their
+// own, and starts a new count.
+func (a *agent) flushMalformed() {
+	a.mu.Lock()
+	n := a.unshown
+	a.malformed, a.unshown = 0, 0
+	a.mu.Unlock()
+	if n > 0 {
+		a.h.Event(room.AgentEvent{Kind: room.KindMalformed, Suppressed: n})
+	}
 }
 
 func (a *agent) toolEnded(id string, content []sdk.ToolCallContent, raw any, failed bool) {

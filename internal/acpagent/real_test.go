@@ -24,6 +24,9 @@ import (
 // on the scripted model. They fail (never skip) when omp is missing.
 
 func TestMain(m *testing.M) {
+	if os.Getenv(fakePeerEnv) != "" {
+		os.Exit(fakePeer())
+	}
 	goleak.VerifyTestMain(m)
 }
 
