@@ -535,6 +535,23 @@ func TestFormQuestions(t *testing.T) {
 	}
 }
 
+// TestFormQuestionsClaudeAsk: claude-agent-acp's AskUserQuestion form (no
+// required fields; each choice field "question_N" has an optional free-text
+// partner "question_N_custom") is one room question per choice field: asking
+// the partner too left a second question nobody answered, and the turn hung.
+func TestFormQuestionsClaudeAsk(t *testing.T) {
+	schema := sdk.UnstableElicitationSchema{Properties: map[string]any{
+		"question_0": map[string]any{"type": "string", "title": "Color", "oneOf": []any{
+			map[string]any{"const": "red", "title": "red"}, map[string]any{"const": "blue", "title": "blue"}}},
+		"question_0_custom": map[string]any{"type": "string", "title": "Other", "description": "Type your own answer (optional)."},
+	}}
+	qs := formQuestions("Which color?", schema)
+	if len(qs) != 1 || qs[0].Field != "question_0" || qs[0].Title != "Which color?\nColor" ||
+		fmt.Sprint(qs[0].Options) != "[red blue]" || qs[0].other != "question_0_custom" {
+		t.Fatalf("%+v", qs)
+	}
+}
+
 // A prompt to an agent that stopped reading its stdin (the write blocks on
 // a full pipe) still returns within its ctx and the cancel bound, and
 // Close releases the agent.

@@ -219,9 +219,20 @@ func (s *sdkClient) UnstableCreateElicitation(ctx context.Context, p sdk.Unstabl
 	return sdk.UnstableCreateElicitationResponse{Accept: &sdk.UnstableCreateElicitationAccept{Action: "accept", Content: content}}, nil
 }
 
-// otherSuffix marks the free-text partner of a choice field in omp's ask
-// forms.
-const otherSuffix = "__other"
+// otherSuffixes mark the free-text partner of a choice field: "F__other"
+// in omp's ask forms, "F_custom" in claude-agent-acp's AskUserQuestion
+// forms (where it is optional, like every field).
+var otherSuffixes = []string{"__other", "_custom"}
+
+// partnerOf returns the choice field whose free-text partner n is, if any.
+func partnerOf(n string, props map[string]any) (string, bool) {
+	for _, suf := range otherSuffixes {
+		if base, ok := strings.CutSuffix(n, suf); ok && props[base] != nil {
+			return base, true
+		}
+	}
+	return "", false
+}
 
 // formQuestions lists a form's fields to ask, required ones first, each in
 // name order: optional fields are left out when the form has required
@@ -247,8 +258,8 @@ func formQuestions(message string, schema sdk.UnstableElicitationSchema) []Quest
 	})
 	out := make([]Question, 0, len(names))
 	for _, n := range names {
-		if base, ok := strings.CutSuffix(n, otherSuffix); ok && schema.Properties[base] != nil {
-			continue // asked with base
+		if _, ok := partnerOf(n, schema.Properties); ok {
+			continue // asked with its choice field
 		}
 		if len(req) > 0 && !req[n] {
 			continue
@@ -287,8 +298,10 @@ func formQuestions(message string, schema sdk.UnstableElicitationSchema) []Quest
 		if f.Type == "boolean" {
 			q.Options = []string{"yes", "no"}
 		}
-		if schema.Properties[n+otherSuffix] != nil {
-			q.other = n + otherSuffix
+		for _, suf := range otherSuffixes {
+			if schema.Properties[n+suf] != nil && q.other == "" {
+				q.other = n + suf
+			}
 		}
 		out = append(out, q)
 	}

@@ -167,12 +167,10 @@ var paths = []path{
 		ask:     claudeAsk,
 		model:   "haiku", modelSeen: "claude-haiku-5-5",
 		how: map[string]string{
-			cAllow:   "settings `defaultMode: default` (its default mode never asks)",
-			cMCP:     "`_meta.claudeCode.options.strictMcpConfig` in `session/new` and `session/load`: Claude Code ignores the workspace's own `.mcp.json`",
-			cCleanup: "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
-		},
-		gaps: map[string]string{
-			cQuestions: "claude's `AskUserQuestion` arrives as a room question (its header on a second line), but after the answer the turn does not end (no `turn.ended` within 2 min)",
+			cAllow:     "settings `defaultMode: default` (its default mode never asks)",
+			cMCP:       "`_meta.claudeCode.options.strictMcpConfig` in `session/new` and `session/load`: Claude Code ignores the workspace's own `.mcp.json`",
+			cCleanup:   "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
+			cQuestions: "here the form is claude's `AskUserQuestion`: one room question per choice field (its header on a second line), its optional `_custom` free-text field taking an answer outside the options",
 		},
 	},
 	{
