@@ -82,8 +82,45 @@ type Store struct {
 	node  string
 	fence func(room string, err error) // called once a write is fenced
 
-	mu    sync.Mutex
-	rooms map[string]*roomLog
+	mu     sync.Mutex
+	rooms  map[string]*roomLog
+	stream jetstream.Stream // ROOMS, looked up once
+}
+
+// reqTimeout bounds one JetStream request: a request sent to a stream
+// leader cut off by a partition gets no answer, and the caller retries
+// (the next leader answers after an election).
+const reqTimeout = 5 * time.Second
+
+// rooms returns the ROOMS stream's handle.
+func (s *Store) roomsStream(ctx context.Context) (jetstream.Stream, error) {
+	s.mu.Lock()
+	st := s.stream
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	st, err := s.js.Stream(ctx, StreamRooms)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.stream = st
+	s.mu.Unlock()
+	return st, nil
+}
+
+// getMsg is one bounded read of the ROOMS stream.
+func (s *Store) getMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	st, err := s.roomsStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	return st.GetMsg(ctx, seq, opts...)
 }
 
 type roomLog struct {
@@ -134,13 +171,9 @@ func (s *Store) syncLocked(ctx context.Context, room string, l *roomLog) error {
 	if l.owned {
 		return nil
 	}
-	st, err := s.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return err
-	}
 	subj := evSubject(room)
 	for {
-		m, err := st.GetMsg(ctx, l.last+1, jetstream.WithGetMsgSubject(subj))
+		m, err := s.getMsg(ctx, l.last+1, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -193,13 +226,9 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 	if len(refs) == 0 {
 		return nil, nil
 	}
-	st, err := s.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return nil, err
-	}
 	var out []store.Event
 	for _, r := range refs {
-		m, err := st.GetMsg(ctx, r.seq)
+		m, err := s.getMsg(ctx, r.seq)
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: reading the log: %w", err)
 		}
@@ -253,10 +282,12 @@ func (s *Store) Room(ctx context.Context, id string) (store.Room, error) {
 
 // RoomIDs implements room.Store: every room with a log.
 func (s *Store) RoomIDs(ctx context.Context) ([]string, error) {
-	st, err := s.js.Stream(ctx, StreamRooms)
+	st, err := s.roomsStream(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter("rooms.*.ev"))
 	if err != nil {
 		return nil, err
@@ -507,7 +538,9 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 	msgID := fmt.Sprintf("%s.%d.%d", token(rm), l.epoch, l.last)
 	var ack *jetstream.PubAck
 	for attempt := 0; ; attempt++ {
-		ack, err = s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
+		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		ack, err = s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
+		cancel()
 		if err == nil {
 			break
 		}
@@ -537,10 +570,12 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 }
 
 func (s *Store) lastMsg(ctx context.Context, rm string) (*jetstream.RawStreamMsg, error) {
-	st, err := s.js.Stream(ctx, StreamRooms)
+	st, err := s.roomsStream(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
 	return st.GetLastMsgForSubject(ctx, evSubject(rm))
 }
 
