@@ -297,7 +297,7 @@ func TestCluster_WorkerKilledMidTurn(t *testing.T) {
 // writes after the takeover reach the log.
 func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 	clusterTests(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	tc := startCluster(t, ctx, [3]bool{false, true, true})
 	defer tc.stop()
