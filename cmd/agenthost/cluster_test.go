@@ -251,7 +251,7 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 	var cut map[string]any
 	var failover time.Duration
 	settled := 0
-	err = c.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+	err = followAcrossElection(ctx, c, rm, func(typ string, raw []byte) (bool, error) {
 		var d map[string]any
 		_ = json.Unmarshal(raw, &d)
 		switch {
@@ -345,6 +345,30 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	for _, n := range nodes[1:] {
 		if b := replay(t, ctx, n, token, rm); strings.Join(a, "\n") != strings.Join(b, "\n") {
 			t.Fatalf("replay through %s differs from n1", n.name)
+		}
+	}
+}
+
+// followAcrossElection follows a room's events, resuming after the last
+// one seen when the node answers 503: while the cluster elects a new
+// stream leader (seconds after a node died), reads fail and the API says
+// so.
+func followAcrossElection(ctx context.Context, c *client, rm string, fn func(typ string, raw []byte) (bool, error)) error {
+	var after int64
+	for {
+		err := c.events(ctx, rm, after, true, func(typ string, raw []byte) (bool, error) {
+			var e struct{ Seq int64 }
+			_ = json.Unmarshal(raw, &e)
+			after = e.Seq
+			return fn(typ, raw)
+		})
+		if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "503") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
