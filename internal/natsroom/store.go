@@ -82,9 +82,14 @@ type Store struct {
 	node  string
 	fence func(room string, err error) // called once a write is fenced
 
+	// Lock order: a roomLog's mu before mu; mu is held only briefly and
+	// never while taking a roomLog's mu.
 	mu     sync.Mutex
 	rooms  map[string]*roomLog
 	stream jetstream.Stream // ROOMS, looked up once
+	// msgRoom and turnRoom find the room of a message or turn id (the
+	// Tx updates them by id alone).
+	msgRoom, turnRoom map[string]string
 }
 
 // reqTimeout bounds one JetStream request: a request sent to a stream
@@ -142,7 +147,7 @@ type batchRef struct {
 }
 
 func newStore(nc *nats.Conn, js jetstream.JetStream, node string) *Store {
-	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}}
+	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}, msgRoom: map[string]string{}, turnRoom: map[string]string{}}
 }
 
 func (s *Store) log(room string) *roomLog {
@@ -185,6 +190,21 @@ func (s *Store) syncLocked(ctx context.Context, room string, l *roomLog) error {
 			return err
 		}
 		l.addLocked(b, m.Sequence)
+		s.index(room, b)
+	}
+}
+
+// index records the rooms of the messages and turns b puts.
+func (s *Store) index(rm string, b *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range b.Ops {
+		switch {
+		case o.K == opPutMsg && o.Message != nil:
+			s.msgRoom[o.Message.ID] = rm
+		case o.K == opPutTurn && o.Turn != nil:
+			s.turnRoom[o.Turn.ID] = rm
+		}
 	}
 }
 
@@ -342,9 +362,13 @@ func (s *Store) Exchanges(ctx context.Context, room string, before int64, limit 
 // owned lists the rooms this host took over.
 func (s *Store) owned() []*roomLog {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*roomLog
+	all := make([]*roomLog, 0, len(s.rooms))
 	for _, l := range s.rooms {
+		all = append(all, l)
+	}
+	s.mu.Unlock()
+	var out []*roomLog
+	for _, l := range all {
 		l.mu.Lock()
 		if l.owned {
 			out = append(out, l)
@@ -562,6 +586,7 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 		}
 	}
 	l.addLocked(b, ack.Sequence)
+	s.index(rm, b)
 	l.inboxAt = 0
 	// Watchers hear of the append only once it is stored (a subscriber
 	// to the log subject itself may hear it before a read finds it).
@@ -711,24 +736,17 @@ func (t *tx) PutReceipt(rm string, receipt json.RawMessage) (int64, error) {
 	return int64(t.rooms[rm].f.receipts), nil
 }
 
-// roomOfMessage finds a message's room: first among the rooms the write
-// holds locked, then among the rooms this host holds.
+// roomOfMessage finds a message's room: among the rooms the write holds
+// (a message it just put), else from the index.
 func (s *Store) roomOfMessage(t *tx, id string) string {
 	for _, rm := range t.order {
 		if _, ok := t.rooms[rm].f.msgIdx[id]; ok {
 			return rm
 		}
 	}
-	for _, l := range s.ownedExcept(t) {
-		l.mu.Lock()
-		_, ok := l.f.msgIdx[id]
-		rm := l.f.room.ID
-		l.mu.Unlock()
-		if ok {
-			return rm
-		}
-	}
-	return ""
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.msgRoom[id]
 }
 
 func (s *Store) roomOfTurn(t *tx, id string) string {
@@ -737,29 +755,9 @@ func (s *Store) roomOfTurn(t *tx, id string) string {
 			return rm
 		}
 	}
-	for _, l := range s.ownedExcept(t) {
-		l.mu.Lock()
-		_, ok := l.f.turnIdx[id]
-		rm := l.f.room.ID
-		l.mu.Unlock()
-		if ok {
-			return rm
-		}
-	}
-	return ""
-}
-
-// ownedExcept lists held rooms the write has not locked yet.
-func (s *Store) ownedExcept(t *tx) []*roomLog {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*roomLog
-	for id, l := range s.rooms {
-		if _, ok := t.rooms[id]; !ok {
-			out = append(out, l)
-		}
-	}
-	return out
+	return s.turnRoom[id]
 }
 
 // encodeData is store's rule: event data is a JSON object.
