@@ -739,10 +739,18 @@ func (c *Cluster) watchLeases() {
 		return
 	}
 	defer func() { _ = w.Stop() }()
+	// The watch's consumer may sit on a node a partition cut off, and
+	// miss an expiry: a listing of the held leases every few seconds
+	// wakes the rooms whose leases vanished since the last one.
+	sweep := time.NewTicker(2 * c.cfg.LeaseTTL)
+	defer sweep.Stop()
+	var last map[string]bool
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-sweep.C:
+			last = c.sweepLeases(last)
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -968,4 +976,33 @@ func (c *Cluster) needsWake(ctx context.Context, rm string) bool {
 	// An error other than not-found cannot tell: a spare wake-up costs
 	// one placement check.
 	return !errors.Is(err, jetstream.ErrMsgNotFound)
+}
+
+// sweepLeases lists the held leases and wakes the rooms whose lease was
+// in the previous listing and is gone now; it returns the new listing
+// (the previous one again when the listing failed).
+func (c *Cluster) sweepLeases(prev map[string]bool) map[string]bool {
+	ctx, cancel := context.WithTimeout(c.ctx, reqTimeout)
+	defer cancel()
+	keys, err := c.lease.ListKeys(ctx)
+	if err != nil {
+		return prev
+	}
+	now := map[string]bool{}
+	for k := range keys.Keys() {
+		now[k] = true
+	}
+	if ctx.Err() != nil {
+		return prev // a partial listing proves nothing
+	}
+	for k := range prev {
+		if now[k] {
+			continue
+		}
+		if rm, ok := untoken(k); ok {
+			c.log.Debug("natsroom: lease gone (sweep); waking the room", "room", rm)
+			c.wakeRoom(ctx, rm)
+		}
+	}
+	return now
 }
