@@ -38,7 +38,7 @@ func freeTCPPort(t *testing.T) int {
 // startServeCluster starts three serve processes forming one embedded
 // JetStream cluster on loopback, sharing one data dir (the shared storage
 // of the README), each running agent the test binary's fake agent.
-func startServeCluster(t *testing.T, token string) []*serveNode {
+func startServeCluster(t *testing.T, token string, realAgent bool) []*serveNode {
 	t.Helper()
 	data := t.TempDir()
 	exe, err := os.Executable()
@@ -47,6 +47,9 @@ func startServeCluster(t *testing.T, token string) []*serveNode {
 	}
 	// The fake agent's switch goes to the agent only, not to serve.
 	agent := []string{"--", "/usr/bin/env", fakeAgentEnv + "=1", "GORACE=atexit_sleep_ms=0", exe, "-test.run=^$"}
+	if realAgent {
+		agent = nil // omp on each node's built-in model
+	}
 	var cports [3]int
 	for i := range cports {
 		cports[i] = freeTCPPort(t)
@@ -151,7 +154,7 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
 	}
 	token := "cluster-test-token"
-	nodes := startServeCluster(t, token)
+	nodes := startServeCluster(t, token, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 
@@ -248,7 +251,7 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 	var cut map[string]any
 	var failover time.Duration
 	settled := 0
-	err = c.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+	err = followAcrossElection(ctx, c, rm, func(typ string, raw []byte) (bool, error) {
 		var d map[string]any
 		_ = json.Unmarshal(raw, &d)
 		switch {
@@ -277,5 +280,95 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 	a, b := replay(t, ctx, survivors[0], token, rm), replay(t, ctx, survivors[1], token, rm)
 	if strings.Join(a, "\n") != strings.Join(b, "\n") {
 		t.Fatalf("replay differs across the survivors")
+	}
+}
+
+// TestServe_NATSClusterOMPApprovalAcrossNodes: a real omp turn on a
+// three-process cluster: the message goes in through n1, the agent asks
+// for an approval, a node that does not hold the room allows it, and the
+// turn settles; the whole room replays the same through every node.
+func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
+	if os.Getenv("AGENTHOST_CLUSTER_TESTS") == "" {
+		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
+	}
+	token := "cluster-test-token"
+	nodes := startServeCluster(t, token, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	rm := "omp"
+	code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"Run this: [[tool:bash {\"command\":\"echo cross-node\"}]]"}`)
+	if code != 202 {
+		t.Fatalf("post: %d %s", code, body)
+	}
+	watch := &client{base: nodes[1].url, token: token, hc: http.DefaultClient}
+	var approval string
+	err := watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+		var d map[string]any
+		_ = json.Unmarshal(raw, &d)
+		if typ == "turn.ended" {
+			return true, fmt.Errorf("the turn ended before asking: %s", raw)
+		}
+		if typ == "approval.requested" {
+			approval, _ = d["approval_id"].(string)
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := roomNode(t, nodes[0], token, rm)
+	var other *serveNode
+	for _, n := range nodes {
+		if n.name != holder {
+			other = n
+		}
+	}
+	if code, body := call(t, "POST", other.url+"v1/rooms/"+rm+"/approvals/"+approval, token, `{"decision":"allow"}`); code != 200 && code != 204 {
+		t.Fatalf("approve through %s (holder %s): %d %s", other.name, holder, code, body)
+	}
+	var ended map[string]any
+	err = watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+		if typ == "turn.ended" {
+			_ = json.Unmarshal(raw, &ended)
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ended["outcome"] != "settled" || ended["text"] != "done" {
+		t.Fatalf("turn ended %v", ended)
+	}
+	a := replay(t, ctx, nodes[0], token, rm)
+	for _, n := range nodes[1:] {
+		if b := replay(t, ctx, n, token, rm); strings.Join(a, "\n") != strings.Join(b, "\n") {
+			t.Fatalf("replay through %s differs from n1", n.name)
+		}
+	}
+}
+
+// followAcrossElection follows a room's events, resuming after the last
+// one seen when the node answers 503: while the cluster elects a new
+// stream leader (seconds after a node died), reads fail and the API says
+// so.
+func followAcrossElection(ctx context.Context, c *client, rm string, fn func(typ string, raw []byte) (bool, error)) error {
+	var after int64
+	for {
+		err := c.events(ctx, rm, after, true, func(typ string, raw []byte) (bool, error) {
+			var e struct{ Seq int64 }
+			_ = json.Unmarshal(raw, &e)
+			after = e.Seq
+			return fn(typ, raw)
+		})
+		if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "503") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }

@@ -320,6 +320,8 @@ func (c *Cluster) Holder(ctx context.Context, rm string) string {
 	if c.lease == nil {
 		return ""
 	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
 	e, err := c.lease.Get(ctx, token(rm))
 	if err != nil {
 		return ""
@@ -345,7 +347,10 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 	}
 	watch, unwatch := c.st.Watch(rm)
 	defer unwatch()
-	if _, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id)); err != nil {
+	pctx, pcancel := context.WithTimeout(ctx, reqTimeout)
+	_, err = c.js.PublishMsg(pctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id))
+	pcancel()
+	if err != nil {
 		return room.Accepted{}, fmt.Errorf("natsroom: queueing the message: %w", err)
 	}
 	_ = c.nc.Publish(inSignal(rm), nil)
@@ -734,10 +739,18 @@ func (c *Cluster) watchLeases() {
 		return
 	}
 	defer func() { _ = w.Stop() }()
+	// The watch's consumer may sit on a node a partition cut off, and
+	// miss an expiry: a listing of the held leases every few seconds
+	// wakes the rooms whose leases vanished since the last one.
+	sweep := time.NewTicker(2 * c.cfg.LeaseTTL)
+	defer sweep.Stop()
+	var last map[string]bool
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-sweep.C:
+			last = c.sweepLeases(last)
 		case e, ok := <-w.Updates():
 			if !ok {
 				return
@@ -828,18 +841,14 @@ func (c *Cluster) place(msg jetstream.Msg) {
 // accepted by the Manager, with the inbox cursor recorded in the same
 // fenced append; taken entries are purged.
 func (c *Cluster) readInbox(ctx context.Context, h *held) {
-	st, err := c.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return
-	}
 	subj := inSubject(h.room)
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for ctx.Err() == nil {
 		cur := c.st.inboxCursor(h.room)
-		m, err := st.GetMsg(ctx, cur+1, jetstream.WithGetMsgSubject(subj))
+		m, err := c.st.getMsg(ctx, cur+1, jetstream.WithGetMsgSubject(subj))
 		if err == nil {
-			if !c.take(ctx, h, st, m) {
+			if !c.take(ctx, h, m) {
 				select {
 				case <-ctx.Done():
 					return
@@ -860,7 +869,7 @@ func (c *Cluster) readInbox(ctx context.Context, h *held) {
 	}
 }
 
-func (c *Cluster) take(ctx context.Context, h *held, st jetstream.Stream, m *jetstream.RawStreamMsg) bool {
+func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) bool {
 	var e inboxEntry
 	if len(m.Data) > maxInboxEntry || json.Unmarshal(m.Data, &e) != nil || e.ID == "" {
 		c.log.Error("natsroom: skipping an unreadable inbox entry", "room", h.room, "seq", m.Sequence)
@@ -878,7 +887,11 @@ func (c *Cluster) take(ctx context.Context, h *held, st jetstream.Stream, m *jet
 	if !c.recordCursor(ctx, h.room) {
 		return false
 	}
-	_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(m.Sequence+1))
+	if st, err := c.st.roomsStream(ctx); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		_ = st.Purge(pctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(m.Sequence+1))
+		cancel()
+	}
 	return true
 }
 
@@ -959,10 +972,37 @@ func (c *Cluster) needsWake(ctx context.Context, rm string) bool {
 	if open {
 		return true
 	}
-	st, err := c.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return true // cannot tell: a spare wake-up costs one placement check
-	}
-	_, err = st.GetMsg(ctx, cursor+1, jetstream.WithGetMsgSubject(inSubject(rm)))
+	_, err := c.st.getMsg(ctx, cursor+1, jetstream.WithGetMsgSubject(inSubject(rm)))
+	// An error other than not-found cannot tell: a spare wake-up costs
+	// one placement check.
 	return !errors.Is(err, jetstream.ErrMsgNotFound)
+}
+
+// sweepLeases lists the held leases and wakes the rooms whose lease was
+// in the previous listing and is gone now; it returns the new listing
+// (the previous one again when the listing failed).
+func (c *Cluster) sweepLeases(prev map[string]bool) map[string]bool {
+	ctx, cancel := context.WithTimeout(c.ctx, reqTimeout)
+	defer cancel()
+	keys, err := c.lease.ListKeys(ctx)
+	if err != nil {
+		return prev
+	}
+	now := map[string]bool{}
+	for k := range keys.Keys() {
+		now[k] = true
+	}
+	if ctx.Err() != nil {
+		return prev // a partial listing proves nothing
+	}
+	for k := range prev {
+		if now[k] {
+			continue
+		}
+		if rm, ok := untoken(k); ok {
+			c.log.Debug("natsroom: lease gone (sweep); waking the room", "room", rm)
+			c.wakeRoom(ctx, rm)
+		}
+	}
+	return now
 }

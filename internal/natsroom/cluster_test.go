@@ -265,18 +265,13 @@ func TestCluster_WorkerKilledMidTurn(t *testing.T) {
 	next := waitEvent(ctx, t, front, rm, ended.Seq, "turn.started", nil)
 	t.Logf("failover: next turn started %v after the kill", time.Since(killed).Round(time.Millisecond))
 	_ = next
-	var order []string
 	for _, acc := range queued {
 		e := waitEvent(ctx, t, front, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
 		if !strings.Contains(string(e.Data), `"outcome":"settled"`) {
 			t.Fatalf("queued message ended %s", e.Data)
 		}
 	}
-	for _, e := range checkGapFree(ctx, t, front, rm) {
-		if e.Type == "turn.started" {
-			order = append(order, string(e.Data))
-		}
-	}
+	checkGapFree(ctx, t, front, rm)
 	st, _ = front.m.State(ctx, rm)
 	if st.Node == "" || st.Node == tc.hosts[victim].name {
 		t.Fatalf("room now held by %q", st.Node)
@@ -302,7 +297,7 @@ func TestCluster_WorkerKilledMidTurn(t *testing.T) {
 // writes after the takeover reach the log.
 func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 	clusterTests(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	tc := startCluster(t, ctx, [3]bool{false, true, true})
 	defer tc.stop()

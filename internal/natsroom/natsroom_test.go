@@ -346,3 +346,72 @@ func TestCluster_IdleRoomGivesUpItsLease(t *testing.T) {
 		t.Fatalf("%d takeovers, want 2 (one per placement)", takeovers)
 	}
 }
+
+// TestStore_WritesAndScansDoNotDeadlock: a write that updates a message
+// by id while other goroutines list the held rooms' open records (the
+// Manager's recovery does) must not deadlock (a write holds its room
+// while it finds the message's room).
+func TestStore_WritesAndScansDoNotDeadlock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	nc, err := node.Connect("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := Setup(ctx, js, 1, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(nc, js, "a")
+	forever := func() time.Time { return time.Now().Add(time.Hour) }
+	for _, rm := range []string{"a", "b"} {
+		if err := s.takeover(ctx, rm, 1, forever); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Write(ctx, func(tx room.Tx) error {
+			return tx.PutMessage(store.Message{ID: "m-" + rm, Room: rm, Status: store.MessageQueued})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			_ = s.Write(ctx, func(tx room.Tx) error {
+				if _, err := tx.Append("a", "x", nil); err != nil {
+					return err
+				}
+				// A message of the other room, found by id.
+				return tx.UpdateMessage("m-b", store.MessageQueued, "", "", fmt.Sprint(i))
+			})
+		}
+	}()
+	scanned := make(chan struct{})
+	stop := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = s.OpenTurns(ctx)
+			_, _ = s.OpenMessages(ctx)
+		}
+	}()
+	select {
+	case <-done:
+		close(stop)
+	case <-time.After(30 * time.Second):
+		t.Fatal("deadlocked: writes stopped while the held rooms were scanned")
+	}
+	<-scanned
+}

@@ -82,8 +82,50 @@ type Store struct {
 	node  string
 	fence func(room string, err error) // called once a write is fenced
 
-	mu    sync.Mutex
-	rooms map[string]*roomLog
+	// Lock order: a roomLog's mu before mu; mu is held only briefly and
+	// never while taking a roomLog's mu.
+	mu     sync.Mutex
+	rooms  map[string]*roomLog
+	stream jetstream.Stream // ROOMS, looked up once
+	// msgRoom and turnRoom find the room of a message or turn id (the
+	// Tx updates them by id alone).
+	msgRoom, turnRoom map[string]string
+}
+
+// reqTimeout bounds one JetStream request: a request sent to a stream
+// leader cut off by a partition gets no answer, and the caller retries
+// (the next leader answers after an election).
+const reqTimeout = 5 * time.Second
+
+// rooms returns the ROOMS stream's handle.
+func (s *Store) roomsStream(ctx context.Context) (jetstream.Stream, error) {
+	s.mu.Lock()
+	st := s.stream
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	st, err := s.js.Stream(ctx, StreamRooms)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.stream = st
+	s.mu.Unlock()
+	return st, nil
+}
+
+// getMsg is one bounded read of the ROOMS stream.
+func (s *Store) getMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	st, err := s.roomsStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	return st.GetMsg(ctx, seq, opts...)
 }
 
 type roomLog struct {
@@ -105,7 +147,7 @@ type batchRef struct {
 }
 
 func newStore(nc *nats.Conn, js jetstream.JetStream, node string) *Store {
-	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}}
+	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}, msgRoom: map[string]string{}, turnRoom: map[string]string{}}
 }
 
 func (s *Store) log(room string) *roomLog {
@@ -134,13 +176,9 @@ func (s *Store) syncLocked(ctx context.Context, room string, l *roomLog) error {
 	if l.owned {
 		return nil
 	}
-	st, err := s.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return err
-	}
 	subj := evSubject(room)
 	for {
-		m, err := st.GetMsg(ctx, l.last+1, jetstream.WithGetMsgSubject(subj))
+		m, err := s.getMsg(ctx, l.last+1, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -152,6 +190,21 @@ func (s *Store) syncLocked(ctx context.Context, room string, l *roomLog) error {
 			return err
 		}
 		l.addLocked(b, m.Sequence)
+		s.index(room, b)
+	}
+}
+
+// index records the rooms of the messages and turns b puts.
+func (s *Store) index(rm string, b *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range b.Ops {
+		switch {
+		case o.K == opPutMsg && o.Message != nil:
+			s.msgRoom[o.Message.ID] = rm
+		case o.K == opPutTurn && o.Turn != nil:
+			s.turnRoom[o.Turn.ID] = rm
+		}
 	}
 }
 
@@ -193,13 +246,9 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 	if len(refs) == 0 {
 		return nil, nil
 	}
-	st, err := s.js.Stream(ctx, StreamRooms)
-	if err != nil {
-		return nil, err
-	}
 	var out []store.Event
 	for _, r := range refs {
-		m, err := st.GetMsg(ctx, r.seq)
+		m, err := s.getMsg(ctx, r.seq)
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: reading the log: %w", err)
 		}
@@ -253,10 +302,12 @@ func (s *Store) Room(ctx context.Context, id string) (store.Room, error) {
 
 // RoomIDs implements room.Store: every room with a log.
 func (s *Store) RoomIDs(ctx context.Context) ([]string, error) {
-	st, err := s.js.Stream(ctx, StreamRooms)
+	st, err := s.roomsStream(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter("rooms.*.ev"))
 	if err != nil {
 		return nil, err
@@ -311,9 +362,13 @@ func (s *Store) Exchanges(ctx context.Context, room string, before int64, limit 
 // owned lists the rooms this host took over.
 func (s *Store) owned() []*roomLog {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*roomLog
+	all := make([]*roomLog, 0, len(s.rooms))
 	for _, l := range s.rooms {
+		all = append(all, l)
+	}
+	s.mu.Unlock()
+	var out []*roomLog
+	for _, l := range all {
 		l.mu.Lock()
 		if l.owned {
 			out = append(out, l)
@@ -507,7 +562,9 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 	msgID := fmt.Sprintf("%s.%d.%d", token(rm), l.epoch, l.last)
 	var ack *jetstream.PubAck
 	for attempt := 0; ; attempt++ {
-		ack, err = s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
+		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		ack, err = s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
+		cancel()
 		if err == nil {
 			break
 		}
@@ -529,6 +586,7 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 		}
 	}
 	l.addLocked(b, ack.Sequence)
+	s.index(rm, b)
 	l.inboxAt = 0
 	// Watchers hear of the append only once it is stored (a subscriber
 	// to the log subject itself may hear it before a read finds it).
@@ -537,10 +595,12 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 }
 
 func (s *Store) lastMsg(ctx context.Context, rm string) (*jetstream.RawStreamMsg, error) {
-	st, err := s.js.Stream(ctx, StreamRooms)
+	st, err := s.roomsStream(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
 	return st.GetLastMsgForSubject(ctx, evSubject(rm))
 }
 
@@ -676,24 +736,17 @@ func (t *tx) PutReceipt(rm string, receipt json.RawMessage) (int64, error) {
 	return int64(t.rooms[rm].f.receipts), nil
 }
 
-// roomOfMessage finds a message's room: first among the rooms the write
-// holds locked, then among the rooms this host holds.
+// roomOfMessage finds a message's room: among the rooms the write holds
+// (a message it just put), else from the index.
 func (s *Store) roomOfMessage(t *tx, id string) string {
 	for _, rm := range t.order {
 		if _, ok := t.rooms[rm].f.msgIdx[id]; ok {
 			return rm
 		}
 	}
-	for _, l := range s.ownedExcept(t) {
-		l.mu.Lock()
-		_, ok := l.f.msgIdx[id]
-		rm := l.f.room.ID
-		l.mu.Unlock()
-		if ok {
-			return rm
-		}
-	}
-	return ""
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.msgRoom[id]
 }
 
 func (s *Store) roomOfTurn(t *tx, id string) string {
@@ -702,29 +755,9 @@ func (s *Store) roomOfTurn(t *tx, id string) string {
 			return rm
 		}
 	}
-	for _, l := range s.ownedExcept(t) {
-		l.mu.Lock()
-		_, ok := l.f.turnIdx[id]
-		rm := l.f.room.ID
-		l.mu.Unlock()
-		if ok {
-			return rm
-		}
-	}
-	return ""
-}
-
-// ownedExcept lists held rooms the write has not locked yet.
-func (s *Store) ownedExcept(t *tx) []*roomLog {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*roomLog
-	for id, l := range s.rooms {
-		if _, ok := t.rooms[id]; !ok {
-			out = append(out, l)
-		}
-	}
-	return out
+	return s.turnRoom[id]
 }
 
 // encodeData is store's rule: event data is a JSON object.
