@@ -33,9 +33,9 @@ type frame struct {
 }
 
 type daemonProc struct {
-	id     string
-	mu     sync.Mutex
-	frames []frame // frame i ends at offset i+1
+	id      string
+	mu      sync.Mutex
+	frames  []frame // frame i ends at offset i+1
 	grew    chan struct{}
 	gone    bool
 	allowed int // approvals the agent got

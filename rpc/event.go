@@ -15,7 +15,7 @@ import (
 // (up to 64 KiB, with its neighbours): keeping a few Events for a long time
 // keeps those buffers alive. Store Raw() for long-term keeping instead.
 type Event struct {
-	Type string
+	Type       string
 	raw        []byte
 	start, end int64
 }

@@ -199,16 +199,6 @@ func TestRealDaemonRestartDuringApproval(t *testing.T) {
 	if err := h2.m.Approve(t.Context(), "r", id, true); err != nil {
 		t.Fatalf("approving %s after the restart: %v", id, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			evs, _ := h2.db.Events(context.Background(), "r", 0, 0)
-			for _, ev := range evs {
-				t.Logf("TMPDEBUG %d %s %.200s", ev.Seq, ev.Type, ev.Data)
-			}
-			rr, _ := h2.db.Room(context.Background(), "r")
-			t.Logf("TMPDEBUG offset %d", rr.AgentOffset)
-		}
-	})
 	if got := h2.settled("r", acc); got != "done" {
 		t.Fatalf("turn text %q", got)
 	}
@@ -272,4 +262,3 @@ func TestRealDaemonRestartDuringQuestion(t *testing.T) {
 		t.Fatalf("question.asked %d, question.answered %d, tool output %q", asked, answered, output)
 	}
 }
-
