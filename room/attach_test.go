@@ -100,6 +100,7 @@ type daemonAgent struct {
 
 	mu      sync.Mutex
 	runEnd  chan TurnResult // the open run's end, once read
+	adopted chan TurnResult // the run open when attached (Continue's)
 	stop    chan struct{}
 	stopped sync.Once
 	wg      sync.WaitGroup
@@ -109,6 +110,7 @@ func newDaemonAgent(d *daemonTransport, p *daemonProc, spec AgentSpec, offset in
 	a := &daemonAgent{d: d, p: p, spec: spec, stop: make(chan struct{})}
 	if runOpen {
 		a.runEnd = make(chan TurnResult, 1)
+		a.adopted = a.runEnd
 	}
 	a.wg.Add(1)
 	go a.read(offset)
@@ -185,7 +187,7 @@ func (a *daemonAgent) Run(ctx context.Context, text string) (TurnResult, error) 
 
 func (a *daemonAgent) Continue(ctx context.Context) (TurnResult, error) {
 	a.mu.Lock()
-	ch := a.runEnd
+	ch := a.adopted
 	a.mu.Unlock()
 	if ch == nil {
 		return TurnResult{}, errors.New("no run")
