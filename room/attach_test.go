@@ -29,14 +29,16 @@ type daemonTransport struct {
 type frame struct {
 	text string // a text delta, or the run's final text when end
 	end  bool
+	ask  bool // an approval request for tool text
 }
 
 type daemonProc struct {
-	id     string
-	mu     sync.Mutex
-	frames []frame // frame i ends at offset i+1
-	grew   chan struct{}
-	gone   bool
+	id      string
+	mu      sync.Mutex
+	frames  []frame // frame i ends at offset i+1
+	grew    chan struct{}
+	gone    bool
+	allowed int // approvals the agent got
 }
 
 func newDaemonTransport() *daemonTransport {
@@ -98,6 +100,7 @@ type daemonAgent struct {
 
 	mu      sync.Mutex
 	runEnd  chan TurnResult // the open run's end, once read
+	adopted chan TurnResult // the run open when attached (Continue's)
 	stop    chan struct{}
 	stopped sync.Once
 	wg      sync.WaitGroup
@@ -107,6 +110,7 @@ func newDaemonAgent(d *daemonTransport, p *daemonProc, spec AgentSpec, offset in
 	a := &daemonAgent{d: d, p: p, spec: spec, stop: make(chan struct{})}
 	if runOpen {
 		a.runEnd = make(chan TurnResult, 1)
+		a.adopted = a.runEnd
 	}
 	a.wg.Add(1)
 	go a.read(offset)
@@ -135,6 +139,30 @@ func (a *daemonAgent) read(at int64) {
 				}
 				continue
 			}
+			if f.ask {
+				// The agent waits for the answer; others frames may follow.
+				req := ApprovalRequest{Tool: f.text, Input: "x", Start: at - 1, Offset: at}
+				a.spec.Handler.Event(AgentEvent{Kind: KindDialog, Start: req.Start, Offset: req.Offset})
+				a.wg.Add(1)
+				go func() {
+					defer a.wg.Done()
+					ctx, cancel := context.WithCancel(context.Background())
+					defer cancel()
+					go func() {
+						select {
+						case <-a.stop:
+							cancel()
+						case <-ctx.Done():
+						}
+					}()
+					if a.spec.Handler.Approve(ctx, req) {
+						a.p.mu.Lock()
+						a.p.allowed++
+						a.p.mu.Unlock()
+					}
+				}()
+				continue
+			}
 			a.spec.Handler.Event(AgentEvent{Kind: KindText, Text: f.text, Offset: at})
 		}
 		select {
@@ -159,7 +187,7 @@ func (a *daemonAgent) Run(ctx context.Context, text string) (TurnResult, error) 
 
 func (a *daemonAgent) Continue(ctx context.Context) (TurnResult, error) {
 	a.mu.Lock()
-	ch := a.runEnd
+	ch := a.adopted
 	a.mu.Unlock()
 	if ch == nil {
 		return TurnResult{}, errors.New("no run")
@@ -381,5 +409,77 @@ func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
 	ev := h.waitEvent("r", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["outcome"] == OutcomeSettled })
 	if field(ev, "text") != "ran" {
 		t.Fatalf("the message's second turn: %s", ev.Data)
+	}
+}
+
+// A restart while the agent waits on an approval, with events read after
+// the request: the next host reads again from the request (not from past
+// those events), takes the pending approval over (not asked twice), does
+// not record those events again, and the decision reaches the agent.
+func TestDetachDuringAnApprovalAsksAgainOnce(t *testing.T) {
+	dir := t.TempDir()
+	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	d := newDaemonTransport()
+	root := filepath.Join(dir, "rooms")
+	m1 := managerOn(t, db, root, d)
+	h := &harness{t: t, db: db, m: m1}
+	acc := h.submit("r", "go")
+	d.waitPrompted(t)
+	p := d.proc("p1")
+	p.emit(frame{text: "1"})
+	p.emit(frame{text: "bash", ask: true})
+	p.emit(frame{text: "3"})
+	h.waitEvent("r", acc.Seq, "approval.requested", nil)
+	h.waitEvent("r", acc.Seq, KindText, func(d map[string]any) bool { return d["text"] == "3" })
+	if err := m1.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := db.Room(t.Context(), "r"); rec.AgentOffset != 1 || rec.AgentSeen != 3 {
+		t.Fatalf("recorded offset %d, seen %d: want 1 (the request's start) and 3", rec.AgentOffset, rec.AgentSeen)
+	}
+	m2 := managerOn(t, db, root, d)
+	defer m2.Close()
+	h.m = m2
+	aps, err := db.Approvals(t.Context(), "r", true)
+	if err != nil || len(aps) != 1 {
+		t.Fatalf("pending approvals %d %v", len(aps), err)
+	}
+	if err := m2.Approve(t.Context(), "r", aps[0].ID, true); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEvent("r", 0, "approval.resolved", nil)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p.mu.Lock()
+		n := p.allowed
+		p.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the decision did not reach the agent")
+		}
+		time.Sleep(5 * time.Millisecond) // the fake agent's counter: polled, bounded
+	}
+	p.emit(frame{text: "done", end: true})
+	if end := h.turnEnded("r", acc); end["outcome"] != OutcomeSettled {
+		t.Fatalf("turn ended %v", end)
+	}
+	requested := 0
+	evs, _ := db.Events(t.Context(), "r", 0, 0)
+	for _, ev := range evs {
+		if ev.Type == "approval.requested" {
+			requested++
+		}
+	}
+	if requested != 1 {
+		t.Fatalf("approval.requested %d times, want 1", requested)
+	}
+	if got := fmt.Sprint(deltas(t, db, "r")); got != "[1 3]" {
+		t.Fatalf("text deltas %s, want each once", got)
 	}
 }

@@ -34,6 +34,10 @@ func (h *handler) Event(ev AgentEvent) {
 	if ev.Kind == KindActivity {
 		return
 	}
+	if ev.Kind == KindDialog {
+		h.r.events.hold(ev.Start)
+		return
+	}
 	data := map[string]any{"turn_id": turnID}
 	switch ev.Kind {
 	case KindText:
@@ -112,6 +116,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	}
 	r.approvals[id] = ch
 	r.mu.Unlock()
+	r.events.hold(req.Start) // until decided, a new host reads it again
 	defer func() {
 		r.mu.Lock()
 		delete(r.approvals, id)
@@ -131,12 +136,13 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 		})
 		if err != nil {
 			m.log.Error("room: recording an approval failed; denied", "room", r.id, "err", err)
+			m.dialogDone(r, req.Start, req.Offset)
 			return false
 		}
 		if m.opts.Policy != nil {
 			if d := m.opts.Policy(r.id, req); d != Ask {
 				if err := m.resolveApproval(context.Background(), r.id, id, d == Allow, "policy"); err == nil {
-					m.noteOffset(r, req.Offset)
+					m.dialogDone(r, req.Start, req.Offset)
 					return d == Allow
 				}
 			}
@@ -144,13 +150,13 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	} else if aps, err := m.st.Approvals(context.Background(), r.id, false); err == nil {
 		// Decided while no host listened: that decision stands.
 		if j := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id }); j >= 0 && aps[j].Decision != "" {
-			m.noteOffset(r, req.Offset)
+			m.dialogDone(r, req.Start, req.Offset)
 			return aps[j].Decision == "allow"
 		}
 	}
 	allow, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
-		m.noteOffset(r, req.Offset)
+		m.dialogDone(r, req.Start, req.Offset)
 		return allow
 	}
 	if m.isDetaching() {
@@ -161,7 +167,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	if timedOut {
 		by = "deadline"
 	}
-	defer m.noteOffset(r, req.Offset)
+	defer m.dialogDone(r, req.Start, req.Offset)
 	// Nobody decided: deny, unless a person got there first.
 	err := m.resolveApproval(context.Background(), r.id, id, false, by)
 	if errors.Is(err, ErrConflict) {
@@ -254,8 +260,11 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 		r.questions = map[string]chan answer{}
 	}
 	r.questions[id] = ch
-	r.questionQ = append(r.questionQ, id)
+	if !slices.Contains(r.questionQ, id) { // an inherited one is in already
+		r.questionQ = append(r.questionQ, id)
+	}
 	r.qmu.Unlock()
+	r.events.hold(req.Start)
 	defer func() {
 		r.qmu.Lock()
 		delete(r.questions, id)
@@ -266,20 +275,20 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 		// Answered while no host listened: that answer stands.
 		if qs, err := m.st.Questions(context.Background(), r.id, false); err == nil {
 			if j := slices.IndexFunc(qs, func(q store.Question) bool { return q.ID == id }); j >= 0 && !qs[j].Answered.IsZero() {
-				m.noteOffset(r, req.Offset)
+				m.dialogDone(r, req.Start, req.Offset)
 				return qs[j].Answer, qs[j].By != "restart"
 			}
 		}
 	}
 	a, got, timedOut := await(ctx, m, t, deadline, ch)
 	if got {
-		m.noteOffset(r, req.Offset)
+		m.dialogDone(r, req.Start, req.Offset)
 		return a.text, a.ok
 	}
 	if m.isDetaching() {
 		return "", false
 	}
-	defer m.noteOffset(r, req.Offset)
+	defer m.dialogDone(r, req.Start, req.Offset)
 	by := "cancel"
 	if timedOut {
 		by = "deadline"

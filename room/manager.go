@@ -307,7 +307,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 }
 
 // attachConcurrency bounds the agents attached at once at Start.
-const attachConcurrency = 8
+const attachConcurrency = 32
 
 // attach re-attaches the agents a previous host left running (through an
 // Attacher transport) and reports the rooms attached, each with the turn
@@ -410,6 +410,10 @@ func (m *Manager) inherit(ctx context.Context, r *roomState, turnID string) erro
 	r.mu.Unlock()
 	r.qmu.Lock()
 	r.inheritedQ = slices.DeleteFunc(qs, func(q store.Question) bool { return q.TurnID != turnID })
+	for _, q := range r.inheritedQ {
+		// The room's next message answers it, as before the restart.
+		r.questionQ = append(r.questionQ, q.ID)
+	}
 	r.qmu.Unlock()
 	return nil
 }
@@ -424,7 +428,11 @@ func (m *Manager) settleInherited(r *roomState) {
 	r.qmu.Lock()
 	qs := r.inheritedQ
 	r.inheritedQ = nil
+	r.questionQ = slices.DeleteFunc(r.questionQ, func(id string) bool {
+		return slices.ContainsFunc(qs, func(q store.Question) bool { return q.ID == id })
+	})
 	r.qmu.Unlock()
+	r.events.release(0, 0, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, a := range aps {
@@ -439,15 +447,26 @@ func (m *Manager) settleInherited(r *roomState) {
 	}
 }
 
-// noteOffset records that the agent's output up to offset is handled (a
-// dialog decided), so a later attach does not ask it again.
-func (m *Manager) noteOffset(r *roomState, offset int64) {
-	if offset <= 0 || m.isDetaching() {
+// dialogDone records that a dialog (its frame from start to end in the
+// agent's output) was decided, so a later attach does not ask it again.
+func (m *Manager) dialogDone(r *roomState, start, end int64) {
+	if end <= 0 || m.isDetaching() {
 		return
 	}
-	if err := m.write(func(tx Tx) error { return tx.SetAgentOffset(r.id, offset) }); err != nil {
+	resume, handled := r.events.release(start, end, !r.hasInherited())
+	if err := m.write(func(tx Tx) error { return tx.SetAgentOffset(r.id, resume, handled) }); err != nil {
 		m.log.Error("room: recording the agent's output offset", "room", r.id, "err", err)
 	}
+}
+
+// hasInherited reports dialogs left by the previous host not asked again.
+func (r *roomState) hasInherited() bool {
+	r.mu.Lock()
+	a := len(r.inheritedA)
+	r.mu.Unlock()
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return a+len(r.inheritedQ) > 0
 }
 
 // attachRoom attaches one room's agent; nil and why when it cannot.
@@ -486,9 +505,10 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec store.Room, o
 		r.turn, r.inheritedA = nil, nil
 		r.mu.Unlock()
 		r.qmu.Lock()
-		r.inheritedQ = nil
+		r.inheritedQ, r.questionQ = nil, nil
 		r.qmu.Unlock()
 	}
+	r.events.attached(rec.AgentOffset, rec.AgentSeen, r.hasInherited())
 	err = m.st.Write(ctx, func(tx Tx) error {
 		_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": rec.SessionID, "offset": rec.AgentOffset, "turn_id": t.ID})
 		return err
@@ -880,6 +900,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	r.lastUsed = time.Now()
 	joined := t.joined
 	r.mu.Unlock()
+	resume, handled := r.events.release(0, res.offset, false)
 	err := m.write(func(tx Tx) error {
 		if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
 			return err
@@ -896,7 +917,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 		}
 		if res.offset > 0 {
 			// The turn's frames, its end included, are not read again.
-			return tx.SetAgentOffset(r.id, res.offset)
+			return tx.SetAgentOffset(r.id, resume, handled)
 		}
 		return nil
 	})

@@ -32,7 +32,7 @@ type Tx interface {
 	Append(room, typ string, data any) (store.Event, error)
 	SetSession(room, agent, sessionID string) error
 	SetAgentProc(room, handle string) error
-	SetAgentOffset(room string, offset int64) error
+	SetAgentOffset(room string, offset, seen int64) error
 	PutMessage(m store.Message) error
 	UpdateMessage(id, status, turnID, outcome, reason string) error
 	PutTurn(t store.Turn) error

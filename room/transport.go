@@ -132,6 +132,11 @@ const (
 	KindMalformed = "agent.malformed"
 	// KindActivity is any other frame: it only proves the agent is alive.
 	KindActivity = "activity"
+	// KindDialog is a request for an approval or an answer, reported in
+	// order with the events (Approve and Ask follow on their own
+	// goroutines): with Start, it keeps a new host reading from the
+	// request until it is decided. Not recorded.
+	KindDialog = "dialog"
 )
 
 // AgentEvent is a normalised agent event.
@@ -150,8 +155,9 @@ type AgentEvent struct {
 	Suppressed   int
 	// Offset is the position in the agent's output past the frame this
 	// event came from (0 when the transport keeps no output); recorded
-	// with the event, see Attachment.Offset.
-	Offset int64
+	// with the event, see Attachment.Offset. Start is where that frame
+	// begins (KindDialog).
+	Start, Offset int64
 }
 
 // ApprovalRequest is an agent's request to run a tool.
@@ -159,14 +165,17 @@ type ApprovalRequest struct {
 	Tool    string
 	Input   string // redacted and bounded by the transport
 	Options []string
-	// Offset is the request's position in the agent's output, as
-	// AgentEvent.Offset: recorded once it is decided.
-	Offset int64
+	// Start and Offset are the request's position in the agent's output
+	// (where its frame begins, and past it, as AgentEvent.Offset): until
+	// it is decided a new host reads the agent's output again from Start,
+	// so that the agent's request reaches it.
+	Start, Offset int64
 }
 
 // QuestionRequest is an agent's question to people.
 type QuestionRequest struct {
 	Title   string
 	Options []string
-	Offset  int64 // as ApprovalRequest.Offset
+	Start   int64 // as ApprovalRequest's
+	Offset  int64
 }

@@ -251,9 +251,10 @@ type Client struct {
 	stderrWG sync.WaitGroup // the stderr drain, also counted in wg
 	wg       sync.WaitGroup // every other goroutine the client starts
 
-	// readEnd is the stream position past the frame being handled; the
-	// reader's alone.
-	readEnd int64
+	// readEnd is the stream position past the frame being handled,
+	// readStart where it began (its first chunk's line); lineStart and
+	// chunkStart help find it. The reader's alone.
+	readEnd, readStart, lineStart, chunkStart int64
 	// idPrefix starts every request id: "ah-", or one of its own for an
 	// adopted agent, whose stdout may still hold replies to the ids of the
 	// client before.

@@ -15,9 +15,9 @@ import (
 // (up to 64 KiB, with its neighbours): keeping a few Events for a long time
 // keeps those buffers alive. Store Raw() for long-term keeping instead.
 type Event struct {
-	Type string
-	raw  []byte
-	end  int64
+	Type       string
+	raw        []byte
+	start, end int64
 }
 
 // End is the position in the agent's stdout just past this frame (past
@@ -26,6 +26,22 @@ type Event struct {
 // that keeps the agent's output in a file records it to read on from
 // there after a restart (see Adopt). 0 for an event built by NewEvent.
 func (e Event) End() int64 { return e.end }
+
+// Start is where the frame begins in the agent's stdout (its first
+// chunk's line for a reassembled frame), counted as End is.
+func (e Event) Start() int64 { return e.start }
+
+// IsDialog reports whether the event is an extension UI request that
+// waits for an answer (select, confirm, input, editor).
+func (e Event) IsDialog() bool {
+	if e.Type != EventExtensionUIRequest {
+		return false
+	}
+	var r struct {
+		Method string `json:"method"`
+	}
+	return e.Decode(&r) == nil && dialogMethods[r.Method]
+}
 
 // NewEvent builds an Event from one JSON frame (for tests and fakes). The
 // frame is copied.

@@ -461,9 +461,11 @@ type ExtensionUIRequestEvent struct {
 	URL             string                 `json:"url,omitempty"`
 	LaunchURL       string                 `json:"launchUrl,omitempty"`
 	Instructions    string                 `json:"instructions,omitempty"`
-	// End is the request frame's position in the agent's stdout, as
-	// Event.End (set on the request a UIHandler gets; not on the wire).
-	End int64 `json:"-"`
+	// Start and End are the request frame's position in the agent's
+	// stdout, as Event.End (set on the request a UIHandler gets; not on
+	// the wire).
+	Start int64 `json:"-"`
+	End   int64 `json:"-"`
 }
 
 // ThinkingLevelChangedEvent reports a new thinking level. omp names the

@@ -46,7 +46,9 @@ func (c *Client) readLoop() {
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
 		}
+		c.lineStart = c.readEnd
 		c.readEnd = c.opts.Adopt.offset() + fr.offset()
+		c.readStart = c.lineStart
 		c.handleLine(line)
 	}
 }
@@ -66,7 +68,7 @@ func (c *Client) handleLine(line []byte) {
 				return
 			}
 		}
-		ev := Event{Type: typ, end: c.readEnd}
+		ev := Event{Type: typ, start: c.readStart, end: c.readEnd}
 		// A frame the turn keeps is checked there (an invalid one must not
 		// stay in Turn.Events), so the dispatcher need not check it again.
 		checked, err := c.trackTurn(typ, line, &ev, deferred)
@@ -114,6 +116,9 @@ func (c *Client) handleChunk(line []byte) {
 		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("rpc_chunk frame while protocol v2 is not negotiated; dropped")})
 		return
 	}
+	if !c.reasm.pending() {
+		c.chunkStart = c.lineStart // a reassembled frame starts at its first chunk
+	}
 	whole, err := c.reasm.push(line)
 	if err != nil {
 		c.reportError(&ProtocolError{Op: "chunk", Err: err})
@@ -134,6 +139,7 @@ func (c *Client) handleChunk(line []byte) {
 		c.reportError(&ProtocolError{Op: "chunk", Err: errors.New("reassembled frame is itself a chunk")})
 		return
 	}
+	c.readStart = c.chunkStart
 	c.handleFrame(typ, whole)
 }
 
@@ -143,7 +149,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		c.noteNegotiation(line)
 		c.handleResponse(line)
 		if c.hasListeners() {
-			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line), end: c.readEnd}})
+			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line), start: c.readStart, end: c.readEnd}})
 		}
 		return
 	case "ready":
@@ -155,7 +161,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 	case "extension_ui_request":
 		c.handleUIRequest(line)
 	}
-	ev := Event{Type: typ, end: c.readEnd}
+	ev := Event{Type: typ, start: c.readStart, end: c.readEnd}
 	_, _ = c.trackTurn(typ, line, &ev, false)
 	if c.hasListeners() {
 		if ev.raw == nil {

@@ -86,7 +86,7 @@ func (c *Client) handleUIRequest(line []byte) {
 		c.handleCancel(line, c.uiCancel)
 		return
 	}
-	req.End = c.readEnd
+	req.Start, req.End = c.readStart, c.readEnd
 	if !dialogMethods[req.Method] {
 		return // fire-and-forget: delivered as an event only
 	}

@@ -224,3 +224,41 @@ func TestRealDaemonRestartDuringApproval(t *testing.T) {
 		t.Fatalf("tool output %q", output)
 	}
 }
+
+// A restart while omp's ask tool waits on a question: the question is
+// asked once, answered after the restart by the room's next message, and
+// the answer reaches the agent.
+func TestRealDaemonRestartDuringQuestion(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	sim := startSim(t)
+	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	acc := h1.submit("r", ask)
+	h1.wait("r", acc.Seq, "question.asked", nil)
+	h1.detach()
+
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	// The room's next message answers it, whether the agent asked again
+	// yet or not.
+	h2.submit("r", "green-ish")
+	h2.settled("r", acc)
+	asked, answered := 0, 0
+	var output string
+	for _, ev := range h2.roomEvents("r") {
+		switch ev.Type {
+		case "question.asked":
+			asked++
+		case "question.answered":
+			answered++
+			if by := field(ev.Data, "by"); by != "message" {
+				t.Fatalf("answered by %q", by)
+			}
+		case room.KindToolEnded:
+			output = field(ev.Data, "output")
+		}
+	}
+	if asked != 1 || answered != 1 || !strings.Contains(output, "green-ish") {
+		t.Fatalf("question.asked %d, question.answered %d, tool output %q", asked, answered, output)
+	}
+}

@@ -567,6 +567,10 @@ func (a *agent) event(ev rpc.Event) {
 	if a.proc != nil && end > a.read.Load() {
 		a.read.Store(end) // the dispatcher is the only writer
 	}
+	if a.proc != nil && ev.IsDialog() {
+		a.h.Event(room.AgentEvent{Kind: room.KindDialog, Start: ev.Start(), Offset: end})
+		return
+	}
 	switch ev.Type {
 	case rpc.EventMessageUpdate:
 		var u rpc.MessageUpdateEvent
@@ -615,7 +619,7 @@ var approvalOptions = []string{"Approve", "Deny"}
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
-		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Offset: a.offset(req.End)}) {
+		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
@@ -632,7 +636,7 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	case "confirm":
 		options = []string{"yes", "no"}
 	}
-	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options, Offset: a.offset(req.End)})
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options, Start: a.offset(req.Start), Offset: a.offset(req.End)})
 	switch {
 	case !ok:
 		return rpc.Cancelled()

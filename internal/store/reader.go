@@ -52,9 +52,9 @@ func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 	r := Room{ID: id}
 	var created int64
 	var cfg []byte
-	err := db.rdb.QueryRowContext(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset,
+	err := db.rdb.QueryRowContext(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
 		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`, id).
-		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.LastSeq)
+		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen, &r.LastSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Room{}, fmt.Errorf("store: room %q: %w", id, ErrNotFound)
 	}
@@ -68,7 +68,7 @@ func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 // AgentRooms lists the rooms with a recorded agent handle (see
 // Room.AgentProc), in order of id.
 func (db *DB) AgentRooms(ctx context.Context) ([]Room, error) {
-	rows, err := db.rdb.QueryContext(ctx, "SELECT id, agent, session_id, agent_proc, agent_offset FROM rooms WHERE agent_proc <> '' ORDER BY id")
+	rows, err := db.rdb.QueryContext(ctx, "SELECT id, agent, session_id, agent_proc, agent_offset, agent_seen FROM rooms WHERE agent_proc <> '' ORDER BY id")
 	if err != nil {
 		return nil, wrap("agent rooms", err)
 	}
@@ -76,7 +76,7 @@ func (db *DB) AgentRooms(ctx context.Context) ([]Room, error) {
 	var out []Room
 	for rows.Next() {
 		var r Room
-		if err := rows.Scan(&r.ID, &r.Agent, &r.SessionID, &r.AgentProc, &r.AgentOffset); err != nil {
+		if err := rows.Scan(&r.ID, &r.Agent, &r.SessionID, &r.AgentProc, &r.AgentOffset, &r.AgentSeen); err != nil {
 			return nil, wrap("agent rooms", err)
 		}
 		out = append(out, r)

@@ -118,9 +118,12 @@ type Room struct {
 	LastSeq   int64
 	// AgentProc is the transport's handle to the room's agent when that
 	// agent outlives the host ("" for none); AgentOffset the position in
-	// its output past the last frame whose effects are committed.
+	// its output from which a new host reads on (every frame before it is
+	// handled), AgentSeen the position past the last frame whose events
+	// are recorded (frames up to it are not recorded again).
 	AgentProc   string
 	AgentOffset int64
+	AgentSeen   int64
 }
 
 // Approval is a durable request for a person's (or a policy's) decision

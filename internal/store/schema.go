@@ -97,6 +97,7 @@ CREATE INDEX receipts_room ON receipts (room, id);
 	`
 ALTER TABLE rooms ADD COLUMN agent_proc TEXT NOT NULL DEFAULT '';
 ALTER TABLE rooms ADD COLUMN agent_offset INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rooms ADD COLUMN agent_seen INTEGER NOT NULL DEFAULT 0;
 `,
 }
 

@@ -607,7 +607,7 @@ func TestAgentProcAndOffset(t *testing.T) {
 			if _, err := w.Append("a", "text.delta", nil); err != nil {
 				return err
 			}
-			return w.SetAgentOffset("a", off)
+			return w.SetAgentOffset("a", off, off+1)
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -617,7 +617,7 @@ func TestAgentProcAndOffset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs) != 1 || rs[0].ID != "a" || rs[0].AgentProc != `{"id":"p1"}` || rs[0].AgentOffset != 120 {
+	if len(rs) != 1 || rs[0].ID != "a" || rs[0].AgentProc != `{"id":"p1"}` || rs[0].AgentOffset != 120 || rs[0].AgentSeen != 121 {
 		t.Fatalf("agent rooms: %+v", rs)
 	}
 	if err := db.Write(ctx, func(w *Writer) error { return w.SetAgentProc("a", `{"id":"p2"}`) }); err != nil {
@@ -627,7 +627,7 @@ func TestAgentProcAndOffset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.AgentProc != `{"id":"p2"}` || r.AgentOffset != 0 {
+	if r.AgentProc != `{"id":"p2"}` || r.AgentOffset != 0 || r.AgentSeen != 0 {
 		t.Fatalf("room after a new handle: %+v", r)
 	}
 	if err := db.Write(ctx, func(w *Writer) error { return w.SetAgentProc("a", "") }); err != nil {

@@ -92,14 +92,15 @@ func (w *Writer) SetAgentProc(room, handle string) error {
 	if err := w.EnsureRoom(room); err != nil {
 		return err
 	}
-	_, err := w.exec("UPDATE rooms SET agent_proc = ?, agent_offset = 0 WHERE id = ?", handle, room)
+	_, err := w.exec("UPDATE rooms SET agent_proc = ?, agent_offset = 0, agent_seen = 0 WHERE id = ?", handle, room)
 	return wrap("set agent proc", err)
 }
 
-// SetAgentOffset records that the effects of the room's agent's output
-// up to offset are committed (with this write). It never moves back.
-func (w *Writer) SetAgentOffset(room string, offset int64) error {
-	_, err := w.exec("UPDATE rooms SET agent_offset = MAX(agent_offset, ?) WHERE id = ?", offset, room)
+// SetAgentOffset records, with this write, where a new host reads the
+// room's agent's output from (offset) and up to where its events are
+// recorded (seen). Neither moves back.
+func (w *Writer) SetAgentOffset(room string, offset, seen int64) error {
+	_, err := w.exec("UPDATE rooms SET agent_offset = MAX(agent_offset, ?), agent_seen = MAX(agent_seen, ?) WHERE id = ?", offset, seen, room)
 	return wrap("set agent offset", err)
 }
 
