@@ -794,4 +794,4 @@ func (s *Store) AgentRooms(ctx context.Context) ([]store.Room, error) { return n
 func (t *tx) SetAgentProc(rm, handle string) error { return errDetachedAgents }
 
 // SetAgentOffset is refused: see errDetachedAgents.
-func (t *tx) SetAgentOffset(rm string, offset int64) error { return errDetachedAgents }
+func (t *tx) SetAgentOffset(rm string, offset, seen int64) error { return errDetachedAgents }

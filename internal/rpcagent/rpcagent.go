@@ -183,12 +183,14 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
 	}
 	a.c = c
-	a.unsub = c.On("", a.event)
+	// The daemon's process is known before the listener runs: event reads
+	// a.proc from the dispatcher's goroutine.
 	if p, ok := c.Process().(*daemonproc.Process); ok {
 		h := p.Handle()
 		h.V2 = c.ProtocolVersion() == 2
 		a.proc, a.handle = p, h.String()
 	}
+	a.unsub = c.On("", a.event)
 	if err := a.setup(ctx, c, spec, rs.Model, kind == agents.OMP && !custom); err != nil {
 		return nil, err
 	}
