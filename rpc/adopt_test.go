@@ -125,3 +125,29 @@ func TestClient_AdoptDropsThePreviousClientsReplies(t *testing.T) {
 		}
 	}
 }
+
+// Sync after WaitTurn covers the frame that ended the turn: the turn is
+// settled only once that frame is queued for the listeners. (It was
+// settled first, so a Sync could pass before the listeners saw agent_end.)
+func TestClient_SyncAfterWaitTurnSeesTheEndingFrame(t *testing.T) {
+	for i := range 1000 {
+		p := newPipePeer(t, Options{Adopt: &Adopt{RunOpen: true}})
+		seen := make(chan string, 4)
+		p.c.On("", func(ev Event) { seen <- ev.Type })
+		p.say(`{"type":"agent_end","messages":[]}`)
+		if _, err := p.c.WaitTurn(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.c.Sync(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case typ := <-seen:
+			if typ != EventAgentEnd {
+				t.Fatalf("run %d: listener saw %q", i, typ)
+			}
+		default:
+			t.Fatalf("run %d: Sync returned before the listeners saw the agent_end that ended the turn", i)
+		}
+	}
+}

@@ -255,6 +255,9 @@ type Client struct {
 	// readStart where it began (its first chunk's line); lineStart and
 	// chunkStart help find it. The reader's alone.
 	readEnd, readStart, lineStart, chunkStart int64
+	// settling is a turn the frame being handled ended, settled once that
+	// frame is queued for the listeners (reader goroutine only).
+	settling *turnState
 	// idPrefix starts every request id: "ah-", or one of its own for an
 	// adopted agent, whose stdout may still hold replies to the ids of the
 	// client before.

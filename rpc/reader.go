@@ -84,6 +84,7 @@ func (c *Client) handleLine(line []byte) {
 			ev.raw = frameRef(line)
 		}
 		c.enqueue(dispatchItem{ev: ev, validate: deferred})
+		c.settlePending()
 		return
 	}
 	h, err := scanFrame(line)
@@ -169,6 +170,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		}
 		c.enqueue(dispatchItem{ev: ev})
 	}
+	c.settlePending()
 }
 
 // enqueue hands an item to the dispatcher. When the backlog is full (in

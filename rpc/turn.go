@@ -571,9 +571,21 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event, unchecked bool) (
 	}
 	c.mu.Unlock()
 	if settle {
-		c.settleTurn(t, nil)
+		// The reader settles it once this frame is queued for the
+		// listeners (settlePending), so a Sync after WaitTurn returns
+		// only when they have seen the turn's last frame.
+		c.settling = t
 	}
 	return checked, nil
+}
+
+// settlePending settles the turn trackTurn found ended, after the reader
+// queued the frame that ended it. Reader goroutine only.
+func (c *Client) settlePending() {
+	if t := c.settling; t != nil {
+		c.settling = nil
+		c.settleTurn(t, nil)
+	}
 }
 
 // startNoRunProbeLocked starts (or, after an abort, hurries) probeNoRun
