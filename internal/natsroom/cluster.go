@@ -235,6 +235,7 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	c.subs = append(c.subs, ctl, in)
 	c.mu.Unlock()
 	c.goRun(c.renewLoop)
+	c.goRun(c.deadlineLoop)
 	c.goRun(c.watchLeases)
 	c.goRun(c.wakeLoop)
 	if c.cfg.Worker {
@@ -562,7 +563,12 @@ func (c *Cluster) acquire(ctx context.Context, rm string) (bool, error) {
 	}
 	c.mu.Unlock()
 	sent := time.Now()
-	rev, err := c.lease.Create(ctx, token(rm), []byte(c.cfg.Node), jetstream.KeyTTL(c.cfg.LeaseTTL))
+	// One request, bounded on its own: under a partition's elections an
+	// unanswered Create held the whole placement (20 s) while a retry a
+	// few seconds later was answered at once.
+	cctx, ccancel := context.WithTimeout(ctx, reqTimeout)
+	rev, err := c.lease.Create(cctx, token(rm), []byte(c.cfg.Node), jetstream.KeyTTL(c.cfg.LeaseTTL))
+	ccancel()
 	if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSeq(err) {
 		return false, nil
 	}
@@ -662,6 +668,42 @@ func (c *Cluster) renewLoop() {
 		c.advertise()
 	}
 }
+
+// deadlineLoop drops a held room soon after its local deadline. The
+// renew loop alone checked it once per renew round, and a round waits
+// for each renewal (up to TTL/3 when the stream does not answer): a cut
+// off holder then ran its agent past the lease's expiry, beside the new
+// holder's agent (seen as an overlap in the partition test).
+func (c *Cluster) deadlineLoop() {
+	tick := time.NewTicker(deadlineCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		c.mu.Lock()
+		var late []*held
+		for _, h := range c.held {
+			if !now.Before(h.until()) {
+				late = append(late, h)
+			}
+		}
+		c.mu.Unlock()
+		for _, h := range late {
+			c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
+			// Off this loop: Drop waits for the room's turn to end, and
+			// the other rooms' deadlines must not wait for it.
+			c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
+		}
+	}
+}
+
+// deadlineCheck is how often the local lease deadlines are checked: well
+// inside leaseMargin, so a holder stops before the lease can expire.
+const deadlineCheck = 100 * time.Millisecond
 
 func (c *Cluster) renew(h *held) {
 	if !time.Now().Before(h.until()) {
@@ -814,8 +856,18 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	ctx, cancel := context.WithTimeout(c.ctx, 20*time.Second)
 	defer cancel()
 	c.log.Debug("natsroom: wake", "room", rm)
-	if c.Holder(ctx, rm) != "" {
-		_ = msg.Ack()
+	// Only the stream leader's answer may drop a wake-up: a direct get
+	// (Holder, and kv.Create's check over a purge marker) can be served
+	// by a replica that has not applied the expiry yet, and a wake-up
+	// acked on such a stale "held" was the room's last one: after a
+	// partition the room then stayed unowned.
+	held, err := c.leaseHeld(ctx, rm)
+	if err != nil {
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	if held {
+		_ = msg.Ack() // its expiry wakes the room again
 		return
 	}
 	free := max(0, c.cfg.Slots-c.heldCount())
@@ -827,14 +879,61 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		}
 	}
 	_ = msg.InProgress()
-	ok, err := c.acquire(ctx, rm)
+	ok, err = c.acquire(ctx, rm)
 	c.log.Debug("natsroom: acquire", "room", rm, "ok", ok, "err", err)
 	if err != nil {
 		c.log.Warn("natsroom: placing a room", "room", rm, "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
+	if !ok {
+		if held, err := c.leaseHeld(ctx, rm); err != nil || !held {
+			_ = msg.NakWithDelay(250 * time.Millisecond) // a stale read refused the lease: try again
+			return
+		}
+	}
 	_ = msg.Ack()
+}
+
+// leaseHeld asks the lease stream's leader (not a direct get, which any
+// replica may serve) whether the room's lease is live: its last entry is
+// a value, not a delete, a purge or an expiry marker.
+func (c *Cluster) leaseHeld(ctx context.Context, rm string) (bool, error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + BucketLease + "." + token(rm)})
+	rctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	resp, err := c.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.KV_"+BucketLease, req)
+	if err != nil {
+		return false, err
+	}
+	var r struct {
+		Message *struct {
+			Hdrs []byte `json:"hdrs"`
+		} `json:"message"`
+		Error *struct {
+			ErrCode int    `json:"err_code"`
+			Desc    string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return false, err
+	}
+	switch {
+	case r.Error != nil && r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return false, nil
+	case r.Error != nil:
+		return false, fmt.Errorf("natsroom: reading the lease: %s (%d)", r.Error.Desc, r.Error.ErrCode)
+	case r.Message == nil:
+		return false, errors.New("natsroom: reading the lease: empty answer")
+	}
+	if len(r.Message.Hdrs) == 0 {
+		return true, nil
+	}
+	h, err := nats.DecodeHeadersMsg(r.Message.Hdrs)
+	if err != nil {
+		return false, err
+	}
+	return h.Get("KV-Operation") == "" && h.Get("Nats-Marker-Reason") == "", nil
 }
 
 // readInbox moves the room's inbox into its log, in order: each entry is

@@ -203,7 +203,6 @@ func TestCluster_TenRoomsSentThroughOneWatchedThroughAnother(t *testing.T) {
 		})
 	}
 	t.Logf("settled in %v", time.Since(t0))
-	nodes := map[string]int{}
 	for i := range 10 {
 		rm := fmt.Sprintf("room-%d", i)
 		a := checkGapFree(ctx, t, watcher, rm)
@@ -211,18 +210,28 @@ func TestCluster_TenRoomsSentThroughOneWatchedThroughAnother(t *testing.T) {
 		if len(a) != len(b) {
 			t.Fatalf("room %s: %d events through n2, %d through n3", rm, len(a), len(b))
 		}
-		st, err := front.m.State(ctx, rm)
-		if err != nil {
-			t.Fatal(err)
+	}
+	// Which node ran each turn, as the agents saw it (not the current
+	// lease holder: a settled room gives its lease up when idle). The
+	// front end runs no turn, the workers run all 30. How the rooms
+	// spread over n2 and n3 is a preference (free slots as advertised a
+	// moment ago, taken anyway after a few deferrals), not a guarantee:
+	// logged, not asserted.
+	spans := tc.spans(t)
+	turns := map[string]int{}
+	for i := range 10 {
+		rm := fmt.Sprintf("room-%d", i)
+		if len(spans[rm]) != 3 {
+			t.Errorf("room %s: the agents ran %d turns, want 3: %v", rm, len(spans[rm]), spans[rm])
 		}
-		nodes[st.Node]++
+		for _, sp := range spans[rm] {
+			turns[sp.node]++
+			if sp.node != "n2" && sp.node != "n3" {
+				t.Errorf("room %s: a turn ran on %q; only the workers n2 and n3 run turns", rm, sp.node)
+			}
+		}
 	}
-	if nodes["n1"] != 0 || nodes["n2"]+nodes["n3"] != 10 {
-		t.Fatalf("rooms held by %v; the front end n1 runs none", nodes)
-	}
-	if nodes["n2"] == 0 || nodes["n3"] == 0 {
-		t.Errorf("placement put every room on one worker: %v", nodes)
-	}
+	t.Logf("turns per node: %v", turns)
 	checkNoOverlap(t, tc.spans(t))
 }
 
@@ -297,7 +306,7 @@ func TestCluster_WorkerKilledMidTurn(t *testing.T) {
 // writes after the takeover reach the log.
 func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 	clusterTests(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	tc := startCluster(t, ctx, [3]bool{false, true, true})
 	defer tc.stop()
@@ -314,8 +323,19 @@ func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 	}
 	st, _ := front.m.State(ctx, rm)
 	old := tc.byName(st.Node)
+	if old < 1 {
+		t.Fatalf("room held by %q", st.Node)
+	}
 	tc.isolate(old, true)
-	takeover := waitEvent(ctx, t, front, rm, 0, evTakeover, func(d map[string]any) bool { return d["node"] != st.Node })
+	cutAt := time.Now()
+	// The room must move within the lease TTL plus elections on the
+	// majority side (4-9 s each, more than one may be needed: the KV, the
+	// log, the wake stream and its consumer); generous under -race on a
+	// loaded box, and measured from the cut, not from the test's start.
+	mctx, mcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer mcancel()
+	takeover := waitEvent(mctx, t, front, rm, 0, evTakeover, func(d map[string]any) bool { return d["node"] != st.Node })
+	t.Logf("room moved %v after the cut", time.Since(cutAt).Round(time.Millisecond))
 	e := waitEvent(ctx, t, front, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == after.ID })
 	if !strings.Contains(string(e.Data), `"outcome":"settled"`) {
 		t.Fatalf("message after the partition ended %s", e.Data)
