@@ -369,14 +369,25 @@ func (c *Client) callErr(ctx context.Context, what string, err error) error {
 }
 
 func (c *Client) exitError() *ExitError {
-	e := &ExitError{Stderr: lastLine(strings.TrimSpace(c.stderr.String()))}
+	e := &ExitError{}
 	t := time.NewTimer(exitStatusWait)
 	defer t.Stop()
+	expired := false
 	select {
 	case <-c.scope.Exited():
 		e.Status = c.scope.ExitErr()
 	case <-t.C:
+		expired = true
 	}
+	if !expired {
+		// The stderr drain ends at the pipe's EOF, just after the exit
+		// (later if a descendant holds it: the same bound).
+		select {
+		case <-c.stderrDone:
+		case <-t.C:
+		}
+	}
+	e.Stderr = lastLine(strings.TrimSpace(c.stderr.String()))
 	return e
 }
 
@@ -395,8 +406,10 @@ func lastLine(s string) string {
 // Reporting an update before passing on any later line keeps a prompt's
 // updates ahead of its response.
 func (c *Client) read() {
-	defer close(c.readerDone)
+	// readerDone is closed before the SDK sees EOF: a request the SDK
+	// then fails ("peer disconnected") is reported as the agent's exit.
 	defer c.sdkW.Close()
+	defer close(c.readerDone)
 	lr := newLineReader(c.scope.Stdout(), c.opts.MaxLineBytes)
 	for {
 		line, err := lr.next()
