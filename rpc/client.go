@@ -653,8 +653,7 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		c.abandon(p, false)
 		return nil, err
 	}
-	select {
-	case r := <-p.ch:
+	deliver := func(r *Response) (*Response, error) {
 		if r.perr != nil {
 			return nil, r.perr
 		}
@@ -662,17 +661,27 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 			return r, err
 		}
 		return r, nil
+	}
+	select {
+	case r := <-p.ch:
+		return deliver(r)
 	case <-ctx.Done():
+		// A response read before the context ended is the answer: the
+		// agent acted on the command (select picks either when both are
+		// ready, and a caller must not take an acknowledged prompt for
+		// one that never reached the agent).
+		select {
+		case r := <-p.ch:
+			return deliver(r)
+		default:
+		}
 		c.abandon(p, true)
 		return nil, fmt.Errorf("rpc: %s: %w", displayCommand(command), ctx.Err())
 	case <-c.done:
 		// A response that raced the end is still delivered.
 		select {
 		case r := <-p.ch:
-			if r.perr != nil {
-				return nil, r.perr
-			}
-			return r, r.err(false)
+			return deliver(r)
 		default:
 		}
 		c.abandon(p, false)
