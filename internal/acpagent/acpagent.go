@@ -11,10 +11,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agenthost/agenthost/internal/detail"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -476,27 +476,7 @@ func (a *agent) ask(ctx context.Context, q acp.Question) (string, bool) {
 	return a.h.Ask(ctx, room.QuestionRequest{Title: q.Title, Options: q.Options})
 }
 
-// secretRE finds values that look like credentials in an approval's
-// details (as rpcagent's does).
-var secretRE = regexp.MustCompile(`(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)["']?\s*[:=]\s*["']?(?:bearer\s+)?)[^\s"']+|\b(?:sk|ghp|gho|xox[bp])[-_][A-Za-z0-9_-]{12,}`)
-
-func redact(s string) string {
-	return secretRE.ReplaceAllStringFunc(s, func(m string) string {
-		if sub := secretRE.FindStringSubmatch(m); sub[1] != "" {
-			return sub[1] + "[redacted]"
-		}
-		return "[redacted]"
-	})
-}
+func redact(s string) string { return detail.Redact(s) }
 
 // bound cuts s to MaxDetail bytes on a rune boundary.
-func bound(s string) string {
-	if len(s) <= MaxDetail {
-		return s
-	}
-	cut := MaxDetail
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut] + fmt.Sprintf("… [%d bytes cut]", len(s)-cut)
-}
+func bound(s string) string { return detail.Bound(s, MaxDetail) }

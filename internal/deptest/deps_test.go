@@ -26,11 +26,12 @@ var allowed = map[string][]string{
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
-	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody",
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, mcpDeps...)...),
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
+	module + "/internal/detail":   nil,
 	module + "/internal/agents":   nil,
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
