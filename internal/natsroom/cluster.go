@@ -82,6 +82,8 @@ type Cluster struct {
 	// retryWake: wake-ups the wake stream did not take yet.
 	retryWake    map[string]bool
 	droppedWakes int
+	// loads: the workers' advertised free slots, kept by watchLoads.
+	loads map[string]workerLoad
 }
 
 // held is a room this host holds.
@@ -131,7 +133,7 @@ func New(cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}, retryWake: map[string]bool{}}
+	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}, retryWake: map[string]bool{}, loads: map[string]workerLoad{}}
 	c.st = newStore(cfg.Conn, js, cfg.Node)
 	c.st.fence = c.fenced
 	return c, nil
@@ -195,7 +197,7 @@ func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseT
 		return err
 	}
 	_, err = st.CreateOrUpdateConsumer(octx, jetstream.ConsumerConfig{
-		Durable: Dispatch, AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 1000,
+		Durable: Dispatch, AckPolicy: jetstream.AckExplicitPolicy, AckWait: dispatchAckWait, MaxAckPending: 1000,
 	})
 	return err
 }
@@ -239,6 +241,7 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	c.goRun(c.watchLeases)
 	c.goRun(c.wakeLoop)
 	if c.cfg.Worker {
+		c.goRun(c.watchLoads)
 		c.goRun(c.dispatch)
 	}
 	return nil
@@ -304,7 +307,7 @@ func (c *Cluster) Close() {
 		}
 	}
 	if c.load != nil {
-		_ = c.load.Delete(ctx, c.cfg.Node)
+		_ = c.load.Delete(ctx, token(c.cfg.Node))
 	}
 }
 
@@ -751,34 +754,75 @@ func (c *Cluster) advertise() {
 	_, _ = c.load.Put(ctx, token(c.cfg.Node), []byte(strconv.Itoa(free)))
 }
 
-// bestFree is the most free slots another live worker advertises.
-func (c *Cluster) bestFree(ctx context.Context) int {
-	keys, err := c.load.ListKeys(ctx)
-	if err != nil {
-		return 0
-	}
+// bestFree is the most free slots another live worker advertised within
+// loadFresh, as the load watcher heard it. It never asks the cluster: a
+// listing under a partition's elections held a placement for its whole
+// 20 s bound (the room then stayed unowned past the test's minute), and
+// loads only advise.
+func (c *Cluster) bestFree() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	best := 0
-	me := token(c.cfg.Node)
-	for k := range keys.Keys() {
-		if k == me {
-			continue
-		}
-		if e, err := c.load.Get(ctx, k); err == nil {
-			if n, err := strconv.Atoi(string(e.Value())); err == nil && n > best {
-				best = n
-			}
+	for node, l := range c.loads {
+		if node != token(c.cfg.Node) && time.Since(l.at) < loadFresh && l.free > best {
+			best = l.free
 		}
 	}
 	return best
 }
 
+// loadFresh is how long an advertised load counts: a few advertisements
+// (one per LeaseTTL/3), like the load bucket's age limit.
+const loadFresh = 5 * time.Second
+
+type workerLoad struct {
+	free int
+	at   time.Time // when this node heard it
+}
+
+// watchLoads keeps c.loads: the workers' advertised free slots, with when
+// each was heard (a stalled watch ages them out, and placement then takes
+// rooms itself). The watch is made again when it ends.
+func (c *Cluster) watchLoads() {
+	for c.ctx.Err() == nil {
+		w, err := c.load.WatchAll(c.ctx)
+		if err == nil {
+			for e := range w.Updates() {
+				if e == nil {
+					continue
+				}
+				c.mu.Lock()
+				if n, err := strconv.Atoi(string(e.Value())); err == nil && e.Operation() == jetstream.KeyValuePut {
+					c.loads[e.Key()] = workerLoad{free: n, at: time.Now()}
+				} else {
+					delete(c.loads, e.Key())
+				}
+				c.mu.Unlock()
+			}
+			_ = w.Stop()
+		}
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // watchLeases wakes a room whose lease expired or was deleted, so that a
 // worker resumes it (its holder died or gave it up).
 func (c *Cluster) watchLeases() {
-	w, err := c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly())
-	if err != nil {
-		c.log.Error("natsroom: watching leases", "err", err)
-		return
+	var w jetstream.KeyWatcher
+	for {
+		var err error
+		if w, err = c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly()); err == nil {
+			break
+		}
+		c.log.Warn("natsroom: watching leases; retrying", "err", err)
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
 	defer func() { _ = w.Stop() }()
 	// The watch's consumer may sit on a node a partition cut off, and
@@ -786,22 +830,40 @@ func (c *Cluster) watchLeases() {
 	// wakes the rooms whose leases vanished since the last one.
 	sweep := time.NewTicker(2 * c.cfg.LeaseTTL)
 	defer sweep.Stop()
-	var last map[string]bool
+	// last: the leases the previous sweep listed, and those the watch saw
+	// taken or renewed since (a lease taken and expired between two
+	// sweeps, its expiry missed by a watch cut off, left its room unowned).
+	last := map[string]bool{}
+	updates := w.Updates()
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
 		case <-sweep.C:
 			last = c.sweepLeases(last)
-		case e, ok := <-w.Updates():
+		case e, ok := <-updates:
 			if !ok {
-				return
-			}
-			// Only expiry (a purge marker): a holder that gives a lease up
-			// deletes it and wakes the room itself when it has work left.
-			if e == nil || e.Operation() != jetstream.KeyValuePurge {
+				// The watch ended without a cancel (its subscription
+				// closed): the sweep goes on waking rooms.
+				c.log.Warn("natsroom: the lease watch ended; sweeping only")
+				updates = nil
 				continue
 			}
+			if e == nil {
+				continue
+			}
+			// Only expiry (a purge marker) wakes: a holder that gives a
+			// lease up deletes it and wakes the room itself when it has
+			// work left.
+			switch e.Operation() {
+			case jetstream.KeyValuePut:
+				last[e.Key()] = true
+				continue
+			case jetstream.KeyValueDelete:
+				delete(last, e.Key())
+				continue
+			}
+			delete(last, e.Key())
 			if rm, ok := untoken(e.Key()); ok {
 				c.log.Debug("natsroom: lease gone; waking the room", "room", rm, "op", e.Operation().String())
 				ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
@@ -816,10 +878,21 @@ func (c *Cluster) watchLeases() {
 // its lease is free, unless another worker advertises clearly more free
 // slots (then it defers the wake-up a little, a few times).
 func (c *Cluster) dispatch() {
-	cons, err := c.js.Consumer(c.ctx, StreamWake, Dispatch)
-	if err != nil {
-		c.log.Error("natsroom: dispatch consumer", "err", err)
-		return
+	// The consumer's lookup is a request too: under an election it times
+	// out, and a dispatcher that gave up then placed nothing for the rest
+	// of its life (its rooms stayed unowned after a partition).
+	var cons jetstream.Consumer
+	for {
+		var err error
+		if cons, err = c.js.Consumer(c.ctx, StreamWake, Dispatch); err == nil {
+			break
+		}
+		c.log.Warn("natsroom: finding the dispatch consumer; retrying", "err", err)
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
 	for c.ctx.Err() == nil {
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
@@ -834,7 +907,7 @@ func (c *Cluster) dispatch() {
 		n := 0
 		for msg := range batch.Messages() {
 			n++
-			c.place(msg)
+			c.placeInProgress(msg)
 		}
 		if n == 0 && batch.Error() != nil {
 			// No consumer leader (an election, a partition): back off.
@@ -845,6 +918,33 @@ func (c *Cluster) dispatch() {
 			}
 		}
 	}
+}
+
+// dispatchAckWait is how long a wake-up delivered to a worker stays its
+// own without an answer. Short, because while it is pending the room
+// takes no other wake-up (one per room): a worker cut off right after it
+// took one (its ack lost) kept the room unowned for the whole wait (it
+// was 30 s). A placement in progress says so every dispatchAckWait/3.
+const dispatchAckWait = 5 * time.Second
+
+// placeInProgress places the room of msg, telling the stream it is in
+// progress until done.
+func (c *Cluster) placeInProgress(msg jetstream.Msg) {
+	done := make(chan struct{})
+	defer close(done)
+	c.goRun(func() {
+		tick := time.NewTicker(dispatchAckWait / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				_ = msg.InProgress()
+			}
+		}
+	})
+	c.place(msg)
 }
 
 func (c *Cluster) place(msg jetstream.Msg) {
@@ -873,7 +973,7 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	free := max(0, c.cfg.Slots-c.heldCount())
 	meta, _ := msg.Metadata()
 	if meta != nil && meta.NumDelivered < 4 {
-		if free == 0 || c.bestFree(ctx) >= free+2 {
+		if free == 0 || c.bestFree() >= free+2 {
 			_ = msg.NakWithDelay(200 * time.Millisecond)
 			return
 		}
@@ -1085,6 +1185,7 @@ func (c *Cluster) sweepLeases(prev map[string]bool) map[string]bool {
 	defer cancel()
 	keys, err := c.lease.ListKeys(ctx)
 	if err != nil {
+		c.log.Debug("natsroom: listing the leases failed", "err", err)
 		return prev
 	}
 	now := map[string]bool{}
