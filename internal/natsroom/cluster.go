@@ -21,6 +21,7 @@ import (
 const (
 	DefaultLeaseTTL   = 3 * time.Second
 	DefaultAcceptWait = 10 * time.Second
+	DefaultCacheIdle  = 10 * time.Minute
 	// leaseMargin is how long before the lease's end a holder stops
 	// acting on its own (it may not hear that it lost the lease).
 	leaseMargin = 500 * time.Millisecond
@@ -55,7 +56,11 @@ type Config struct {
 	// AcceptWait bounds how long Forward waits for the holder to accept
 	// a message before it answers with Seq 0 (default 10 s).
 	AcceptWait time.Duration
-	Logger     *slog.Logger
+	// CacheIdle: a room's records this node read (it folds them from the
+	// room's log) are dropped when nobody asked for them for this long and
+	// the node does not hold the room (default 10 min).
+	CacheIdle time.Duration
+	Logger    *slog.Logger
 }
 
 // Cluster is room.Cluster over JetStream. Create it with New, pass
@@ -124,6 +129,9 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	if cfg.AcceptWait <= 0 {
 		cfg.AcceptWait = DefaultAcceptWait
+	}
+	if cfg.CacheIdle <= 0 {
+		cfg.CacheIdle = DefaultCacheIdle
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -240,6 +248,7 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	c.goRun(c.deadlineLoop)
 	c.goRun(c.watchLeases)
 	c.goRun(c.wakeLoop)
+	c.goRun(c.evictLoop)
 	if c.cfg.Worker {
 		c.goRun(c.watchLoads)
 		c.goRun(c.dispatch)
@@ -700,6 +709,23 @@ func (c *Cluster) deadlineLoop() {
 			// Off this loop: Drop waits for the room's turn to end, and
 			// the other rooms' deadlines must not wait for it.
 			c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
+		}
+	}
+}
+
+// evictLoop drops the cached records of rooms nobody asked this node for
+// within CacheIdle.
+func (c *Cluster) evictLoop() {
+	tick := time.NewTicker(min(time.Minute, c.cfg.CacheIdle))
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n := c.st.evictIdle(c.cfg.CacheIdle); n > 0 {
+			c.log.Debug("natsroom: dropped idle rooms' cached records", "rooms", n)
 		}
 	}
 }

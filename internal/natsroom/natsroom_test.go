@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -414,4 +415,63 @@ func TestStore_WritesAndScansDoNotDeadlock(t *testing.T) {
 		t.Fatal("deadlocked: writes stopped while the held rooms were scanned")
 	}
 	<-scanned
+}
+
+// TestStore_IdleRoomRecordsDropped: a node keeps the records it folded
+// for a room only while it holds the room or someone asks for them; a
+// dropped room reads back whole from its log, and a held room is never
+// dropped (its next write still lands).
+func TestStore_IdleRoomRecordsDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true})
+	defer h.stop()
+	h.run(ctx)
+
+	idle := "idle"
+	acc, err := h.m.Submit(ctx, idle, room.Message{Text: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, idle, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	if err := h.m.Release(ctx, idle); err != nil {
+		t.Fatal(err)
+	}
+	for h.c.Holder(ctx, idle) != "" {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the idle room kept its lease")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	before := checkGapFree(ctx, t, h, idle)
+
+	busy := "busy"
+	hung, err := h.m.Submit(ctx, busy, room.Message{Text: "hang"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, busy, 0, "turn.started", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+
+	if n := h.c.st.evictIdle(0); n != 1 {
+		t.Fatalf("dropped %d rooms, want 1 (the idle one; the held one stays)", n)
+	}
+	if n := h.c.st.cached(); n != 1 {
+		t.Fatalf("%d rooms cached after the drop, want 1", n)
+	}
+	after := checkGapFree(ctx, t, h, idle)
+	if len(after) != len(before) {
+		t.Fatalf("%d events read back after the drop, want %d", len(after), len(before))
+	}
+	msgs, err := h.m.Messages(ctx, idle, 0, 0)
+	if err != nil || len(msgs) != 1 || msgs[0].ID != acc.ID || msgs[0].Outcome != room.OutcomeSettled {
+		t.Fatalf("messages read back after the drop: %+v, %v", msgs, err)
+	}
+	if err := h.m.Cancel(ctx, busy); err != nil {
+		t.Fatal(err)
+	}
+	e := waitEvent(ctx, t, h, busy, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+	if !strings.Contains(string(e.Data), `"outcome":"cancelled"`) {
+		t.Fatalf("held room's turn ended %s", e.Data)
+	}
 }

@@ -139,6 +139,8 @@ type roomLog struct {
 	epoch    uint64
 	deadline func() time.Time // the lease's local deadline
 	inboxAt  uint64           // an inbox cursor to record with the next batch
+
+	used time.Time // last asked for (under Store.mu): see evictIdle
 }
 
 type batchRef struct {
@@ -158,7 +160,59 @@ func (s *Store) log(room string) *roomLog {
 		l = &roomLog{f: newFold(room)}
 		s.rooms[room] = l
 	}
+	l.used = time.Now()
 	return l
+}
+
+// evictIdle drops the folds of the rooms this host does not hold and
+// nobody asked for within idle, with their id index entries: a front end
+// would otherwise keep every room it ever served (tens of KiB each) for
+// its whole life. A dropped room is folded again from its log when next
+// asked for. It returns how many it dropped.
+func (s *Store) evictIdle(idle time.Duration) int {
+	cutoff := time.Now().Add(-idle)
+	s.mu.Lock()
+	var old []*roomLog
+	for _, l := range s.rooms {
+		if l.used.Before(cutoff) {
+			old = append(old, l)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, l := range old {
+		// Lock order: the room's, then the store's. A log() that handed
+		// l out since renewed its use, and l stays.
+		l.mu.Lock()
+		if !l.owned && l.inboxAt == 0 {
+			rm := l.f.room.ID
+			s.mu.Lock()
+			if s.rooms[rm] == l && l.used.Before(cutoff) {
+				delete(s.rooms, rm)
+				for id := range l.f.msgIdx {
+					if s.msgRoom[id] == rm {
+						delete(s.msgRoom, id)
+					}
+				}
+				for id := range l.f.turnIdx {
+					if s.turnRoom[id] == rm {
+						delete(s.turnRoom, id)
+					}
+				}
+				n++
+			}
+			s.mu.Unlock()
+		}
+		l.mu.Unlock()
+	}
+	return n
+}
+
+// cached is how many rooms' folds the store keeps.
+func (s *Store) cached() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rooms)
 }
 
 // decode reads a stored batch.
