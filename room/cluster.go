@@ -50,6 +50,18 @@ const (
 	ControlAnswer  = "answer"
 )
 
+// QueueCounter is implemented by a Cluster that can count, from any host,
+// what a room's queue holds: a front end then refuses a message that would
+// overfill it (ErrQueueFull), as the holder does, instead of accepting it
+// into an inbox the holder takes nothing more from.
+type QueueCounter interface {
+	// Waiting is how many of the room's messages wait for a turn (queued
+	// in its log, or forwarded and not taken yet), whether a turn runs and
+	// whether a question waits for an answer (a message then may take no
+	// queue place).
+	Waiting(ctx context.Context, room string) (waiting int, running, asking bool, err error)
+}
+
 // StatusStore is implemented by a store that can tell a room's turn and
 // queue from its log alone, for rooms another host runs.
 type StatusStore interface {

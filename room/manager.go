@@ -613,6 +613,17 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		if err := ValidateID(room); err != nil {
 			return Accepted{}, err
 		}
+		if qc, ok := m.opts.Cluster.(QueueCounter); ok {
+			// Counted before the message goes in, so two front ends may
+			// overfill by what they accept at the same moment; one that
+			// cannot count forwards (the holder still takes no more than
+			// the limit into the room's queue).
+			n, running, asking, err := qc.Waiting(ctx, room)
+			takesPlace := !asking && (msg.Delivery == DeliverQueue || !running)
+			if err == nil && takesPlace && n >= m.opts.QueueLimit {
+				return Accepted{}, fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
+			}
+		}
 		return m.opts.Cluster.Forward(ctx, room, id, msg)
 	}
 	r, err := m.room(room)

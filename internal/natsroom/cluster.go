@@ -342,6 +342,30 @@ func (c *Cluster) Holder(ctx context.Context, rm string) string {
 	return string(e.Value())
 }
 
+// Waiting implements room.QueueCounter from the room's log and inbox.
+func (c *Cluster) Waiting(ctx context.Context, rm string) (waiting int, running, asking bool, err error) {
+	var cursor uint64
+	err = c.st.read(ctx, rm, func(f *fold) {
+		for _, t := range f.turns {
+			running = running || t.Ended.IsZero()
+		}
+		for _, m := range f.msgs {
+			if m.Status == store.MessageQueued {
+				waiting++
+			}
+		}
+		for _, q := range f.questions {
+			asking = asking || q.Answered.IsZero()
+		}
+		cursor = f.inbox
+	})
+	if err != nil {
+		return 0, false, false, err
+	}
+	n, err := c.st.inboxPending(ctx, rm, cursor)
+	return waiting + n, running, asking, err
+}
+
 type inboxEntry struct {
 	ID       string `json:"id"`
 	Text     string `json:"text"`

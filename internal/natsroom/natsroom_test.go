@@ -42,6 +42,7 @@ type hostOpts struct {
 	replicas                                 int
 	worker                                   bool
 	journal                                  string
+	queueLimit                               int
 }
 
 func startHost(t *testing.T, o hostOpts) *host {
@@ -66,7 +67,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	}
 	h.tr = newFakeTransport(o.name, o.journal)
 	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
-		Cluster: h.c, ShutdownBudget: 5 * time.Second})
+		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,5 +474,44 @@ func TestStore_IdleRoomRecordsDropped(t *testing.T) {
 	e := waitEvent(ctx, t, h, busy, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == hung.ID })
 	if !strings.Contains(string(e.Data), `"outcome":"cancelled"`) {
 		t.Fatalf("held room's turn ended %s", e.Data)
+	}
+}
+
+// TestCluster_FullQueueRefusedAtTheFrontEnd: a message that would overfill
+// a room's queue is refused with room.ErrQueueFull (the server's 429) by
+// the node that takes it, as on one machine, not left in the inbox.
+func TestCluster_FullQueueRefusedAtTheFrontEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true, queueLimit: 2})
+	defer h.stop()
+	h.run(ctx)
+	rm := "full"
+	hung, err := h.m.Submit(ctx, rm, room.Message{Text: "hang"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, rm, 0, "turn.started", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+	for i := range 2 {
+		if _, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("wait %d", i)}); err != nil {
+			t.Fatalf("message %d of the queue's 2: %v", i, err)
+		}
+	}
+	if _, err := h.m.Submit(ctx, rm, room.Message{Text: "one too many"}); !errors.Is(err, room.ErrQueueFull) {
+		t.Fatalf("a third waiting message: %v, want room.ErrQueueFull", err)
+	}
+	if err := h.m.Cancel(ctx, rm); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+	// Once the queue moves, messages are taken again.
+	acc, err := h.m.Submit(ctx, rm, room.Message{Text: "later"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	msgs, err := h.m.Messages(ctx, rm, 0, 0)
+	if err != nil || len(msgs) != 4 {
+		t.Fatalf("%d messages in the room (%v), want 4: the refused one is not among them", len(msgs), err)
 	}
 }

@@ -534,6 +534,33 @@ func (s *Store) inboxCursor(room string) uint64 {
 	return max(l.f.inbox, l.inboxAt)
 }
 
+// inboxPending counts the room's inbox entries past cursor: none when the
+// last entry is at or before it, else every entry the inbox holds (taken
+// entries are purged, so at most the one being taken is counted twice).
+func (s *Store) inboxPending(ctx context.Context, rm string, cursor uint64) (int, error) {
+	st, err := s.roomsStream(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	last, err := st.GetLastMsgForSubject(ctx, inSubject(rm))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if last.Sequence <= cursor {
+		return 0, nil
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(inSubject(rm)))
+	if err != nil {
+		return 0, err
+	}
+	return int(info.State.Subjects[inSubject(rm)]), nil
+}
+
 // takeInbox records seq as taken with the room's next write.
 func (s *Store) takeInbox(room string, seq uint64) {
 	l := s.log(room)
