@@ -19,6 +19,7 @@ import (
 // serveNode is one `agenthost serve --nats-embedded` process.
 type serveNode struct {
 	name string
+	role string // "" is both
 	cmd  *exec.Cmd
 	url  string
 	err  *syncBuf
@@ -37,8 +38,10 @@ func freeTCPPort(t *testing.T) int {
 
 // startServeCluster starts three serve processes forming one embedded
 // JetStream cluster on loopback, sharing one data dir (the shared storage
-// of the README), each running agent the test binary's fake agent.
-func startServeCluster(t *testing.T, token string, realAgent bool) []*serveNode {
+// of the README), each running agent the test binary's fake agent; roles
+// are the nodes' --role ("" leaves the default, both). A worker serves no
+// API: its url is "".
+func startServeCluster(t *testing.T, token string, realAgent bool, roles [3]string) []*serveNode {
 	t.Helper()
 	data := t.TempDir()
 	exe, err := os.Executable()
@@ -67,13 +70,16 @@ func startServeCluster(t *testing.T, token string, realAgent bool) []*serveNode 
 		args := []string{"serve", "--listen", "127.0.0.1:0", "--data", data, "--node", name, "--nats-embedded",
 			"--nats-listen", "127.0.0.1:0", "--nats-cluster-listen", fmt.Sprintf("127.0.0.1:%d", cports[i]),
 			"--nats-routes", strings.Join(routes, ",")}
+		if roles[i] != "" {
+			args = append(args, "--role", roles[i])
+		}
 		cmd := exec.Command(os.Args[0], append(args, agent...)...)
 		cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN="+token)
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &serveNode{name: name, cmd: cmd, err: &syncBuf{}}
+		n := &serveNode{name: name, role: roles[i], cmd: cmd, err: &syncBuf{}}
 		cmd.Stderr = n.err
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -105,6 +111,12 @@ func startServeCluster(t *testing.T, token string, realAgent bool) []*serveNode 
 	for i, n := range nodes {
 		select {
 		case line := <-lines[i]:
+			if n.role == "worker" {
+				if line != "agenthost: node "+n.name+" running rooms (worker)" {
+					t.Fatalf("%s (worker) start line %q; stderr:\n%s", n.name, line, n.err.String())
+				}
+				continue
+			}
 			u, _, _ := strings.Cut(strings.TrimPrefix(line, "agenthost: serving rooms at "), " ")
 			if !strings.HasPrefix(u, "http://") {
 				t.Fatalf("%s start line %q; stderr:\n%s", n.name, line, n.err.String())
@@ -154,7 +166,7 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
 	}
 	token := "cluster-test-token"
-	nodes := startServeCluster(t, token, false)
+	nodes := startServeCluster(t, token, false, [3]string{})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 
@@ -284,15 +296,17 @@ func TestServe_NATSClusterProcesses(t *testing.T) {
 }
 
 // TestServe_NATSClusterOMPApprovalAcrossNodes: a real omp turn on a
-// three-process cluster: the message goes in through n1, the agent asks
-// for an approval, a node that does not hold the room allows it, and the
-// turn settles; the whole room replays the same through every node.
+// three-process cluster of each role (n1 --role frontend, n2 both, n3
+// --role worker): the message goes in through n1, a worker holds the room,
+// the agent asks for an approval, a node that does not hold the room
+// allows it, and the turn settles; the whole room replays the same
+// through every node that serves the API.
 func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	if os.Getenv("AGENTHOST_CLUSTER_TESTS") == "" {
 		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
 	}
 	token := "cluster-test-token"
-	nodes := startServeCluster(t, token, true)
+	nodes := startServeCluster(t, token, true, [3]string{"frontend", "", "worker"})
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	rm := "omp"
@@ -318,9 +332,12 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	holder := roomNode(t, nodes[0], token, rm)
+	if holder != "n2" && holder != "n3" {
+		t.Fatalf("room held by %q; only n2 and n3 run rooms (n1 is --role frontend)", holder)
+	}
 	var other *serveNode
 	for _, n := range nodes {
-		if n.name != holder {
+		if n.name != holder && n.url != "" && other == nil {
 			other = n
 		}
 	}
@@ -343,6 +360,9 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	}
 	a := replay(t, ctx, nodes[0], token, rm)
 	for _, n := range nodes[1:] {
+		if n.url == "" {
+			continue // a worker serves no API
+		}
 		if b := replay(t, ctx, n, token, rm); strings.Join(a, "\n") != strings.Join(b, "\n") {
 			t.Fatalf("replay through %s differs from n1", n.name)
 		}
