@@ -451,14 +451,7 @@ func (c *Cluster) tryWake(ctx context.Context, rm string) bool {
 
 // wakeLoop retries failed wake-ups every second.
 func (c *Cluster) wakeLoop() {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-tick.C:
-		}
+	c.every(time.Second, func() {
 		c.mu.Lock()
 		var rooms []string
 		for rm := range c.retryWake {
@@ -472,7 +465,7 @@ func (c *Cluster) wakeLoop() {
 				c.mu.Unlock()
 			}
 		}
-	}
+	})
 }
 
 func ctlSubject(node string) string { return "agenthost.ctl." + token(node) }
@@ -683,14 +676,7 @@ func (c *Cluster) fenced(rm string, err error) {
 // would drop the TTL and make the lease permanent), and drops a room
 // whose lease is lost or whose local deadline passed.
 func (c *Cluster) renewLoop() {
-	tick := time.NewTicker(c.cfg.LeaseTTL / 3)
-	defer tick.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-tick.C:
-		}
+	c.every(c.cfg.LeaseTTL/3, func() {
 		c.mu.Lock()
 		var hs []*held
 		for _, h := range c.held {
@@ -702,7 +688,7 @@ func (c *Cluster) renewLoop() {
 		}
 		c.releaseIdle(hs)
 		c.advertise()
-	}
+	})
 }
 
 // deadlineLoop drops a held room soon after its local deadline. The
@@ -711,14 +697,7 @@ func (c *Cluster) renewLoop() {
 // off holder then ran its agent past the lease's expiry, beside the new
 // holder's agent (seen as an overlap in the partition test).
 func (c *Cluster) deadlineLoop() {
-	tick := time.NewTicker(deadlineCheck)
-	defer tick.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-tick.C:
-		}
+	c.every(deadlineCheck, func() {
 		now := time.Now()
 		c.mu.Lock()
 		var late []*held
@@ -734,13 +713,12 @@ func (c *Cluster) deadlineLoop() {
 			// the other rooms' deadlines must not wait for it.
 			c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
 		}
-	}
+	})
 }
 
-// evictLoop drops the cached records of rooms nobody asked this node for
-// within CacheIdle.
-func (c *Cluster) evictLoop() {
-	tick := time.NewTicker(min(time.Minute, c.cfg.CacheIdle))
+// every runs fn every d until the cluster closes.
+func (c *Cluster) every(d time.Duration, fn func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
@@ -748,10 +726,18 @@ func (c *Cluster) evictLoop() {
 			return
 		case <-tick.C:
 		}
+		fn()
+	}
+}
+
+// evictLoop drops the cached records of rooms nobody asked this node for
+// within CacheIdle.
+func (c *Cluster) evictLoop() {
+	c.every(min(time.Minute, c.cfg.CacheIdle), func() {
 		if n := c.st.evictIdle(c.cfg.CacheIdle); n > 0 {
 			c.log.Debug("natsroom: dropped idle rooms' cached records", "rooms", n)
 		}
-	}
+	})
 }
 
 // deadlineCheck is how often the local lease deadlines are checked: well
@@ -858,21 +844,33 @@ func (c *Cluster) watchLoads() {
 	}
 }
 
+// retry runs try every second until it succeeds (true) or the cluster
+// closes (false): a setup request times out while the cluster elects a
+// leader, and a loop that gave up on it then did nothing for its life.
+func (c *Cluster) retry(what string, try func() error) bool {
+	for {
+		err := try()
+		if err == nil {
+			return true
+		}
+		c.log.Warn("natsroom: "+what+"; retrying", "err", err)
+		select {
+		case <-c.ctx.Done():
+			return false
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // watchLeases wakes a room whose lease expired or was deleted, so that a
 // worker resumes it (its holder died or gave it up).
 func (c *Cluster) watchLeases() {
 	var w jetstream.KeyWatcher
-	for {
-		var err error
-		if w, err = c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly()); err == nil {
-			break
-		}
-		c.log.Warn("natsroom: watching leases; retrying", "err", err)
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
+	if !c.retry("watching leases", func() (err error) {
+		w, err = c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly())
+		return err
+	}) {
+		return
 	}
 	defer func() { _ = w.Stop() }()
 	// The watch's consumer may sit on a node a partition cut off, and
@@ -928,21 +926,14 @@ func (c *Cluster) watchLeases() {
 // its lease is free, unless another worker advertises clearly more free
 // slots (then it defers the wake-up a little, a few times).
 func (c *Cluster) dispatch() {
-	// The consumer's lookup is a request too: under an election it times
-	// out, and a dispatcher that gave up then placed nothing for the rest
+	// A dispatcher that gave up on the lookup placed nothing for the rest
 	// of its life (its rooms stayed unowned after a partition).
 	var cons jetstream.Consumer
-	for {
-		var err error
-		if cons, err = c.js.Consumer(c.ctx, StreamWake, Dispatch); err == nil {
-			break
-		}
-		c.log.Warn("natsroom: finding the dispatch consumer; retrying", "err", err)
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
+	if !c.retry("finding the dispatch consumer", func() (err error) {
+		cons, err = c.js.Consumer(c.ctx, StreamWake, Dispatch)
+		return err
+	}) {
+		return
 	}
 	for c.ctx.Err() == nil {
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))

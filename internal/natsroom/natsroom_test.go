@@ -328,15 +328,7 @@ func TestCluster_IdleRoomGivesUpItsLease(t *testing.T) {
 		if err := h.m.Release(ctx, rm); err != nil {
 			t.Fatal(err)
 		}
-		// The lease goes within a renewal period or two; poll the KV
-		// read model (its watch is the cluster's own).
-		for h.c.Holder(ctx, rm) != "" {
-			select {
-			case <-ctx.Done():
-				t.Fatal("the idle room kept its lease")
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		waitLeaseGone(ctx, t, h, rm)
 	}
 	takeovers := 0
 	for _, e := range checkGapFree(ctx, t, h, rm) {
@@ -418,6 +410,20 @@ func TestStore_WritesAndScansDoNotDeadlock(t *testing.T) {
 	<-scanned
 }
 
+// waitLeaseGone waits for an idle room to give its lease up (within a
+// renewal period or two), polling the KV read model: the watch on it is
+// the cluster's own.
+func waitLeaseGone(ctx context.Context, t *testing.T, h *host, rm string) {
+	t.Helper()
+	for h.c.Holder(ctx, rm) != "" {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the idle room kept its lease")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // TestStore_IdleRoomRecordsDropped: a node keeps the records it folded
 // for a room only while it holds the room or someone asks for them; a
 // dropped room reads back whole from its log, and a held room is never
@@ -438,13 +444,7 @@ func TestStore_IdleRoomRecordsDropped(t *testing.T) {
 	if err := h.m.Release(ctx, idle); err != nil {
 		t.Fatal(err)
 	}
-	for h.c.Holder(ctx, idle) != "" {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the idle room kept its lease")
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	waitLeaseGone(ctx, t, h, idle)
 	before := checkGapFree(ctx, t, h, idle)
 
 	busy := "busy"
