@@ -151,3 +151,78 @@ func TestClient_SyncAfterWaitTurnSeesTheEndingFrame(t *testing.T) {
 		}
 	}
 }
+
+// A restart between a prompt's acknowledgement and its run's agent_start:
+// the adopted client reads the previous client's acknowledgement after
+// its offset, then get_state's idle answer (omp says idle while it
+// prepares a run). The turn is not ended there: it waits for the run and
+// ends at its agent_end, with its text (it ended empty before, and the run
+// came as another turn). For an agent without ready (pi) whose prompt
+// starts no run, the no-run poll ends it.
+func TestClient_AdoptBetweenAckAndRun(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ready bool
+		run   bool
+	}{{"omp run follows", true, true}, {"pi run follows", false, true}, {"pi no run", false, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cr, aw := io.Pipe()
+			ar, cw := io.Pipe()
+			c := New(cr, cw, Options{Adopt: &Adopt{Offset: 42, RunOpen: true, Ready: tc.ready}})
+			var wmu sync.Mutex
+			write := func(lines ...string) {
+				wmu.Lock()
+				defer wmu.Unlock()
+				for _, l := range lines {
+					_, _ = aw.Write([]byte(l + "\n"))
+				}
+			}
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				write(`{"type":"response","id":"ah-3","command":"prompt","success":true}`)
+				sc := bufio.NewScanner(ar)
+				for sc.Scan() {
+					var cmd map[string]any
+					if json.Unmarshal(sc.Bytes(), &cmd) != nil {
+						continue
+					}
+					b, _ := json.Marshal(map[string]any{"type": "response", "id": cmd["id"], "command": cmd["type"], "success": true,
+						"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
+					write(string(b))
+				}
+			}()
+			defer func() {
+				c.Close()
+				aw.Close()
+				ar.Close()
+				wg.Wait()
+			}()
+			if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			adopted := c.turn
+			c.mu.Unlock()
+			if tc.run {
+				write(`{"type":"agent_start"}`,
+					`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"hello"}],"stopReason":"stop"}}`,
+					`{"type":"agent_end","messages":[]}`)
+			}
+			turn, err := c.WaitTurn(ctxT(t, 10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			res := adopted.result
+			c.mu.Unlock()
+			if tc.run && (res.Text != "hello" || !res.AgentInvoked || turn.Text != "hello") {
+				t.Fatalf("adopted turn: text %q, invoked %v; want the run's text", res.Text, res.AgentInvoked)
+			}
+			if !tc.run && turn.AgentInvoked {
+				t.Fatal("a prompt that started no run: the turn should end with AgentInvoked false")
+			}
+		})
+	}
+}

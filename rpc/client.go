@@ -111,10 +111,15 @@ type Adopt struct {
 	// its ready frame is not read again.
 	V2 bool
 	// RunOpen: a run may be in progress (its agent_start lies before
-	// Offset). The client then tracks one as an Unsolicited turn from the
-	// start, which WaitTurn returns at the run's agent_end, as for a run
-	// the agent started on its own.
+	// Offset), or about to begin (the acknowledgement of its prompt lies
+	// after Offset). The client then tracks one as an Unsolicited turn
+	// from the start, which WaitTurn returns at the run's agent_end, as for
+	// a run the agent started on its own.
 	RunOpen bool
+	// Ready: the agent announced itself with ready when it started (omp):
+	// it acknowledges a prompt before it prepares the run, so get_state
+	// saying idle after the acknowledgement does not mean no run comes.
+	Ready bool
 }
 
 func (a *Adopt) offset() int64 {
@@ -442,10 +447,18 @@ func (c *Client) Start(ctx context.Context) error {
 
 // settleAdopted ends the run an adopted client assumed open when the
 // agent reports none: the answer comes on the same stream as the events,
-// so an agent_end written before it has been read already.
+// so an agent_end written before it has been read already. A run whose
+// prompt's acknowledgement was read after the offset (adoptedReply) may
+// still be about to start: that turn ends as any acknowledged prompt's
+// (its run, prompt_result, or for an agent without ready the no-run poll).
 func (c *Client) settleAdopted() {
 	c.mu.Lock()
 	t := c.turn
+	if t != nil && !t.settled && t.adoptAcked && !t.started {
+		c.maybeNoRunProbeLocked(t)
+		c.mu.Unlock()
+		return
+	}
 	if t != nil && !t.settled {
 		t.result.AgentInvoked = false
 		c.track.runOpen = false

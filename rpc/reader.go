@@ -433,7 +433,7 @@ func (c *Client) handleResponse(line []byte) {
 		if c.opts.Adopt != nil && !strings.HasPrefix(r.ID, c.idPrefix) {
 			// Read again from the agent's output: the answer to a
 			// request of the client before.
-			c.log.Debug("rpc: dropped a reply to the adopted agent's previous client", "command", r.Command)
+			c.adoptedReply(r)
 			return
 		}
 		c.reportError(&ProtocolError{Op: "response", Err: fmt.Errorf("response to unknown request (command %q)", r.Command)})
@@ -506,6 +506,27 @@ func (c *Client) dropTombstoneLocked(id string) {
 			}
 		}
 	}
+}
+
+// adoptedReply takes a reply to the adopted agent's previous client, read
+// again: dropped, except the acknowledgement of a prompt before any frame
+// of the adopted turn. The offset was recorded between the prompt and its
+// acknowledgement, so the turn's run has not started yet: the turn now
+// waits for it as for a prompt of its own (a restart there used to end the
+// turn on get_state's idle answer, and the run came as another turn).
+func (c *Client) adoptedReply(r Response) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.turn
+	if r.Command == "prompt" && r.Success && t != nil && !t.settled && t.result.Unsolicited &&
+		len(t.result.Events) == 0 && !t.adoptAcked {
+		t.adoptAcked = true
+		t.started = false
+		t.promptIDs = append(t.promptIDs, r.ID)
+		c.track.runOpen = false
+		return
+	}
+	c.log.Debug("rpc: dropped a reply to the adopted agent's previous client", "command", r.Command)
 }
 
 func (c *Client) handleReady(line []byte) {

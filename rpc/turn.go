@@ -78,6 +78,9 @@ type turnState struct {
 	noRun   bool
 	aborted bool
 	kick    chan struct{}
+	// adoptAcked: an adopted turn whose prompt's acknowledgement this
+	// client read (see adoptedReply).
+	adoptAcked bool
 }
 
 // turnTrack is the client's view of the agent's runs, read and written
@@ -298,7 +301,7 @@ func (c *Client) noteReplyLocked(id string, r *Response) {
 // it still prepares a prompt (images, slash commands), so polling it could
 // end a turn whose run is about to start.
 func (c *Client) maybeNoRunProbeLocked(t *turnState) {
-	if c.ready == nil {
+	if c.ready == nil && (c.opts.Adopt == nil || !c.opts.Adopt.Ready) {
 		c.startNoRunProbeLocked(t)
 	}
 }

@@ -52,6 +52,8 @@ type Handle struct {
 	Stderr   string `json:"stderr"`
 	// V2: the agent speaks RPC protocol v2 (negotiated at its start).
 	V2 bool `json:"v2,omitempty"`
+	// Ready: the agent announced itself with ready (omp) at its start.
+	Ready bool `json:"ready,omitempty"`
 }
 
 // String is the handle as recorded.

@@ -188,6 +188,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if p, ok := c.Process().(*daemonproc.Process); ok {
 		h := p.Handle()
 		h.V2 = c.ProtocolVersion() == 2
+		h.Ready = c.Ready() != nil
 		a.proc, a.handle = p, h.String()
 	}
 	a.unsub = c.On("", a.event)
@@ -222,7 +223,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen}
 	c, err := rpc.Attach(ctx, p, rpc.SpawnOptions{Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog,
 		MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes), OnEvent: a.event,
-		Adopt: &rpc.Adopt{Offset: at.Offset, V2: h.V2, RunOpen: at.RunOpen}}})
+		Adopt: &rpc.Adopt{Offset: at.Offset, V2: h.V2, Ready: h.Ready, RunOpen: at.RunOpen}}})
 	if err != nil {
 		return nil, fmt.Errorf("rpcagent: attaching to the agent: %w", err)
 	}
