@@ -1,7 +1,6 @@
 package acpagent
 
 import (
-	"bufio"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -9,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agenthost/agenthost/internal/mcpprobe"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -23,44 +23,7 @@ func init() {
 	}
 }
 
-func mcpHelper() int {
-	_ = os.WriteFile(os.Getenv(mcpHelperEnv), []byte("started"), 0o600)
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
-	out := json.NewEncoder(os.Stdout)
-	for in.Scan() {
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				Arguments struct {
-					Text string `json:"text"`
-				} `json:"arguments"`
-			} `json:"params"`
-		}
-		if json.Unmarshal(in.Bytes(), &req) != nil || len(req.ID) == 0 {
-			continue // a notification
-		}
-		var result any
-		switch req.Method {
-		case "initialize":
-			result = map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{"tools": map[string]any{}},
-				"serverInfo": map[string]any{"name": "probe", "version": "1"}}
-		case "tools/list":
-			result = map[string]any{"tools": []any{map[string]any{
-				"name": "echo_upper", "description": "Upper-cases text",
-				"inputSchema": map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}},
-			}}}
-		case "tools/call":
-			result = map[string]any{"content": []any{map[string]any{"type": "text", "text": "probe:" + strings.ToUpper(req.Params.Arguments.Text)}}}
-		default:
-			_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": -32601, "message": "unknown method"}})
-			continue
-		}
-		_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
-	}
-	return 0
-}
+func mcpHelper() int { return mcpprobe.Serve(os.Stdin, os.Stdout, os.Getenv(mcpHelperEnv)) }
 
 // The room's tools reach omp acp as an MCP server over http on loopback;
 // a room's own stdio MCP server through session/new; one in the

@@ -32,6 +32,8 @@ var allowed = map[string][]string{
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/detail":   nil,
+	// The tests' stdio MCP server stands alone.
+	module + "/internal/mcpprobe": nil,
 	module + "/internal/agents":   nil,
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,

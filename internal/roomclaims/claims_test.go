@@ -3,7 +3,6 @@
 package roomclaims
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,6 +22,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/mcpprobe"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/store"
@@ -358,51 +358,7 @@ func (r *pathRun) answerText(text string) string {
 	return text
 }
 
-func mcpHelper() int {
-	_ = os.WriteFile(os.Getenv(mcpHelperEnv), []byte("started"), 0o600)
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
-	out := json.NewEncoder(os.Stdout)
-	for in.Scan() {
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				ProtocolVersion string `json:"protocolVersion"`
-				Arguments       struct {
-					Text string `json:"text"`
-				} `json:"arguments"`
-			} `json:"params"`
-		}
-		if json.Unmarshal(in.Bytes(), &req) != nil || len(req.ID) == 0 {
-			continue // a notification
-		}
-		var result any
-		switch req.Method {
-		case "initialize":
-			pv := req.Params.ProtocolVersion
-			if pv == "" {
-				pv = "2025-06-18"
-			}
-			result = map[string]any{"protocolVersion": pv, "capabilities": map[string]any{"tools": map[string]any{}},
-				"serverInfo": map[string]any{"name": "probe", "version": "1"}}
-		case "tools/list":
-			result = map[string]any{"tools": []any{map[string]any{
-				"name": "echo_upper", "description": "Upper-cases text",
-				"inputSchema": map[string]any{"type": "object", "properties": map[string]any{"text": map[string]any{"type": "string"}}},
-			}}}
-		case "tools/call":
-			result = map[string]any{"content": []any{map[string]any{"type": "text", "text": "probe:" + strings.ToUpper(req.Params.Arguments.Text)}}}
-		case "ping":
-			result = map[string]any{}
-		default:
-			_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "error": map[string]any{"code": -32601, "message": "unknown method"}})
-			continue
-		}
-		_ = out.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
-	}
-	return 0
-}
+func mcpHelper() int { return mcpprobe.Serve(os.Stdin, os.Stdout, os.Getenv(mcpHelperEnv)) }
 
 // pinnedVersions reads the versions setup installs, from the tools folder's package.json.
 func pinnedVersions(t testing.TB) map[agents.Kind]string {
