@@ -82,15 +82,15 @@ func TestMalformedLinesBecomeRoomEvents(t *testing.T) {
 		Command: []string{os.Args[0], "-test.run=^$"}, Env: []string{fakePeerEnv + "=1"},
 	}})
 	const flood = maxMalformedPerTurn + 15
-	a1 := h.submit("r", "malformed:"+strconv.Itoa(flood))
-	if got := h.settled("r", a1); got != "after" {
+	a1 := h.Submit("r", "malformed:"+strconv.Itoa(flood))
+	if got := h.Settled("r", a1); got != "after" {
 		t.Fatalf("turn 1: %q (reading did not go on)", got)
 	}
-	a2 := h.submit("r", "malformed:2")
-	if got := h.settled("r", a2); got != "after" {
+	a2 := h.Submit("r", "malformed:2")
+	if got := h.Settled("r", a2); got != "after" {
 		t.Fatalf("turn 2: %q", got)
 	}
-	evs, err := h.db.Events(t.Context(), "r", 0, 0)
+	evs, err := h.DB.Events(t.Context(), "r", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,13 +36,13 @@ func TestRealACPRoomToolsAndMCP(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo, MCP: map[string]room.MCPServer{
 		"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: started}},
 	}}})
-	acc := h.submit("r", `[[tool:mcp__agenthost_room_info {}]]`)
-	_, tool := h.wait("r", acc.Seq, room.KindToolEnded, nil)
-	h.settled("r", acc)
+	acc := h.Submit("r", `[[tool:mcp__agenthost_room_info {}]]`)
+	_, tool := h.Wait("r", acc.Seq, room.KindToolEnded, nil)
+	h.Settled("r", acc)
 	if out, _ := tool["output"].(string); !strings.Contains(out, `"room":"r"`) || tool["is_error"] == true {
 		t.Fatalf("room_info over MCP: %v", tool)
 	}
-	files, _ := filepath.Glob(filepath.Join(h.root, "*", "workspace"))
+	files, _ := filepath.Glob(filepath.Join(h.Root, "*", "workspace"))
 	if len(files) != 1 {
 		t.Fatalf("workspaces: %v", files)
 	}
@@ -54,15 +54,15 @@ func TestRealACPRoomToolsAndMCP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := h.m.Release(t.Context(), "r"); err != nil {
+	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	acc = h.submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
-	_, tool = h.wait("r", acc.Seq, room.KindToolEnded, nil)
+	acc = h.Submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
+	_, tool = h.Wait("r", acc.Seq, room.KindToolEnded, nil)
 	if !strings.Contains(tool["output"].(string), "probe:HI") {
 		t.Fatalf("room MCP tool: %v", tool)
 	}
-	h.settled("r", acc)
+	h.Settled("r", acc)
 	if _, err := os.Stat(injected); err == nil {
 		t.Fatal("omp acp started an MCP server from the workspace's own configuration")
 	}

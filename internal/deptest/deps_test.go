@@ -34,7 +34,12 @@ var allowed = map[string][]string{
 	module + "/internal/detail":   nil,
 	// The tests' stdio MCP server stands alone.
 	module + "/internal/mcpprobe": nil,
-	module + "/internal/agents":   nil,
+	// The transports' test host: rooms, their store, custody, the agents'
+	// installs and the scripted model; never a transport (each test passes
+	// its own in) or the server.
+	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/custody",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
+	module + "/internal/agents": nil,
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
 	// The store is SQLite and nothing of ours: rooms own the interface

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -165,9 +166,9 @@ func (h *benchHost) turn(roomID, text string) error {
 		}
 		for _, ev := range evs {
 			after = ev.Seq
-			if ev.Type == "turn.ended" && field(ev.Data, "message_id") == acc.ID {
-				if o := field(ev.Data, "outcome"); o != room.OutcomeSettled {
-					return fmt.Errorf("room %s: turn %s: %s", roomID, o, field(ev.Data, "reason"))
+			if ev.Type == "turn.ended" && roomtest.Field(ev.Data, "message_id") == acc.ID {
+				if o := roomtest.Field(ev.Data, "outcome"); o != room.OutcomeSettled {
+					return fmt.Errorf("room %s: turn %s: %s", roomID, o, roomtest.Field(ev.Data, "reason"))
 				}
 				return nil
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
@@ -55,58 +56,9 @@ func startDaemon(t *testing.T, dir string) *procd.Client {
 // startDaemonHost is startHost with every agent in the daemon d.
 func startDaemonHost(t *testing.T, dir string, sim *modelsim.Server, d *procd.Client, opts room.Options) *host {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
-	defer cancel()
-	in, err := agents.Find()
-	if err != nil {
-		t.Fatalf("the real agents are needed (run make setup): %v", err)
-	}
-	db, err := store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cust, err := custody.New(custody.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := New(Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Daemon: d})
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Store, opts.Transport, opts.Root = room.SQLite(db), tr, filepath.Join(dir, "rooms")
-	m, err := room.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h := &host{t: t, sim: sim, db: db, cust: cust, m: m, root: opts.Root}
-	t.Cleanup(h.close)
-	return h
-}
-
-// detach ends the host as a planned restart does: its agents run on.
-func (h *host) detach() {
-	h.t.Helper()
-	if err := h.m.Detach(); err != nil {
-		h.t.Fatalf("detaching the rooms: %v", err)
-	}
-	if err := h.cust.Close(); err != nil {
-		h.t.Errorf("closing custody: %v", err)
-	}
-	_ = h.db.Close()
-	h.m = nil
-}
-
-// roomEvents is the room's whole log.
-func (h *host) roomEvents(roomID string) []store.Event {
-	h.t.Helper()
-	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return evs
+	return roomtest.Start(t, dir, sim, opts, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
+		return New(Options{Custodian: cust, Install: in, ModelURL: url, Daemon: d})
+	})
 }
 
 // A host restarted mid-turn (Detach, then a new host on the same store and
@@ -116,28 +68,28 @@ func (h *host) roomEvents(roomID string) []store.Event {
 func TestRealDaemonRestartMidTurn(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir)
-	sim := startSim(t)
+	sim := roomtest.StartSim(t)
 	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
 	words := "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"
-	acc := h1.submit("r", "[[slow:250ms]] [[say:"+words+"]]")
-	h1.wait("r", acc.Seq, room.KindText, nil)
-	h1.detach()
+	acc := h1.Submit("r", "[[slow:250ms]] [[say:"+words+"]]")
+	h1.Wait("r", acc.Seq, room.KindText, nil)
+	h1.Detach()
 	procs, err := d.List(t.Context(), procd.ModePipe)
 	if err != nil || len(procs) != 1 || !procs[0].Running {
 		t.Fatalf("after the host let go: %+v %v", procs, err)
 	}
 
 	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
-	text := h2.settled("r", acc)
+	text := h2.Settled("r", acc)
 	if text != words {
 		t.Fatalf("the turn's answer %q", text)
 	}
 	var deltas strings.Builder
 	starts, attaches := 0, 0
-	for _, ev := range h2.roomEvents("r") {
+	for _, ev := range h2.Events("r") {
 		switch ev.Type {
 		case room.KindText:
-			deltas.WriteString(field(ev.Data, "text"))
+			deltas.WriteString(roomtest.Field(ev.Data, "text"))
 		case "agent.started":
 			starts++
 		case "agent.attached":
@@ -151,12 +103,12 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 		t.Fatalf("agent.started %d, agent.attached %d: want 1 and 1 (no second start)", starts, attaches)
 	}
 	// The room goes on on the same agent.
-	acc2 := h2.submit("r", "[[say:still here]]")
-	if got := h2.settled("r", acc2); got != "still here" {
+	acc2 := h2.Submit("r", "[[say:still here]]")
+	if got := h2.Settled("r", acc2); got != "still here" {
 		t.Fatalf("second turn %q", got)
 	}
 	// Closing the host (not a restart) ends the agent with a receipt.
-	h2.close()
+	h2.Close()
 	procs, err = d.List(t.Context(), procd.ModePipe)
 	if err != nil || len(procs) != 0 {
 		t.Fatalf("after close: %+v %v", procs, err)
@@ -185,36 +137,36 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 func TestRealDaemonRestartDuringApproval(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir)
-	sim := startSim(t)
+	sim := roomtest.StartSim(t)
 	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
-	acc := h1.submit("r", "Run it: "+bashCall("echo approved-run"))
-	_, req := h1.wait("r", acc.Seq, "approval.requested", nil)
+	acc := h1.Submit("r", "Run it: "+roomtest.BashCall("echo approved-run"))
+	_, req := h1.Wait("r", acc.Seq, "approval.requested", nil)
 	id := req["approval_id"].(string)
-	h1.detach()
+	h1.Detach()
 
 	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
 	// The pending approval is the agent's again (not denied by the
 	// restart); deciding it reaches omp, whether omp's request is read
 	// again before or after.
-	if err := h2.m.Approve(t.Context(), "r", id, true); err != nil {
+	if err := h2.M.Approve(t.Context(), "r", id, true); err != nil {
 		t.Fatalf("approving %s after the restart: %v", id, err)
 	}
-	if got := h2.settled("r", acc); got != "done" {
+	if got := h2.Settled("r", acc); got != "done" {
 		t.Fatalf("turn text %q", got)
 	}
 	requested, resolved := 0, 0
 	var output string
-	for _, ev := range h2.roomEvents("r") {
+	for _, ev := range h2.Events("r") {
 		switch ev.Type {
 		case "approval.requested":
 			requested++
 		case "approval.resolved":
 			resolved++
-			if by := field(ev.Data, "by"); by != "person" {
+			if by := roomtest.Field(ev.Data, "by"); by != "person" {
 				t.Fatalf("approval resolved by %q", by)
 			}
 		case room.KindToolEnded:
-			output = field(ev.Data, "output")
+			output = roomtest.Field(ev.Data, "output")
 		}
 	}
 	if requested != 1 || resolved != 1 {
@@ -231,31 +183,31 @@ func TestRealDaemonRestartDuringApproval(t *testing.T) {
 func TestRealDaemonRestartDuringQuestion(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir)
-	sim := startSim(t)
+	sim := roomtest.StartSim(t)
 	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
 	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
-	acc := h1.submit("r", ask)
-	h1.wait("r", acc.Seq, "question.asked", nil)
-	h1.detach()
+	acc := h1.Submit("r", ask)
+	h1.Wait("r", acc.Seq, "question.asked", nil)
+	h1.Detach()
 
 	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
 	// The room's next message answers it, whether the agent asked again
 	// yet or not.
-	h2.submit("r", "green-ish")
-	h2.settled("r", acc)
+	h2.Submit("r", "green-ish")
+	h2.Settled("r", acc)
 	asked, answered := 0, 0
 	var output string
-	for _, ev := range h2.roomEvents("r") {
+	for _, ev := range h2.Events("r") {
 		switch ev.Type {
 		case "question.asked":
 			asked++
 		case "question.answered":
 			answered++
-			if by := field(ev.Data, "by"); by != "message" {
+			if by := roomtest.Field(ev.Data, "by"); by != "message" {
 				t.Fatalf("answered by %q", by)
 			}
 		case room.KindToolEnded:
-			output = field(ev.Data, "output")
+			output = roomtest.Field(ev.Data, "output")
 		}
 	}
 	if asked != 1 || answered != 1 || !strings.Contains(output, "green-ish") {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -57,7 +58,7 @@ func hostHelper() int {
 		return fail(err)
 	}
 	watch, _ := db.Watch("r")
-	for _, text := range []string{"Run it: " + bashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"} {
+	for _, text := range []string{"Run it: " + roomtest.BashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"} {
 		if _, err := m.Submit(ctx, "r", room.Message{Text: text}); err != nil {
 			return fail(err)
 		}
@@ -81,7 +82,7 @@ func hostHelper() int {
 // marker and reaped.
 func TestRealHostKilledAndRestarted(t *testing.T) {
 	dir := t.TempDir()
-	sim := startSim(t)
+	sim := roomtest.StartSim(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), hostHelperEnv+"="+dir+" "+sim.URL())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -164,26 +165,26 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	}
 
 	h := startHost(t, dir, sim, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
-	evs, err := h.db.Events(t.Context(), "r", 0, 0)
+	evs, err := h.DB.Events(t.Context(), "r", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var accepted []string
 	for _, ev := range evs {
 		if ev.Type == "message.accepted" {
-			accepted = append(accepted, field(ev.Data, "message_id"))
+			accepted = append(accepted, roomtest.Field(ev.Data, "message_id"))
 		}
 	}
 	if len(accepted) != 3 {
 		t.Fatalf("%d messages accepted before the kill", len(accepted))
 	}
-	if d := h.ended("r", room.Accepted{ID: accepted[0]}); d["outcome"] != room.OutcomeFailed || d["reason"] != "host restarted" {
+	if d := h.Ended("r", room.Accepted{ID: accepted[0]}); d["outcome"] != room.OutcomeFailed || d["reason"] != "host restarted" {
 		t.Fatalf("the running turn: %v", d)
 	}
 	// The first answer may open with the room's transcript, when the agent
 	// had not written its session file before the kill (context.lost).
 	for i, id := range accepted[1:] {
-		if got, want := h.settled("r", room.Accepted{ID: id}), []string{"queued one", "queued two"}[i]; !strings.HasPrefix(got, "ok: ") || !strings.HasSuffix(got, want) {
+		if got, want := h.Settled("r", room.Accepted{ID: id}), []string{"queued one", "queued two"}[i]; !strings.HasPrefix(got, "ok: ") || !strings.HasSuffix(got, want) {
 			t.Fatalf("recovered turn %d: %q", i, got)
 		}
 	}

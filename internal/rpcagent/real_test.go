@@ -1,9 +1,7 @@
 package rpcagent
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 	"go.uber.org/goleak"
@@ -38,209 +37,35 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-type host struct {
-	t    *testing.T
-	sim  *modelsim.Server
-	db   *store.DB
-	cust *custody.Custodian
-	m    *room.Manager
-	root string
-}
+type host = roomtest.Host
 
-// startHost runs a room manager on real agents in dir (a fresh one if "").
 func startHost(t *testing.T, dir string, sim *modelsim.Server, opts room.Options) *host {
 	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	if sim == nil {
-		sim = startSim(t)
-	}
-	in, err := agents.Find()
-	if err != nil {
-		t.Fatalf("the real agents are needed (run make setup): %v", err)
-	}
-	db, err := store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cust, err := custody.New(custody.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := New(Options{Custodian: cust, Install: in, ModelURL: sim.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Store, opts.Transport, opts.Root = room.SQLite(db), tr, filepath.Join(dir, "rooms")
-	m, err := room.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h := &host{t: t, sim: sim, db: db, cust: cust, m: m, root: opts.Root}
-	t.Cleanup(h.close)
-	return h
-}
-
-func startSim(t *testing.T) *modelsim.Server {
-	t.Helper()
-	sim := modelsim.New(modelsim.Options{})
-	if err := sim.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sim.Close() })
-	return sim
-}
-
-func field(raw json.RawMessage, key string) string {
-	var d map[string]any
-	_ = json.Unmarshal(raw, &d)
-	s, _ := d[key].(string)
-	return s
-}
-
-func (h *host) close() {
-	if h.m == nil {
-		return
-	}
-	if err := h.m.Close(); err != nil && !errors.Is(err, room.ErrClosed) {
-		h.t.Errorf("closing the rooms: %v", err)
-	}
-	if err := h.cust.Close(); err != nil {
-		h.t.Errorf("closing custody: %v", err)
-	}
-	_ = h.db.Close()
-	h.m = nil
-}
-
-func (h *host) submit(roomID, text string) room.Accepted {
-	h.t.Helper()
-	return h.submitAs(roomID, text, room.DeliverQueue)
-}
-
-func (h *host) submitAs(roomID, text, delivery string) room.Accepted {
-	h.t.Helper()
-	acc, err := h.m.Submit(h.t.Context(), roomID, room.Message{Text: text, Sender: "ann", Delivery: delivery})
-	if err != nil {
-		h.t.Fatalf("submit to %q: %v", roomID, err)
-	}
-	return acc
-}
-
-// wait returns the room's first event of type typ after seq after that
-// match accepts (nil: any).
-func (h *host) wait(roomID string, after int64, typ string, match func(map[string]any) bool) (store.Event, map[string]any) {
-	h.t.Helper()
-	watch, stop := h.db.Watch(roomID)
-	defer stop()
-	deadline := time.NewTimer(120 * time.Second)
-	defer deadline.Stop()
-	for {
-		evs, err := h.db.Events(h.t.Context(), roomID, after, 0)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		for _, ev := range evs {
-			after = ev.Seq
-			if ev.Type != typ {
-				continue
-			}
-			var d map[string]any
-			_ = json.Unmarshal(ev.Data, &d)
-			if match == nil || match(d) {
-				return ev, d
-			}
-		}
-		select {
-		case <-watch:
-		case <-deadline.C:
-			h.t.Fatalf("room %q: no %s event after seq %d", roomID, typ, after)
-		}
-	}
-}
-
-func (h *host) ended(roomID string, acc room.Accepted) map[string]any {
-	h.t.Helper()
-	_, d := h.wait(roomID, acc.Seq, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
-	return d
-}
-
-func (h *host) settled(roomID string, acc room.Accepted) string {
-	h.t.Helper()
-	d := h.ended(roomID, acc)
-	if d["outcome"] != room.OutcomeSettled {
-		h.t.Fatalf("room %q: turn ended %v", roomID, d)
-	}
-	return d["text"].(string)
-}
-
-// modelSaw reports whether some request to the model carried s.
-func (h *host) modelSaw(s string) bool {
-	for _, r := range h.sim.Requests() {
-		for _, m := range r.Messages {
-			if strings.Contains(m.Content, s) {
-				return true
-			}
-		}
-	}
-	return false
+	return roomtest.Start(t, dir, sim, opts, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
+		return New(Options{Custodian: cust, Install: in, ModelURL: url})
+	})
 }
 
 func TestRealRoomsRunTurnsInOrderAndIndependently(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{})
 	var accs []room.Accepted
 	for i := range 5 {
-		accs = append(accs, h.submit("queue", fmt.Sprintf("message %d", i)))
+		accs = append(accs, h.Submit("queue", fmt.Sprintf("message %d", i)))
 	}
-	other := h.submit("other", "[[say:from the other room]]")
-	if got := h.settled("other", other); got != "from the other room" {
+	other := h.Submit("other", "[[say:from the other room]]")
+	if got := h.Settled("other", other); got != "from the other room" {
 		t.Fatalf("other room: %q", got)
 	}
 	for i, acc := range accs {
-		if got, want := h.settled("queue", acc), fmt.Sprintf("ok: message %d", i); got != want {
+		if got, want := h.Settled("queue", acc), fmt.Sprintf("ok: message %d", i); got != want {
 			t.Fatalf("turn %d: %q, want %q", i, got, want)
 		}
 	}
-	st, err := h.m.State(t.Context(), "queue")
+	st, err := h.M.State(t.Context(), "queue")
 	if err != nil || !st.Resident || st.SessionID == "" || st.Queued != 0 {
 		t.Fatalf("state: %+v, %v", st, err)
 	}
-	h.checkTurnEvents("queue")
-}
-
-// checkTurnEvents checks that every text delta and tool event of the room
-// lies inside its own turn: after turn.started, before turn.ended.
-func (h *host) checkTurnEvents(roomID string) {
-	h.t.Helper()
-	evs, err := h.db.Events(h.t.Context(), roomID, 0, 0)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	running := ""
-	for _, ev := range evs {
-		id := field(ev.Data, "turn_id")
-		switch ev.Type {
-		case "turn.started":
-			running = id
-		case "turn.ended":
-			running = ""
-		case room.KindText, room.KindToolStarted, room.KindToolEnded:
-			if id == "" || id != running {
-				h.t.Fatalf("room %q: %s at seq %d for turn %q while turn %q runs", roomID, ev.Type, ev.Seq, id, running)
-			}
-		}
-	}
-}
-
-// bashCall makes the scripted model call omp's bash tool.
-func bashCall(cmd string) string {
-	b, _ := json.Marshal(map[string]string{"command": cmd})
-	return "[[tool:bash " + string(b) + "]]"
+	h.CheckTurnEvents("queue")
 }
 
 func TestRealApprovalsAllowDenyExpire(t *testing.T) {
@@ -250,101 +75,101 @@ func TestRealApprovalsAllowDenyExpire(t *testing.T) {
 		output string
 		by     string
 	}{
-		{func(id string) { _ = h.m.Approve(t.Context(), "r", id, true) }, "approved-run", "person"},
-		{func(id string) { _ = h.m.Approve(t.Context(), "r", id, false) }, "denied by user", "person"},
+		{func(id string) { _ = h.M.Approve(t.Context(), "r", id, true) }, "approved-run", "person"},
+		{func(id string) { _ = h.M.Approve(t.Context(), "r", id, false) }, "denied by user", "person"},
 		{nil, "denied by user", "deadline"},
 	} {
-		acc := h.submit("r", "Run it: "+bashCall("echo approved-run"))
-		ev, req := h.wait("r", acc.Seq, "approval.requested", nil)
+		acc := h.Submit("r", "Run it: "+roomtest.BashCall("echo approved-run"))
+		ev, req := h.Wait("r", acc.Seq, "approval.requested", nil)
 		if req["tool"] != "bash" || !strings.Contains(req["input"].(string), "echo approved-run") {
 			t.Fatalf("approval: %v", req)
 		}
 		if tc.decide != nil {
 			tc.decide(req["approval_id"].(string))
 		}
-		_, res := h.wait("r", ev.Seq, "approval.resolved", nil)
+		_, res := h.Wait("r", ev.Seq, "approval.resolved", nil)
 		if res["by"] != tc.by {
 			t.Fatalf("resolved: %v", res)
 		}
-		_, tool := h.wait("r", ev.Seq, "tool.ended", nil)
+		_, tool := h.Wait("r", ev.Seq, "tool.ended", nil)
 		if !strings.Contains(strings.ToLower(tool["output"].(string)), tc.output) {
 			t.Fatalf("tool output %q, want %q", tool["output"], tc.output)
 		}
-		if got := h.settled("r", acc); got != "done" {
+		if got := h.Settled("r", acc); got != "done" {
 			t.Fatalf("turn text %q", got)
 		}
 	}
-	h.checkTurnEvents("r")
+	h.CheckTurnEvents("r")
 }
 
 func TestRealQuestionsByAPIAndByNextMessage(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{})
 	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
-	acc := h.submit("r", ask)
-	_, q := h.wait("r", acc.Seq, "question.asked", nil)
+	acc := h.Submit("r", ask)
+	_, q := h.Wait("r", acc.Seq, "question.asked", nil)
 	if q["title"] != "Which color?" {
 		t.Fatalf("question: %v", q)
 	}
-	if err := h.m.Answer(t.Context(), "r", q["question_id"].(string), "blue"); err != nil {
+	if err := h.M.Answer(t.Context(), "r", q["question_id"].(string), "blue"); err != nil {
 		t.Fatal(err)
 	}
-	_, tool := h.wait("r", acc.Seq, "tool.ended", nil)
+	_, tool := h.Wait("r", acc.Seq, "tool.ended", nil)
 	if !strings.Contains(tool["output"].(string), "blue") {
 		t.Fatalf("ask result %q", tool["output"])
 	}
-	h.settled("r", acc)
+	h.Settled("r", acc)
 
-	acc = h.submit("r", ask)
-	ev, _ := h.wait("r", acc.Seq, "question.asked", nil)
-	h.submit("r", "green-ish")
-	_, ans := h.wait("r", ev.Seq, "question.answered", nil)
+	acc = h.Submit("r", ask)
+	ev, _ := h.Wait("r", acc.Seq, "question.asked", nil)
+	h.Submit("r", "green-ish")
+	_, ans := h.Wait("r", ev.Seq, "question.answered", nil)
 	if ans["by"] != "message" {
 		t.Fatalf("answered: %v", ans)
 	}
-	_, tool = h.wait("r", ev.Seq, "tool.ended", nil)
+	_, tool = h.Wait("r", ev.Seq, "tool.ended", nil)
 	if !strings.Contains(tool["output"].(string), "green-ish") {
 		t.Fatalf("ask result %q", tool["output"])
 	}
-	h.settled("r", acc)
+	h.Settled("r", acc)
 }
 
 // A question nobody answers is cancelled for the room, and omp's turn
 // goes on (a cancelled ask dialog would abort it).
 func TestRealUnansweredQuestionLetsTheTurnGoOn(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{QuestionTimeout: 2 * time.Second}})
-	acc := h.submit("r", `[[tool:ask {"questions":[{"id":"c","question":"Anyone?","options":[{"label":"yes"},{"label":"no"}]}]}]]`)
-	ev, _ := h.wait("r", acc.Seq, "question.asked", nil)
-	_, ans := h.wait("r", ev.Seq, "question.answered", nil)
+	acc := h.Submit("r", `[[tool:ask {"questions":[{"id":"c","question":"Anyone?","options":[{"label":"yes"},{"label":"no"}]}]}]]`)
+	ev, _ := h.Wait("r", acc.Seq, "question.asked", nil)
+	_, ans := h.Wait("r", ev.Seq, "question.answered", nil)
 	if ans["by"] != "deadline" || ans["cancelled"] != true {
 		t.Fatalf("answered: %v", ans)
 	}
-	if got := h.settled("r", acc); got != "done" {
+	if got := h.Settled("r", acc); got != "done" {
 		t.Fatalf("turn text %q", got)
 	}
 }
 
 func TestRealSteerAndFollowUp(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{})
-	acc := h.submit("r", "[[slow:2s]]take your time")
+	acc := h.Submit("r", "[[slow:2s]]take your time")
 	// Steer once the model is answering the prompt (the model's request
 	// log is the only sign of that).
-	for deadline := time.Now().Add(60 * time.Second); !h.modelSaw("take your time"); {
+	for deadline := time.Now().Add(60 * time.Second); !h.ModelSaw("take your time"); {
 		if time.Now().After(deadline) {
 			t.Fatal("the prompt never reached the model")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	steer := h.submitAs("r", "steer marker-S", room.DeliverSteer)
-	fu := h.submitAs("r", "follow marker-F", room.DeliverFollowUp)
-	h.wait("r", steer.Seq, "message.delivered", nil)
-	h.wait("r", fu.Seq, "message.delivered", nil)
-	h.settled("r", acc)
+	steer := h.SubmitAs("r", "steer marker-S", room.DeliverSteer)
+	fu := h.SubmitAs("r", "follow marker-F", room.DeliverFollowUp)
+	h.Wait("r", steer.Seq, "message.delivered", nil)
+	h.Wait("r", fu.Seq, "message.delivered", nil)
+	h.Settled("r", acc)
 	for _, marker := range []string{"marker-S", "marker-F"} {
-		if !h.modelSaw(marker) {
+		if !h.ModelSaw(marker) {
 			t.Fatalf("the model never saw %s", marker)
 		}
 	}
-	msgs, _ := h.db.Messages(t.Context(), "r", 0, 0)
+	msgs, _ := h.DB.Messages(t.Context(), "r", 0, 0)
 	for _, m := range msgs {
 		if m.Status != store.MessageEnded || m.Outcome != room.OutcomeSettled {
 			t.Fatalf("message %+v", m)
@@ -372,32 +197,32 @@ func agentPid(t *testing.T, root string) int {
 
 func TestRealKilledAgentFailsTheTurnAndTheNextResumes(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
-	first := h.submit("r", "remember marker-A")
-	h.settled("r", first)
-	st, _ := h.m.State(t.Context(), "r")
+	first := h.Submit("r", "remember marker-A")
+	h.Settled("r", first)
+	st, _ := h.M.State(t.Context(), "r")
 	sess := st.SessionID
 
-	acc := h.submit("r", "Run it: "+bashCall("sleep 60"))
-	h.wait("r", acc.Seq, "tool.started", nil)
-	if err := syscall.Kill(agentPid(t, h.root), syscall.SIGKILL); err != nil {
+	acc := h.Submit("r", "Run it: "+roomtest.BashCall("sleep 60"))
+	h.Wait("r", acc.Seq, "tool.started", nil)
+	if err := syscall.Kill(agentPid(t, h.Root), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if d := h.ended("r", acc); d["outcome"] != room.OutcomeFailed {
+	if d := h.Ended("r", acc); d["outcome"] != room.OutcomeFailed {
 		t.Fatalf("killed turn: %v", d)
 	}
-	_, rel := h.wait("r", acc.Seq, "agent.released", nil)
+	_, rel := h.Wait("r", acc.Seq, "agent.released", nil)
 	if rel["receipt"] == nil {
 		t.Fatalf("release without a receipt: %v", rel)
 	}
 
-	next := h.submit("r", "what did I ask you to remember?")
-	_, started := h.wait("r", next.Seq, "agent.started", nil)
+	next := h.Submit("r", "what did I ask you to remember?")
+	_, started := h.Wait("r", next.Seq, "agent.started", nil)
 	if started["session_id"] != sess || started["resumed"] != true {
 		t.Fatalf("restart: %v (session was %s)", started, sess)
 	}
-	h.settled("r", next)
+	h.Settled("r", next)
 	// The resumed session carried the earlier turn to the model.
-	reqs := h.sim.Requests()
+	reqs := h.Sim.Requests()
 	last := reqs[len(reqs)-1]
 	seen := false
 	for _, m := range last.Messages {
@@ -410,27 +235,27 @@ func TestRealKilledAgentFailsTheTurnAndTheNextResumes(t *testing.T) {
 
 func TestRealLostSessionStartsFreshWithTheTranscript(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{})
-	first := h.submit("r", "remember marker-T")
-	h.settled("r", first)
-	if err := h.m.Release(t.Context(), "r"); err != nil {
+	first := h.Submit("r", "remember marker-T")
+	h.Settled("r", first)
+	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	h.wait("r", first.Seq, "agent.released", nil)
+	h.Wait("r", first.Seq, "agent.released", nil)
 	// The agent's session files are gone (a wiped disk, a moved host).
-	files, _ := filepath.Glob(filepath.Join(h.root, "*", "home", "sessions", "*.jsonl"))
+	files, _ := filepath.Glob(filepath.Join(h.Root, "*", "home", "sessions", "*.jsonl"))
 	if len(files) == 0 {
 		t.Fatal("no session file to lose")
 	}
 	for _, f := range files {
 		_ = os.Remove(f)
 	}
-	next := h.submit("r", "and now?")
-	_, lost := h.wait("r", next.Seq, "context.lost", nil)
+	next := h.Submit("r", "and now?")
+	_, lost := h.Wait("r", next.Seq, "context.lost", nil)
 	if lost["previous_session_id"] == "" {
 		t.Fatalf("context.lost: %v", lost)
 	}
-	h.settled("r", next)
-	reqs := h.sim.Requests()
+	h.Settled("r", next)
+	reqs := h.Sim.Requests()
 	last := reqs[len(reqs)-1]
 	var user string
 	for _, m := range last.Messages {
@@ -445,25 +270,25 @@ func TestRealLostSessionStartsFreshWithTheTranscript(t *testing.T) {
 
 func TestRealIdleReleaseWakeAndEviction(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{IdleAfter: 2 * time.Second, MaxResident: 1})
-	a := h.submit("a", "remember marker-I")
-	h.settled("a", a)
-	_, rel := h.wait("a", a.Seq, "agent.released", nil)
+	a := h.Submit("a", "remember marker-I")
+	h.Settled("a", a)
+	_, rel := h.Wait("a", a.Seq, "agent.released", nil)
 	if rel["reason"] != "idle" {
 		t.Fatalf("release: %v", rel)
 	}
-	wake := h.submit("a", "wake up")
-	_, started := h.wait("a", wake.Seq, "agent.started", nil)
+	wake := h.Submit("a", "wake up")
+	_, started := h.Wait("a", wake.Seq, "agent.started", nil)
 	if started["resumed"] != true {
 		t.Fatalf("wake: %v", started)
 	}
-	h.settled("a", wake)
-	if !h.modelSaw("marker-I") {
+	h.Settled("a", wake)
+	if !h.ModelSaw("marker-I") {
 		t.Fatal("lost context across idle release")
 	}
 	// One slot: room b evicts the idle room a.
-	b := h.submit("b", "hello")
-	h.settled("b", b)
-	_, ev := h.wait("a", wake.Seq, "agent.released", nil)
+	b := h.Submit("b", "hello")
+	h.Settled("b", b)
+	_, ev := h.Wait("a", wake.Seq, "agent.released", nil)
 	if !strings.Contains(ev["reason"].(string), "evicted") {
 		t.Fatalf("eviction: %v", ev)
 	}
@@ -503,11 +328,11 @@ func markerProcs(t *testing.T) []int {
 func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
 	for _, r := range []string{"a", "b"} {
-		acc := h.submit(r, "Run it: "+bashCall("/bin/sleep 300 & echo started"))
-		h.settled(r, acc)
+		acc := h.Submit(r, "Run it: "+roomtest.BashCall("/bin/sleep 300 & echo started"))
+		h.Settled(r, acc)
 	}
-	busy := h.submit("a", "[[slow:30s]]long answer")
-	h.wait("a", busy.Seq, "turn.started", nil)
+	busy := h.Submit("a", "[[slow:30s]]long answer")
+	h.Wait("a", busy.Seq, "turn.started", nil)
 	// The background sleeps alive now, by custody scope: each must be on
 	// its scope's receipt. (omp has been seen to end one itself under
 	// load; then custody records it as exited, maybe unnamed.)
@@ -521,11 +346,11 @@ func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 	if len(sleeps) == 0 {
 		t.Fatal("no background sleep ran before the shutdown")
 	}
-	h.close()
+	h.Close()
 	if left := markerProcs(t); len(left) > 0 {
 		t.Fatalf("processes left after shutdown: %v", left)
 	}
-	db, err := store.Open(t.Context(), filepath.Join(filepath.Dir(h.root), "agenthost.db"), store.Options{})
+	db, err := store.Open(t.Context(), filepath.Join(filepath.Dir(h.Root), "agenthost.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,20 +378,20 @@ func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 
 func TestRealPiRoomResumesAcrossRelease(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{Agent: "pi"}})
-	first := h.submit("r", "remember marker-P")
-	if got := h.settled("r", first); got != "ok: remember marker-P" {
+	first := h.Submit("r", "remember marker-P")
+	if got := h.Settled("r", first); got != "ok: remember marker-P" {
 		t.Fatalf("pi: %q", got)
 	}
-	if err := h.m.Release(t.Context(), "r"); err != nil {
+	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	next := h.submit("r", "again")
-	_, started := h.wait("r", next.Seq, "agent.started", nil)
+	next := h.Submit("r", "again")
+	_, started := h.Wait("r", next.Seq, "agent.started", nil)
 	if started["resumed"] != true {
 		t.Fatalf("pi resume: %v", started)
 	}
-	h.settled("r", next)
-	reqs := h.sim.Requests()
+	h.Settled("r", next)
+	reqs := h.Sim.Requests()
 	seen := false
 	for _, m := range reqs[len(reqs)-1].Messages {
 		seen = seen || strings.Contains(m.Content, "marker-P")
@@ -580,11 +405,11 @@ func TestRealPiRoomResumesAcrossRelease(t *testing.T) {
 // the room repairs the tail (keeping the torn copy) before resuming.
 func TestRealPiTornSessionTailIsRepaired(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{Agent: "pi"}})
-	h.settled("r", h.submit("r", "remember marker-Q"))
-	if err := h.m.Release(t.Context(), "r"); err != nil {
+	h.Settled("r", h.Submit("r", "remember marker-Q"))
+	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(h.root, "*", "home", "sessions", "*.jsonl"))
+	files, _ := filepath.Glob(filepath.Join(h.Root, "*", "home", "sessions", "*.jsonl"))
 	if len(files) != 1 {
 		t.Fatalf("session files: %v", files)
 	}
@@ -596,16 +421,16 @@ func TestRealPiTornSessionTailIsRepaired(t *testing.T) {
 	_ = f.Close()
 	// Two resumes: pi's damage shows on the second.
 	for i, text := range []string{"first resume", "second resume"} {
-		acc := h.submit("r", text)
-		_, started := h.wait("r", acc.Seq, "agent.started", nil)
+		acc := h.Submit("r", text)
+		_, started := h.Wait("r", acc.Seq, "agent.started", nil)
 		if started["resumed"] != true {
 			t.Fatalf("resume %d: %v", i, started)
 		}
-		h.settled("r", acc)
-		if err := h.m.Release(t.Context(), "r"); err != nil {
+		h.Settled("r", acc)
+		if err := h.M.Release(t.Context(), "r"); err != nil {
 			t.Fatal(err)
 		}
-		reqs := h.sim.Requests()
+		reqs := h.Sim.Requests()
 		seen := false
 		for _, m := range reqs[len(reqs)-1].Messages {
 			seen = seen || strings.Contains(m.Content, "marker-Q")
@@ -624,8 +449,8 @@ func TestRealPiTornSessionTailIsRepaired(t *testing.T) {
 func TestRealRefusedModelFailsTheTurnAndIsKept(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{Model: "fake/no-such-model"}})
 	for range 2 {
-		acc := h.submit("r", "hello")
-		d := h.ended("r", acc)
+		acc := h.Submit("r", "hello")
+		d := h.Ended("r", acc)
 		// omp refuses an unknown --model at start (exit 1, models.yml
 		// named in its stderr); a model it accepts but does not run is
 		// caught by the state check (ErrSelectionRefused).
@@ -633,7 +458,7 @@ func TestRealRefusedModelFailsTheTurnAndIsKept(t *testing.T) {
 			t.Fatalf("turn: %v", d)
 		}
 	}
-	if h.modelSaw("hello") {
+	if h.ModelSaw("hello") {
 		t.Fatal("a turn reached a model the room did not select")
 	}
 }

@@ -36,9 +36,9 @@ func TestRealRoomToolsAndMCP(t *testing.T) {
 			"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: started}},
 		}},
 	})
-	acc := h.submit("r", `[[tool:room_post {"text":"hello people"}]]`)
-	h.settled("r", acc)
-	_, post := h.wait("r", acc.Seq, "room.post", nil)
+	acc := h.Submit("r", `[[tool:room_post {"text":"hello people"}]]`)
+	h.Settled("r", acc)
+	_, post := h.Wait("r", acc.Seq, "room.post", nil)
 	if post["text"] != "hello people" || post["turn_id"] == "" {
 		t.Fatalf("room.post: %v", post)
 	}
@@ -47,18 +47,18 @@ func TestRealRoomToolsAndMCP(t *testing.T) {
 		{`[[tool:lookup {}]]`, "value-42 for room r"},
 		{`[[tool:mcp__probe_echo_upper {"text":"hi"}]]`, "probe:HI"},
 	} {
-		acc := h.submit("r", tc.call)
-		_, tool := h.wait("r", acc.Seq, "tool.ended", nil)
+		acc := h.Submit("r", tc.call)
+		_, tool := h.Wait("r", acc.Seq, "tool.ended", nil)
 		if !strings.Contains(tool["output"].(string), tc.want) {
 			t.Fatalf("%s: output %q, want %q", tc.call, tool["output"], tc.want)
 		}
-		h.settled("r", acc)
+		h.Settled("r", acc)
 	}
 	if _, err := os.Stat(started); err != nil {
 		t.Fatalf("the room's MCP server never started: %v", err)
 	}
 	// The workspace's own MCP file is ignored, also after a restart.
-	files, _ := filepath.Glob(filepath.Join(h.root, "*", "workspace"))
+	files, _ := filepath.Glob(filepath.Join(h.Root, "*", "workspace"))
 	if len(files) != 1 {
 		t.Fatalf("workspaces: %v", files)
 	}
@@ -70,15 +70,15 @@ func TestRealRoomToolsAndMCP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := h.m.Release(t.Context(), "r"); err != nil {
+	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
-	acc = h.submit("r", `[[tool:mcp__probe_echo_upper {"text":"again"}]]`)
-	_, tool := h.wait("r", acc.Seq, "tool.ended", nil)
+	acc = h.Submit("r", `[[tool:mcp__probe_echo_upper {"text":"again"}]]`)
+	_, tool := h.Wait("r", acc.Seq, "tool.ended", nil)
 	if !strings.Contains(tool["output"].(string), "probe:AGAIN") {
 		t.Fatalf("after restart: %q", tool["output"])
 	}
-	h.settled("r", acc)
+	h.Settled("r", acc)
 	if _, err := os.Stat(injected); err == nil {
 		t.Fatal("omp started an MCP server from the workspace's own configuration")
 	}
