@@ -93,6 +93,19 @@ func (d *daemon) lookup(op, id string) (*proc, error) {
 	return p, nil
 }
 
+// lookupRequest decodes a request that names one process and nothing
+// else (get, wait, terminate) and finds the process.
+func (d *daemon) lookupRequest(op string, raw json.RawMessage) (*proc, error) {
+	var r struct {
+		Op string `json:"op"`
+		ID string `json:"id"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return nil, err
+	}
+	return d.lookup(op, r.ID)
+}
+
 // checkCommon validates what both create requests share.
 func checkCommon(op string, argv []string, cwd string, env []string, meta json.RawMessage) error {
 	if len(argv) == 0 || argv[0] == "" {
@@ -406,14 +419,7 @@ func (d *daemon) opList(c *conn, op string, raw json.RawMessage) error {
 }
 
 func (d *daemon) opGet(c *conn, op string, raw json.RawMessage) error {
-	var r struct {
-		Op string `json:"op"`
-		ID string `json:"id"`
-	}
-	if err := decode(op, raw, &r); err != nil {
-		return err
-	}
-	p, err := d.lookup(op, r.ID)
+	p, err := d.lookupRequest(op, raw)
 	if err != nil {
 		return err
 	}
@@ -424,14 +430,7 @@ func (d *daemon) opGet(c *conn, op string, raw json.RawMessage) error {
 }
 
 func (d *daemon) opWait(c *conn, op string, raw json.RawMessage) error {
-	var r struct {
-		Op string `json:"op"`
-		ID string `json:"id"`
-	}
-	if err := decode(op, raw, &r); err != nil {
-		return err
-	}
-	p, err := d.lookup(op, r.ID)
+	p, err := d.lookupRequest(op, raw)
 	if err != nil {
 		return err
 	}
@@ -522,14 +521,7 @@ func (d *daemon) opSetMetadata(c *conn, op string, raw json.RawMessage) error {
 }
 
 func (d *daemon) opTerminate(c *conn, op string, raw json.RawMessage) error {
-	var r struct {
-		Op string `json:"op"`
-		ID string `json:"id"`
-	}
-	if err := decode(op, raw, &r); err != nil {
-		return err
-	}
-	p, err := d.lookup(op, r.ID)
+	p, err := d.lookupRequest(op, raw)
 	if err != nil {
 		return err
 	}
