@@ -61,37 +61,7 @@ func TestClient_AdoptMidRun(t *testing.T) {
 // will never come: the handshake's get_state, read in order with the
 // events, settles the assumed run.
 func TestClient_AdoptIdleSettles(t *testing.T) {
-	cr, aw := io.Pipe()
-	ar, cw := io.Pipe()
-	c := New(cr, cw, Options{Adopt: &Adopt{Offset: 42, RunOpen: true}})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sc := bufio.NewScanner(ar)
-		for sc.Scan() {
-			var cmd map[string]any
-			if json.Unmarshal(sc.Bytes(), &cmd) != nil {
-				continue
-			}
-			id, _ := cmd["id"].(string)
-			if !strings.HasPrefix(id, "ah") || strings.HasPrefix(id, "ah-") {
-				t.Errorf("an adopted client's request id %q may collide with the previous client's", id)
-			}
-			b, _ := json.Marshal(map[string]any{"type": "response", "id": id, "command": cmd["type"], "success": true,
-				"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
-			_, _ = aw.Write(append(b, '\n'))
-		}
-	}()
-	defer func() {
-		c.Close()
-		aw.Close()
-		ar.Close()
-		wg.Wait()
-	}()
-	if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	c, _ := startIdlePeer(t, &Adopt{Offset: 42, RunOpen: true})
 	turn, err := c.WaitTurn(ctxT(t, 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -166,42 +136,9 @@ func TestClient_AdoptBetweenAckAndRun(t *testing.T) {
 		run   bool
 	}{{"omp run follows", true, true}, {"pi run follows", false, true}, {"pi no run", false, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			cr, aw := io.Pipe()
-			ar, cw := io.Pipe()
-			c := New(cr, cw, Options{Adopt: &Adopt{Offset: 42, RunOpen: true, Ready: tc.ready}})
-			var wmu sync.Mutex
-			write := func(lines ...string) {
-				wmu.Lock()
-				defer wmu.Unlock()
-				for _, l := range lines {
-					_, _ = aw.Write([]byte(l + "\n"))
-				}
-			}
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				write(`{"type":"response","id":"ah-3","command":"prompt","success":true}`)
-				sc := bufio.NewScanner(ar)
-				for sc.Scan() {
-					var cmd map[string]any
-					if json.Unmarshal(sc.Bytes(), &cmd) != nil {
-						continue
-					}
-					b, _ := json.Marshal(map[string]any{"type": "response", "id": cmd["id"], "command": cmd["type"], "success": true,
-						"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
-					write(string(b))
-				}
-			}()
-			defer func() {
-				c.Close()
-				aw.Close()
-				ar.Close()
-				wg.Wait()
-			}()
-			if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
-				t.Fatal(err)
-			}
+			// The previous client's prompt was acknowledged after the offset.
+			c, write := startIdlePeer(t, &Adopt{Offset: 42, RunOpen: true, Ready: tc.ready},
+				`{"type":"response","id":"ah-3","command":"prompt","success":true}`)
 			c.mu.Lock()
 			adopted := c.turn
 			c.mu.Unlock()
@@ -225,4 +162,53 @@ func TestClient_AdoptBetweenAckAndRun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startIdlePeer starts an adopted client on a fake agent that first writes
+// lines, then answers every request as an idle agent (checking that the
+// client's ids cannot collide with its predecessor's). write adds frames
+// to the agent's output.
+func startIdlePeer(t *testing.T, adopt *Adopt, lines ...string) (c *Client, write func(lines ...string)) {
+	t.Helper()
+	cr, aw := io.Pipe()
+	ar, cw := io.Pipe()
+	c = New(cr, cw, Options{Adopt: adopt})
+	var wmu sync.Mutex
+	write = func(lines ...string) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		for _, l := range lines {
+			_, _ = aw.Write([]byte(l + "\n"))
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		write(lines...)
+		sc := bufio.NewScanner(ar)
+		for sc.Scan() {
+			var cmd map[string]any
+			if json.Unmarshal(sc.Bytes(), &cmd) != nil {
+				continue
+			}
+			id, _ := cmd["id"].(string)
+			if !strings.HasPrefix(id, "ah") || strings.HasPrefix(id, "ah-") {
+				t.Errorf("an adopted client's request id %q may collide with the previous client's", id)
+			}
+			b, _ := json.Marshal(map[string]any{"type": "response", "id": id, "command": cmd["type"], "success": true,
+				"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
+			write(string(b))
+		}
+	}()
+	t.Cleanup(func() {
+		c.Close()
+		aw.Close()
+		ar.Close()
+		wg.Wait()
+	})
+	if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	return c, write
 }

@@ -670,10 +670,7 @@ func (c *Client) roundTrip(ctx context.Context, id, command string, line []byte)
 		if r.perr != nil {
 			return nil, r.perr
 		}
-		if err := r.err(false); err != nil {
-			return r, err
-		}
-		return r, nil
+		return r, r.err(false)
 	}
 	select {
 	case r := <-p.ch:

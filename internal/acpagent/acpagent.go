@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agenthost/agenthost/internal/detail"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/room"
 	sdk "github.com/coder/acp-go-sdk"
 )

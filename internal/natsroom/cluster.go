@@ -346,14 +346,7 @@ func (c *Cluster) Holder(ctx context.Context, rm string) string {
 func (c *Cluster) Waiting(ctx context.Context, rm string) (waiting int, running, asking bool, err error) {
 	var cursor uint64
 	err = c.st.read(ctx, rm, func(f *fold) {
-		for _, t := range f.turns {
-			running = running || t.Ended.IsZero()
-		}
-		for _, m := range f.msgs {
-			if m.Status == store.MessageQueued {
-				waiting++
-			}
-		}
+		running, waiting = f.running() != nil, f.queued()
 		for _, q := range f.questions {
 			asking = asking || q.Answered.IsZero()
 		}
@@ -800,7 +793,10 @@ func (c *Cluster) bestFree() int {
 	defer c.mu.Unlock()
 	best := 0
 	for node, l := range c.loads {
-		if node != token(c.cfg.Node) && time.Since(l.at) < loadFresh && l.free > best {
+		switch {
+		case time.Since(l.at) >= loadFresh:
+			delete(c.loads, node) // a worker gone quiet: heard again if it comes back
+		case node != token(c.cfg.Node) && l.free > best:
 			best = l.free
 		}
 	}

@@ -78,6 +78,28 @@ func newFold(room string) *fold {
 	return &fold{room: store.Room{ID: room}, msgIdx: map[string]int{}, turnIdx: map[string]int{}}
 }
 
+// running is the turn not ended yet (nil: none).
+func (f *fold) running() *store.Turn {
+	var open *store.Turn
+	for i := range f.turns {
+		if f.turns[i].Ended.IsZero() {
+			open = &f.turns[i]
+		}
+	}
+	return open
+}
+
+// queued is how many messages wait for a turn.
+func (f *fold) queued() int {
+	n := 0
+	for _, m := range f.msgs {
+		if m.Status == store.MessageQueued {
+			n++
+		}
+	}
+	return n
+}
+
 func (f *fold) clone() *fold {
 	c := *f
 	c.msgs = append([]store.Message(nil), f.msgs...)

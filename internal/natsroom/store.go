@@ -511,17 +511,10 @@ func (s *Store) Status(ctx context.Context, rm string) (*room.TurnRef, int, bool
 	var queued int
 	var resident bool
 	err := s.read(ctx, rm, func(f *fold) {
-		for _, t := range f.turns {
-			if t.Ended.IsZero() {
-				turn = &room.TurnRef{ID: t.ID, MessageID: t.MessageID}
-			}
+		if t := f.running(); t != nil {
+			turn = &room.TurnRef{ID: t.ID, MessageID: t.MessageID}
 		}
-		for _, m := range f.msgs {
-			if m.Status == store.MessageQueued {
-				queued++
-			}
-		}
-		resident = f.resident
+		queued, resident = f.queued(), f.resident
 	})
 	return turn, queued, resident, err
 }
