@@ -145,6 +145,10 @@ func (in *Install) BunVersion() (string, error) {
 	return readVersion(filepath.Join(in.Dir, "node_modules", "bun", "package.json"))
 }
 
+// PackageDir returns the absolute folder of agent k's npm package (any kind, the ACP agents
+// included), failing with [ErrNotFound] when it is not installed.
+func (in *Install) PackageDir(k Kind) (string, error) { return in.pkgDir(k) }
+
 func (in *Install) pkgDir(k Kind) (string, error) {
 	rel, ok := packages[k]
 	if !ok {
