@@ -40,6 +40,8 @@ var allowed = map[string][]string{
 	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/custody",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
 	module + "/internal/agents": nil,
+	// agenthost's pi extension and its wire: the standard library only.
+	module + "/internal/rpcagent/piext": nil,
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
 	// The store is SQLite and nothing of ours: rooms own the interface
