@@ -8,9 +8,9 @@ import (
 	"strings"
 )
 
-// Tool is a tool the host offers a room's agent (omp's host tools; pi
-// has none). Run's result text goes back to the model; its error becomes
-// an error result.
+// Tool is a tool the host offers a room's agent (omp's host tools; pi's
+// through agenthost's extension). Run's result text goes back to the
+// model; its error becomes an error result.
 type Tool struct {
 	Name        string
 	Description string

@@ -134,20 +134,26 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 // A restart while the turn waits on an approval: the next host re-reads
 // the agent's request, takes the pending approval over (not asked twice),
 // and a person's decision on it reaches the agent; the turn completes.
-func TestRealDaemonRestartDuringApproval(t *testing.T) {
+func TestRealDaemonRestartDuringApproval(t *testing.T) { daemonRestartDuringApproval(t, agents.OMP) }
+
+// The same on pi, whose approvals come from agenthost's extension.
+func TestRealDaemonRestartDuringApprovalPi(t *testing.T) { daemonRestartDuringApproval(t, agents.Pi) }
+
+func daemonRestartDuringApproval(t *testing.T, kind agents.Kind) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir)
 	sim := roomtest.StartSim(t)
-	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	opts := room.Options{Config: room.Config{Agent: string(kind)}}
+	h1 := startDaemonHost(t, dir, sim, d, opts)
 	acc := h1.Submit("r", "Run it: "+roomtest.BashCall("echo approved-run"))
 	_, req := h1.Wait("r", acc.Seq, "approval.requested", nil)
 	id := req["approval_id"].(string)
 	h1.Detach()
 
-	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	h2 := startDaemonHost(t, dir, sim, d, opts)
 	// The pending approval is the agent's again (not denied by the
-	// restart); deciding it reaches omp, whether omp's request is read
-	// again before or after.
+	// restart); deciding it reaches the agent, whether its request is
+	// read again before or after.
 	if err := h2.M.Approve(t.Context(), "r", id, true); err != nil {
 		t.Fatalf("approving %s after the restart: %v", id, err)
 	}

@@ -23,11 +23,15 @@ import (
 
 // hostHelperEnv makes the test binary a room host (dir and model URL,
 // separated by a space) that accepts three messages, says "ready" once the
-// first one's bash tool runs, and waits to be killed.
+// first one's bash tool runs, and waits to be killed. With a third field
+// "pi" it hosts pi under always-ask instead, accepts one message and says
+// "ready" once its bash call waits on an approval.
 const hostHelperEnv = "RPCAGENT_TEST_HOST"
 
 func hostHelper() int {
-	dir, modelURL, _ := strings.Cut(os.Getenv(hostHelperEnv), " ")
+	fields := strings.Fields(os.Getenv(hostHelperEnv))
+	dir, modelURL := fields[0], fields[1]
+	pi := len(fields) > 2 && fields[2] == "pi"
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "host helper:", err)
 		return 1
@@ -49,8 +53,12 @@ func hostHelper() int {
 	if err != nil {
 		return fail(err)
 	}
-	m, err := room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"),
-		Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	cfg, texts, ready := room.Config{ApprovalMode: room.ApprovalYolo},
+		[]string{"Run it: " + roomtest.BashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"}, "tool.started"
+	if pi {
+		cfg, texts, ready = room.Config{Agent: "pi"}, []string{"Run it: " + roomtest.BashCall("echo ran > killed.txt")}, "approval.requested"
+	}
+	m, err := room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"), Config: cfg})
 	if err != nil {
 		return fail(err)
 	}
@@ -58,7 +66,7 @@ func hostHelper() int {
 		return fail(err)
 	}
 	watch, _ := db.Watch("r")
-	for _, text := range []string{"Run it: " + roomtest.BashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"} {
+	for _, text := range texts {
 		if _, err := m.Submit(ctx, "r", room.Message{Text: text}); err != nil {
 			return fail(err)
 		}
@@ -68,7 +76,7 @@ func hostHelper() int {
 		evs, _ := db.Events(ctx, "r", after, 0)
 		for _, ev := range evs {
 			after = ev.Seq
-			if ev.Type == "tool.started" {
+			if ev.Type == ready {
 				fmt.Println("ready")
 			}
 		}
@@ -76,15 +84,12 @@ func hostHelper() int {
 	return 0
 }
 
-// A host killed with SIGKILL mid-turn, then restarted on the same data:
-// the queued messages run in order, the running turn ends failed ("host
-// restarted"), and the processes the dead host left are found by their
-// marker and reaped.
-func TestRealHostKilledAndRestarted(t *testing.T) {
-	dir := t.TempDir()
-	sim := roomtest.StartSim(t)
+// startHostHelper runs hostHelper (with the fields after dir and model
+// URL) and returns once it said "ready".
+func startHostHelper(t *testing.T, dir, modelURL string, extra ...string) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), hostHelperEnv+"="+dir+" "+sim.URL())
+	cmd.Env = append(os.Environ(), hostHelperEnv+"="+strings.Join(append([]string{dir, modelURL}, extra...), " "))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -118,8 +123,47 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	case <-time.After(120 * time.Second):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		t.Fatalf("host helper never got its turn running: %s", stderr.String())
+		t.Fatalf("host helper never got ready: %s", stderr.String())
 	}
+	return cmd
+}
+
+// reapOrphansOf waits for what the killed host left (found by marker)
+// until want says it is all there or 30 s pass, reaps it and returns it.
+func reapOrphansOf(t *testing.T, host int, want func([]custody.Orphan) bool) []custody.Orphan {
+	t.Helper()
+	var left []custody.Orphan
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		all, err := custody.FindOrphans()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left = left[:0]
+		for _, o := range all {
+			if o.Host == host {
+				left = append(left, o)
+			}
+		}
+		if want(left) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the agent may still be exiting; no event to wait on
+	}
+	if alive, err := custody.KillOrphans(t.Context(), left, time.Second); err != nil {
+		t.Fatalf("reaping the orphans: %v (alive %v)", err, alive)
+	}
+	return left
+}
+
+// A host killed with SIGKILL mid-turn, then restarted on the same data:
+// the queued messages run in order, the running turn ends failed ("host
+// restarted"), and the processes the dead host left are found by their
+// marker and reaped.
+func TestRealHostKilledAndRestarted(t *testing.T) {
+	dir := t.TempDir()
+	sim := roomtest.StartSim(t)
+	cmd := startHostHelper(t, dir, sim.URL())
 	// The background sleep runs (tool.started comes before the command).
 	for deadline := time.Now().Add(60 * time.Second); !sleepRuns(); {
 		if time.Now().After(deadline) {
@@ -133,24 +177,9 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	_ = cmd.Wait()
 
 	// What the dead host left: found by marker, reaped.
-	var left []custody.Orphan
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		all, err := custody.FindOrphans()
-		if err != nil {
-			t.Fatal(err)
-		}
-		left = left[:0]
-		for _, o := range all {
-			if o.Host == cmd.Process.Pid {
-				left = append(left, o)
-			}
-		}
-		if slices.ContainsFunc(left, func(o custody.Orphan) bool { return strings.Contains(o.Cmdline, "sleep 3600") }) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the agent may still be exiting; no event to wait on
-	}
+	left := reapOrphansOf(t, cmd.Process.Pid, func(left []custody.Orphan) bool {
+		return slices.ContainsFunc(left, func(o custody.Orphan) bool { return strings.Contains(o.Cmdline, "sleep 3600") })
+	})
 	sleeps := 0
 	for _, o := range left {
 		if strings.Contains(o.Cmdline, "sleep 3600") {
@@ -159,9 +188,6 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	}
 	if sleeps == 0 {
 		t.Fatalf("the dead host's background sleep is not among its orphans: %+v", left)
-	}
-	if alive, err := custody.KillOrphans(t.Context(), left, time.Second); err != nil {
-		t.Fatalf("reaping the orphans: %v (alive %v)", err, alive)
 	}
 
 	h := startHost(t, dir, sim, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
@@ -187,6 +213,39 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 		if got, want := h.Settled("r", room.Accepted{ID: id}), []string{"queued one", "queued two"}[i]; !strings.HasPrefix(got, "ok: ") || !strings.HasSuffix(got, want) {
 			t.Fatalf("recovered turn %d: %q", i, got)
 		}
+	}
+}
+
+// A host killed with SIGKILL while pi's bash call waits on the room's
+// approval: the command never runs, and the restarted host denies the
+// approval (by restart) and fails the turn, as with omp.
+func TestRealPiHostKilledDuringApproval(t *testing.T) {
+	dir := t.TempDir()
+	sim := roomtest.StartSim(t)
+	cmd := startHostHelper(t, dir, sim.URL(), "pi")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	reapOrphansOf(t, cmd.Process.Pid, func(left []custody.Orphan) bool { return len(left) == 0 })
+
+	h := startHost(t, dir, sim, room.Options{Config: room.Config{Agent: "pi"}})
+	var msg string
+	for _, ev := range h.Events("r") {
+		if ev.Type == "message.accepted" {
+			msg = roomtest.Field(ev.Data, "message_id")
+		}
+	}
+	if d := h.Ended("r", room.Accepted{ID: msg}); d["outcome"] != room.OutcomeFailed || d["reason"] != "host restarted" {
+		t.Fatalf("the turn: %v", d)
+	}
+	_, res := h.Wait("r", 0, "approval.resolved", nil)
+	if res["decision"] != "deny" || res["by"] != "restart" {
+		t.Fatalf("the pending approval: %v", res)
+	}
+	ws, _ := filepath.Glob(filepath.Join(h.Root, "*", "workspace", "killed.txt"))
+	if len(ws) != 0 {
+		t.Fatalf("the command ran: %v", ws)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
+	"github.com/agenthost/agenthost/internal/rpcagent/piext"
 	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
@@ -60,6 +61,10 @@ type Options struct {
 	MaxLineBytes int
 	Logger       *slog.Logger
 }
+
+// ErrNoMCP: the room configures MCP servers and its agent has no MCP
+// client (pi); its agent does not start.
+var ErrNoMCP = errors.New("rpcagent: the agent has no MCP client")
 
 // Transport implements room.Transport over rpc, and room.Attacher when
 // its agents run in the process daemon.
@@ -137,11 +142,21 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		}
 		if len(spec.MCP) > 0 {
 			if kind != agents.OMP {
-				return nil, fmt.Errorf("rpcagent: %s has no MCP support; the room configures %d MCP server(s)", kind, len(spec.MCP))
+				return nil, fmt.Errorf("%w: %s, and the room configures %d MCP server(s)", ErrNoMCP, kind, len(spec.MCP))
 			}
 			if err := writeMCP(spec.Home, spec.MCP); err != nil {
 				return nil, err
 			}
+		}
+		if kind == agents.Pi {
+			// pi has no approvals, questions or host tools: agenthost's
+			// extension adds them, and pi reads nothing from the workspace.
+			setup, err := t.piSetup(spec)
+			if err != nil {
+				return nil, err
+			}
+			rs.ExtraArgs = append(rs.ExtraArgs, setup.Args...)
+			rs.Env = append(rs.Env, setup.Env...)
 		}
 		if kind == agents.OMP {
 			// rpc-ui offers omp's ask tool; approvals as configured.
@@ -171,6 +186,9 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	}
 	rs.Dir = spec.Workspace
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout}
+	if kind == agents.Pi && !custom {
+		a.piext, a.tools = true, spec.Tools
+	}
 	opts := rpc.SpawnOptions{
 		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
@@ -221,6 +239,10 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 		kind = agents.OMP
 	}
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen}
+	if kind == agents.Pi && len(cfg.Command) == 0 {
+		// The extension loaded at its start calls the room's tools.
+		a.piext, a.tools = true, spec.Tools
+	}
 	c, err := rpc.Attach(ctx, p, rpc.SpawnOptions{Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog,
 		MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes), OnEvent: a.event,
 		Adopt: &rpc.Adopt{Offset: at.Offset, V2: h.V2, Ready: h.Ready, RunOpen: at.RunOpen}}})
@@ -253,7 +275,8 @@ func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, m
 		_ = c.Close()
 		return err
 	}
-	// Host tools are omp's; pi has none, and a custom command may not.
+	// Host tools are omp's (pi gets the room's tools from its extension);
+	// a custom command may have none.
 	if len(spec.Tools) > 0 && hostTools {
 		if err := c.SetHostTools(ctx, toHostTools(spec.Tools)); err != nil {
 			_ = c.Close()
@@ -261,6 +284,24 @@ func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, m
 		}
 	}
 	return nil
+}
+
+// piSetup writes agenthost's pi extension into the room's home with the
+// room's approval mode and tools.
+func (t *Transport) piSetup(spec room.AgentSpec) (piext.Setup, error) {
+	pkg, err := t.opts.Install.PackageDir(agents.Pi)
+	if err != nil {
+		return piext.Setup{}, err
+	}
+	tools := make([]piext.Tool, 0, len(spec.Tools))
+	for _, tl := range spec.Tools {
+		tools = append(tools, piext.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
+	}
+	setup, err := piext.Write(spec.Home, pkg, piext.Room{ApprovalMode: spec.Config.ApprovalMode, Tools: tools})
+	if err != nil {
+		return piext.Setup{}, fmt.Errorf("rpcagent: %w", err)
+	}
+	return setup, nil
 }
 
 func toHostTools(tools []room.Tool) []rpc.HostTool {
@@ -403,6 +444,10 @@ type agent struct {
 	c       *rpc.Client
 	h       room.Handler
 	session string
+	// piext: the agent is pi with agenthost's extension, which calls the
+	// room's tools through dialogs (omp's host tools the client runs).
+	piext   bool
+	tools   []room.Tool
 	refresh time.Duration
 	unsub   func()
 	mu      sync.Mutex
@@ -571,6 +616,12 @@ func (a *agent) event(ev rpc.Event) {
 		a.read.Store(end) // the dispatcher is the only writer
 	}
 	if a.proc != nil && ev.IsDialog() {
+		if a.piext && a.isToolCall(ev) {
+			// A room tool's call, not a person's dialog: a new host does
+			// not run it again (as omp's host tool calls).
+			a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+			return
+		}
 		a.h.Event(room.AgentEvent{Kind: room.KindDialog, Start: ev.Start(), Offset: end})
 		return
 	}
@@ -618,8 +669,36 @@ const approvalPrefix = "Allow tool: "
 
 var approvalOptions = []string{"Approve", "Deny"}
 
-// dialog turns the agent's dialogs into approvals and questions.
+// isToolCall reports whether a dialog event is the pi extension's call of
+// a room tool.
+func (a *agent) isToolCall(ev rpc.Event) bool {
+	var req rpc.UIRequest
+	if ev.Decode(&req) != nil {
+		return false
+	}
+	_, _, ok := piext.ToolCall(req.Method, req.Title, req.Placeholder)
+	return ok
+}
+
+// runTool runs the room tool the pi extension called.
+func (a *agent) runTool(ctx context.Context, name string, args json.RawMessage) string {
+	for _, t := range a.tools {
+		if t.Name == name {
+			text, err := t.Run(ctx, room.ToolCall{Args: args})
+			return piext.ToolResult(text, err)
+		}
+	}
+	return piext.ToolResult("", fmt.Errorf("%w: %q", piext.ErrNoTool, name))
+}
+
+// dialog turns the agent's dialogs into approvals and questions, and the
+// pi extension's calls into room tool runs.
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
+	if a.piext {
+		if name, args, ok := piext.ToolCall(req.Method, req.Title, req.Placeholder); ok {
+			return rpc.Value(a.runTool(ctx, name, args))
+		}
+	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
 		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
