@@ -187,6 +187,10 @@ func (r *pathRun) startHost() *host {
 	probe := map[string]room.MCPServer{
 		"probe": {Command: []string{os.Args[0], "-test.run=^$"}, Env: map[string]string{mcpHelperEnv: r.mcp}},
 	}
+	if _, gap := r.p.gaps[cMCP]; gap && os.Getenv(probeGapsEnv) == "" {
+		// An agent without MCP refuses a room that configures servers.
+		probe = nil
+	}
 	m, err := room.New(room.Options{
 		Store: room.SQLite(db), Transport: tr,
 		Root: filepath.Join(r.dir, "rooms"), Workspaces: filepath.Join(r.dir, "ws"),
@@ -373,6 +377,7 @@ func pinnedVersions(t testing.TB) map[agents.Kind]string {
 	}
 	return map[agents.Kind]string{
 		agents.OMP:     pj.Dependencies["@oh-my-pi/pi-coding-agent"],
+		agents.Pi:      pj.Dependencies["@mariozechner/pi-coding-agent"],
 		agents.Claude:  pj.Dependencies["@agentclientprotocol/claude-agent-acp"],
 		agents.Codex:   pj.Dependencies["@agentclientprotocol/codex-acp"],
 		agents.Copilot: pj.Dependencies["@github/copilot"],

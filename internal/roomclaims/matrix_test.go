@@ -60,6 +60,11 @@ func TestTable(t *testing.T) {
 				t.Errorf("path %s: how for unknown claim %q", p.id, id)
 			}
 		}
+		for id := range p.instead {
+			if _, gap := p.gaps[id]; !ids[id] || gap {
+				t.Errorf("path %s: instead for unknown or gap claim %q", p.id, id)
+			}
+		}
 	}
 }
 
@@ -84,6 +89,7 @@ func renderMatrix(pins map[agents.Kind]string) []byte {
 	b.WriteString("table, and a test fails when the two differ.\n\n")
 	b.WriteString("Tested versions (pinned in `.tools/package.json`, installed by `make setup`):\n\n")
 	fmt.Fprintf(&b, "- **omp rpc**: omp %s (`omp --mode rpc`, on Bun), transport `internal/rpcagent`\n", pins[agents.OMP])
+	fmt.Fprintf(&b, "- **pi rpc**: pi %s (`pi --mode rpc`, on Node), transport `internal/rpcagent` with agenthost's pi extension (`internal/rpcagent/piext`)\n", pins[agents.Pi])
 	fmt.Fprintf(&b, "- **omp acp**: omp %s (`omp acp`), transport `internal/acpagent`\n", pins[agents.OMP])
 	fmt.Fprintf(&b, "- **claude**: claude-agent-acp %s (runs the Claude Code CLI), transport `internal/acpagent`\n", pins[agents.Claude])
 	fmt.Fprintf(&b, "- **codex**: codex-acp %s (runs the codex CLI), transport `internal/acpagent`\n", pins[agents.Codex])
@@ -119,6 +125,9 @@ func renderMatrix(pins map[agents.Kind]string) []byte {
 				continue
 			}
 			how := c.how[p.transport]
+			if own := p.instead[c.id]; own != "" {
+				how = own
+			}
 			if extra := p.how[c.id]; extra != "" {
 				how += "; " + extra
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/rpcagent/piext"
 )
 
 // The table: what a room promises (claims), and the real agent paths that must keep the promises
@@ -35,6 +36,8 @@ type path struct {
 	model, modelSeen string
 	// how adds, per claim, what is particular to this path.
 	how map[string]string
+	// instead says, per claim, how this path keeps it in place of its transport's way.
+	instead map[string]string
 	// gaps are the claims this path does not keep, with the reason (a measured fact).
 	gaps map[string]string
 }
@@ -140,6 +143,15 @@ const (
 	codexAsk  = `[[tool:request_user_input {"questions":[{"id":"c","header":"Color","question":"Which color?","options":[{"label":"red","description":"red"},{"label":"blue","description":"blue"}]}]}]]`
 )
 
+// piGaps are the gaps of pi rooms as piext names them (serve --agent pi prints them at start).
+func piGaps() map[string]string {
+	gaps := map[string]string{}
+	for _, g := range piext.Gaps() {
+		gaps[g.Claim] = g.Reason
+	}
+	return gaps
+}
+
 // MCP tool names as each agent shows them to the model.
 func ompMCP(server, tool string) string    { return "mcp__" + server + "_" + tool }
 func doubleMCP(server, tool string) string { return "mcp__" + server + "__" + tool }
@@ -152,6 +164,21 @@ var paths = []path{
 		mcpName: ompMCP,
 		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
+	},
+	{
+		id: "pi rpc", transport: "rpc", kind: agents.Pi,
+		shell: shellCmd("bash", "command", nil),
+		ask:   ompAsk,
+		model: agents.ModelID, modelSeen: "fake-model",
+		instead: map[string]string{
+			cRoomTools: "agenthost's pi extension registers the room's tools; each call is an RPC `input` dialog the room answers",
+			cAllow: "agenthost's pi extension asks for every tool but read, grep, find and ls (always-ask) with omp's select dialog → durable approval; " +
+				"pi loads no extension, setting, skill or prompt of the workspace",
+			cDeny:      "`Deny` answer; the extension blocks the call and pi reports the denial to the model",
+			cResume:    "`--session` of the room's session file (a torn last line repaired first)",
+			cQuestions: "the extension's `ask` tool (omp's schema) → RPC select or input dialogs → `question.asked`, answered by API or the next message",
+		},
+		gaps: piGaps(),
 	},
 	{
 		id: "omp acp", transport: "acp", kind: agents.OMP,
