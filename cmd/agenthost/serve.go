@@ -23,6 +23,7 @@ import (
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/natsroom"
 	"github.com/agenthost/agenthost/internal/rpcagent"
+	"github.com/agenthost/agenthost/internal/rpcagent/piext"
 	"github.com/agenthost/agenthost/internal/server"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/procd"
@@ -413,6 +414,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if f.role == natsroom.RoleWorker {
 		// A worker serves no API: it runs rooms until told to stop.
 		fmt.Fprintf(stdout, "agenthost: node %s running rooms (worker)\n", f.node)
+		printGaps(stdout, f, kind, custom)
 		<-ctx.Done()
 		log.Info("shutting down")
 		return nil
@@ -441,6 +443,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	} else {
 		fmt.Fprintf(stdout, "agenthost: serving rooms at %s (token from %s)\n", addr, tokenEnv)
 	}
+	printGaps(stdout, f, kind, custom)
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	restart := false
@@ -564,4 +567,18 @@ func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), er
 		}
 	}
 	return cl, stop, nil
+}
+
+// printGaps says, in one line, which room promises the rooms' agent cannot
+// keep (pi's: no MCP), as the support matrix does.
+func printGaps(stdout io.Writer, f serveFlags, kind agents.Kind, custom []string) {
+	if len(custom) > 0 || f.transport != transportRPC || kind != agents.Pi {
+		return
+	}
+	gaps := piext.Gaps()
+	parts := make([]string, 0, len(gaps))
+	for _, g := range gaps {
+		parts = append(parts, fmt.Sprintf("%q: %s", g.Claim, g.Reason))
+	}
+	fmt.Fprintf(stdout, "agenthost: %s rooms cannot keep %s; docs/support-matrix.md lists every promise\n", kind, strings.Join(parts, "; "))
 }
