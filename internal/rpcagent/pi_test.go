@@ -88,11 +88,19 @@ func TestRealPiYoloRunsWithoutAsking(t *testing.T) {
 	}
 }
 
-// pi's ask tool (the extension's) becomes a durable room question; the
-// answer reaches the model.
+// pi's ask tool (the extension's) becomes a durable room question,
+// answered by API or by the room's next message; the answer reaches the
+// model. Unanswered by its deadline, the agent is told so and the turn
+// goes on.
 func TestRealPiQuestions(t *testing.T) {
-	h := startHost(t, "", nil, room.Options{Config: room.Config{Agent: "pi"}})
-	acc := h.Submit("r", `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`)
+	h := startHost(t, "", nil, room.Options{Config: room.Config{Agent: "pi"}, RoomConfig: func(id string) room.Config {
+		if id == "late" {
+			return room.Config{QuestionTimeout: 2 * time.Second}
+		}
+		return room.Config{}
+	}})
+	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+	acc := h.Submit("r", ask)
 	_, q := h.Wait("r", acc.Seq, "question.asked", nil)
 	if q["title"] != "Which color?" || len(q["options"].([]any)) != 2 {
 		t.Fatalf("question: %v", q)
@@ -105,8 +113,36 @@ func TestRealPiQuestions(t *testing.T) {
 		t.Fatalf("ask result %q", tool["output"])
 	}
 	h.Settled("r", acc)
-	if n := h.Count("r", "approval.requested"); n != 0 {
-		t.Fatalf("asking a question asked %d approvals", n)
+
+	acc = h.Submit("r", `[[tool:ask {"questions":[{"question":"Any name?"}]}]]`)
+	ev, q := h.Wait("r", acc.Seq, "question.asked", nil)
+	if q["title"] != "Any name?" || q["options"] != nil {
+		t.Fatalf("free question: %v", q)
+	}
+	h.Submit("r", "green-ish")
+	_, ans := h.Wait("r", ev.Seq, "question.answered", nil)
+	if ans["by"] != "message" {
+		t.Fatalf("answered: %v", ans)
+	}
+	_, tool = h.Wait("r", ev.Seq, "tool.ended", nil)
+	if !strings.Contains(tool["output"].(string), "green-ish") {
+		t.Fatalf("ask result %q", tool["output"])
+	}
+	h.Settled("r", acc)
+
+	acc = h.Submit("late", ask)
+	ev, _ = h.Wait("late", acc.Seq, "question.asked", nil)
+	_, ans = h.Wait("late", ev.Seq, "question.answered", nil)
+	if ans["by"] != "deadline" || ans["cancelled"] != true {
+		t.Fatalf("answered: %v", ans)
+	}
+	if got := h.Settled("late", acc); got != "done" {
+		t.Fatalf("turn text %q", got)
+	}
+	for _, id := range []string{"r", "late"} {
+		if n := h.Count(id, "approval.requested"); n != 0 {
+			t.Fatalf("asking questions asked %d approvals", n)
+		}
 	}
 }
 
