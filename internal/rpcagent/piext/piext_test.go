@@ -57,10 +57,9 @@ func TestToolCallAndResult(t *testing.T) {
 	}
 }
 
-// Write leaves a home that names the extension, the room file and a
-// package manifest whose project folder no repository has, rewritten at
-// every call.
-func TestWrite(t *testing.T) {
+// piPackage is the installed agents and pi's package folder.
+func piPackage(t *testing.T) (*agents.Install, string) {
+	t.Helper()
 	in, err := agents.Find()
 	if err != nil {
 		t.Fatalf("the real agents are needed (run make setup): %v", err)
@@ -69,6 +68,14 @@ func TestWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return in, pkg
+}
+
+// Write leaves a home that names the extension, the room file and a
+// package manifest whose project folder no repository has, rewritten at
+// every call.
+func TestWrite(t *testing.T) {
+	in, pkg := piPackage(t)
 	home := t.TempDir()
 	room := Room{ApprovalMode: "always-ask", Tools: []Tool{{Name: "room_post", Description: "Post.", Parameters: json.RawMessage(`{"type":"object"}`)}}}
 	setups, manifests := make([]Setup, 2), make([]map[string]any, 2)
@@ -99,10 +106,11 @@ func TestWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if setups[i], err = Write(home, pkg, room); err != nil {
+		s, err := Write(home, pkg, room)
+		if err != nil {
 			t.Fatal(err)
 		}
-		manifests[i] = manifest(setups[i])
+		setups[i], manifests[i] = s, manifest(s)
 	}
 	if _, err := os.Stat(filepath.Join(home, dirName, "planted.ts")); err == nil {
 		t.Error("a file planted in the extension's folder survived a Write")
@@ -150,14 +158,7 @@ func TestWrite(t *testing.T) {
 // closed, never runs unguarded), and when the extension is not loaded at
 // all (its flag is then unknown).
 func TestPiRefusesToStartWithoutItsRoom(t *testing.T) {
-	in, err := agents.Find()
-	if err != nil {
-		t.Fatalf("the real agents are needed (run make setup): %v", err)
-	}
-	pkg, err := in.PackageDir(agents.Pi)
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, pkg := piPackage(t)
 	argv, err := in.Argv(agents.Pi)
 	if err != nil {
 		t.Fatal(err)
