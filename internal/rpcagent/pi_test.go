@@ -51,6 +51,10 @@ func TestRealPiApprovalsAllowDenyExpire(t *testing.T) {
 		if req["tool"] != "bash" || !strings.Contains(req["input"].(string), "echo run > "+tc.file) {
 			t.Fatalf("approval: %v", req)
 		}
+		// In pi's order: the tool starts, then its extension asks.
+		if started, _ := h.Wait("r", acc.Seq, room.KindToolStarted, nil); started.Seq > ev.Seq {
+			t.Fatalf("%s: tool.started at seq %d, after its approval.requested at %d", tc.file, started.Seq, ev.Seq)
+		}
 		if tc.decide != nil {
 			tc.decide(req["approval_id"].(string))
 		}

@@ -201,6 +201,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
 	}
 	a.c = c
+	a.live.Store(c)
 	// The daemon's process is known before the listener runs: event reads
 	// a.proc from the dispatcher's goroutine.
 	if p, ok := c.Process().(*daemonproc.Process); ok {
@@ -250,6 +251,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 		return nil, fmt.Errorf("rpcagent: attaching to the agent: %w", err)
 	}
 	a.c = c
+	a.live.Store(c)
 	a.unsub = func() {}
 	model := cfg.Model
 	if model == "" && t.opts.ModelURL != "" && len(cfg.Command) == 0 {
@@ -446,8 +448,11 @@ type agent struct {
 	session string
 	// piext: the agent is pi with agenthost's extension, which calls the
 	// room's tools through dialogs (omp's host tools the client runs).
-	piext   bool
-	tools   []room.Tool
+	piext bool
+	tools []room.Tool
+	// live is c once set, for dialogs that may come while it is being set
+	// (an attached agent's requests are read again at once).
+	live    atomic.Pointer[rpc.Client]
 	refresh time.Duration
 	unsub   func()
 	mu      sync.Mutex
@@ -700,6 +705,14 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 		}
 	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
+		if c := a.live.Load(); a.piext && c != nil {
+			// pi starts the tool before its extension asks, and the
+			// listeners run behind the reader: the room records the two
+			// in pi's order (tool.started, then approval.requested).
+			sctx, cancel := context.WithTimeout(ctx, a.refresh)
+			_ = c.Sync(sctx)
+			cancel()
+		}
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
 		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
