@@ -105,9 +105,12 @@ func TestRealPiQuestions(t *testing.T) {
 	}})
 	ask := `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
 	acc := h.Submit("r", ask)
-	_, q := h.Wait("r", acc.Seq, "question.asked", nil)
+	qev, q := h.Wait("r", acc.Seq, "question.asked", nil)
 	if q["title"] != "Which color?" || len(q["options"].([]any)) != 2 {
 		t.Fatalf("question: %v", q)
+	}
+	if started, _ := h.Wait("r", acc.Seq, room.KindToolStarted, nil); started.Seq > qev.Seq {
+		t.Fatalf("ask's tool.started at seq %d, after its question.asked at %d", started.Seq, qev.Seq)
 	}
 	if err := h.M.Answer(t.Context(), "r", q["question_id"].(string), "blue"); err != nil {
 		t.Fatal(err)

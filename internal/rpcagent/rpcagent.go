@@ -699,20 +699,20 @@ func (a *agent) runTool(ctx context.Context, name string, args json.RawMessage) 
 // dialog turns the agent's dialogs into approvals and questions, and the
 // pi extension's calls into room tool runs.
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
+	if c := a.live.Load(); a.piext && c != nil {
+		// pi starts a tool before its extension asks or calls the room,
+		// and the listeners run behind the reader: the room records the
+		// tool's start first, in pi's order.
+		sctx, cancel := context.WithTimeout(ctx, a.refresh)
+		_ = c.Sync(sctx)
+		cancel()
+	}
 	if a.piext {
 		if name, args, ok := piext.ToolCall(req.Method, req.Title, req.Placeholder); ok {
 			return rpc.Value(a.runTool(ctx, name, args))
 		}
 	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
-		if c := a.live.Load(); a.piext && c != nil {
-			// pi starts the tool before its extension asks, and the
-			// listeners run behind the reader: the room records the two
-			// in pi's order (tool.started, then approval.requested).
-			sctx, cancel := context.WithTimeout(ctx, a.refresh)
-			_ = c.Sync(sctx)
-			cancel()
-		}
 		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
 		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
