@@ -201,8 +201,9 @@ func TestRealPiRoomTools(t *testing.T) {
 // extensions, skills, prompts, system prompt; .agents/ skills) changes
 // nothing: pi still asks the room's approvals, loads none of it (nor an
 // extension left in the room's own agent folder), and runs its shell as it
-// would without it. The repository's AGENTS.md is still read (text for the
-// model, as omp reads it).
+// would without it; the extension is compiled afresh, from no shared
+// cache. The repository's AGENTS.md is still read (text for the model, as
+// omp reads it).
 func TestRealPiHostileWorkspaceStillAsks(t *testing.T) {
 	dir := t.TempDir()
 	wsRoot := filepath.Join(dir, "ws")
@@ -257,6 +258,13 @@ export default function (pi: any) {
 			t.Fatal(err)
 		}
 	}
+	// pi's extension compiler (jiti) caches in the temporary folder by
+	// default, where anything could plant a copy of the extension.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", tmp)
 	h := startHost(t, dir, nil, room.Options{Workspaces: wsRoot, Config: room.Config{Agent: "pi"}})
 	acc := h.Submit("r", "Run it: "+roomtest.BashCall("echo hostile > hostile.txt"))
 	_, req := h.Wait("r", acc.Seq, "approval.requested", nil)
@@ -290,6 +298,9 @@ export default function (pi: any) {
 				t.Errorf("a %s message carries the workspace's prompt or skill: %.200q", m.Role, m.Content)
 			}
 		}
+	}
+	if cached, _ := filepath.Glob(filepath.Join(tmp, "jiti", "*")); len(cached) != 0 {
+		t.Errorf("pi cached its compiled extension where any process can replace it: %v", cached)
 	}
 	if !h.ModelSaw("REPO-AGENTS-NOTES") {
 		t.Error("the repository's AGENTS.md no longer reaches the model")

@@ -115,6 +115,11 @@ func Write(home, pkgDir string, room Room) (Setup, error) {
 		Env: []string{
 			"PI_PACKAGE_DIR=" + pkg,
 			"PI_CODING_AGENT_DIR=" + filepath.Join(home, ".pi", "agent"),
+			// pi compiles extensions with jiti, which by default keeps the
+			// result in a cache shared through the temporary folder: any
+			// process (another room's tool) could plant a copy there that
+			// pi would load instead of the extension.
+			"JITI_FS_CACHE=false",
 		},
 	}, nil
 }
