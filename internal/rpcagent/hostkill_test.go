@@ -165,7 +165,7 @@ func TestRealHostKilledAndRestarted(t *testing.T) {
 	sim := roomtest.StartSim(t)
 	cmd := startHostHelper(t, dir, sim.URL())
 	// The background sleep runs (tool.started comes before the command).
-	for deadline := time.Now().Add(60 * time.Second); !sleepRuns(); {
+	for deadline := time.Now().Add(60 * time.Second); !sleepRuns(cmd.Process.Pid); {
 		if time.Now().After(deadline) {
 			t.Fatal("the background /bin/sleep never started")
 		}
@@ -249,15 +249,25 @@ func TestRealPiHostKilledDuringApproval(t *testing.T) {
 	}
 }
 
-// sleepRuns reports whether a "/bin/sleep 3600" runs.
-func sleepRuns() bool {
+// sleepRuns reports whether a "/bin/sleep 3600" of host's custody runs
+// (other tests on the machine may run their own).
+func sleepRuns(host int) bool {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		if cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && string(cmd) == "/bin/sleep\x003600\x00" {
-			return true
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || string(cmd) != "/bin/sleep\x003600\x00" {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		for _, kv := range strings.Split(string(env), "\x00") {
+			// <pid namespace>.<host pid>.<host start>.<scope>
+			m, ok := strings.CutPrefix(kv, custody.MarkerEnv+"=")
+			if parts := strings.Split(m, "."); ok && len(parts) == 4 && parts[1] == strconv.Itoa(host) {
+				return true
+			}
 		}
 	}
 	return false
