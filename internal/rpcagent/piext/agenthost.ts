@@ -31,6 +31,9 @@ const YOLO = "yolo";
 // Tools that only read (pi's read, grep, find, ls): never asked, as omp's always-ask does not.
 const READ_ONLY = new Set(["read", "grep", "find", "ls"]);
 
+// pi's own tools that change things: asked even if a room tool bears the name.
+const BUILT_IN = new Set(["bash", "edit", "write"]);
+
 interface RoomTool {
 	name: string;
 	description: string;
@@ -140,7 +143,9 @@ export default function agenthost(pi: any) {
 	});
 
 	for (const tool of room.tools) {
-		own.add(tool.name);
+		if (!BUILT_IN.has(tool.name)) {
+			own.add(tool.name);
+		}
 		pi.registerTool({
 			name: tool.name,
 			label: tool.name,
