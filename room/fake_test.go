@@ -153,21 +153,33 @@ func (a *fakeAgent) Done() <-chan struct{} { return a.done }
 
 // harness is a manager on a fresh store with a fake transport.
 type harness struct {
-	t  *testing.T
-	db *store.DB
-	f  *fakeTransport
-	m  *Manager
+	t    *testing.T
+	db   *store.DB
+	f    *fakeTransport
+	m    *Manager
+	root string
 }
 
 func newHarness(t *testing.T, opts Options) *harness {
+	t.Helper()
+	return newHarnessWith(t, opts, nil)
+}
+
+// newHarnessWith is newHarness with the store wrapped by wrap (nil: as
+// is).
+func newHarnessWith(t *testing.T, opts Options, wrap func(Store) Store) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, db: db, f: newFakeTransport()}
-	opts.Store, opts.Transport, opts.Root = SQLite(db), h.f, filepath.Join(dir, "rooms")
+	h := &harness{t: t, db: db, f: newFakeTransport(), root: filepath.Join(dir, "rooms")}
+	var st Store = SQLite(db)
+	if wrap != nil {
+		st = wrap(st)
+	}
+	opts.Store, opts.Transport, opts.Root = st, h.f, h.root
 	h.m, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -180,6 +192,22 @@ func newHarness(t *testing.T, opts Options) *harness {
 		_ = db.Close()
 	})
 	return h
+}
+
+// restart starts a new manager on the harness's store (the old one
+// closed), as a host started again does.
+func (h *harness) restart(opts Options) {
+	h.t.Helper()
+	opts.Store, opts.Transport, opts.Root = SQLite(h.db), h.f, h.root
+	m, err := New(opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := m.Start(h.t.Context()); err != nil {
+		h.t.Fatal(err)
+	}
+	h.m = m
+	h.t.Cleanup(func() { _ = m.Close() })
 }
 
 func (h *harness) submit(room, text string) Accepted {

@@ -327,12 +327,32 @@ func (m *Manager) Answer(ctx context.Context, room, id, text string) error {
 }
 
 func (m *Manager) answerQuestion(ctx context.Context, room, id, text, by string, ok bool) error {
+	return m.answerQuestionWith(ctx, room, id, text, by, ok, "")
+}
+
+// answerByMessage takes message msgID as the answer to question id: the
+// message ends ("answered", its message.ended right after
+// question.answered) in the same write.
+func (m *Manager) answerByMessage(ctx context.Context, room, id, msgID, text string) error {
+	return m.answerQuestionWith(ctx, room, id, text, "message", true, msgID)
+}
+
+func (m *Manager) answerQuestionWith(ctx context.Context, room, id, text, by string, ok bool, msgID string) error {
 	err := m.st.Write(ctx, func(tx Tx) error {
 		if err := tx.AnswerQuestion(room, id, text, by); err != nil {
 			return err
 		}
-		_, err := tx.Append(room, "question.answered", map[string]any{"question_id": id, "answer": text, "by": by, "cancelled": !ok})
-		return err
+		d := map[string]any{"question_id": id, "answer": text, "by": by, "cancelled": !ok}
+		if msgID != "" {
+			d["message_id"] = msgID
+		}
+		if _, err := tx.Append(room, "question.answered", d); err != nil {
+			return err
+		}
+		if msgID == "" {
+			return nil
+		}
+		return endMessages(tx, room, []string{msgID}, "", OutcomeAnswered, "answered question "+id)
 	})
 	if err != nil {
 		return err

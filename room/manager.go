@@ -5,8 +5,11 @@
 //
 // A message is accepted only once it is durably stored; its life is then
 // visible as events (message.accepted, message.queued, turn.started,
-// turn.ended), and its turn ends with exactly one outcome: settled,
-// failed, cancelled or timed_out. Approvals and questions are durable
+// turn.ended), its turn ends with exactly one outcome (settled, failed,
+// cancelled or timed_out), and every accepted message ends with exactly
+// one message.ended event, whatever consumed it: its own turn, a turn it
+// was steered into, a question it answered, a failure before its turn
+// started, or the recovery after a crash. Approvals and questions are durable
 // objects answered through the Manager; a deadline denies (never allows)
 // an approval. A host that died is recovered at Start: queued messages run
 // again in order, turns that were running end failed ("host restarted"),
@@ -36,6 +39,9 @@ const (
 	OutcomeFailed    = "failed"
 	OutcomeCancelled = "cancelled"
 	OutcomeTimedOut  = "timed_out"
+	// OutcomeAnswered ends a message taken as the answer to a pending
+	// question (message.ended only; never a turn's outcome).
+	OutcomeAnswered = "answered"
 )
 
 var (
@@ -77,8 +83,10 @@ type Manager struct {
 	closing   bool
 	detaching bool // Detach: agents that outlive the host are left running
 	rooms     map[string]*roomState
-	resident  int
-	slotFreed chan struct{} // closed and replaced when a slot frees
+	resident  int          // agent slots taken (see acquireSlot)
+	slotQ     []*roomState // rooms whose turn waits for a slot, in line
+	// slotWake is signalled when a slot frees or a room goes idle.
+	slotWake wakeup
 }
 
 // roomState is a room's life in memory. Lock order: Manager.mu before
@@ -89,8 +97,8 @@ type roomState struct {
 	events    *eventLog // the agent's events, written in batches
 
 	mu        sync.Mutex
-	cfg       *Config // filled and validated at first use
-	queue     []queued
+	cfg       *Config   // filled and validated at first use
+	queue     []queued  // in order of acceptance (see queued)
 	cont      *contTurn // a turn an attached agent runs, continued first
 	working   bool      // a worker goroutine serves the queue
 	agent     Agent
@@ -120,18 +128,15 @@ type contTurn struct {
 	joined []string
 }
 
-type queued struct {
-	id, text string
-	seq      int64 // of its message.accepted event
-}
-
 type turnRun struct {
 	id, messageID string
 	messageSeq    int64
-	ctx           context.Context
-	cancel        context.CancelCauseFunc
-	clock         *clock
-	joined        []string // messages steered or followed up into it
+	// stored: its start is recorded (turn.started); the worker's alone.
+	stored bool
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	clock  *clock
+	joined []string // messages steered or followed up into it
 	// prompted: the agent is about to get (or has) the prompt; before
 	// that, deliveries join the prompt's text (early).
 	prompted bool
@@ -163,7 +168,7 @@ func New(opts Options) (*Manager, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		opts: opts, st: opts.Store, log: opts.Logger, ctx: ctx, cancel: cancel,
-		rooms: map[string]*roomState{}, slotFreed: make(chan struct{}),
+		rooms: map[string]*roomState{},
 	}, nil
 }
 
@@ -218,21 +223,43 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			return err
 		}
 	}
+	msgs, err := m.st.OpenMessages(ctx)
+	if err != nil {
+		return err
+	}
+	inTurn := map[string][]string{} // turn -> its messages, the prompt's first
+	for _, msg := range msgs {
+		if msg.Status == store.MessageStarted && msg.TurnID != "" {
+			inTurn[msg.TurnID] = append(inTurn[msg.TurnID], msg.ID)
+		}
+	}
+	ended := map[string]bool{}
 	for _, t := range openTurnsOf(turns, room) {
 		if _, ok := attached[t.Room]; ok {
 			continue // its agent runs on; the room's worker continues it
+		}
+		ids := []string{t.MessageID}
+		for _, id := range inTurn[t.ID] {
+			if id != t.MessageID {
+				ids = append(ids, id)
+			}
 		}
 		err := m.st.Write(ctx, func(tx Tx) error {
 			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, ""); err != nil {
 				return err
 			}
-			_, err := tx.Append(t.Room, "turn.ended", map[string]string{
+			if _, err := tx.Append(t.Room, "turn.ended", map[string]string{
 				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": reason, "text": "",
-			})
-			return err
+			}); err != nil {
+				return err
+			}
+			return endMessages(tx, t.Room, ids, t.ID, OutcomeFailed, reason)
 		})
 		if err != nil {
 			return err
+		}
+		for _, id := range ids {
+			ended[id] = true
 		}
 	}
 	aps, err := m.st.Approvals(ctx, room, true)
@@ -259,12 +286,8 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			return err
 		}
 	}
-	msgs, err := m.st.OpenMessages(ctx)
-	if err != nil {
-		return err
-	}
 	for _, msg := range msgs {
-		if room != "" && msg.Room != room {
+		if room != "" && msg.Room != room || ended[msg.ID] {
 			continue
 		}
 		if tid := attached[msg.Room]; msg.Status == store.MessageStarted && tid != "" && msg.TurnID == tid {
@@ -272,9 +295,9 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			continue
 		}
 		if msg.Status == store.MessageStarted {
-			// Its turn died with the host (or it was steered into one).
+			// Steered into a turn that died with the host.
 			err := m.st.Write(ctx, func(tx Tx) error {
-				return tx.UpdateMessage(msg.ID, store.MessageEnded, "", OutcomeFailed, reason)
+				return endMessages(tx, msg.Room, []string{msg.ID}, msg.TurnID, OutcomeFailed, reason)
 			})
 			if err != nil {
 				return err
@@ -299,7 +322,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			}
 		}
 		r.mu.Lock()
-		r.queue = append(r.queue, queued{id: msg.ID, text: msg.Text, seq: msg.Seq})
+		r.insertLocked(queued{id: msg.ID, text: msg.Text, seq: msg.Seq, place: true})
 		m.ensureWorkerLocked(r)
 		r.mu.Unlock()
 	}
@@ -492,7 +515,7 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec store.Room, o
 			return nil, nil, err.Error()
 		}
 		tctx, cancel := context.WithCancelCause(m.ctx)
-		run := &turnRun{id: t.ID, messageID: t.MessageID, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness), prompted: true}
+		run := &turnRun{id: t.ID, messageID: t.MessageID, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness), prompted: true, stored: true}
 		r.mu.Lock()
 		r.turn = run
 		r.mu.Unlock()
@@ -642,21 +665,27 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		return Accepted{}, err
 	}
 	into := r.turn
-	if question != "" || msg.Delivery != DeliverQueue && into != nil {
-		// Answers and deliveries into a turn take no queue place.
-	} else if len(r.queue) >= m.opts.QueueLimit {
-		r.mu.Unlock()
-		return Accepted{}, fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
-	}
 	r.mu.Unlock()
+	// Answers and deliveries into a turn take no queue place.
+	direct := question != "" || msg.Delivery != DeliverQueue && into != nil
 
 	now := time.Now()
 	var acc Accepted
 	status := store.MessageQueued
-	if question != "" || msg.Delivery != DeliverQueue && into != nil {
+	if direct {
 		status = store.MessageAccepted
 	}
 	err = m.st.Write(ctx, func(tx Tx) error {
+		// The limit is checked, the message recorded and its place in the
+		// queue taken in one step, in the order of the log: concurrent
+		// submits neither overfill the queue nor line up out of the
+		// order of their sequence numbers. (r.mu is never held while
+		// waiting for the store.)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !direct && r.placesLocked() >= m.opts.QueueLimit {
+			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
+		}
 		ev, err := tx.Append(room, "message.accepted", map[string]string{
 			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
 		})
@@ -669,29 +698,34 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 			return err
 		}
 		if status == store.MessageQueued {
-			_, err = tx.Append(room, "message.queued", map[string]any{"message_id": id})
+			if _, err := tx.Append(room, "message.queued", map[string]any{"message_id": id}); err != nil {
+				return err
+			}
 		}
-		return err
+		r.insertLocked(queued{id: id, text: msg.Text, seq: ev.Seq, pending: true, place: !direct})
+		return nil
 	})
 	if err != nil {
+		m.settle(r, id, false) // its place, if the write failed after taking it
 		return Accepted{}, err
 	}
 	switch {
 	case question != "":
-		err := m.answerQuestion(ctx, room, question, msg.Text, "message", true)
-		if err == nil {
-			return acc, m.endMessage(ctx, room, id, "", OutcomeSettled, "answered question "+question)
+		if err := m.answerByMessage(ctx, room, question, id, msg.Text); err == nil {
+			m.settle(r, id, false)
+			return acc, nil
 		}
 		// The question was answered meanwhile: the message runs as a turn.
-	case msg.Delivery != DeliverQueue && into != nil:
+	case direct:
 		if m.deliver(ctx, r, into, id, msg) {
+			m.settle(r, id, false)
 			return acc, nil
 		}
 	default:
-		m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
+		m.settle(r, id, true)
 		return acc, nil
 	}
-	// Fall back to the queue.
+	// Fall back to the queue, in the place it took when accepted.
 	err = m.st.Write(ctx, func(tx Tx) error {
 		if err := tx.UpdateMessage(id, store.MessageQueued, "", "", ""); err != nil {
 			return err
@@ -700,17 +734,11 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		return err
 	})
 	if err != nil {
-		return acc, err
+		// It is accepted all the same: its turn records its start.
+		m.log.Warn("room: recording that a message falls back to the queue failed", "room", room, "err", err)
 	}
-	m.enqueue(r, queued{id: id, text: msg.Text, seq: acc.Seq})
+	m.settle(r, id, true)
 	return acc, nil
-}
-
-func (m *Manager) enqueue(r *roomState, q queued) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.queue = append(r.queue, q)
-	m.ensureWorkerLocked(r)
 }
 
 // deliver steers or follows up a message into the running turn; false if
@@ -772,14 +800,33 @@ func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id stri
 	return true
 }
 
-func (m *Manager) endMessage(ctx context.Context, room, id, turnID, outcome, reason string) error {
-	return m.st.Write(ctx, func(tx Tx) error {
-		return tx.UpdateMessage(id, store.MessageEnded, turnID, outcome, reason)
-	})
+// endMessages ends messages ids in tx: their records and, in the same
+// order, their message.ended events. turnID names the turn that consumed
+// them ("" for none); reason goes with an outcome other than settled and
+// answered.
+func endMessages(tx Tx, room string, ids []string, turnID, outcome, reason string) error {
+	for _, id := range ids {
+		if err := tx.UpdateMessage(id, store.MessageEnded, turnID, outcome, reason); err != nil {
+			return err
+		}
+	}
+	for _, id := range ids {
+		d := map[string]string{"message_id": id, "outcome": outcome}
+		if turnID != "" {
+			d["turn_id"] = turnID
+		}
+		if outcome != OutcomeSettled && outcome != OutcomeAnswered {
+			d["reason"] = reason
+		}
+		if _, err := tx.Append(room, "message.ended", d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (m *Manager) ensureWorkerLocked(r *roomState) {
-	if r.working || r.dropped {
+	if r.working || r.dropped || m.ctx.Err() != nil {
 		return
 	}
 	r.working = true
@@ -788,7 +835,8 @@ func (m *Manager) ensureWorkerLocked(r *roomState) {
 	go m.work(r)
 }
 
-// work serves the room's queue, one turn at a time, until it is empty.
+// work serves the room's queue, one turn at a time, in order, until it is
+// empty or its head is not settled yet (settle starts it again).
 func (m *Manager) work(r *roomState) {
 	defer m.wg.Done()
 	defer r.worker.Done()
@@ -801,15 +849,19 @@ func (m *Manager) work(r *roomState) {
 	}
 	for {
 		r.mu.Lock()
-		if len(r.queue) == 0 || m.ctx.Err() != nil {
+		if len(r.queue) == 0 || r.queue[0].pending || m.ctx.Err() != nil {
 			r.working = false
 			r.mu.Unlock()
+			m.slotWake.signal() // the room may have gone idle
 			return
 		}
 		q := r.queue[0]
 		r.queue = r.queue[1:]
+		// The turn is the room's from the moment its message leaves the
+		// queue: the room is never idle (evictable) in between.
+		t, cfg := m.newTurnLocked(r, q)
 		r.mu.Unlock()
-		m.runTurn(r, q)
+		m.runTurn(r, t, cfg, q)
 	}
 }
 
@@ -821,14 +873,18 @@ func (m *Manager) write(fn func(tx Tx) error) error {
 	return m.st.Write(ctx, fn)
 }
 
-func (m *Manager) runTurn(r *roomState, q queued) {
-	r.mu.Lock()
+// newTurnLocked makes q's turn the room's running turn (r.mu held).
+func (m *Manager) newTurnLocked(r *roomState, q queued) (*turnRun, Config) {
 	cfg, _ := m.configLocked(r) // validated at Submit
 	tctx, cancel := context.WithCancelCause(m.ctx)
 	t := &turnRun{id: newID("t"), messageID: q.id, messageSeq: q.seq, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness)}
 	r.turn = t
 	r.lastUsed = time.Now()
-	r.mu.Unlock()
+	return t, cfg
+}
+
+func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
+	tctx, cancel := t.ctx, t.cancel
 	defer cancel(nil)
 
 	err := m.write(func(tx Tx) error {
@@ -843,8 +899,11 @@ func (m *Manager) runTurn(r *roomState, q queued) {
 	})
 	var res turnEnd
 	if err != nil {
-		res = turnEnd{outcome: OutcomeFailed, reason: "store: " + err.Error()}
+		// Nothing of the turn is recorded: its message ends failed (see
+		// finishTurn) before the next one starts.
+		res = turnEnd{outcome: OutcomeFailed, reason: "the store refused to record the turn's start: " + err.Error()}
 	} else {
+		t.stored = true
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
@@ -885,23 +944,26 @@ func (m *Manager) continueTurn(r *roomState, c contTurn) {
 	m.finishTurn(r, t, m.judge(t, res, err))
 }
 
-// finishTurn records the turn's end, retiring the agent first when the
-// turn did not settle. A turn cut short by Detach is left open: the next
-// host continues it.
+// finishTurn records the turn's end and its messages' (message.ended,
+// right after turn.ended), retiring the agent first when the turn did not
+// settle. A turn whose start the store refused ends its messages only.
+// The room's next turn starts only once this is recorded (see writeEnd),
+// so that the log and a restart keep the order of acceptance. A turn cut
+// short by Detach is left open: the next host continues it.
 func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	if m.isDetaching() {
 		r.mu.Lock()
 		r.turn = nil
 		prompted := t.prompted
 		r.mu.Unlock()
-		if !prompted {
+		if !prompted && t.stored {
 			// The agent never had it: the next host runs it again.
 			m.requeue(r, t)
 		}
 		return
 	}
 	m.settleInherited(r)
-	if res.outcome != OutcomeSettled {
+	if res.outcome != OutcomeSettled && t.stored {
 		// A turn that did not settle retires its agent before the next.
 		m.release(r, "turn "+res.outcome)
 	}
@@ -911,19 +973,25 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	r.lastUsed = time.Now()
 	joined := t.joined
 	r.mu.Unlock()
+	m.slotWake.signal() // the room may have gone idle
 	resume, handled := r.events.release(0, res.offset, false)
-	err := m.write(func(tx Tx) error {
-		if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
-			return err
-		}
-		for _, id := range append([]string{t.messageID}, joined...) {
-			if err := tx.UpdateMessage(id, store.MessageEnded, "", res.outcome, res.reason); err != nil {
+	ids := append([]string{t.messageID}, joined...)
+	turnID := ""
+	if t.stored {
+		turnID = t.id
+	}
+	m.writeEnd(r, func(tx Tx) error {
+		if t.stored {
+			if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
+				return err
+			}
+			if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+				"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
+			}); err != nil {
 				return err
 			}
 		}
-		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
-			"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
-		}); err != nil {
+		if err := endMessages(tx, r.id, ids, turnID, res.outcome, res.reason); err != nil {
 			return err
 		}
 		if res.offset > 0 {
@@ -932,8 +1000,50 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 		}
 		return nil
 	})
-	if err != nil {
-		m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
+}
+
+// Retries of a write that ends messages (writeEnd).
+const (
+	endRetryFirst = 100 * time.Millisecond
+	endRetryMax   = 5 * time.Second
+)
+
+// writeEnd makes a write that ends accepted messages, retrying it with
+// backoff while the store refuses it (a full disk, a store without a
+// leader): an accepted message must end, and the room's queue waits
+// meanwhile rather than running later messages first. It gives up when
+// the room is no longer this host's, the store is closed, or the manager
+// closes (its next Start recovers the messages, in order).
+func (m *Manager) writeEnd(r *roomState, fn func(tx Tx) error) {
+	delay := endRetryFirst
+	for attempt := 1; ; attempt++ {
+		err := m.write(fn)
+		if err == nil {
+			if attempt > 1 {
+				m.log.Info("room: the store took the end of a turn it had refused", "room", r.id, "attempts", attempt)
+			}
+			return
+		}
+		r.mu.Lock()
+		dropped := r.dropped
+		r.mu.Unlock()
+		if dropped || errors.Is(err, ErrNotHeld) || errors.Is(err, store.ErrClosed) ||
+			errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+			m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
+			return
+		}
+		if attempt == 1 || attempt%20 == 0 {
+			m.log.Error("room: the store refused the end of a turn; retrying", "room", r.id, "attempt", attempt, "err", err)
+		}
+		timer := time.NewTimer(delay)
+		select {
+		case <-timer.C:
+		case <-m.ctx.Done():
+			timer.Stop()
+			m.log.Error("room: closing with a turn's end not recorded; the next start recovers it", "room", r.id, "err", err)
+			return
+		}
+		delay = min(2*delay, endRetryMax)
 	}
 }
 
@@ -1009,7 +1119,7 @@ func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
 		return turnEnd{outcome: OutcomeCancelled, reason: errShutdown.Error()}
 	case errors.Is(cause, errDropped):
 		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
-	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled):
+	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled), errors.Is(cause, errNoSlot):
 		return turnEnd{outcome: OutcomeTimedOut, reason: cause.Error()}
 	case err != nil:
 		return turnEnd{outcome: OutcomeFailed, reason: err.Error()}
@@ -1179,72 +1289,30 @@ func (m *Manager) transcript(room string, upTo int64) string {
 		strings.Join(lines, "") + "[End of the earlier conversation. The new message follows.]\n\n"
 }
 
-// acquireSlot waits for a resident slot, releasing the least recently
-// used idle room when all are taken.
-func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
-	for {
-		m.mu.Lock()
-		if m.resident < m.opts.MaxResident {
-			m.resident++
-			m.mu.Unlock()
-			return nil
-		}
-		var victim *roomState
-		for _, r := range m.rooms {
-			if r == self {
-				continue
-			}
-			r.mu.Lock()
-			if r.agent != nil && r.turn == nil && (victim == nil || r.lastUsed.Before(victim.lastUsed)) {
-				victim = r
-			}
-			r.mu.Unlock()
-		}
-		freed := m.slotFreed
-		m.mu.Unlock()
-		if victim != nil {
-			m.releaseIfIdle(victim, "evicted: max resident reached")
-			continue
-		}
-		select {
-		case <-freed:
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for an agent slot (%d resident): %w", m.opts.MaxResident, context.Cause(ctx))
-		}
-	}
-}
-
-func (m *Manager) freeSlot() {
-	m.mu.Lock()
-	m.resident--
-	close(m.slotFreed)
-	m.slotFreed = make(chan struct{})
-	m.mu.Unlock()
-}
-
-// releaseIfIdle releases the room's agent unless a turn runs.
+// releaseIfIdle releases the room's agent unless a turn runs (checked as
+// the agent is taken, so a turn starting meanwhile keeps it).
 func (m *Manager) releaseIfIdle(r *roomState, reason string) {
-	r.mu.Lock()
-	busy := r.turn != nil
-	r.mu.Unlock()
-	if !busy {
-		m.release(r, reason)
+	if a := r.takeAgent(func(r *roomState) bool { return r.turn == nil }); a != nil {
+		m.closeAgent(r, a, reason, true)
 	}
 }
 
 // release closes the room's agent, if resident, and records its receipt.
 func (m *Manager) release(r *roomState, reason string) {
-	r.mu.Lock()
-	a := r.agent
-	r.agent = nil
-	r.mu.Unlock()
-	if a == nil {
-		return
+	if a := r.takeAgent(nil); a != nil {
+		m.closeAgent(r, a, reason, true)
 	}
+}
+
+// closeAgent closes a, taken from the room, and records its receipt; free
+// gives its slot back (an eviction passes it on instead).
+func (m *Manager) closeAgent(r *roomState, a Agent, reason string, free bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.ShutdownBudget)
 	receipt, err := a.Close(ctx)
 	cancel()
-	m.freeSlot()
+	if free {
+		m.freeSlot()
+	}
 	data := map[string]any{"reason": reason}
 	if len(receipt) > 0 {
 		data["receipt"] = receipt
@@ -1287,14 +1355,16 @@ func (m *Manager) janitor() {
 		m.mu.Lock()
 		for _, r := range m.rooms {
 			r.mu.Lock()
-			if r.agent != nil && r.turn == nil && len(r.queue) == 0 && time.Since(r.lastUsed) >= m.opts.IdleAfter {
+			if r.idleLocked() && time.Since(r.lastUsed) >= m.opts.IdleAfter {
 				idle = append(idle, r)
 			}
 			r.mu.Unlock()
 		}
 		m.mu.Unlock()
 		for _, r := range idle {
-			m.releaseIfIdle(r, "idle")
+			if a := r.takeAgent((*roomState).idleLocked); a != nil {
+				m.closeAgent(r, a, "idle", true)
+			}
 		}
 	}
 }

@@ -501,6 +501,11 @@ func TestStartRecoversWhatADeadHostLeft(t *testing.T) {
 	if msgs[0].Outcome != OutcomeFailed || msgs[1].Outcome != OutcomeSettled || msgs[2].Outcome != OutcomeSettled {
 		t.Fatalf("messages: %+v", msgs)
 	}
+	// The cut turn's message ends with it, right after its turn.ended.
+	ends := checkMessageEnds(t, h.log("r"))
+	if e := ends["m0"]; e["outcome"] != OutcomeFailed || e["turn_id"] != "t0" || e["reason"] != "host restarted" {
+		t.Fatalf("m0 ended %v", e)
+	}
 }
 
 func TestCloseCancelsTurnsReleasesAgentsAndKeepsTheQueue(t *testing.T) {

@@ -50,7 +50,7 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 		if r.turn != nil {
 			st.Turn = &TurnRef{ID: r.turn.id, MessageID: r.turn.messageID}
 		}
-		st.Queued = len(r.queue)
+		st.Queued = r.queuedLocked()
 		r.mu.Unlock()
 	}
 	m.clusterState(ctx, room, &st)
