@@ -328,7 +328,7 @@ func turnAndStream(t *testing.T, h *harness) {
 		checkEvent(t, "r1", ev, i)
 		types = append(types, ev.typ)
 	}
-	want := []string{"message.accepted", "message.queued", "turn.started", "agent.started", "text.delta", "turn.ended"}
+	want := []string{"message.accepted", "message.queued", "turn.started", "agent.started", "text.delta", "turn.ended", "message.ended"}
 	if strings.Join(types, " ") != strings.Join(want, " ") {
 		t.Fatalf("events %v, want %v", types, want)
 	}
@@ -676,7 +676,7 @@ func TestReplayExactUnderWritersAndReconnects(t *testing.T) {
 		t.Fatal(err)
 	default:
 	}
-	want := int64(writers*perWriter+1)*5 + 1 // five events per message, one agent.started
+	want := int64(writers*perWriter+1)*6 + 1 // six events per message, one agent.started
 	if st.LastSeq != want {
 		t.Fatalf("log has %d events, want %d", st.LastSeq, want)
 	}

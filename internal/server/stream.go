@@ -255,7 +255,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	s.metrics.streamClients.Inc()
 	defer s.metrics.streamClients.Dec()
-	st := &streamWriter{s: s, rc: rc, bw: bufio.NewWriterSize(w, 32<<10)}
+	// Every write to the connection renews the deadline: the buffer
+	// writes through on its own when a frame does not fit, long after
+	// the last flush.
+	st := &streamWriter{s: s, rc: rc, bw: bufio.NewWriterSize(deadlineWriter{w, rc, s.opts.WriteTimeout}, 32<<10)}
 	// retry tells EventSource to come back quickly after a cut.
 	_, _ = st.bw.WriteString("retry: 1000\n\n")
 	cursor, err := st.replay(ctx, id, after)
@@ -277,11 +280,24 @@ type streamWriter struct {
 }
 
 func (st *streamWriter) flush() error {
-	_ = st.rc.SetWriteDeadline(time.Now().Add(st.s.opts.WriteTimeout))
 	if err := st.bw.Flush(); err != nil {
 		return err
 	}
+	_ = st.rc.SetWriteDeadline(time.Now().Add(st.s.opts.WriteTimeout))
 	return st.rc.Flush()
+}
+
+// deadlineWriter bounds each write to the client by timeout from its
+// start.
+type deadlineWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (d deadlineWriter) Write(b []byte) (int, error) {
+	_ = d.rc.SetWriteDeadline(time.Now().Add(d.timeout))
+	return d.w.Write(b)
 }
 
 // replay writes the room's events after after from the store until it has
