@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -428,9 +427,9 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		api.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
-	hs := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	hs := api.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
+	go func() { served <- hs.Serve(api.Listener(ln)) }()
 
 	addr := "http://" + ln.Addr().String() + "/"
 	if tokPath != "" {

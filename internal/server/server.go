@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -37,6 +38,15 @@ const (
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultWriteTimeout bounds one write to a stream client.
 	DefaultWriteTimeout = 10 * time.Second
+	// DefaultReadHeaderTimeout bounds the reading of a request's headers.
+	DefaultReadHeaderTimeout = 10 * time.Second
+	// DefaultBodyTimeout bounds the reading of a request's body.
+	DefaultBodyTimeout = 30 * time.Second
+	// DefaultIdleTimeout closes a keep-alive connection idle that long.
+	DefaultIdleTimeout = 60 * time.Second
+	// DefaultMaxConns bounds the connections open at once (each event
+	// stream holds one).
+	DefaultMaxConns = 1024
 	// replayPage is the number of events read from the store at once.
 	replayPage = 1000
 )
@@ -54,6 +64,13 @@ type Options struct {
 	StreamBuffer int
 	Heartbeat    time.Duration
 	WriteTimeout time.Duration
+	// ReadHeaderTimeout, BodyTimeout, IdleTimeout and MaxConns bound the
+	// connections of HTTPServer and Listener (see the defaults); none
+	// applies to an event stream once it is answered.
+	ReadHeaderTimeout time.Duration
+	BodyTimeout       time.Duration
+	IdleTimeout       time.Duration
+	MaxConns          int
 	// Index, if set, serves GET / (the web page); otherwise a placeholder.
 	Index  http.Handler
 	Logger *slog.Logger
@@ -97,6 +114,18 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if opts.ReadHeaderTimeout <= 0 {
+		opts.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if opts.BodyTimeout <= 0 {
+		opts.BodyTimeout = DefaultBodyTimeout
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = DefaultMaxConns
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -228,6 +257,8 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		scheme, tok, ok := strings.Cut(h, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agenthost"`)
+			// A client without the token keeps no connection open.
+			w.Header().Set("Connection", "close")
 			msg := "a valid bearer token is required"
 			if h == "" {
 				msg = "missing Authorization header: a bearer token is required"
@@ -293,6 +324,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 			return false
 		}
 	}
+	// A body that trickles in holds its connection no longer than this
+	// (past it the deadline stays: the rest of the body is not waited for).
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
 	body := http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
@@ -302,12 +337,19 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 			err = errors.New("trailing data after the JSON object")
 		}
 	}
+	var ne net.Error
+	timedOut := errors.As(err, &ne) && ne.Timeout()
+	if !timedOut {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 	if err == nil {
 		return true
 	}
 	var mbe *http.MaxBytesError
 	var ute *json.UnmarshalTypeError
 	switch {
+	case timedOut:
+		writeError(w, http.StatusRequestTimeout, fmt.Sprintf("the body did not arrive within %s", s.opts.BodyTimeout))
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is over %d bytes", mbe.Limit))
 	case errors.Is(err, io.EOF):
