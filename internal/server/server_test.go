@@ -772,7 +772,7 @@ func cutCount(h *harness) float64 {
 // package is documented for its route (and every documented one was
 // seen, but 503, which needs a shutdown mid-request).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
-	h := newHarness(t, room.Options{QueueLimit: 1}, Options{})
+	h := newHarness(t, room.Options{QueueLimit: 1}, Options{BodyTimeout: time.Second})
 	var doc struct {
 		OpenAPI string                                `json:"openapi"`
 		Paths   map[string]map[string]json.RawMessage `json:"paths"`
@@ -833,6 +833,17 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		path = strings.NewReplacer("{$}", "", "{room}", "known", "{id}", "x").Replace(path)
 		h.do(method, path, nil, "Authorization", "Bearer wrong")
 	}
+	var slow sync.WaitGroup
+	for _, path := range []string{"/v1/rooms/known/messages", "/v1/rooms/known/approvals/x", "/v1/rooms/known/questions/x"} {
+		slow.Add(1)
+		go func() {
+			defer slow.Done()
+			if code, err := slowBody(h.ts.Listener.Addr().String(), path); code != http.StatusRequestTimeout {
+				t.Errorf("%s with a slow body: %d, %v", path, code, err)
+			}
+		}()
+	}
+	slow.Wait()
 
 	h.seen.mu.Lock()
 	defer h.seen.mu.Unlock()
