@@ -22,6 +22,13 @@ import (
 // scripted model. It fails (never skips) when the agents are missing.
 func newRealHarness(t *testing.T, kind string) *harness {
 	t.Helper()
+	return newRealHarnessWith(t, room.Options{Config: room.Config{Agent: kind}})
+}
+
+// newRealHarnessWith is newRealHarness with the rooms' options (the
+// agent kind in ropts.Config.Agent).
+func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	sim := modelsim.New(modelsim.Options{})
@@ -47,8 +54,8 @@ func newRealHarness(t *testing.T, kind string) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}}
-	h.m, err = room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"),
-		Config: room.Config{Agent: kind}})
+	ropts.Store, ropts.Transport, ropts.Root = room.SQLite(db), tr, filepath.Join(dir, "rooms")
+	h.m, err = room.New(ropts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,3 +130,61 @@ func realFlow(t *testing.T, kind string) {
 func TestRealOmpThroughTheAPI(t *testing.T) { realFlow(t, "omp") }
 
 func TestRealPiThroughTheAPI(t *testing.T) { realFlow(t, "pi") }
+
+// TestRealOmpSlotsAndMessageEnds, on omp: with two agent slots, both held
+// by rooms whose turns wait on a person, a third room's turn waits for a
+// slot (turn.waiting) and gets one as soon as one of those turns ends
+// (the idle room is evicted); a message sent while a question is pending
+// ends "answered" right after question.answered; every message of every
+// room ends with one message.ended. Three agents start, one per room.
+func TestRealOmpSlotsAndMessageEnds(t *testing.T) {
+	h := newRealHarnessWith(t, room.Options{MaxResident: 2, Config: room.Config{Agent: "omp"}})
+	holds := map[string]room.Accepted{}
+	approvals := map[string]string{}
+	for _, rm := range []string{"a", "b"} {
+		holds[rm] = h.post(rm, "Run it: "+bashCall("echo "+rm))
+		req := h.untilWithin(rm, holds[rm].Seq, 120*time.Second, func(ev sse) bool { return ev.typ == "approval.requested" })
+		approvals[rm] = req.data["approval_id"].(string)
+	}
+	c := h.post("c", "hello from c")
+	w := h.untilWithin("c", c.Seq, 60*time.Second, func(ev sse) bool { return ev.typ == "turn.waiting" })
+	if w.data["message_id"] != c.ID || w.data["slots"] != float64(2) || w.data["resident"] != float64(2) {
+		t.Fatalf("turn.waiting %v", w.data)
+	}
+	approve := func(rm string) {
+		if r := h.do("POST", "/v1/rooms/"+rm+"/approvals/"+approvals[rm], map[string]string{"decision": "allow"}); r.status != http.StatusOK {
+			t.Fatalf("approve in %s: %d %s", rm, r.status, r.body)
+		}
+	}
+	approve("a")
+	if d := h.endedWithin("a", holds["a"], 120*time.Second); d["outcome"] != "settled" {
+		t.Fatalf("room a: %v", d)
+	}
+	if d := h.endedWithin("c", c, 120*time.Second); d["outcome"] != "settled" || d["text"] != "ok: hello from c" {
+		t.Fatalf("room c: %v", d)
+	}
+	rel := h.untilWithin("a", holds["a"].Seq, 30*time.Second, func(ev sse) bool { return ev.typ == "agent.released" })
+	if !strings.Contains(rel.data["reason"].(string), "evicted") {
+		t.Fatalf("room a released: %v", rel.data)
+	}
+
+	// c's agent is resident: a question it asks takes the next message
+	// as its answer.
+	ask := h.post("c", `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`)
+	q := h.untilWithin("c", ask.Seq, 120*time.Second, func(ev sse) bool { return ev.typ == "question.asked" })
+	reply := h.post("c", "blue")
+	ans := h.until("c", q.id, func(ev sse) bool { return ev.typ == "question.answered" })
+	next := h.until("c", ans.id, func(sse) bool { return true })
+	if ans.data["message_id"] != reply.ID || next.typ != "message.ended" || next.data["message_id"] != reply.ID ||
+		next.data["outcome"] != "answered" || next.data["turn_id"] != nil {
+		t.Fatalf("question.answered %v, then %s %v", ans.data, next.typ, next.data)
+	}
+	if d := h.endedWithin("c", ask, 120*time.Second); d["outcome"] != "settled" {
+		t.Fatalf("the asking turn: %v", d)
+	}
+	approve("b")
+	h.endedWithin("b", holds["b"], 120*time.Second)
+	for _, rm := range []string{"a", "b", "c"} {
+		checkMessageEnds(t, h, rm)
+	}
+}

@@ -262,7 +262,14 @@ func checkEvent(t *testing.T, room string, ev sse, want int64) {
 // checking the sequence on the way, and returns that event.
 func (h *harness) until(room string, after int64, match func(sse) bool) sse {
 	h.t.Helper()
-	ctx, cancel := context.WithTimeout(h.t.Context(), 30*time.Second)
+	return h.untilWithin(room, after, 30*time.Second, match)
+}
+
+// untilWithin is until with its own bound (real agents start slowly on a
+// loaded machine).
+func (h *harness) untilWithin(room string, after int64, within time.Duration, match func(sse) bool) sse {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.t.Context(), within)
 	defer cancel()
 	for {
 		s, err := h.open(ctx, room, "", after)
@@ -294,9 +301,59 @@ func (h *harness) until(room string, after int64, match func(sse) bool) sse {
 
 func (h *harness) ended(rm string, acc room.Accepted) map[string]any {
 	h.t.Helper()
-	return h.until(rm, acc.Seq, func(ev sse) bool {
+	return h.endedWithin(rm, acc, 30*time.Second)
+}
+
+func (h *harness) endedWithin(rm string, acc room.Accepted, within time.Duration) map[string]any {
+	h.t.Helper()
+	return h.untilWithin(rm, acc.Seq, within, func(ev sse) bool {
 		return ev.typ == "turn.ended" && ev.data["message_id"] == acc.ID
 	}).data
+}
+
+// checkMessageEnds checks the room's log: every accepted message ends
+// with exactly one message.ended, and one a turn consumed right after the
+// turn's turn.ended (with the turn's outcome and id).
+func checkMessageEnds(t *testing.T, h *harness, rm string) {
+	t.Helper()
+	evs, err := h.m.Events(t.Context(), rm, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]map[string]any, len(evs))
+	for i, ev := range evs {
+		_ = json.Unmarshal(ev.Data, &data[i])
+	}
+	accepted, ended, inBlock := map[any]bool{}, map[any]int{}, map[any]bool{}
+	for i, ev := range evs {
+		d := data[i]
+		switch ev.Type {
+		case "message.accepted":
+			accepted[d["message_id"]] = true
+		case "message.ended":
+			ended[d["message_id"]]++
+		case "turn.ended":
+			for j := i + 1; j < len(evs) && evs[j].Type == "message.ended" && data[j]["turn_id"] == d["turn_id"]; j++ {
+				if data[j]["outcome"] != d["outcome"] {
+					t.Fatalf("room %s: message.ended %v after turn.ended %v", rm, data[j], d)
+				}
+				inBlock[data[j]["message_id"]] = true
+			}
+			if !inBlock[d["message_id"]] {
+				t.Fatalf("room %s: turn.ended %v not followed by its message's message.ended", rm, d)
+			}
+		}
+	}
+	for id := range accepted {
+		if ended[id] != 1 {
+			t.Fatalf("room %s: message %v ended %d times", rm, id, ended[id])
+		}
+	}
+	for i, ev := range evs {
+		if ev.Type == "message.ended" && data[i]["turn_id"] != nil && !inBlock[data[i]["message_id"]] {
+			t.Fatalf("room %s: message.ended %v not right after its turn's end", rm, data[i])
+		}
+	}
 }
 
 func TestMessageTurnAndStream(t *testing.T) {
