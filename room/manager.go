@@ -676,16 +676,6 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		status = store.MessageAccepted
 	}
 	err = m.st.Write(ctx, func(tx Tx) error {
-		// The limit is checked, the message recorded and its place in the
-		// queue taken in one step, in the order of the log: concurrent
-		// submits neither overfill the queue nor line up out of the
-		// order of their sequence numbers. (r.mu is never held while
-		// waiting for the store.)
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if !direct && r.placesLocked() >= m.opts.QueueLimit {
-			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
-		}
 		ev, err := tx.Append(room, "message.accepted", map[string]string{
 			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
 		})
@@ -701,6 +691,17 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 			if _, err := tx.Append(room, "message.queued", map[string]any{"message_id": id}); err != nil {
 				return err
 			}
+		}
+		// The limit is checked and the message's place in the queue taken
+		// in the write that records it (undone with it when refused),
+		// in the order of the log: concurrent submits neither overfill
+		// the queue nor line up out of the order of their sequence
+		// numbers. r.mu is taken last and never held while waiting for
+		// the store.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !direct && r.placesLocked() >= m.opts.QueueLimit {
+			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
 		}
 		r.insertLocked(queued{id: id, text: msg.Text, seq: ev.Seq, pending: true, place: !direct})
 		return nil
