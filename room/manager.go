@@ -101,6 +101,7 @@ type roomState struct {
 	queue     []queued  // in order of acceptance (see queued)
 	cont      *contTurn // a turn an attached agent runs, continued first
 	working   bool      // a worker goroutine serves the queue
+	ending    bool      // a turn's end is being recorded (turn is nil)
 	agent     Agent
 	session   string
 	lost      bool // the next prompt carries the transcript
@@ -970,11 +971,17 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	}
 	r.events.flush() // the turn's events come before its end
 	r.mu.Lock()
-	r.turn = nil
+	r.turn = nil // deliveries go to the queue from here on
+	r.ending = true
 	r.lastUsed = time.Now()
 	joined := t.joined
 	r.mu.Unlock()
-	m.slotWake.signal() // the room may have gone idle
+	defer func() {
+		r.mu.Lock()
+		r.ending = false
+		r.mu.Unlock()
+		m.slotWake.signal() // the room may have gone idle
+	}()
 	resume, handled := r.events.release(0, res.offset, false)
 	ids := append([]string{t.messageID}, joined...)
 	turnID := ""

@@ -57,10 +57,10 @@ func (r *roomState) insertLocked(q queued) {
 }
 
 // idleLocked reports whether the room's agent may be taken away: resident,
-// no turn running and nothing waiting for one. A room between two turns
-// of its queue is busy: it keeps its agent.
+// no turn running or ending and nothing waiting for one. A room between
+// two turns of its queue is busy: it keeps its agent.
 func (r *roomState) idleLocked() bool {
-	return r.agent != nil && r.turn == nil && len(r.queue) == 0 && !r.dropped
+	return r.agent != nil && r.turn == nil && !r.ending && len(r.queue) == 0 && !r.dropped
 }
 
 // settle ends the admission of message id: with keep it waits in its

@@ -31,12 +31,15 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 	self.mu.Unlock()
 	var bound <-chan time.Time
 	inLine := false
+	leaveLocked := func() {
+		m.slotQ = slices.DeleteFunc(m.slotQ, func(r *roomState) bool { return r == self })
+	}
 	defer func() {
 		if !inLine {
 			return
 		}
 		m.mu.Lock()
-		m.slotQ = slices.DeleteFunc(m.slotQ, func(r *roomState) bool { return r == self })
+		leaveLocked()
 		m.mu.Unlock()
 		m.slotWake.signal() // the next in line looks again
 		if t != nil {
@@ -49,6 +52,7 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 		first := len(m.slotQ) == 0 || m.slotQ[0] == self
 		if first && m.resident < m.opts.MaxResident {
 			m.resident++
+			leaveLocked()
 			m.mu.Unlock()
 			return nil
 		}
@@ -57,12 +61,15 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 		if first {
 			victim, a = m.evictLocked(self)
 		}
-		if victim == nil && !slices.Contains(m.slotQ, self) {
+		if victim != nil {
+			leaveLocked()
+		} else if !slices.Contains(m.slotQ, self) {
 			m.slotQ = append(m.slotQ, self)
 		}
 		resident := m.resident
 		m.mu.Unlock()
 		if victim != nil {
+			m.slotWake.signal() // the next in line looks again
 			// The victim's slot passes to self once its agent is gone.
 			m.closeAgent(victim, a, "evicted: max resident reached", false)
 			return nil
