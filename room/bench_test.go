@@ -102,6 +102,57 @@ func BenchmarkSubmitToTurnStarted(b *testing.B) {
 	}
 }
 
+// BenchmarkSubmitsToOneRoom measures concurrent submits to one busy room
+// (its turn held, so every message queues): accepted messages per second
+// (submits/s) and Submit's latency (p50-ms, p99-ms), with 16 senders. The
+// limit check, the durable acceptance and the queue place are one step
+// (the store's write), so this is the price of that step under contention.
+func BenchmarkSubmitsToOneRoom(b *testing.B) {
+	const senders = 16
+	h := newBenchHost(b, room.Options{QueueLimit: 1 << 30})
+	ctx := context.Background()
+	if _, err := h.m.Submit(ctx, "one", room.Message{Text: "hold"}); err != nil {
+		b.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		all []time.Duration
+	)
+	jobs := make(chan struct{})
+	var wg sync.WaitGroup
+	for range senders {
+		wg.Go(func() {
+			var lat []time.Duration
+			defer func() {
+				mu.Lock()
+				all = append(all, lat...)
+				mu.Unlock()
+			}()
+			for range jobs {
+				t0 := time.Now()
+				if _, err := h.m.Submit(ctx, "one", room.Message{Text: "q"}); err != nil {
+					b.Error(err)
+					return
+				}
+				lat = append(lat, time.Since(t0))
+			}
+		})
+	}
+	t0 := time.Now()
+	for b.Loop() {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	wg.Wait()
+	el := time.Since(t0)
+	if b.Failed() {
+		return
+	}
+	b.ReportMetric(float64(len(all))/el.Seconds(), "submits/s")
+	b.ReportMetric(percentileMS(all, 50), "p50-ms")
+	b.ReportMetric(percentileMS(all, 99), "p99-ms")
+}
+
 // BenchmarkRoomMemory measures the host's Go heap per room (B/room, after
 // a GC, against the heap before the rooms existed) and its goroutines per
 // room, for 1,000 rooms that each ran one turn and were then released
@@ -433,6 +484,10 @@ func (a *instantAgent) SessionID() string { return a.session }
 func (a *instantAgent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	if strings.HasPrefix(text, "m") {
 		a.f.prompted.Store(text, time.Now())
+	}
+	if text == "hold" {
+		<-ctx.Done()
+		return room.TurnResult{}, ctx.Err()
 	}
 	if n, ok := strings.CutPrefix(text, "stream:"); ok {
 		count, _ := strconv.Atoi(n)
