@@ -70,7 +70,12 @@ func (r *roomState) idleLocked() bool {
 func (m *Manager) settle(r *roomState, id string, keep bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if i := slices.IndexFunc(r.queue, func(q queued) bool { return q.id == id }); i >= 0 {
+	// From the back: a message settles soon after it took its place.
+	i := len(r.queue) - 1
+	for i >= 0 && r.queue[i].id != id {
+		i--
+	}
+	if i >= 0 {
 		if keep {
 			r.queue[i].pending, r.queue[i].place = false, true
 		} else {
