@@ -44,6 +44,9 @@ var allowed = map[string][]string{
 	module + "/internal/rpcagent/piext": nil,
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
+	// Workspace snapshots: the standard library and the system git binary;
+	// rooms will call it, it knows nothing of them.
+	module + "/internal/snapshot": nil,
 	// The store is SQLite and nothing of ours: rooms own the interface
 	// they need from it, so it can be swapped for another engine.
 	module + "/internal/store": sqliteDeps,
