@@ -1,8 +1,10 @@
 package snapshot
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -151,4 +153,46 @@ func TestRepo_Symlinks(t *testing.T) {
 	if len(res.Kept) != 1 || res.Kept[0] != "gen/g.txt" {
 		t.Errorf("kept %v, want gen/g.txt", res.Kept)
 	}
+}
+
+// Names with spaces, tabs, newlines, quotes, backslashes, leading dashes
+// and non-ASCII letters are recorded, listed and restored as they are.
+func TestRepo_OddNames(t *testing.T) {
+	ctx := testCtx(t)
+	ws := t.TempDir()
+	names := []string{"sp ace.txt", "tab\there.txt", "new\nline.txt", `quote".txt`, `back\slash.txt`, "-dash.txt",
+		"--output=x", ":colon", "ünïcödé/日本.txt", " lead", "trail "}
+	r := openRepo(t, ws, Options{})
+	empty, _ := snap(t, r)
+	for i, n := range names {
+		write(t, ws, n, fmt.Sprintf("content of file %d\n", i))
+	}
+	full, _ := snap(t, r)
+	d, err := r.Diff(ctx, empty, full, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range d.Files {
+		if f.Status != StatusAdded || f.Insertions != 1 {
+			t.Errorf("%q: %+v", f.Path, f)
+		}
+		got = append(got, f.Path)
+	}
+	want := slices.Clone(names)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("diff lists %q, want %q", got, want)
+	}
+	stateFull := state(t, ws, false)
+	if _, err := r.Restore(ctx, empty); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(t, ws, false); len(got) != 0 {
+		t.Errorf("after restoring the empty snapshot: %v", got)
+	}
+	if _, err := r.Restore(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, "after restoring the full snapshot", stateFull, state(t, ws, false))
 }
