@@ -193,7 +193,7 @@ func parseRawDiff(out []byte) ([]change, error) {
 		f := fields[i]
 		if len(f) > 0 && f[0] == ':' {
 			h := strings.Fields(string(f[1:]))
-			if len(h) != 5 || i+1 >= len(fields) {
+			if len(h) != 5 || i+1 >= len(fields) || len(fields[i+1]) == 0 {
 				return nil, fmt.Errorf("snapshot: unexpected git diff-tree output %q", f)
 			}
 			i++

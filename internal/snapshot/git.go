@@ -347,6 +347,8 @@ func parseStatus(out []byte) status {
 	for i := 0; i < len(recs); i++ {
 		rec := recs[i]
 		switch {
+		case len(rec) < 3:
+			// No path: not git's output.
 		case strings.HasPrefix(rec, "? "):
 			st.changed = append(st.changed, lsEntry{tag: '?', path: rec[2:]})
 		case strings.HasPrefix(rec, "! "):
@@ -358,7 +360,7 @@ func parseStatus(out []byte) status {
 				i++ // the original path follows
 			}
 			f := strings.SplitN(rec, " ", n)
-			if len(f) != n || len(f[1]) != 2 {
+			if len(f) != n || len(f[1]) != 2 || f[n-1] == "" {
 				continue
 			}
 			if f[1][0] != '.' {

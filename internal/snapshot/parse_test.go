@@ -50,8 +50,8 @@ func FuzzParseRawDiff(f *testing.F) {
 			return
 		}
 		for _, c := range cs {
-			if c.Insertions < 0 || c.Deletions < 0 {
-				t.Errorf("negative counts in %+v", c)
+			if c.Insertions < 0 || c.Deletions < 0 || c.Path == "" {
+				t.Errorf("negative counts or no path in %+v", c)
 			}
 		}
 	})
