@@ -35,8 +35,11 @@ fuzz:
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzReassembler$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./procd -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./procd -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/snapshot -run '^$$' -fuzz '^FuzzParseRawDiff$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/snapshot -run '^$$' -fuzz '^FuzzParseStatus$$' -fuzztime $(FUZZTIME)
 
 bench: setup
 	$(GO) test ./rpc -run '^$$' -bench . -benchmem
 	$(GO) test ./procd -run '^$$' -bench PipeThroughput -benchtime 10x -count 3
+	$(GO) test ./internal/snapshot -run '^$$' -bench . -benchtime 5x
 	./bin/agenthost bench
