@@ -90,3 +90,23 @@ func FuzzParseStatus(f *testing.F) {
 		}
 	})
 }
+
+func TestVersionAtLeast(t *testing.T) {
+	for out, want := range map[string]bool{
+		"git version 2.39.5\n":                 true,
+		"git version 2.32.0":                   true,
+		"git version 2.31.8":                   false,
+		"git version 3.0.0":                    true,
+		"git version 2.39.5.windows.1":         true,
+		"git version 2.37.1 (Apple Git-137.1)": true,
+		"git version 1.9":                      false,
+		"git version 2":                        false,
+		"not git":                              false,
+		"":                                     false,
+		"git version 2.x":                      false,
+	} {
+		if got := versionAtLeast(out, MinGitVersion); got != want {
+			t.Errorf("versionAtLeast(%q) = %v, want %v", out, got, want)
+		}
+	}
+}

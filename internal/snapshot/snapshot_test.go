@@ -355,6 +355,13 @@ func TestOpen(t *testing.T) {
 	if _, err := Open(ctx, filepath.Join(base, "s4"), ws, Options{Git: filepath.Join(base, "no-git")}); !errors.Is(err, ErrGit) {
 		t.Errorf("missing git: %v, want ErrGit", err)
 	}
+	write(t, base, "old-git", "#!/bin/sh\necho git version 2.20.1\n")
+	if err := os.Chmod(filepath.Join(base, "old-git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, filepath.Join(base, "s5"), ws, Options{Git: filepath.Join(base, "old-git")}); !errors.Is(err, ErrGit) {
+		t.Errorf("git 2.20: %v, want ErrGit", err)
+	}
 
 	dir := filepath.Join(base, "snapshots")
 	r, err := Open(ctx, dir, ws, Options{})
