@@ -156,8 +156,8 @@ type Report struct {
 
 // Repo is the shadow repository of one workspace. Create it with Open and
 // Close it when done. Safe for concurrent use: snapshots and restores of
-// one Repo run one at a time, in the order their callers arrive; diffs run
-// beside them. Different Repos share nothing.
+// one Repo run one at a time; diffs run beside them. Different Repos
+// share nothing.
 type Repo struct {
 	dir       string // the shadow repository (a bare git directory)
 	workspace string
