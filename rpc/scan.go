@@ -39,7 +39,8 @@ type frameHead struct {
 }
 
 // DuplicateKeyError reports a frame with a top-level "type" or "id" key
-// given twice. Such a frame is refused: readers disagree on which one
+// given twice, in any spelling encoding/json takes for it ("ID", "Id",
+// "\u0069d"). Such a frame is refused: readers disagree on which one
 // counts (the fast path reads the first, encoding/json keeps the last).
 type DuplicateKeyError struct {
 	Key string
@@ -72,7 +73,7 @@ func scanFrame(b []byte) (frameHead, error) {
 	} else {
 		for {
 			s.ws()
-			ks, ke, _, err := s.str()
+			ks, ke, kesc, err := s.str()
 			if err != nil {
 				return h, err
 			}
@@ -83,8 +84,8 @@ func scanFrame(b []byte) (frameHead, error) {
 			s.i++
 			s.ws()
 			key := b[ks:ke]
-			isType := string(key) == "type"
-			isID := !isType && string(key) == "id"
+			isType := keyIs(key, kesc, "type")
+			isID := !isType && keyIs(key, kesc, "id")
 			if isType {
 				if seenType {
 					dup = "type"
@@ -140,6 +141,18 @@ func scanFrame(b []byte) (frameHead, error) {
 		return h, &DuplicateKeyError{Key: dup}
 	}
 	return h, nil
+}
+
+// keyIs reports whether the object key raw (its contents, escaped when
+// esc) names the field name as encoding/json matches keys: unescaped, and
+// exact or else case-folded (bytes.EqualFold), so "ID", "Id" and
+// "\u0069d" are all "id" to the decoder and must be to the scanner too.
+func keyIs(raw []byte, esc bool, name string) bool {
+	if !esc {
+		// A folded match is at most three bytes a rune.
+		return len(raw) >= len(name) && len(raw) <= 3*len(name) && bytes.EqualFold(raw, []byte(name))
+	}
+	return bytes.EqualFold([]byte(headString(raw, true)), []byte(name))
 }
 
 func (h *frameHead) noteID(raw []byte, esc, num bool) {

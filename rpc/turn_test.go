@@ -239,6 +239,13 @@ func TestClient_DuplicateKeyFrameFailsItsWaiter(t *testing.T) {
 		`{"type":"message_update","id":"%s","type":"response","command":"get_state","success":true}`,
 		`{"type":"response","id":"%s","command":"get_state","success":true,"type":"message_update"}`,
 		`{"id":"%s","type":"response","command":"get_state","success":true,"id":"other"}`,
+		// The same in the spellings encoding/json takes for the key: the
+		// decoder would answer "other", the scanner the request.
+		`{"type":"response","id":"%s","ID":"other","command":"get_state","success":true}`,
+		`{"type":"response","id":"%s","Id":"other","command":"get_state","success":true}`,
+		`{"type":"response","id":"%s","\u0069d":"other","command":"get_state","success":true}`,
+		`{"type":"response","id":"%s","command":"get_state","success":true,"Type":"message_update"}`,
+		`{"type":"response","id":"%s","command":"get_state","success":true,"t\u0079pe":"message_update"}`,
 	} {
 		p := newPipePeer(t, Options{})
 		ctx := ctxT(t, 10*time.Second)
