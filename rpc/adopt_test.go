@@ -212,3 +212,157 @@ func startIdlePeer(t *testing.T, adopt *Adopt, lines ...string) (c *Client, writ
 	}
 	return c, write
 }
+
+// Event.Start of the frame after a skipped line (over the cap, or a first
+// frame refused as no JSON object) is where that frame begins, not where
+// the skipped line began: a room resumes an undecided dialog from Start,
+// and would read the skipped line again.
+func TestClient_StartAfterSkippedLine(t *testing.T) {
+	long := `{"type":"notice","pad":"` + strings.Repeat("x", 200) + `"}`
+	for _, tc := range []struct {
+		name    string
+		skipped string
+	}{{"over the cap", long}, {"refused first frame", "not json"}, {"none", ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const base = 1000
+			p := newPipePeer(t, Options{MaxLineBytes: 100, Adopt: &Adopt{Offset: base}})
+			got := make(chan Event, 4)
+			p.c.On("notice", func(ev Event) { got <- ev })
+			b := `{"type":"notice","n":2}`
+			want := int64(base)
+			if tc.skipped != "" {
+				p.say(tc.skipped)
+				want += int64(len(tc.skipped) + 1)
+			}
+			p.say(b)
+			ev := <-got
+			if ev.Start() != want || ev.End() != want+int64(len(b)+1) {
+				t.Fatalf("frame after the skipped line: [%d,%d), want [%d,%d)", ev.Start(), ev.End(), want, want+int64(len(b)+1))
+			}
+		})
+	}
+}
+
+// An adopted client decides its assumed run at get_state's answer in
+// stream order: a run the agent starts right after that answer (omp
+// finishing a background job) is not folded into the adopted turn. Idle
+// answer: the adopted turn ends with AgentInvoked false, and the run is a
+// turn of its own with its text. With the previous client's prompt (or
+// abort_and_prompt) acknowledged after the offset, the run is the adopted
+// turn's. (The answer was acted on by the handshake goroutine after the
+// reader had read on, and the run's text belonged to no turn.)
+func TestClient_AdoptDecidesAtTheAnswerInStreamOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name, ack string
+	}{
+		{"idle", ""},
+		{"prompt acknowledged after the offset", `{"type":"response","id":"ah-3","command":"prompt","success":true}`},
+		{"abort_and_prompt acknowledged after the offset", `{"type":"response","id":"ah-3","command":"abort_and_prompt","success":true}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 20 {
+				adoptAnswerThenRun(t, i, tc.ack, false)
+			}
+		})
+	}
+	t.Run("NoHandshake, idle", func(t *testing.T) {
+		for i := range 20 {
+			adoptAnswerThenRun(t, i, "", true)
+		}
+	})
+}
+
+func adoptAnswerThenRun(t *testing.T, i int, ack string, noHandshake bool) {
+	cr, aw := io.Pipe()
+	ar, cw := io.Pipe()
+	ends := make(chan struct{}, 1)
+	c := New(cr, cw, Options{NoHandshake: noHandshake, Adopt: &Adopt{Offset: 42, RunOpen: true, Ready: true},
+		OnEvent: func(ev Event) {
+			if ev.Type == EventAgentEnd {
+				ends <- struct{}{}
+			}
+		}})
+	var wmu sync.Mutex
+	write := func(s string) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		_, _ = io.WriteString(aw, s)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if ack != "" {
+			write(ack + "\n")
+		}
+		sc := bufio.NewScanner(ar)
+		first := true
+		for sc.Scan() {
+			var cmd map[string]any
+			if json.Unmarshal(sc.Bytes(), &cmd) != nil {
+				continue
+			}
+			b, _ := json.Marshal(map[string]any{"type": "response", "id": cmd["id"], "command": cmd["type"], "success": true,
+				"data": map[string]any{"isStreaming": false, "sessionId": "s1"}})
+			out := string(b) + "\n"
+			if first {
+				// The agent starts a run right after its idle answer, in
+				// the same write.
+				out += `{"type":"agent_start"}` + "\n" +
+					`{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"he"}}` + "\n"
+				first = false
+			}
+			write(out)
+		}
+	}()
+	defer func() {
+		aw.Close() // the agent's output ends first: Close need not cut it
+		c.Close()
+		ar.Close()
+		wg.Wait()
+	}()
+	if err := c.Start(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if noHandshake {
+		if _, err := c.GetState(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"hello"}],"stopReason":"stop"}}` + "\n" +
+		`{"type":"agent_end","messages":[]}` + "\n")
+	select {
+	case <-ends:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("iteration %d: agent_end not delivered", i)
+	}
+	if err := c.Sync(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	adopted, cur := c.adopted, c.turn
+	c.mu.Unlock()
+	for _, tt := range []*turnState{adopted, cur} {
+		select {
+		case <-tt.done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("iteration %d: a turn did not end", i)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	a, r := adopted.result, cur.result
+	if ack != "" {
+		if cur != adopted || a.Text != "hello" || !a.AgentInvoked {
+			t.Fatalf("iteration %d: the acknowledged prompt's run should be the adopted turn's: adopted text %q invoked %v, current is adopted %v",
+				i, a.Text, a.AgentInvoked, cur == adopted)
+		}
+		return
+	}
+	if a.AgentInvoked || len(a.Events) != 0 {
+		t.Fatalf("iteration %d: adopted turn: invoked %v, %d events; want it ended at the idle answer, empty", i, a.AgentInvoked, len(a.Events))
+	}
+	if cur == adopted || r.Text != "hello" || !r.Unsolicited {
+		t.Fatalf("iteration %d: the run after the idle answer is in no turn of its own (current turn text %q)", i, r.Text)
+	}
+}

@@ -102,3 +102,57 @@ func TestClient_BackpressureWaitsForSlowListeners(t *testing.T) {
 		t.Fatalf("errors: %v", errs)
 	}
 }
+
+// Sync covers an event the reader has read and holds while it waits for
+// room in the byte budget: the barrier waits behind it (it carried no
+// bytes, so it passed the budget and went ahead of the event).
+func TestClient_SyncWaitsForAnEventHeldByTheByteBudget(t *testing.T) {
+	first := `{"type":"notice","n":1,"pad":"` + strings.Repeat("a", 200) + `"}`
+	second := `{"type":"notice","n":2,"pad":"` + strings.Repeat("b", 200) + `"}`
+	p := newPipePeer(t, Options{BacklogBytes: len(first) + 10, StallTimeout: time.Minute})
+	gate := make(chan struct{})
+	var seen atomic.Int32
+	p.c.On("notice", func(ev Event) {
+		var n struct{ N int32 }
+		_ = ev.Decode(&n)
+		if n.N == 1 {
+			<-gate
+		}
+		seen.Store(n.N)
+	})
+	p.say(first, second)
+	// Internal states with no event to wait on: polled, bounded.
+	poll := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	poll("the reader to wait for room with frame 2", func() bool { return p.c.roomWait.Load() > 0 })
+	synced := make(chan error, 1)
+	go func() { synced <- p.c.Sync(ctxT(t, 30*time.Second)) }()
+	poll("Sync's barrier", func() bool {
+		p.c.qmu.Lock()
+		defer p.c.qmu.Unlock()
+		if len(p.c.parked) > 0 {
+			return true
+		}
+		for _, it := range p.c.queue {
+			if it.barrier != nil {
+				return true
+			}
+		}
+		return false
+	})
+	close(gate)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if n := seen.Load(); n != 2 {
+		t.Fatalf("Sync returned when the listeners had seen frame %d; the reader had read frame 2 before Sync", n)
+	}
+}

@@ -111,10 +111,16 @@ type Adopt struct {
 	// its ready frame is not read again.
 	V2 bool
 	// RunOpen: a run may be in progress (its agent_start lies before
-	// Offset), or about to begin (the acknowledgement of its prompt lies
-	// after Offset). The client then tracks one as an Unsolicited turn
-	// from the start, which WaitTurn returns at the run's agent_end, as for
-	// a run the agent started on its own.
+	// Offset), or about to begin (the acknowledgement of its prompt or
+	// abort_and_prompt lies after Offset). The client then tracks one as an
+	// Unsolicited turn from the start, which WaitTurn returns at the run's
+	// agent_end, as for a run the agent started on its own. The first
+	// get_state answer the client reads (Start's handshake, or with
+	// NoHandshake the first GetState anyone sends) decides it in stream
+	// order: an agent that is not streaming and has no acknowledged prompt
+	// pending ends the turn there (AgentInvoked false), and a run that
+	// starts after that answer is a turn of its own. With NoHandshake and
+	// no get_state, the turn waits for an agent_end.
 	RunOpen bool
 	// Ready: the agent announced itself with ready when it started (omp):
 	// it acknowledges a prompt before it prepares the run, so get_state
@@ -241,14 +247,19 @@ type Client struct {
 
 	// The backlog: the reader appends, the dispatcher takes everything
 	// queued at once, so a flood costs one wake-up per batch, not per event.
-	qmu      sync.Mutex
-	queue    []dispatchItem // at most Backlog items waiting
-	spare    []dispatchItem // the dispatcher's drained batch, reused
-	qlen     atomic.Int32   // len(queue), read by the reader without the lock
-	qbytes   atomic.Int64   // frame bytes queued or in the batch; added to under qmu
-	roomWait atomic.Int32   // enqueues waiting for room: the dispatcher signals space per event
-	wake     chan struct{}  // reader -> dispatcher: items queued
-	space    chan struct{}  // dispatcher -> reader: the queue was taken
+	qmu    sync.Mutex
+	queue  []dispatchItem // at most Backlog items waiting
+	spare  []dispatchItem // the dispatcher's drained batch, reused
+	qlen   atomic.Int32   // len(queue), read by the reader without the lock
+	qbytes atomic.Int64   // frame bytes queued or in the batch; added to under qmu
+	// holding counts enqueues waiting for room with an item (under qmu);
+	// parked are Sync barriers that wait behind those items, queued when
+	// the last of them is (so a barrier never passes an event already read).
+	holding  int
+	parked   []dispatchItem
+	roomWait atomic.Int32  // enqueues waiting for room: the dispatcher signals space per event
+	wake     chan struct{} // reader -> dispatcher: items queued
+	space    chan struct{} // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}
 	done     chan struct{} // closed when the transport has ended
 	quit     chan struct{} // closed by Close
@@ -263,6 +274,10 @@ type Client struct {
 	// settling is a turn the frame being handled ended, settled once that
 	// frame is queued for the listeners (reader goroutine only).
 	settling *turnState
+	// adopted is the turn an adopted client assumed open (Adopt.RunOpen);
+	// adoptDecide: no get_state answer has decided it yet (under mu).
+	adopted     *turnState
+	adoptDecide bool
 	// idPrefix starts every request id: "ah-", or one of its own for an
 	// adopted agent, whose stdout may still hold replies to the ids of the
 	// client before.
@@ -335,12 +350,14 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		_, _ = rand.Read(b[:])
 		c.idPrefix = "ah" + hex.EncodeToString(b[:]) + "-"
 		c.v2 = a.V2
+		c.readEnd = a.Offset // the first frame starts there
 		if a.RunOpen {
 			t := newTurn()
 			t.result.Unsolicited = true
 			t.started = true
 			c.turn = t
 			c.track.runOpen = true
+			c.adopted, c.adoptDecide = t, true
 		}
 	}
 	return c
@@ -386,10 +403,9 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	hs := make(chan error, 1)
 	go func() { // bounded by ctx and by the transport ending
-		st, err := c.GetState(ctx)
-		if err == nil && !st.IsStreaming && c.opts.Adopt != nil && c.opts.Adopt.RunOpen {
-			c.settleAdopted()
-		}
+		// An adopted client's assumed run is decided by the reader when it
+		// reads this answer (see decideAdoptedLocked), in stream order.
+		_, err := c.GetState(ctx)
 		hs <- err
 	}()
 	var hsErr error
@@ -443,30 +459,6 @@ func (c *Client) Start(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// settleAdopted ends the run an adopted client assumed open when the
-// agent reports none: the answer comes on the same stream as the events,
-// so an agent_end written before it has been read already. A run whose
-// prompt's acknowledgement was read after the offset (adoptedReply) may
-// still be about to start: that turn ends as any acknowledged prompt's
-// (its run, prompt_result, or for an agent without ready the no-run poll).
-func (c *Client) settleAdopted() {
-	c.mu.Lock()
-	t := c.turn
-	if t != nil && !t.settled && t.adoptAcked && !t.started {
-		c.maybeNoRunProbeLocked(t)
-		c.mu.Unlock()
-		return
-	}
-	if t != nil && !t.settled {
-		t.result.AgentInvoked = false
-		c.track.runOpen = false
-	}
-	c.mu.Unlock()
-	if t != nil {
-		c.settleTurn(t, nil)
-	}
 }
 
 // ProtocolVersion is 2 once omp accepted v2, else 1.

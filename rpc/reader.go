@@ -26,6 +26,8 @@ func (c *Client) readLoop() {
 		if err != nil {
 			var tl *LineTooLongError
 			if errors.As(err, &tl) {
+				// The next frame starts past the skipped line.
+				c.readEnd = c.opts.Adopt.offset() + fr.offset()
 				c.reportError(&ProtocolError{Op: "frame", Err: err})
 				if first {
 					c.firstOnce.Do(func() { c.firstFrame <- fmt.Errorf("rpc: start: first frame: %w", err) })
@@ -42,6 +44,7 @@ func (c *Client) readLoop() {
 				err := fmt.Errorf("rpc: start: the agent's first frame is not a JSON object (%v): %q", serr, quoteFrame(line))
 				c.firstOnce.Do(func() { c.firstFrame <- err })
 				c.frameError(h, line, serr)
+				c.readEnd = c.opts.Adopt.offset() + fr.offset()
 				continue
 			}
 			c.firstOnce.Do(func() { c.firstFrame <- nil })
@@ -152,6 +155,7 @@ func (c *Client) handleFrame(typ string, line []byte) {
 		if c.hasListeners() {
 			c.enqueue(dispatchItem{ev: Event{Type: typ, raw: frameRef(line), start: c.readStart, end: c.readEnd}})
 		}
+		c.settlePending() // an adopted turn this answer decided
 		return
 	case "ready":
 		c.handleReady(line)
@@ -180,9 +184,12 @@ func (c *Client) handleFrame(typ string, line []byte) {
 // transport. With Options.Backpressure it waits without that limit while
 // the client runs. The reader never waits unbounded.
 func (c *Client) enqueue(it dispatchItem) {
-	if c.tryQueue(it) {
+	if c.queueOrHold(it) {
 		return
 	}
+	// Held (see Client.holding) until queued or dropped: a Sync meanwhile
+	// waits behind it.
+	defer c.release()
 	// Set before the next try: the dispatcher reads it after freeing bytes,
 	// so either the try sees the room or the dispatcher sends space.
 	c.roomWait.Add(1)
@@ -233,30 +240,96 @@ func (c *Client) enqueue(it dispatchItem) {
 	}
 }
 
+// queueOrHold queues it, or, when the backlog is full, counts it as held
+// (in the same critical section, so no Sync barrier can slip in between)
+// and returns false; the caller then retries with tryQueue and ends with
+// release.
+func (c *Client) queueOrHold(it dispatchItem) bool {
+	c.qmu.Lock()
+	ok := c.appendLocked(it)
+	if !ok {
+		c.holding++
+	}
+	c.qmu.Unlock()
+	if ok {
+		c.wakeDispatcher()
+	}
+	return ok
+}
+
+// release ends a hold (queueOrHold): once no item is held, the Sync
+// barriers parked behind the held items are queued.
+func (c *Client) release() {
+	c.qmu.Lock()
+	c.holding--
+	var flushed bool
+	if c.holding == 0 && len(c.parked) > 0 {
+		// Barriers carry no bytes and are bounded by the Sync calls
+		// waiting: queued past Backlog if need be.
+		c.queue = append(c.queue, c.parked...)
+		c.qlen.Store(int32(len(c.queue)))
+		clear(c.parked)
+		c.parked = c.parked[:0]
+		flushed = true
+	}
+	c.qmu.Unlock()
+	if flushed {
+		c.wakeDispatcher()
+	}
+}
+
 // tryQueue appends it unless the backlog is full (Backlog events, or
 // BacklogBytes with something already queued), and wakes the dispatcher.
 func (c *Client) tryQueue(it dispatchItem) bool {
-	n := int64(len(it.ev.raw))
 	c.qmu.Lock()
+	ok := c.appendLocked(it)
+	c.qmu.Unlock()
+	if ok {
+		c.wakeDispatcher()
+	}
+	return ok
+}
+
+// appendLocked appends it unless the backlog is full; qmu held.
+func (c *Client) appendLocked(it dispatchItem) bool {
+	n := int64(len(it.ev.raw))
 	if len(c.queue) >= c.opts.Backlog {
-		c.qmu.Unlock()
 		return false
 	}
 	// qbytes grows only under qmu; the dispatcher only lowers it, so the
 	// room seen here cannot shrink before the add.
 	if b := c.qbytes.Load(); b > 0 && b+n > int64(c.opts.BacklogBytes) {
-		c.qmu.Unlock()
 		return false
 	}
 	c.queue = append(c.queue, it)
 	c.qlen.Store(int32(len(c.queue)))
 	c.qbytes.Add(n)
-	c.qmu.Unlock()
+	return true
+}
+
+func (c *Client) wakeDispatcher() {
 	select {
 	case c.wake <- struct{}{}:
 	default: // a wake-up is already pending
 	}
-	return true
+}
+
+// queueBarrier queues a Sync barrier: behind every item an enqueue holds
+// (parked until they are queued), else at the backlog's end. False when
+// the backlog is full and nothing is held (the caller retries).
+func (c *Client) queueBarrier(it dispatchItem) bool {
+	c.qmu.Lock()
+	if c.holding > 0 {
+		c.parked = append(c.parked, it)
+		c.qmu.Unlock()
+		return true
+	}
+	ok := c.appendLocked(it)
+	c.qmu.Unlock()
+	if ok {
+		c.wakeDispatcher()
+	}
+	return ok
 }
 
 // dispatchLoop runs listeners, one item at a time in arrival order, taking
@@ -409,6 +482,7 @@ func (c *Client) handleResponse(line []byte) {
 			delete(c.pending, r.ID)
 			c.removeFromCommandLocked(p)
 			c.noteReplyLocked(r.ID, &r)
+			c.decideAdoptedLocked(p.command, &r)
 			c.mu.Unlock()
 			p.ch <- &r
 			return
@@ -460,8 +534,48 @@ func (c *Client) handleResponse(line []byte) {
 	}
 	delete(c.pending, p.id)
 	c.noteReplyLocked(p.id, &r)
+	c.decideAdoptedLocked(p.command, &r)
 	c.mu.Unlock()
 	p.ch <- &r
+}
+
+// decideAdoptedLocked decides the run an adopted client assumed open
+// (Adopt.RunOpen) at the first get_state answer it reads, on the reader,
+// before the frame after it: the answer comes on the same stream as the
+// events, so whatever the agent wrote before it has been read, and what
+// it writes after (a run it starts at once) has not. Not streaming, and
+// no acknowledged prompt waiting for its run: the assumed run ended
+// before the offset, and the turn ends here with AgentInvoked false (the
+// reader settles it once this answer is queued). Under c.mu, reader only.
+func (c *Client) decideAdoptedLocked(command string, r *Response) {
+	if !c.adoptDecide || command != "get_state" || !r.Success {
+		return // a failed answer decides nothing: the next one will
+	}
+	c.adoptDecide = false
+	t := c.adopted
+	if t == nil || t.settled || c.turn != t {
+		return
+	}
+	var st struct {
+		IsStreaming bool `json:"isStreaming"`
+	}
+	if json.Unmarshal(r.Data, &st) != nil || st.IsStreaming {
+		return // a run is in progress: its agent_end ends the turn
+	}
+	switch {
+	case t.adoptAcked && !t.started:
+		// The previous client's prompt was acknowledged after the offset:
+		// omp says idle while it prepares the run, which may still come.
+		// The turn ends as any acknowledged prompt's does.
+		c.maybeNoRunProbeLocked(t)
+	case t.runSeen:
+		// The run's agent_start was read after the offset: it is this
+		// turn's, and its agent_end ends it.
+	default:
+		t.result.AgentInvoked = false
+		c.track.runOpen = false
+		c.settling = t
+	}
 }
 
 // frameError reports a frame that is not valid JSON or has a duplicated
@@ -509,21 +623,33 @@ func (c *Client) dropTombstoneLocked(id string) {
 }
 
 // adoptedReply takes a reply to the adopted agent's previous client, read
-// again: dropped, except the acknowledgement of a prompt before any frame
-// of the adopted turn. The offset was recorded between the prompt and its
-// acknowledgement, so the turn's run has not started yet: the turn now
-// waits for it as for a prompt of its own (a restart there used to end the
-// turn on get_state's idle answer, and the run came as another turn).
+// again: dropped, except the acknowledgement of the adopted turn's prompt.
+// The offset was recorded between the prompt and its acknowledgement, so
+// the turn's run has not started yet: the turn now waits for it as for a
+// prompt of its own (a restart there used to end the turn on get_state's
+// idle answer, and the run came as another turn). A prompt is taken
+// before any frame of the turn; an abort_and_prompt also after frames of
+// the run it aborts, whose agent_end is then not the turn's end.
 func (c *Client) adoptedReply(r Response) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.turn
-	if r.Command == "prompt" && r.Success && t != nil && !t.settled && t.result.Unsolicited &&
-		len(t.result.Events) == 0 && !t.adoptAcked {
+	adoptable := r.Success && t != nil && t == c.adopted && !t.settled && !t.adoptAcked
+	switch {
+	case adoptable && r.Command == "prompt" && len(t.result.Events) == 0:
 		t.adoptAcked = true
 		t.started = false
 		t.promptIDs = append(t.promptIDs, r.ID)
 		c.track.runOpen = false
+		return
+	case adoptable && r.Command == "abort_and_prompt":
+		t.adoptAcked = true
+		t.started = false
+		t.promptIDs = append(t.promptIDs, r.ID)
+		if c.track.runOpen {
+			// The aborted run's agent_end is still to come.
+			t.staleEnds = 1
+		}
 		return
 	}
 	c.log.Debug("rpc: dropped a reply to the adopted agent's previous client", "command", r.Command)
@@ -639,8 +765,9 @@ func (c *Client) retire(err error) {
 }
 
 // Sync returns once every event the client had read when Sync was called
-// has been delivered to the listeners: after WaitTurn, a listener has then
-// seen all of the turn's events (the dispatcher runs behind the reader).
+// has been delivered to the listeners, those waiting for room in a full
+// backlog included: after WaitTurn, a listener has then seen all of the
+// turn's events (the dispatcher runs behind the reader).
 // It returns early with ctx's error, or the transport's once the client
 // closed. Do not call it from a listener: it would wait for itself.
 func (c *Client) Sync(ctx context.Context) error {
@@ -650,7 +777,7 @@ func (c *Client) Sync(ctx context.Context) error {
 	// belongs to the reader.
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for !c.tryQueue(it) {
+	for !c.queueBarrier(it) {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():

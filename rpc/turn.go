@@ -81,6 +81,9 @@ type turnState struct {
 	// adoptAcked: an adopted turn whose prompt's acknowledgement this
 	// client read (see adoptedReply).
 	adoptAcked bool
+	// runSeen: an agent_start of this turn was read (started may also be
+	// assumed, see Adopt.RunOpen).
+	runSeen bool
 }
 
 // turnTrack is the client's view of the agent's runs, read and written
@@ -488,7 +491,7 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event, unchecked bool) (
 		if t.starts > 0 {
 			t.starts--
 		}
-		t.started = true
+		t.started, t.runSeen = true, true
 		t.probing = false
 	case EventMessageEnd:
 		var m MessageEndEvent
