@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -46,7 +47,6 @@ type daemon struct {
 	procs    map[string]*proc
 	conns    int
 	owner    net.Conn
-	wasOwned bool
 	handoff  *Ticket
 	closing  bool
 	idleFrom time.Time
@@ -99,7 +99,10 @@ func Run(ctx context.Context, opts Options) error {
 	if err := d.listen(dir); err != nil {
 		return err
 	}
-	defer os.RemoveAll(d.sockDir)
+	defer func() {
+		os.RemoveAll(d.sockDir)
+		os.Remove(filepath.Join(dir, sockDirFile))
+	}()
 	cust, err := custody.New(opts.Custody)
 	if err != nil {
 		d.ln.Close()
@@ -136,7 +139,8 @@ func Run(ctx context.Context, opts Options) error {
 	return err
 }
 
-// sweepStale removes a dead daemon's socket dirs and ticket.
+// sweepStale removes a dead daemon's socket dirs (its temp one too, see
+// sockDirFile) and ticket.
 func sweepStale(dir string) {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
@@ -144,7 +148,27 @@ func sweepStale(dir string) {
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
+	if b, err := os.ReadFile(filepath.Join(dir, sockDirFile)); err == nil {
+		if t := string(b); isOurTempSockDir(t) {
+			os.RemoveAll(t)
+		}
+		os.Remove(filepath.Join(dir, sockDirFile))
+	}
 	os.Remove(filepath.Join(dir, ticketFile))
+}
+
+// isOurTempSockDir: path names a temp socket dir a daemon of ours made
+// (what the record says is checked before anything is removed).
+func isOurTempSockDir(path string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path || !strings.HasPrefix(filepath.Base(path), tempSockPrefix) {
+		return false
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Getuid()
 }
 
 // listen makes the 0700 socket dir and the 0600 socket.
@@ -153,8 +177,14 @@ func (d *daemon) listen(dir string) error {
 	if len(filepath.Join(sockDir, "sock")) > socketPathLimit {
 		// A deep data dir: the socket goes to a private temp dir instead
 		// (MkdirTemp makes it 0700).
-		t, err := os.MkdirTemp("", "agenthost-procd-")
+		t, err := os.MkdirTemp("", tempSockPrefix)
 		if err != nil {
+			return fmt.Errorf("procd: socket dir: %w", err)
+		}
+		// Recorded before anything listens there: a daemon killed from
+		// here on leaves the record for the next one to sweep.
+		if err := writeFile(filepath.Join(dir, sockDirFile), []byte(t)); err != nil {
+			os.RemoveAll(t)
 			return fmt.Errorf("procd: socket dir: %w", err)
 		}
 		sockDir = t
@@ -196,12 +226,43 @@ func (d *daemon) requestStop(reason string) {
 	}
 }
 
+// Accept errors other than the listener's close (EMFILE, ENFILE, ENOBUFS,
+// ECONNABORTED) are waited out, as net/http does: from acceptBackoffMin,
+// doubling up to acceptBackoffMax, while the connection waits in the
+// backlog. Ending the loop would leave a daemon that holds the data dir
+// and never answers again.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
 func (d *daemon) accept() {
 	defer d.wg.Done()
+	var backoff time.Duration
 	for {
 		conn, err := d.ln.AcceptUnix()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if backoff == 0 {
+				backoff = acceptBackoffMin
+				d.log.Warn("procd: accepting a connection failed; retrying", "err", err)
+			} else {
+				backoff = min(2*backoff, acceptBackoffMax)
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-d.quit:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		if backoff != 0 {
+			d.log.Info("procd: accepting connections again")
+			backoff = 0
 		}
 		d.mu.Lock()
 		d.conns++
@@ -515,7 +576,7 @@ func (d *daemon) opOwn(c *conn, op string, raw json.RawMessage) error {
 		d.mu.Unlock()
 		return errf(codeOwned, "daemon already owned")
 	}
-	d.owner, d.wasOwned = c, true
+	d.owner = c
 	d.mu.Unlock()
 	d.log.Info("procd: owned", "handoff", r.Ticket != "")
 	if err := c.send(Reply{Type: TypeOwned, InstanceID: d.instanceID}); err != nil {

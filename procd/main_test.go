@@ -36,6 +36,7 @@ func daemonMain(args []string) int {
 	idle := fs.Duration("idle", 0, "")
 	ttl := fs.Duration("handoff-ttl", 0, "")
 	fsize := fs.Int64("fsize", 0, "")
+	nofile := fs.Uint64("nofile", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -57,6 +58,9 @@ func daemonMain(args []string) int {
 		if *fsize > 0 {
 			argv = append(argv, "--fsize", fmt.Sprint(*fsize))
 		}
+		if *nofile > 0 {
+			argv = append(argv, "--nofile", fmt.Sprint(*nofile))
+		}
 		if err := Detach(dctx, *data, argv, os.Environ()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -68,6 +72,13 @@ func daemonMain(args []string) int {
 		// (EFBIG instead of the signal).
 		signal.Ignore(syscall.SIGXFSZ)
 		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: uint64(*fsize), Max: uint64(*fsize)}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	if *nofile > 0 {
+		// Few descriptors: accepting runs into EMFILE.
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: *nofile, Max: *nofile}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

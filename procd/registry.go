@@ -14,6 +14,12 @@ const (
 	lockFile    = "service.lock"
 	ticketFile  = "handoff.json"
 	logFile     = "daemon.log"
+	// sockDirFile names the private temp dir holding the socket of a
+	// daemon whose data dir is too deep for a socket path: a daemon that
+	// died leaves it, and the next one removes it.
+	sockDirFile = "sockdir"
+	// tempSockPrefix starts such a temp dir's name.
+	tempSockPrefix = "agenthost-procd-"
 )
 
 // service is the registration file's content.
@@ -46,6 +52,11 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
+	return writeFile(path, b)
+}
+
+// writeFile writes b to path (0600) by temp file and rename.
+func writeFile(path string, b []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err

@@ -1,0 +1,87 @@
+//go:build linux
+
+package procd
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// An accept error (EMFILE: the daemon out of descriptors) is waited out:
+// once descriptors are free again the daemon answers. (Its accept loop
+// ended on the first error: the daemon held the data dir and never
+// answered again.)
+func TestDaemon_AcceptErrorWaitedOut(t *testing.T) {
+	const limit = 32
+	dir, c := startDaemon(t, "--nofile", strconv.Itoa(limit))
+	fds := func() int {
+		ents, _ := os.ReadDir("/proc/" + strconv.Itoa(c.PID()) + "/fd")
+		return len(ents)
+	}
+	svc, err := readService(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Idle connections (each holds one of the daemon's descriptors until
+	// its first frame or its close) until accept fails.
+	var conns []net.Conn
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
+	for range limit + 8 {
+		nc, err := net.Dial("unix", svc.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, nc)
+	}
+	waitFor(t, "the daemon to run out of descriptors", func() bool { return fds() >= limit })
+	for _, nc := range conns {
+		nc.Close()
+	}
+	conns = nil
+	if err := c.Ping(testCtx(t)); err != nil {
+		t.Fatalf("the daemon does not answer after running out of descriptors: %v", err)
+	}
+}
+
+// A data dir too deep for a socket path puts the socket in a private temp
+// dir; a daemon killed with SIGKILL leaves it, and the next daemon of the
+// data dir removes it. (One leaked per killed daemon.)
+func TestDaemon_DeepDataDirTempSocketSwept(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	ctx := testCtx(t)
+	c, err := Connect(ctx, dir, testOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopDaemon(t, dir) })
+	sock := filepath.Dir(c.svc.Socket)
+	if !strings.HasPrefix(filepath.Base(sock), tempSockPrefix) {
+		t.Fatalf("socket %s: want it in a temp dir", c.svc.Socket)
+	}
+	if err := syscall.Kill(c.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the killed daemon's lock to be free", func() bool {
+		free, _ := lockFree(dir)
+		return free
+	})
+	c2, err := Connect(ctx, dir, testOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the killed daemon's socket dir %s is still there (%v)", sock, err)
+	}
+	if filepath.Dir(c2.svc.Socket) == sock {
+		t.Fatal("the new daemon reused the old socket dir")
+	}
+}
