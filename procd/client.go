@@ -438,7 +438,9 @@ func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control
 }
 
 // Next returns the next event: "output", "resized", "controller_changed",
-// "exited" or "dropped". io.EOF-like errors mean the subscription ended.
+// "exited" or "dropped". A *ReplyError (an "error" frame: input or a
+// resize was refused) ends nothing: the subscription goes on. Other
+// errors (io.EOF-like) mean the subscription ended.
 func (s *Subscription) Next(ctx context.Context) (Reply, error) {
 	stop := context.AfterFunc(ctx, func() { s.conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()

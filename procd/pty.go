@@ -32,6 +32,9 @@ type ptyState struct {
 	cols, rows uint16
 	subs       map[*ptySub]struct{}
 	controller *ptySub
+	// exit is set when the exit was emitted: a later subscriber gets it
+	// after its replay.
+	exit *Exit
 }
 
 type ptySub struct {
@@ -217,6 +220,7 @@ func (d *daemon) runPTY(p *proc) {
 	e := *p.exit
 	d.mu.Unlock()
 	t.mu.Lock()
+	t.exit = &e
 	t.emit(Reply{Type: TypeExited, Exit: &e})
 	t.mu.Unlock()
 	// The terminal is closed when the record is terminated.
@@ -284,6 +288,11 @@ func (d *daemon) opSubscribe(c *conn, op string, raw json.RawMessage) error {
 	}
 	att.Controller = t.controller == s
 	t.subs[s] = struct{}{}
+	if t.exit != nil {
+		// It exited before: the exit follows the replay at once (the
+		// queue is empty, so this never blocks).
+		s.ch <- Reply{Type: TypeExited, Exit: t.exit}
+	}
 	t.mu.Unlock()
 	defer t.detach(s)
 	d.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // readUntil reads subscription events until the output seen contains want.
@@ -244,4 +245,63 @@ func TestRequests_ModeErrors(t *testing.T) {
 	if e, err := c.Wait(ctx, tty.ID); err != nil || e.Code != 0 {
 		t.Fatalf("pty exit: %+v %v", e, err)
 	}
+}
+
+// Attaching to a pty that has already exited gives the replay, then the
+// exit at once. (The exit had been sent before the subscriber joined, and
+// the attach waited for ever, keeping the record attended.)
+func TestPTY_SubscribeAfterExit(t *testing.T) {
+	t.Parallel()
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "echo hello-from-pty; exit 3"}, Cwd: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := c.Wait(ctx, info.ID); err != nil || exit.Code != 3 {
+		t.Fatalf("wait: %+v %v", exit, err)
+	}
+	s, err := c.Subscribe(ctx, info.ID, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !strings.Contains(string(s.Attached.Data), "hello-from-pty") {
+		t.Fatalf("replay %q", s.Attached.Data)
+	}
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ev, err := s.Next(nctx)
+	if err != nil || ev.Type != TypeExited || ev.Exit.Code != 3 {
+		t.Fatalf("after the replay: %+v %v; want the exit", ev, err)
+	}
+}
+
+// A refused request on a subscription (a resize to 0x0) is an error frame
+// for the subscriber; the subscription goes on.
+func TestPTY_RefusedResizeKeepsTheSubscription(t *testing.T) {
+	t.Parallel()
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	info, err := c.CreatePTY(ctx, PTYSpec{Argv: []string{"/bin/sh", "-c", "read x; echo got-$x"}, Cwd: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Subscribe(ctx, info.ID, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Resize(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	var re *ReplyError
+	if _, err := s.Next(ctx); !errors.As(err, &re) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("after a 0x0 resize: %v, want the refusal", err)
+	}
+	if err := s.Input([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	var seen bytes.Buffer
+	readUntil(t, ctx, s, &seen, "got-x")
 }

@@ -285,7 +285,7 @@ DIR/procd/out); a --pty process keeps 2 MiB of replay for attach.`,
 		return printJSON(out, r)
 	}, 1)
 	attachCmd := oneID("attach ID", "Attach this terminal to a pty process, with its replay (detach: Ctrl-])", func(ctx context.Context, c *procd.Client, id string, _ []string, out io.Writer) error {
-		return attach(ctx, c, id, os.Stdin, out)
+		return attach(ctx, c, id, os.Stdin, out, os.Stderr)
 	}, 1)
 	shutdownCmd := &cobra.Command{
 		Use:   "shutdown",
@@ -330,8 +330,9 @@ func usageIfInvalid(err error) error {
 
 // attach puts the terminal in raw mode and relays it to the pty: the
 // replay first, then live output; input, and resizes on SIGWINCH, go to
-// the process. Ctrl-] detaches.
-func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out io.Writer) error {
+// the process. Ctrl-] detaches. A request the daemon refuses (input or a
+// resize) is shown on errOut; the attach goes on.
+func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out, errOut io.Writer) error {
 	s, err := c.Subscribe(ctx, id, 0, true)
 	if err != nil {
 		return err
@@ -341,7 +342,7 @@ func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out
 	if restore, ok := makeRaw(in); ok {
 		defer restore()
 	}
-	if cols, rows, ok := termSize(in); ok {
+	if cols, rows, ok := usableSize(in); ok {
 		_ = s.Resize(cols, rows)
 	}
 	if _, err := out.Write(s.Attached.Data); err != nil {
@@ -377,6 +378,11 @@ func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out
 	go func() {
 		for {
 			ev, err := s.Next(context.Background())
+			var refused *procd.ReplyError
+			if errors.As(err, &refused) {
+				// A refusal, not the end: shown, and the attach goes on.
+				ev, err = procd.Reply{Type: procd.TypeError, Message: refused.Message}, nil
+			}
 			if err != nil {
 				evErr <- err
 				return
@@ -405,7 +411,7 @@ func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out
 				return err
 			}
 		case <-winch:
-			if cols, rows, ok := termSize(in); ok {
+			if cols, rows, ok := usableSize(in); ok {
 				_ = s.Resize(cols, rows)
 			}
 		case ev := <-events:
@@ -421,6 +427,9 @@ func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out
 				return nil
 			case procd.TypeDropped, procd.TypeControllerChanged:
 				return fmt.Errorf("detached: %s", ev.Type)
+			case procd.TypeError:
+				// The terminal is raw: the line ends with CR LF.
+				fmt.Fprintf(errOut, "agenthost: %s\r\n", ev.Message)
 			}
 		case err := <-evErr:
 			return fmt.Errorf("detached: %w", err)
@@ -428,4 +437,12 @@ func attach(ctx context.Context, c *procd.Client, id string, stdin *os.File, out
 			return ctx.Err()
 		}
 	}
+}
+
+// usableSize is the terminal's size, unless it reports a zero (a terminal
+// that does not know its size, such as a fresh pty): the daemon refuses
+// that, and the process keeps the size it has.
+func usableSize(fd int) (cols, rows uint16, ok bool) {
+	cols, rows, ok = termSize(fd)
+	return cols, rows, ok && cols > 0 && rows > 0
 }

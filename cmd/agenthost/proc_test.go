@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/procd"
+	"github.com/creack/pty"
 )
 
 // TestProc_Commands drives agenthost proc run|list|get|wait|signal|kill|
@@ -139,7 +141,7 @@ func TestProc_Attach(t *testing.T) {
 		t.Fatal(err)
 	}
 	var term bytes.Buffer
-	err = attach(ctx, c, id, r, &term)
+	err = attach(ctx, c, id, r, &term, io.Discard)
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != 4 {
 		t.Fatalf("attach: %v, want exit code 4", err)
@@ -196,5 +198,89 @@ func TestProcd_ForegroundHangup(t *testing.T) {
 	}
 	if err := syscall.Kill(info.PID, 0); err == nil {
 		t.Fatalf("process %d outlived the daemon", info.PID)
+	}
+}
+
+// procClient runs the test binary as the daemon of a fresh data dir and
+// returns a client; the daemon is shut down with the test.
+func procClient(t *testing.T, ctx context.Context) (string, *procd.Client) {
+	t.Helper()
+	procDaemonEnv = append(os.Environ(), serveHelperEnv+"=1")
+	t.Cleanup(func() { procDaemonEnv = nil })
+	data := t.TempDir()
+	c, err := procd.Connect(ctx, data, &procd.ClientOptions{DaemonEnv: procDaemonEnv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = run(context.Background(), []string{"proc", "shutdown", "--data", data}, &bytes.Buffer{}, &bytes.Buffer{})
+	})
+	return data, c
+}
+
+// proc attach to a pty that has already exited prints the replay and
+// exits with the process's status at once (it hung).
+func TestProc_AttachExited(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, c := procClient(t, ctx)
+	info, err := c.CreatePTY(ctx, procd.PTYSpec{Argv: []string{"/bin/sh", "-c", "echo hello-from-pty; exit 3"}, Cwd: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+	defer acancel()
+	var term bytes.Buffer
+	err = attach(actx, c, info.ID, r, &term, io.Discard)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 3 {
+		t.Fatalf("attach: %v, want exit code 3 at once", err)
+	}
+	if !strings.Contains(term.String(), "hello-from-pty") {
+		t.Fatalf("terminal saw %q", term.String())
+	}
+}
+
+// proc attach from a terminal that reports 0x0 (a fresh pty) keeps the
+// process's size and goes on (the refused resize ended the attach at once).
+func TestProc_AttachZeroSizeTerminal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, c := procClient(t, ctx)
+	info, err := c.CreatePTY(ctx, procd.PTYSpec{Argv: []string{"/bin/sh", "-c", "read x; echo got-$x; exit 4"}, Cwd: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	if cols, rows, ok := termSize(int(tty.Fd())); !ok || cols != 0 || rows != 0 {
+		t.Fatalf("a fresh pty reports %dx%d (%v); the test needs 0x0", cols, rows, ok)
+	}
+	// Typed on the terminal: read by attach once the tty is raw.
+	if _, err := ptmx.Write([]byte("hello\r")); err != nil {
+		t.Fatal(err)
+	}
+	var term, errOut bytes.Buffer
+	err = attach(ctx, c, info.ID, tty, &term, &errOut)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 4 {
+		t.Fatalf("attach: %v (stderr %q), want exit code 4", err, errOut.String())
+	}
+	if !strings.Contains(term.String(), "got-hello") {
+		t.Fatalf("terminal saw %q", term.String())
 	}
 }
