@@ -320,13 +320,26 @@ func (c *Client) Resize(ctx context.Context, id string, cols, rows uint16) error
 	return err
 }
 
-// List lists the processes of one mode.
+// List lists the processes of one mode, oldest first, in as many
+// requests as their size takes (a reply stays under a frame).
 func (c *Client) List(ctx context.Context, mode Mode) ([]ProcessInfo, error) {
-	r, err := c.do(ctx, map[string]any{"op": "list", "mode": mode}, TypeProcesses)
-	if err != nil {
-		return nil, err
+	var all []ProcessInfo
+	after := ""
+	for {
+		req := map[string]any{"op": "list", "mode": mode}
+		if after != "" {
+			req["after"] = after
+		}
+		r, err := c.do(ctx, req, TypeProcesses)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, r.Processes...)
+		if r.Next == "" || r.Next == after {
+			return all, nil
+		}
+		after = r.Next
 	}
-	return r.Processes, nil
 }
 
 // Get describes one process.

@@ -45,6 +45,7 @@ type daemon struct {
 
 	mu       sync.Mutex
 	procs    map[string]*proc
+	seq      uint64 // the last record's proc.seq
 	conns    int
 	owner    net.Conn
 	handoff  *Ticket

@@ -3,6 +3,7 @@
 package procd
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -83,5 +84,37 @@ func TestDaemon_DeepDataDirTempSocketSwept(t *testing.T) {
 	}
 	if filepath.Dir(c2.svc.Socket) == sock {
 		t.Fatal("the new daemon reused the old socket dir")
+	}
+}
+
+// list pages its reply: processes whose metadata add up to more than a
+// frame are all listed, oldest first (the one reply outgrew the 8 MiB
+// frame and list failed for good). Some seconds under -race: 9 MiB of
+// metadata is encoded and decoded on both sides, twice.
+func TestList_Paged(t *testing.T) {
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	meta := json.RawMessage(`{"blob":"` + strings.Repeat("x", MaxMetadata-20) + `"}`)
+	var ids []string
+	for range 9 {
+		spec := pipeSpec(t, "exec cat") // ends at the shutdown's stdin close
+		spec.Metadata = meta
+		info, err := c.CreatePipe(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	ps, err := c.List(ctx, ModePipe)
+	if err != nil {
+		t.Fatalf("list of 9 processes with %d bytes of metadata each: %v", len(meta), err)
+	}
+	if len(ps) != len(ids) {
+		t.Fatalf("listed %d processes, want %d", len(ps), len(ids))
+	}
+	for i, p := range ps {
+		if p.ID != ids[i] || len(p.Metadata) != len(meta) {
+			t.Fatalf("process %d: %s with %d bytes of metadata; want %s, oldest first", i, p.ID, len(p.Metadata), ids[i])
+		}
 	}
 }

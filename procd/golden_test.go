@@ -35,6 +35,7 @@ func TestWire_Golden(t *testing.T) {
 		{Type: TypeOK},
 		{Type: TypeProcess, Process: &pipe},
 		{Type: TypeProcesses, Processes: []ProcessInfo{pty}},
+		{Type: TypeProcesses, Processes: []ProcessInfo{pty}, Next: "7"},
 		{Type: TypeExited, Exit: exit},
 		{Type: TypeTerminated, Receipt: &rec},
 		{Type: TypeShutdown, Receipts: []custody.Receipt{rec}},

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +28,7 @@ const writeTimeout = 30 * time.Second
 // proc is one process record.
 type proc struct {
 	id        string
+	seq       uint64 // creation order: list's pages follow it
 	mode      Mode
 	argv      []string
 	cwd       string
@@ -244,6 +246,8 @@ func (d *daemon) startProc(p *proc, start func(context.Context) (*custody.Scope,
 		return errf(codeShutdown, "daemon shutting down")
 	}
 	p.touched = time.Now()
+	d.seq++
+	p.seq = d.seq
 	d.procs[p.id] = p
 	d.mu.Unlock()
 	return nil
@@ -395,10 +399,17 @@ func (d *daemon) opWrite(c *conn, op string, raw json.RawMessage) error {
 	return c.send(Reply{Type: TypeOK})
 }
 
+// listPageBytes bounds the processes one list reply carries (each may hold
+// MaxMetadata): a page ends before it, and the reply's Next asks for the
+// rest, so a list never outgrows a frame.
+const listPageBytes = MaxFrame / 2
+
 func (d *daemon) opList(c *conn, op string, raw json.RawMessage) error {
 	var r struct {
-		Op   string `json:"op"`
-		Mode Mode   `json:"mode"`
+		Op    string `json:"op"`
+		Mode  Mode   `json:"mode"`
+		After string `json:"after"`
+		Limit int    `json:"limit"`
 	}
 	if err := decode(op, raw, &r); err != nil {
 		return err
@@ -406,16 +417,39 @@ func (d *daemon) opList(c *conn, op string, raw json.RawMessage) error {
 	if r.Mode != ModePipe && r.Mode != ModePTY {
 		return invalid(op, "mode must be %q or %q", ModePTY, ModePipe)
 	}
+	var after uint64
+	if r.After != "" {
+		n, err := strconv.ParseUint(r.After, 10, 64)
+		if err != nil {
+			return invalid(op, "after must be a list reply's next")
+		}
+		after = n
+	}
+	if r.Limit < 0 {
+		return invalid(op, "limit must not be negative")
+	}
 	d.mu.Lock()
-	out := []ProcessInfo{}
+	var ps []*proc
 	for _, p := range d.procs {
-		if p.mode == r.Mode {
-			out = append(out, d.info(p))
+		if p.mode == r.Mode && p.seq > after {
+			ps = append(ps, p)
 		}
 	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i].seq < ps[j].seq })
+	out := []ProcessInfo{}
+	size, next := 0, ""
+	for i, p := range ps {
+		info := d.info(p)
+		b, _ := json.Marshal(info)
+		if len(out) > 0 && (size+len(b) > listPageBytes || (r.Limit > 0 && len(out) == r.Limit)) {
+			next = strconv.FormatUint(ps[i-1].seq, 10)
+			break
+		}
+		size += len(b)
+		out = append(out, info)
+	}
 	d.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
-	return c.send(Reply{Type: TypeProcesses, Processes: out})
+	return c.send(Reply{Type: TypeProcesses, Processes: out, Next: next})
 }
 
 func (d *daemon) opGet(c *conn, op string, raw json.RawMessage) error {

@@ -138,17 +138,20 @@ type Ticket struct {
 
 // Reply is one frame from the daemon: a reply or an event.
 type Reply struct {
-	Type       string            `json:"type"`
-	Message    string            `json:"message,omitempty"` // "error"
-	Code       string            `json:"code,omitempty"`    // "error": what kind
-	Protocol   int               `json:"protocol,omitempty"`
-	InstanceID string            `json:"instance_id,omitempty"`
-	Process    *ProcessInfo      `json:"process,omitempty"`
-	Processes  []ProcessInfo     `json:"processes,omitempty"`
-	Exit       *Exit             `json:"exit,omitempty"`
-	Receipt    *custody.Receipt  `json:"receipt,omitempty"`
-	Receipts   []custody.Receipt `json:"receipts,omitempty"`
-	Ticket     *Ticket           `json:"ticket,omitempty"`
+	Type       string        `json:"type"`
+	Message    string        `json:"message,omitempty"` // "error"
+	Code       string        `json:"code,omitempty"`    // "error": what kind
+	Protocol   int           `json:"protocol,omitempty"`
+	InstanceID string        `json:"instance_id,omitempty"`
+	Process    *ProcessInfo  `json:"process,omitempty"`
+	Processes  []ProcessInfo `json:"processes,omitempty"`
+	// Next, on a list reply, says more processes follow: list again with
+	// "after" set to it (a page stays under a frame whatever the metadata).
+	Next     string            `json:"next,omitempty"`
+	Exit     *Exit             `json:"exit,omitempty"`
+	Receipt  *custody.Receipt  `json:"receipt,omitempty"`
+	Receipts []custody.Receipt `json:"receipts,omitempty"`
+	Ticket   *Ticket           `json:"ticket,omitempty"`
 	// Subscriptions: "attached" carries the replay from Offset (Truncated
 	// when older output was already dropped); "output" carries Data at
 	// Offset; "resized" Cols and Rows; "controller_changed" Controller.
