@@ -370,6 +370,17 @@ func (c *Client) Signal(ctx context.Context, id string, sig Signal) error {
 	return err
 }
 
+// Trim releases the disk blocks of a running pipe process's output file
+// before offset output, and of its stderr file before stderr (0: leave
+// it): nobody will read those bytes again (a host trims up to what it
+// committed). The files keep their size and offsets; the released range
+// reads as zeros. Only whole pages are released; after the process ended
+// it does nothing.
+func (c *Client) Trim(ctx context.Context, id string, output, stderr int64) error {
+	_, err := c.do(ctx, map[string]any{"op": "trim", "id": id, "output": output, "stderr": stderr}, TypeOK)
+	return err
+}
+
 // SetMetadata replaces a process's opaque metadata (at most MaxMetadata).
 func (c *Client) SetMetadata(ctx context.Context, id string, metadata json.RawMessage) error {
 	_, err := c.do(ctx, map[string]any{"op": "set_metadata", "id": id, "metadata": metadata}, TypeOK)

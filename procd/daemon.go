@@ -483,6 +483,7 @@ func init() {
 		"wait":            (*daemon).opWait,
 		"signal":          (*daemon).opSignal,
 		"set_metadata":    (*daemon).opSetMetadata,
+		"trim":            (*daemon).opTrim,
 		"terminate":       (*daemon).opTerminate,
 		"subscribe":       (*daemon).opSubscribe,
 		"own":             (*daemon).opOwn,

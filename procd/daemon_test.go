@@ -118,3 +118,60 @@ func TestList_Paged(t *testing.T) {
 		}
 	}
 }
+
+// trim releases the blocks of a running pipe process's output before an
+// offset: the file keeps its size and every offset, what follows reads
+// as before, and the disk it takes shrinks. (Output files grew for as
+// long as the process ran.)
+func TestPipe_Trim(t *testing.T) {
+	_, c := startDaemon(t)
+	ctx := testCtx(t)
+	const big = 4 << 20
+	spec := pipeSpec(t, "yes 0123456789abcdef | head -c 4194304; echo tail-marker; exec cat")
+	info, err := c.CreatePipe(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(big + len("tail-marker\n"))
+	waitFor(t, "the output", func() bool {
+		pi, err := c.Get(ctx, info.ID)
+		return err == nil && pi.Pipe.OutputBytes == want
+	})
+	used := func() int64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(spec.OutputPath, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != want {
+			t.Fatalf("output file size %d, want %d (kept)", st.Size, want)
+		}
+		return st.Blocks * 512
+	}
+	before := used()
+	if err := c.Trim(ctx, info.ID, big+1, 0); err != nil {
+		t.Fatal(err)
+	}
+	after := used()
+	if after > before-big+64<<10 {
+		t.Fatalf("the file takes %d bytes on disk after trimming %d of it (before: %d)", after, big, before)
+	}
+	f, err := os.Open(spec.OutputPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tail := make([]byte, len("tail-marker\n"))
+	if _, err := f.ReadAt(tail, big); err != nil || string(tail) != "tail-marker\n" {
+		t.Fatalf("after the trimmed range: %q %v", tail, err)
+	}
+	if pi, err := c.Get(ctx, info.ID); err != nil || pi.Pipe.OutputTrimmed != big {
+		t.Fatalf("output_trimmed: %+v %v", pi.Pipe, err)
+	}
+	// Past what was written, and again: nothing more, no error.
+	if err := c.Trim(ctx, info.ID, 1<<40, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	if pi, err := c.Get(ctx, info.ID); err != nil || pi.Pipe.OutputTrimmed != want-want%trimAlign {
+		t.Fatalf("output_trimmed: %+v %v", pi.Pipe, err)
+	}
+}

@@ -59,7 +59,12 @@ type pipeState struct {
 	outPath, errPath string
 	mu               sync.Mutex
 	bytes, lines     int64
+	errBytes         int64
 	outErr           string
+	// The files while the process runs (nil once closed), for trim; and
+	// how far each was trimmed.
+	out, errf              *os.File
+	outTrimmed, errTrimmed int64
 }
 
 func (d *daemon) info(p *proc) ProcessInfo {
@@ -71,7 +76,8 @@ func (d *daemon) info(p *proc) ProcessInfo {
 	}
 	if ps := p.pipe; ps != nil {
 		ps.mu.Lock()
-		pi.Pipe = &PipeInfo{OutputPath: ps.outPath, StderrPath: ps.errPath, OutputBytes: ps.bytes, OutputLines: ps.lines, OutputError: ps.outErr}
+		pi.Pipe = &PipeInfo{OutputPath: ps.outPath, StderrPath: ps.errPath, OutputBytes: ps.bytes, OutputLines: ps.lines, OutputError: ps.outErr,
+			OutputTrimmed: ps.outTrimmed}
 		ps.mu.Unlock()
 	}
 	if t := p.pty; t != nil {
@@ -198,7 +204,7 @@ func (d *daemon) opCreatePipe(c *conn, op string, raw json.RawMessage) error {
 	}
 	p := &proc{id: "p-" + randHex(8), mode: ModePipe, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata,
 		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}),
-		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath}}
+		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath, out: out, errf: errf_}}
 	if err := d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
 		if s.StderrPath == "" {
 			return d.cust.StartCombined(ctx, command(s.Argv, s.Cwd, s.Env))
@@ -279,6 +285,8 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 				if count {
 					ps.bytes += int64(wn)
 					ps.lines += int64(bytes.Count(buf[:wn], []byte{'\n'}))
+				} else {
+					ps.errBytes += int64(wn)
 				}
 				ps.mu.Unlock()
 			}
@@ -297,6 +305,9 @@ func (d *daemon) runPipe(p *proc, out, errFile *os.File) {
 	readersDone := make(chan struct{})
 	go func() { wg.Wait(); close(readersDone) }()
 	d.awaitOutput(p, readersDone, p.scope.CloseOutput)
+	p.pipe.mu.Lock()
+	p.pipe.out, p.pipe.errf = nil, nil // trim is done with them
+	p.pipe.mu.Unlock()
 	for _, f := range []*os.File{out, errFile} {
 		if f == nil {
 			continue
@@ -593,3 +604,42 @@ func (d *daemon) terminate(p *proc, code string) (*custody.Receipt, error) {
 	<-p.done
 	return r, nil
 }
+
+// trimAlign: trim punches whole pages only, so a part of a page is never
+// zeroed again and again.
+const trimAlign = 4 << 10
+
+func (d *daemon) opTrim(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op     string `json:"op"`
+		ID     string `json:"id"`
+		Output int64  `json:"output"`
+		Stderr int64  `json:"stderr"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	if r.Output < 0 || r.Stderr < 0 {
+		return invalid(op, "offsets must not be negative")
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	ps := p.pipe
+	if ps == nil {
+		return invalid(op, "%s is not a pipe process", r.ID)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	// Never past what reached the file; nothing once the files are closed
+	// (the process ended: its files go with its record).
+	if err := punch(ps.out, &ps.outTrimmed, min(r.Output, ps.bytes)); err != nil {
+		return errf(codeFailed, "trim: %s: %v", filepath.Base(ps.outPath), err)
+	}
+	if err := punch(ps.errf, &ps.errTrimmed, min(r.Stderr, ps.errBytes)); err != nil {
+		return errf(codeFailed, "trim: %s: %v", filepath.Base(ps.errPath), err)
+	}
+	return c.send(Reply{Type: TypeOK})
+}
+

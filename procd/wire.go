@@ -85,6 +85,9 @@ type PipeInfo struct {
 	OutputBytes int64  `json:"output_bytes"`
 	OutputLines int64  `json:"output_lines"`
 	OutputError string `json:"output_error,omitempty"`
+	// OutputTrimmed is how much of the output file's start was released
+	// (trim): those offsets read as zeros; the file keeps its size.
+	OutputTrimmed int64 `json:"output_trimmed,omitempty"`
 }
 
 // Exit is how a process ended. It is published only after its output is
