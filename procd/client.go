@@ -16,8 +16,22 @@ import (
 	"github.com/agenthost/agenthost/custody"
 )
 
-// DefaultStartTimeout bounds starting a daemon and its first answer.
-const DefaultStartTimeout = 15 * time.Second
+// Defaults for ClientOptions.
+const (
+	// DefaultStartTimeout bounds starting a daemon and its first answer.
+	DefaultStartTimeout = 15 * time.Second
+	// DefaultPingTimeout bounds one ping (finding a daemon, one claim
+	// attempt).
+	DefaultPingTimeout = 5 * time.Second
+)
+
+// Claim retries: a daemon that does not answer while it holds its data
+// dir and the ticket is valid is slow, not gone (stopped, swapping):
+// claimed again, claimRetryMin apart, doubling up to claimRetryMax.
+const (
+	claimRetryMin = 50 * time.Millisecond
+	claimRetryMax = time.Second
+)
 
 // ClientOptions configure how a client finds or starts the daemon. The
 // zero value is usable.
@@ -31,27 +45,51 @@ type ClientOptions struct {
 	DaemonEnv []string
 	// StartTimeout bounds starting a daemon (default DefaultStartTimeout).
 	StartTimeout time.Duration
+	// PingTimeout bounds one ping (default DefaultPingTimeout). A daemon
+	// that does not answer a claim in time is asked again while its
+	// handoff ticket is valid.
+	PingTimeout time.Duration
+}
+
+func (o *ClientOptions) pingTimeout() time.Duration {
+	if o.PingTimeout > 0 {
+		return o.PingTimeout
+	}
+	return DefaultPingTimeout
 }
 
 // Client talks to the daemon of one data dir. Every request opens its own
 // connection, so a Client is safe for concurrent use. An owner client (Own)
 // also holds the owner connection; Close releases it, which ends the daemon
-// and everything in it unless a handoff was prepared first.
+// and everything in it unless a handoff was prepared first. When the
+// owner connection is lost (Done), Reown owns the data dir's daemon again
+// (a fresh one when the old one is gone); requests made meanwhile wait
+// for it within their context.
 type Client struct {
 	dataDir string
-	svc     service
 	opts    ClientOptions
 
-	// Owner state: nil conn for a plain client.
-	ownMu       sync.Mutex // one owner request at a time
-	owner       net.Conn
-	ownReplies  chan ownFrame
-	done        chan struct{} // closed when the owner connection is lost
-	wg          sync.WaitGroup
-	closeOnce   sync.Once
+	mu  sync.Mutex
+	svc service // the daemon in use
+	// own is the owner connection (nil for a plain client); renewed is
+	// closed by the next Reown or Close (requests that found the daemon
+	// gone wait for it).
+	own         *ownerConn
+	renewed     chan struct{}
+	closed      bool
 	claimed     bool
 	handoffErr  error
 	oldReceipts []custody.Receipt
+
+	wg sync.WaitGroup // the owner connections' readers
+}
+
+// ownerConn is one owner connection and its reader's state.
+type ownerConn struct {
+	conn    net.Conn
+	reqMu   sync.Mutex    // one owner request at a time
+	replies chan ownFrame // the reply to the owner request in flight
+	done    chan struct{} // closed when the connection is lost
 }
 
 type ownFrame struct {
@@ -62,9 +100,11 @@ type ownFrame struct {
 // when none answers.
 func Dial(ctx context.Context, dataDir string) (*Client, error) {
 	c := &Client{dataDir: dataDir}
-	if err := c.find(ctx); err != nil {
+	svc, err := c.find(ctx)
+	if err != nil {
 		return nil, err
 	}
+	c.svc = svc
 	return c, nil
 }
 
@@ -75,9 +115,11 @@ func Connect(ctx context.Context, dataDir string, opts *ClientOptions) (*Client,
 	if opts != nil {
 		c.opts = *opts
 	}
-	if err := c.findOrStart(ctx); err != nil {
+	svc, err := c.findOrStart(ctx)
+	if err != nil {
 		return nil, err
 	}
+	c.svc = svc
 	return c, nil
 }
 
@@ -85,116 +127,218 @@ func Connect(ctx context.Context, dataDir string, opts *ClientOptions) (*Client,
 // handoff ticket in the data dir when there is one (Claimed reports true,
 // and every process the old owner left runs on); otherwise, or when the
 // claim fails (HandoffErr says why), it ends the old daemon (receipts in
-// its log) and owns a fresh one. It fails with ErrOwned when another owner
-// is connected. Done is closed if the owner connection is lost.
+// its log) and owns a fresh one. A daemon that holds the data dir but is
+// slow to answer the claim is asked again while the ticket is valid; only
+// a refusal (ErrHandoff), another instance, or the daemon gone fails the
+// claim. It fails with ErrOwned when another owner is connected. Done is
+// closed if the owner connection is lost.
 func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, error) {
-	c := &Client{dataDir: dataDir}
+	c := &Client{dataDir: dataDir, renewed: make(chan struct{})}
 	if opts != nil {
 		c.opts = *opts
 	}
+	r, err := c.ownFlow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.install(r)
+	return c, nil
+}
+
+// Reown owns the data dir's daemon again after the owner connection was
+// lost (Done is closed; the daemon died, or another owner claimed it):
+// as Own, claiming a handed-over daemon or starting a fresh one. The
+// client keeps its identity; InstanceID, PID, Claimed, HandoffErr and
+// OldReceipts then describe the new daemon, Done is a new channel, and
+// requests that waited for the daemon go on. Handles to processes of the
+// daemon before name nothing in a fresh one (ErrNotFound).
+func (c *Client) Reown(ctx context.Context) error {
+	c.mu.Lock()
+	switch {
+	case c.own == nil:
+		c.mu.Unlock()
+		return fmt.Errorf("%w: Reown needs an owner client", ErrForbidden)
+	case c.closed:
+		c.mu.Unlock()
+		return ErrClosed
+	case !isClosed(c.own.done):
+		c.mu.Unlock()
+		return fmt.Errorf("%w: the owner connection is still up", ErrOwned)
+	}
+	c.mu.Unlock()
+	r, err := c.ownFlow(ctx)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		r.own.conn.Close() // without a handoff: the new daemon ends
+		return ErrClosed
+	}
+	c.mu.Unlock()
+	c.install(r)
+	return nil
+}
+
+// ownResult is what ownFlow found: the daemon owned and how.
+type ownResult struct {
+	svc         service
+	own         *ownerConn
+	claimed     bool
+	handoffErr  error
+	oldReceipts []custody.Receipt
+}
+
+// install makes r the client's daemon and starts its owner reader; a
+// Reown's waiters go on.
+func (c *Client) install(r ownResult) {
+	c.mu.Lock()
+	c.svc, c.own = r.svc, r.own
+	c.claimed, c.handoffErr, c.oldReceipts = r.claimed, r.handoffErr, r.oldReceipts
+	old := c.renewed
+	c.renewed = make(chan struct{})
+	c.wg.Add(1)
+	go c.readOwner(r.own)
+	c.mu.Unlock()
+	close(old)
+}
+
+// ownFlow claims the handed-over daemon or owns a fresh one (see Own).
+func (c *Client) ownFlow(ctx context.Context) (ownResult, error) {
+	var r ownResult
+	dataDir := c.dataDir
 	if t, err := readTicket(dataDir); err == nil {
-		err := c.claim(ctx, t)
+		svc, oc, err := c.claimWithin(ctx, t)
 		_ = os.Remove(filepath.Join(procdDir(dataDir), ticketFile))
 		if err == nil {
-			c.claimed = true
-			return c, nil
+			return ownResult{svc: svc, own: oc, claimed: true}, nil
 		}
-		if errors.Is(err, ErrOwned) {
-			return nil, err // a live owner's daemon is not ours to end
+		if errors.Is(err, ErrOwned) || ctx.Err() != nil {
+			return r, err // a live owner's daemon is not ours to end
 		}
-		c.handoffErr = err
+		r.handoffErr = err
 		// A failed handoff ends the old daemon so no process is left that
 		// nobody owns; the restart goes on with a fresh one.
 		if old, derr := Dial(ctx, dataDir); derr == nil {
 			rs, serr := old.Shutdown(ctx)
-			c.oldReceipts = rs
+			r.oldReceipts = rs
 			if serr != nil && !errors.Is(serr, ErrShuttingDown) {
-				return nil, fmt.Errorf("procd: ending the daemon after a failed handoff (%v): %w", err, serr)
+				return r, fmt.Errorf("procd: ending the daemon after a failed handoff (%v): %w", err, serr)
 			}
 			if werr := waitGone(ctx, dataDir); werr != nil {
-				return nil, werr
+				return r, werr
 			}
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
-		c.handoffErr = err
+		r.handoffErr = err
 	}
-	if err := c.findOrStart(ctx); err != nil {
-		return nil, err
+	svc, err := c.findOrStart(ctx)
+	if err != nil {
+		return r, err
 	}
-	err := c.ownConn(ctx, "")
+	oc, err := c.ownConn(ctx, svc, "")
 	if errors.Is(err, ErrHandoff) {
 		// The daemon waits for a handoff whose ticket file is gone: end it
 		// and start fresh.
-		c.handoffErr = err
-		rs, serr := c.Shutdown(ctx)
-		c.oldReceipts = rs
+		r.handoffErr = err
+		rs, serr := c.doWith(ctx, svc, map[string]any{"op": "shutdown"}, TypeShutdown)
+		r.oldReceipts = rs.Receipts
 		if serr != nil && !errors.Is(serr, ErrShuttingDown) {
-			return nil, serr
+			return r, serr
 		}
 		if err := waitGone(ctx, dataDir); err != nil {
-			return nil, err
+			return r, err
 		}
-		if err := c.findOrStart(ctx); err != nil {
-			return nil, err
+		if svc, err = c.findOrStart(ctx); err != nil {
+			return r, err
 		}
-		err = c.ownConn(ctx, "")
+		oc, err = c.ownConn(ctx, svc, "")
 	}
 	if err != nil {
-		return nil, err
+		return r, err
 	}
-	return c, nil
+	r.svc, r.own = svc, oc
+	return r, nil
+}
+
+// claimWithin claims the daemon named by the ticket, asking again while
+// it holds the data dir without answering and the ticket is valid.
+func (c *Client) claimWithin(ctx context.Context, t Ticket) (service, *ownerConn, error) {
+	wait := claimRetryMin
+	for {
+		svc, oc, err := c.claim(ctx, t)
+		if err == nil || errors.Is(err, ErrOwned) || errors.Is(err, ErrHandoff) || errors.Is(err, ErrProtocol) || ctx.Err() != nil {
+			return svc, oc, err
+		}
+		// Not answered: slow, or gone. Gone is a free lock.
+		if free, lerr := lockFree(c.dataDir); lerr != nil || free {
+			return svc, oc, err
+		}
+		if time.Now().Add(wait).After(t.ExpiresAt) {
+			return svc, oc, fmt.Errorf("%w (no answer while the ticket was valid)", err)
+		}
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return svc, oc, ctx.Err()
+		}
+		wait = min(2*wait, claimRetryMax)
+	}
 }
 
 // claim claims the daemon named by the ticket.
-func (c *Client) claim(ctx context.Context, t Ticket) error {
-	if err := c.find(ctx); err != nil {
-		return err
+func (c *Client) claim(ctx context.Context, t Ticket) (service, *ownerConn, error) {
+	svc, err := c.find(ctx)
+	if err != nil {
+		return svc, nil, err
 	}
-	if c.svc.InstanceID != t.InstanceID {
-		return fmt.Errorf("%w: the ticket is for instance %s, the daemon is %s", ErrHandoff, t.InstanceID, c.svc.InstanceID)
+	if svc.InstanceID != t.InstanceID {
+		return svc, nil, fmt.Errorf("%w: the ticket is for instance %s, the daemon is %s", ErrHandoff, t.InstanceID, svc.InstanceID)
 	}
-	return c.ownConn(ctx, t.Ticket)
+	oc, err := c.ownConn(ctx, svc, t.Ticket)
+	return svc, oc, err
 }
 
 // ownConn sends own on a connection kept for the owner's life.
-func (c *Client) ownConn(ctx context.Context, ticket string) error {
-	conn, err := c.dial(ctx)
+func (c *Client) ownConn(ctx context.Context, svc service, ticket string) (*ownerConn, error) {
+	conn, err := dialSocket(ctx, svc)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	// Bounded by ctx only: a claim the daemon took but whose answer came
+	// too late for us would leave it without owner or handoff, and it
+	// would end everything. The ping before said it answers.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, c.svc.Token, map[string]any{"op": "own", "instance_id": c.svc.InstanceID, "ticket": ticket})
+	r, err := roundTrip(conn, svc.Token, map[string]any{"op": "own", "instance_id": svc.InstanceID, "ticket": ticket})
 	if !stop() || err != nil {
 		conn.Close()
 		if err == nil {
 			err = ctx.Err()
 		}
-		return err
+		return nil, err
 	}
 	if err := replyErr(r); err != nil {
 		conn.Close()
-		return err
+		return nil, err
 	}
 	if r.Type != TypeOwned {
 		conn.Close()
-		return fmt.Errorf("%w: own answered %q", ErrProtocol, r.Type)
+		return nil, fmt.Errorf("%w: own answered %q", ErrProtocol, r.Type)
 	}
-	c.owner = conn
-	c.ownReplies = make(chan ownFrame, 1)
-	c.done = make(chan struct{})
-	c.wg.Add(1)
-	go c.readOwner()
-	return nil
+	return &ownerConn{conn: conn, replies: make(chan ownFrame, 1), done: make(chan struct{})}, nil
 }
 
 // readOwner reads the owner connection until it closes; replies go to the
 // one owner request in flight.
-func (c *Client) readOwner() {
+func (c *Client) readOwner(oc *ownerConn) {
 	defer c.wg.Done()
-	defer close(c.done)
-	defer close(c.ownReplies)
+	defer close(oc.done)
+	defer close(oc.replies)
 	for {
-		b, err := readFrame(c.owner)
+		b, err := readFrame(oc.conn)
 		if err != nil {
 			return
 		}
@@ -203,45 +347,83 @@ func (c *Client) readOwner() {
 			return
 		}
 		select {
-		case c.ownReplies <- ownFrame{r: r}:
+		case oc.replies <- ownFrame{r: r}:
 		default: // nobody asked: an unsolicited frame is dropped
 		}
 	}
 }
 
-// Claimed reports whether Own claimed a daemon through a handoff (its
-// processes kept running) rather than starting fresh.
-func (c *Client) Claimed() bool { return c.claimed }
+// Claimed reports whether Own (or the last Reown) claimed a daemon
+// through a handoff (its processes kept running) rather than starting
+// fresh.
+func (c *Client) Claimed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claimed
+}
 
-// HandoffErr is why a handoff ticket present at Own was not honoured, or nil.
-func (c *Client) HandoffErr() error { return c.handoffErr }
+// HandoffErr is why a handoff ticket present at Own (or the last Reown)
+// was not honoured, or nil.
+func (c *Client) HandoffErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.handoffErr
+}
 
-// OldReceipts are the receipts of the processes Own ended with the old
-// daemon after a failed handoff.
-func (c *Client) OldReceipts() []custody.Receipt { return c.oldReceipts }
+// OldReceipts are the receipts of the processes Own (or the last Reown)
+// ended with the old daemon after a failed handoff.
+func (c *Client) OldReceipts() []custody.Receipt {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.oldReceipts
+}
 
 // Owner reports whether this client is the daemon's owner.
-func (c *Client) Owner() bool { return c.owner != nil }
+func (c *Client) Owner() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.own != nil
+}
 
 // InstanceID names the daemon this client talks to.
-func (c *Client) InstanceID() string { return c.svc.InstanceID }
+func (c *Client) InstanceID() string { return c.service().InstanceID }
 
 // PID is the daemon's pid.
-func (c *Client) PID() int { return c.svc.PID }
+func (c *Client) PID() int { return c.service().PID }
+
+func (c *Client) service() service {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.svc
+}
 
 // Done is closed when the owner connection is lost (the daemon ended, or
 // another owner claimed it); nil for a client that is not the owner.
-func (c *Client) Done() <-chan struct{} { return c.done }
+// After Reown it is the new connection's.
+func (c *Client) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.own == nil {
+		return nil
+	}
+	return c.own.done
+}
 
 // Close releases the owner connection (for an owner: the daemon ends
-// everything unless a handoff was prepared) and waits for the client's
-// goroutine. Idempotent.
+// everything unless a handoff was prepared), ends the waits for a Reown,
+// and waits for the client's goroutines. Idempotent.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() {
-		if c.owner != nil {
-			c.owner.Close()
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		if c.own != nil {
+			c.own.conn.Close()
 		}
-	})
+		if c.renewed != nil {
+			close(c.renewed)
+		}
+	}
+	c.mu.Unlock()
 	c.wg.Wait()
 	return nil
 }
@@ -251,16 +433,19 @@ func (c *Client) Close() error {
 // dir, where Own finds it. From then on closing this client ends nothing.
 // Only the owner may ask.
 func (c *Client) PrepareHandoff(ctx context.Context) (Ticket, error) {
-	if c.owner == nil {
+	c.mu.Lock()
+	oc, svc := c.own, c.svc
+	c.mu.Unlock()
+	if oc == nil {
 		return Ticket{}, fmt.Errorf("%w: prepare_handoff needs the owner", ErrForbidden)
 	}
-	c.ownMu.Lock()
-	defer c.ownMu.Unlock()
-	if err := writeFrame(c.owner, envelope{Token: c.svc.Token, Request: mustJSON(map[string]any{"op": "prepare_handoff"})}); err != nil {
+	oc.reqMu.Lock()
+	defer oc.reqMu.Unlock()
+	if err := writeFrame(oc.conn, envelope{Token: svc.Token, Request: mustJSON(map[string]any{"op": "prepare_handoff"})}); err != nil {
 		return Ticket{}, err
 	}
 	select {
-	case f, ok := <-c.ownReplies:
+	case f, ok := <-oc.replies:
 		if !ok {
 			return Ticket{}, fmt.Errorf("%w: owner connection lost", ErrNoDaemon)
 		}
@@ -437,12 +622,12 @@ type Subscription struct {
 // that does not keep up is dropped (an event of type "dropped" when it can
 // still be told, then EOF).
 func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control bool) (*Subscription, error) {
-	conn, err := c.dial(ctx)
+	conn, svc, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, c.svc.Token, map[string]any{"op": "subscribe", "id": id, "offset": offset, "control": control})
+	r, err := roundTrip(conn, svc.Token, map[string]any{"op": "subscribe", "id": id, "offset": offset, "control": control})
 	if !stop() || err != nil {
 		conn.Close()
 		if err == nil {
@@ -458,7 +643,7 @@ func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control
 		conn.Close()
 		return nil, fmt.Errorf("%w: subscribe answered %q", ErrProtocol, r.Type)
 	}
-	return &Subscription{conn: conn, token: c.svc.Token, Attached: r}, nil
+	return &Subscription{conn: conn, token: svc.Token, Attached: r}, nil
 }
 
 // Next returns the next event: "output", "resized", "controller_changed",
@@ -504,13 +689,28 @@ func (s *Subscription) Close() error { return s.conn.Close() }
 // do sends one request on a connection of its own and returns the reply,
 // which must be of type want.
 func (c *Client) do(ctx context.Context, req any, want string) (Reply, error) {
-	conn, err := c.dial(ctx)
+	conn, svc, err := c.dial(ctx)
 	if err != nil {
 		return Reply{}, err
 	}
+	return exchange(ctx, conn, svc, req, want)
+}
+
+// doWith is do with the daemon svc.
+func (c *Client) doWith(ctx context.Context, svc service, req any, want string) (Reply, error) {
+	conn, err := dialSocket(ctx, svc)
+	if err != nil {
+		return Reply{}, err
+	}
+	return exchange(ctx, conn, svc, req, want)
+}
+
+// exchange sends req on conn (closed after) and returns the reply, which
+// must be of type want.
+func exchange(ctx context.Context, conn net.Conn, svc service, req any, want string) (Reply, error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, c.svc.Token, req)
+	r, err := roundTrip(conn, svc.Token, req)
 	if !stop() {
 		return Reply{}, ctx.Err()
 	}
@@ -527,13 +727,41 @@ func (c *Client) do(ctx context.Context, req any, want string) (Reply, error) {
 	return r, nil
 }
 
-func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+// dial connects to the client's daemon. An owner client whose daemon is
+// gone (Done) waits for Reown within ctx and dials the new one.
+func (c *Client) dial(ctx context.Context) (net.Conn, service, error) {
+	for {
+		c.mu.Lock()
+		svc, own, renewed, closed := c.svc, c.own, c.renewed, c.closed
+		c.mu.Unlock()
+		conn, err := dialSocket(ctx, svc)
+		if err == nil || own == nil || closed || !isClosed(own.done) {
+			return conn, svc, err
+		}
+		select {
+		case <-renewed:
+		case <-ctx.Done():
+			return nil, svc, err
+		}
+	}
+}
+
+func dialSocket(ctx context.Context, svc service) (net.Conn, error) {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.svc.Socket)
+	conn, err := d.DialContext(ctx, "unix", svc.Socket)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDaemon, err)
 	}
 	return conn, nil
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func roundTrip(conn net.Conn, token string, req any) (Reply, error) {
@@ -579,23 +807,33 @@ func mustJSON(v any) json.RawMessage {
 }
 
 // find reads the registration file and checks the daemon answers.
-func (c *Client) find(ctx context.Context) error {
+func (c *Client) find(ctx context.Context) (service, error) {
 	svc, err := readService(c.dataDir)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrNoDaemon, err)
+		return svc, fmt.Errorf("%w: %v", ErrNoDaemon, err)
 	}
 	if svc.Protocol != Protocol {
-		return fmt.Errorf("%w: the daemon registered protocol %d, not %d", ErrProtocol, svc.Protocol, Protocol)
+		return svc, fmt.Errorf("%w: the daemon registered protocol %d, not %d", ErrProtocol, svc.Protocol, Protocol)
 	}
-	c.svc = svc
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, c.opts.pingTimeout())
 	defer cancel()
-	return c.Ping(pctx)
+	r, err := c.doWith(pctx, svc, map[string]any{"op": "ping"}, TypePong)
+	if err != nil {
+		if pctx.Err() != nil && ctx.Err() == nil {
+			// No answer in time: as good as no daemon for now.
+			return svc, fmt.Errorf("%w: no answer to ping within %v", ErrNoDaemon, c.opts.pingTimeout())
+		}
+		return svc, err
+	}
+	if r.Protocol != Protocol {
+		return svc, fmt.Errorf("%w: the daemon speaks protocol %d, not %d", ErrProtocol, r.Protocol, Protocol)
+	}
+	return svc, nil
 }
 
-func (c *Client) findOrStartOnce(ctx context.Context) error {
-	if err := c.find(ctx); err == nil || !errors.Is(err, ErrNoDaemon) {
-		return err
+func (c *Client) findOrStartOnce(ctx context.Context) (service, error) {
+	if svc, err := c.find(ctx); err == nil || !errors.Is(err, ErrNoDaemon) {
+		return svc, err
 	}
 	to := c.opts.StartTimeout
 	if to <= 0 {
@@ -607,7 +845,7 @@ func (c *Client) findOrStartOnce(ctx context.Context) error {
 	if len(argv) == 0 {
 		exe, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("procd: starting a daemon: %w", err)
+			return service{}, fmt.Errorf("procd: starting a daemon: %w", err)
 		}
 		argv = []string{exe, "procd"}
 	}
@@ -618,19 +856,19 @@ func (c *Client) findOrStartOnce(ctx context.Context) error {
 	}
 	cmd.Env = withoutMarker(cmd.Env)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("procd: starting a daemon: %v: %s", err, strings.TrimSpace(string(out)))
+		return service{}, fmt.Errorf("procd: starting a daemon: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return c.find(ctx)
 }
 
-func (c *Client) findOrStart(ctx context.Context) error {
-	err := c.findOrStartOnce(ctx)
+func (c *Client) findOrStart(ctx context.Context) (service, error) {
+	svc, err := c.findOrStartOnce(ctx)
 	if errors.Is(err, ErrNoDaemon) {
 		// The daemon just started may have ended already (idle, or shut
 		// down by another client): once more.
-		err = c.findOrStartOnce(ctx)
+		svc, err = c.findOrStartOnce(ctx)
 	}
-	return err
+	return svc, err
 }
 
 // withoutMarker drops custody's scope marker: the daemon is nobody's

@@ -64,9 +64,9 @@ func TestDaemon_DeepDataDirTempSocketSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stopDaemon(t, dir) })
-	sock := filepath.Dir(c.svc.Socket)
+	sock := filepath.Dir(c.service().Socket)
 	if !strings.HasPrefix(filepath.Base(sock), tempSockPrefix) {
-		t.Fatalf("socket %s: want it in a temp dir", c.svc.Socket)
+		t.Fatalf("socket %s: want it in a temp dir", c.service().Socket)
 	}
 	if err := syscall.Kill(c.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -82,7 +82,7 @@ func TestDaemon_DeepDataDirTempSocketSwept(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("the killed daemon's socket dir %s is still there (%v)", sock, err)
 	}
-	if filepath.Dir(c2.svc.Socket) == sock {
+	if filepath.Dir(c2.service().Socket) == sock {
 		t.Fatal("the new daemon reused the old socket dir")
 	}
 }

@@ -4,8 +4,10 @@ package procd
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -228,7 +230,9 @@ func TestUnowned_UnattendedEnded(t *testing.T) {
 // TestUnowned_WatchedKept: a process someone waits on is attended.
 func TestUnowned_WatchedKept(t *testing.T) {
 	t.Parallel()
-	_, c := startDaemon(t, "--unattended", "500ms", "--idle", "1s")
+	// The default idle exit: a daemon idle for 1 s could end before the
+	// first request on a loaded machine.
+	_, c := startDaemon(t, "--unattended", "500ms")
 	ctx := testCtx(t)
 	info, err := c.CreatePipe(ctx, pipeSpec(t, `sleep 2; exit 4`))
 	if err != nil {
@@ -270,5 +274,94 @@ func TestConnect_Concurrent(t *testing.T) {
 	}
 	if len(seen) != 1 {
 		t.Fatalf("%d daemons for one data dir: %v", len(seen), seen)
+	}
+}
+
+// A daemon that holds its data dir but does not answer the claim for a
+// while (stopped, swapping) is waited for while the ticket is valid, and
+// claimed with its processes. (The first unanswered ping made Own shut
+// it down: its agents ended, the restart's turn failed.) The daemon is
+// stopped for a second, several claim attempts long.
+func TestHandoff_SlowDaemonWaitedFor(t *testing.T) {
+	t.Parallel()
+	dir, o1 := ownDaemon(t)
+	ctx := testCtx(t)
+	info, err := o1.CreatePipe(ctx, pipeSpec(t, `exec cat`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o1.PrepareHandoff(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o1.Close()
+	pid := o1.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	resumed := make(chan struct{})
+	go func() {
+		defer close(resumed)
+		time.Sleep(time.Second) // how long the daemon stalls: the fault under test
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}()
+	opts := testOpts()
+	opts.PingTimeout = 100 * time.Millisecond
+	o2, err := Own(ctx, dir, opts)
+	<-resumed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o2.Close()
+	if !o2.Claimed() || o2.InstanceID() != o1.InstanceID() || o2.HandoffErr() != nil {
+		t.Fatalf("claimed %v, instance %s (was %s), handoff error %v: the slow daemon should have been claimed",
+			o2.Claimed(), o2.InstanceID(), o1.InstanceID(), o2.HandoffErr())
+	}
+	if got, err := o2.Get(ctx, info.ID); err != nil || !got.Running {
+		t.Fatalf("the process after the claim: %+v %v", got, err)
+	}
+}
+
+// An owner whose daemon died (kill -9) owns a fresh one with Reown; a
+// request made while it is gone waits for it, and Done is the new
+// connection's.
+func TestOwner_ReownAfterTheDaemonDied(t *testing.T) {
+	t.Parallel()
+	_, o := ownDaemon(t)
+	ctx := testCtx(t)
+	if _, err := o.CreatePipe(ctx, pipeSpec(t, `exec cat`)); err != nil {
+		t.Fatal(err)
+	}
+	old, done := o.InstanceID(), o.Done()
+	if err := syscall.Kill(o.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("Done not closed when the daemon died")
+	}
+	listed := make(chan error, 1)
+	go func() {
+		ps, err := o.List(ctx, ModePipe)
+		if err == nil && len(ps) != 0 {
+			err = fmt.Errorf("a fresh daemon lists %d processes", len(ps))
+		}
+		listed <- err
+	}()
+	if err := o.Reown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-listed; err != nil {
+		t.Fatalf("a request made while the daemon was gone: %v", err)
+	}
+	if o.InstanceID() == old || o.Claimed() || isClosed(o.Done()) {
+		t.Fatalf("after Reown: instance %s (was %s), claimed %v, done %v", o.InstanceID(), old, o.Claimed(), isClosed(o.Done()))
+	}
+	if _, err := o.CreatePipe(ctx, pipeSpec(t, `exec cat`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Reown(ctx); !errors.Is(err, ErrOwned) {
+		t.Fatalf("Reown with the owner connection up: %v", err)
 	}
 }

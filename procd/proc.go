@@ -642,4 +642,3 @@ func (d *daemon) opTrim(c *conn, op string, raw json.RawMessage) error {
 	}
 	return c.send(Reply{Type: TypeOK})
 }
-

@@ -224,6 +224,8 @@ var (
 	// ErrFailed: the daemon could not do what was asked (an error the other
 	// sentinels do not name; the message says what).
 	ErrFailed = errors.New("procd: request failed")
+	// ErrClosed: the client was closed.
+	ErrClosed = errors.New("procd: client closed")
 )
 
 var codeErrs = map[string]error{
