@@ -485,7 +485,7 @@ func (c *Client) CreatePTY(ctx context.Context, spec PTYSpec) (ProcessInfo, erro
 func (c *Client) Write(ctx context.Context, id string, data []byte) error {
 	for first := true; first || len(data) > 0; first = false {
 		n := min(len(data), maxWrite)
-		if _, err := c.do(ctx, map[string]any{"op": "write", "id": id, "data": data[:n]}, TypeOK); err != nil {
+		if _, err := c.doProc(ctx, map[string]any{"op": "write", "id": id, "data": data[:n]}, TypeOK); err != nil {
 			return err
 		}
 		data = data[n:]
@@ -495,13 +495,13 @@ func (c *Client) Write(ctx context.Context, id string, data []byte) error {
 
 // CloseStdin closes a pipe process's stdin (EOF for the child).
 func (c *Client) CloseStdin(ctx context.Context, id string) error {
-	_, err := c.do(ctx, map[string]any{"op": "write", "id": id, "eof": true}, TypeOK)
+	_, err := c.doProc(ctx, map[string]any{"op": "write", "id": id, "eof": true}, TypeOK)
 	return err
 }
 
 // Resize sets a pty's size (refused while another client controls it).
 func (c *Client) Resize(ctx context.Context, id string, cols, rows uint16) error {
-	_, err := c.do(ctx, map[string]any{"op": "resize", "id": id, "cols": cols, "rows": rows}, TypeOK)
+	_, err := c.doProc(ctx, map[string]any{"op": "resize", "id": id, "cols": cols, "rows": rows}, TypeOK)
 	return err
 }
 
@@ -529,7 +529,7 @@ func (c *Client) List(ctx context.Context, mode Mode) ([]ProcessInfo, error) {
 
 // Get describes one process.
 func (c *Client) Get(ctx context.Context, id string) (ProcessInfo, error) {
-	r, err := c.do(ctx, map[string]any{"op": "get", "id": id}, TypeProcess)
+	r, err := c.doProc(ctx, map[string]any{"op": "get", "id": id}, TypeProcess)
 	if err != nil {
 		return ProcessInfo{}, err
 	}
@@ -540,7 +540,7 @@ func (c *Client) Get(ctx context.Context, id string) (ProcessInfo, error) {
 // returns how it ended; at once if it already has. ErrTerminated when it is
 // terminated first, ErrShuttingDown when the daemon shuts down first.
 func (c *Client) Wait(ctx context.Context, id string) (Exit, error) {
-	r, err := c.do(ctx, map[string]any{"op": "wait", "id": id}, TypeExited)
+	r, err := c.doProc(ctx, map[string]any{"op": "wait", "id": id}, TypeExited)
 	if err != nil {
 		return Exit{}, err
 	}
@@ -551,7 +551,7 @@ func (c *Client) Wait(ctx context.Context, id string) (Exit, error) {
 // started that custody owns. The record is kept (Wait still sees the
 // exit); it is refused with ErrNotFound once the record is gone.
 func (c *Client) Signal(ctx context.Context, id string, sig Signal) error {
-	_, err := c.do(ctx, map[string]any{"op": "signal", "id": id, "signal": sig}, TypeOK)
+	_, err := c.doProc(ctx, map[string]any{"op": "signal", "id": id, "signal": sig}, TypeOK)
 	return err
 }
 
@@ -562,20 +562,20 @@ func (c *Client) Signal(ctx context.Context, id string, sig Signal) error {
 // reads as zeros. Only whole pages are released; after the process ended
 // it does nothing.
 func (c *Client) Trim(ctx context.Context, id string, output, stderr int64) error {
-	_, err := c.do(ctx, map[string]any{"op": "trim", "id": id, "output": output, "stderr": stderr}, TypeOK)
+	_, err := c.doProc(ctx, map[string]any{"op": "trim", "id": id, "output": output, "stderr": stderr}, TypeOK)
 	return err
 }
 
 // SetMetadata replaces a process's opaque metadata (at most MaxMetadata).
 func (c *Client) SetMetadata(ctx context.Context, id string, metadata json.RawMessage) error {
-	_, err := c.do(ctx, map[string]any{"op": "set_metadata", "id": id, "metadata": metadata}, TypeOK)
+	_, err := c.doProc(ctx, map[string]any{"op": "set_metadata", "id": id, "metadata": metadata}, TypeOK)
 	return err
 }
 
 // Terminate ends the process and everything it started (custody's Close of
 // the whole tree) and removes its record; the receipt says what ended how.
 func (c *Client) Terminate(ctx context.Context, id string) (*custody.Receipt, error) {
-	r, err := c.do(ctx, map[string]any{"op": "terminate", "id": id}, TypeTerminated)
+	r, err := c.doProc(ctx, map[string]any{"op": "terminate", "id": id}, TypeTerminated)
 	if err != nil {
 		return nil, err
 	}
@@ -584,7 +584,7 @@ func (c *Client) Terminate(ctx context.Context, id string) (*custody.Receipt, er
 
 // Shutdown ends every process (with receipts) and then the daemon.
 func (c *Client) Shutdown(ctx context.Context) ([]custody.Receipt, error) {
-	r, err := c.do(ctx, map[string]any{"op": "shutdown"}, TypeShutdown)
+	r, err := c.doProc(ctx, map[string]any{"op": "shutdown"}, TypeShutdown) // a dead daemon is shut down already
 	if err != nil {
 		return nil, err
 	}
@@ -622,7 +622,8 @@ type Subscription struct {
 // that does not keep up is dropped (an event of type "dropped" when it can
 // still be told, then EOF).
 func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control bool) (*Subscription, error) {
-	conn, svc, err := c.dial(ctx)
+	svc := c.service()
+	conn, err := dialSocket(ctx, svc)
 	if err != nil {
 		return nil, err
 	}
@@ -688,12 +689,26 @@ func (s *Subscription) Close() error { return s.conn.Close() }
 
 // do sends one request on a connection of its own and returns the reply,
 // which must be of type want.
+// For an owner client whose daemon died it waits for Reown and asks the
+// new daemon (what the dead one did died with it).
 func (c *Client) do(ctx context.Context, req any, want string) (Reply, error) {
-	conn, svc, err := c.dial(ctx)
-	if err != nil {
-		return Reply{}, err
+	for {
+		conn, svc, err := c.dial(ctx)
+		if err != nil {
+			return Reply{}, err
+		}
+		r, err := exchange(ctx, conn, svc, req, want)
+		if err == nil || !errors.Is(err, ErrNoDaemon) || !c.awaitRenewal(ctx, svc) {
+			return r, err
+		}
 	}
-	return exchange(ctx, conn, svc, req, want)
+}
+
+// doProc is do for a request about the daemon in use or a process of it:
+// a process of a daemon that died is gone with it (ErrNoDaemon at once; a
+// new daemon does not know it).
+func (c *Client) doProc(ctx context.Context, req any, want string) (Reply, error) {
+	return c.doWith(ctx, c.service(), req, want)
 }
 
 // doWith is do with the daemon svc.
@@ -731,19 +746,57 @@ func exchange(ctx context.Context, conn net.Conn, svc service, req any, want str
 // gone (Done) waits for Reown within ctx and dials the new one.
 func (c *Client) dial(ctx context.Context) (net.Conn, service, error) {
 	for {
-		c.mu.Lock()
-		svc, own, renewed, closed := c.svc, c.own, c.renewed, c.closed
-		c.mu.Unlock()
+		svc := c.service()
 		conn, err := dialSocket(ctx, svc)
-		if err == nil || own == nil || closed || !isClosed(own.done) {
+		if err == nil || !c.awaitRenewal(ctx, svc) {
 			return conn, svc, err
 		}
+	}
+}
+
+// ownerLossWait bounds how long a request that lost its daemon waits for
+// the owner connection to say the daemon is gone (the kernel closes a
+// dead process's sockets one by one).
+const ownerLossWait = time.Second
+
+// awaitRenewal: a request to svc found no daemon. For an owner client
+// whose daemon is gone it waits (within ctx) for Reown and reports true:
+// try again. False for a plain or closed client, or a daemon that is not
+// gone.
+func (c *Client) awaitRenewal(ctx context.Context, svc service) bool {
+	c.mu.Lock()
+	cur, own, renewed, closed := c.svc, c.own, c.renewed, c.closed
+	c.mu.Unlock()
+	switch {
+	case own == nil || closed || ctx.Err() != nil:
+		return false
+	case cur.InstanceID != svc.InstanceID:
+		return true // renewed meanwhile
+	}
+	if !isClosed(own.done) {
+		t := time.NewTimer(ownerLossWait)
 		select {
-		case <-renewed:
+		case <-own.done:
+			t.Stop()
+		case <-t.C:
+			return false
 		case <-ctx.Done():
-			return nil, svc, err
+			t.Stop()
+			return false
 		}
 	}
+	select {
+	case <-renewed:
+		return !c.isClosedClient()
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (c *Client) isClosedClient() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 func dialSocket(ctx context.Context, svc service) (net.Conn, error) {
