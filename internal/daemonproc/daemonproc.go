@@ -8,6 +8,7 @@ package daemonproc
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +43,10 @@ const (
 // unknown to the daemon.
 var ErrNotRunning = errors.New("daemonproc: the process is not running")
 
+// ErrDaemonGone is a process's exit error when the daemon that ran it
+// ended (the process ended with it).
+var ErrDaemonGone = errors.New("daemonproc: the process daemon ended, and the agent with it")
+
 // Handle names a pipe process of the daemon and its output files; a room
 // records it (as a string) to attach again after a restart.
 type Handle struct {
@@ -54,6 +60,10 @@ type Handle struct {
 	V2 bool `json:"v2,omitempty"`
 	// Ready: the agent announced itself with ready (omp) at its start.
 	Ready bool `json:"ready,omitempty"`
+	// Launch fingerprints what the process was started with (see
+	// Starter.Fingerprint): a later host attaches it only if it would
+	// launch the same. "" (a handle of an older version) matches nothing.
+	Launch string `json:"launch,omitempty"`
 }
 
 // String is the handle as recorded.
@@ -74,28 +84,56 @@ func ParseHandle(s string) (Handle, error) {
 	return h, nil
 }
 
+// Runner runs processes in the daemon for one host: its client, and one
+// inotify instance for every output file the host tails (see watcher).
+// Close it after every Process it made was stopped or let go of.
+type Runner struct {
+	c *procd.Client
+	w *watcher
+}
+
+// NewRunner returns a Runner over c.
+func NewRunner(c *procd.Client) (*Runner, error) {
+	if c == nil {
+		return nil, errors.New("daemonproc: NewRunner needs a client")
+	}
+	w, err := newWatcher()
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{c: c, w: w}, nil
+}
+
+// Client is the daemon's client.
+func (r *Runner) Client() *procd.Client { return r.c }
+
+// Close releases the inotify instance; a Process still open then reads
+// only what its file holds. Idempotent.
+func (r *Runner) Close() error {
+	r.w.close()
+	return nil
+}
+
 // Starter is an rpc.Starter that starts each agent as a pipe process of
 // the daemon, its output files in Dir.
 type Starter struct {
-	Client *procd.Client
+	Runner *Runner
 	// Dir holds the process's output files (created 0700 if missing).
 	Dir string
+	// Settings are launch settings the command line and environment do
+	// not carry (what the agent reads from files at its start: its MCP
+	// servers, its model's address); they count in the fingerprint.
+	Settings any
+	// Resume are the arguments that only choose the session to resume
+	// (they end the argument list): left out of the fingerprint, since a
+	// later host would resume whatever session the agent is in by then.
+	Resume []string
 }
 
 var _ rpc.Starter = (*Starter)(nil)
 
-// Start implements rpc.Starter: cmd's path, args, dir and environment
-// (nil: this process's) go to create_pipe.
-func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error) {
-	if s.Client == nil || !filepath.IsAbs(s.Dir) {
-		return nil, errors.New("daemonproc: Starter needs a client and an absolute Dir")
-	}
-	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("daemonproc: %w", err)
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	base := filepath.Join(s.Dir, "agent-"+hex.EncodeToString(b[:]))
+// spec is the create_pipe request for cmd (output paths aside).
+func (s *Starter) spec(cmd *exec.Cmd) (procd.PipeSpec, error) {
 	env := cmd.Env
 	if env == nil {
 		env = os.Environ()
@@ -107,22 +145,84 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 	if !filepath.IsAbs(dir) {
 		abs, err := filepath.Abs(dir)
 		if err != nil {
-			return nil, fmt.Errorf("daemonproc: %w", err)
+			return procd.PipeSpec{}, fmt.Errorf("daemonproc: %w", err)
 		}
 		dir = abs
 	}
 	argv := append([]string{cmd.Path}, cmd.Args[1:]...)
-	info, err := s.Client.CreatePipe(ctx, procd.PipeSpec{Argv: argv, Cwd: dir, Env: env,
-		OutputPath: base + ".out", StderrPath: base + ".err"})
+	return procd.PipeSpec{Argv: argv, Cwd: dir, Env: env}, nil
+}
+
+// Fingerprint is what Start records in Handle.Launch for cmd: a hash of
+// the whole create_pipe request (argv without the Resume arguments, the
+// working directory, every other field) with the environment as far as
+// the host set it (entries not inherited unchanged from this process's
+// own), and the Settings. A field added to the request counts without a
+// change here. Output paths and metadata (where, not what) do not count.
+func (s *Starter) Fingerprint(cmd *exec.Cmd) (string, error) {
+	spec, err := s.spec(cmd)
 	if err != nil {
+		return "", err
+	}
+	return s.fingerprint(spec), nil
+}
+
+func (s *Starter) fingerprint(spec procd.PipeSpec) string {
+	if n, k := len(spec.Argv), len(s.Resume); k > 0 && n > k && slices.Equal(spec.Argv[n-k:], s.Resume) {
+		spec.Argv = spec.Argv[:n-k]
+	}
+	own := map[string]bool{}
+	for _, e := range os.Environ() {
+		own[e] = true
+	}
+	var env []string
+	for _, e := range spec.Env {
+		if !own[e] {
+			env = append(env, e)
+		}
+	}
+	slices.Sort(env)
+	spec.Env = env
+	spec.OutputPath, spec.StderrPath, spec.Metadata = "", "", nil
+	b, err := json.Marshal(struct {
+		Spec     procd.PipeSpec `json:"spec"`
+		Settings any            `json:"settings,omitempty"`
+	}{spec, s.Settings})
+	if err != nil {
+		b = []byte(err.Error()) // unmarshalable settings match nothing but themselves
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// Start implements rpc.Starter: cmd's path, args, dir and environment
+// (nil: this process's) go to create_pipe. A failure after the process
+// was created ends it and removes its files.
+func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error) {
+	if s.Runner == nil || !filepath.IsAbs(s.Dir) {
+		return nil, errors.New("daemonproc: Starter needs a Runner and an absolute Dir")
+	}
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("daemonproc: %w", err)
+	}
+	spec, err := s.spec(cmd)
+	if err != nil {
+		return nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	base := filepath.Join(s.Dir, "agent-"+hex.EncodeToString(b[:]))
+	spec.OutputPath, spec.StderrPath = base+".out", base+".err"
+	c := s.Runner.c
+	info, err := c.CreatePipe(ctx, spec)
+	if err != nil {
+		removeFiles(spec.OutputPath, spec.StderrPath)
 		return nil, fmt.Errorf("daemonproc: create_pipe: %w", err)
 	}
-	h := Handle{Instance: s.Client.InstanceID(), ID: info.ID, Output: base + ".out", Stderr: base + ".err"}
-	p, err := open(s.Client, h, 0, 0)
+	h := Handle{Instance: c.InstanceID(), ID: info.ID, Output: spec.OutputPath, Stderr: spec.StderrPath, Launch: s.fingerprint(spec)}
+	p, err := s.Runner.open(h, 0, 0)
 	if err != nil {
-		tctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
-		_, _ = s.Client.Terminate(tctx, info.ID)
-		cancel()
+		s.Runner.Discard(h)
 		return nil, err
 	}
 	return p, nil
@@ -131,7 +231,8 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 // Attach takes over the running process h, its stdout read from offset
 // (its stderr from its current end). ErrNotRunning when it has exited or
 // the daemon does not know it.
-func Attach(ctx context.Context, c *procd.Client, h Handle, offset int64) (*Process, error) {
+func (r *Runner) Attach(ctx context.Context, h Handle, offset int64) (*Process, error) {
+	c := r.c
 	if h.Instance != c.InstanceID() {
 		return nil, fmt.Errorf("%w: %s was a process of daemon %s, this is %s", ErrNotRunning, h.ID, h.Instance, c.InstanceID())
 	}
@@ -152,12 +253,39 @@ func Attach(ctx context.Context, c *procd.Client, h Handle, offset int64) (*Proc
 	if fi, err := os.Stat(h.Stderr); err == nil {
 		errAt = fi.Size()
 	}
-	return open(c, h, offset, errAt)
+	return r.open(h, offset, errAt)
+}
+
+// Discard ends the process h names, if it is this daemon's and still
+// there (its receipt goes to the daemon's log), and removes its output
+// files: for a recorded agent that will not be attached (it exited, its
+// daemon is gone, or it was started otherwise than this host would).
+// Bounded by StopTimeout.
+func (r *Runner) Discard(h Handle) {
+	if h.Instance == r.c.InstanceID() && h.ID != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), StopTimeout)
+		_, err := r.c.Terminate(ctx, h.ID)
+		cancel()
+		if err != nil && !errors.Is(err, procd.ErrNotFound) && !errors.Is(err, procd.ErrNoDaemon) {
+			// Still running, perhaps: its files stay with it.
+			return
+		}
+	}
+	removeFiles(h.Output, h.Stderr)
+}
+
+func removeFiles(paths ...string) {
+	for _, p := range paths {
+		if p != "" {
+			_ = os.Remove(p)
+		}
+	}
 }
 
 // Process is a pipe process of the daemon seen as an rpc.Process. Its
 // stdout and stderr readers tail the output files, woken by their growth
-// (inotify) or by the process's exit, never by polling.
+// (the Runner's inotify instance) or by the process's exit, never by
+// polling.
 type Process struct {
 	c *procd.Client
 	h Handle
@@ -170,7 +298,14 @@ type Process struct {
 
 	exited  chan struct{}
 	exitErr error // set before exited closes
-	wg      sync.WaitGroup
+	// lost: the daemon ended under the process (set before exited closes).
+	lost bool
+	wg   sync.WaitGroup
+
+	// Trim: the output offset the host committed, and a wake-up for the
+	// goroutine that passes it on.
+	trimTo   atomic.Int64
+	trimKick chan struct{}
 
 	detached atomic.Bool
 	stopOnce sync.Once
@@ -179,22 +314,24 @@ type Process struct {
 	mu       sync.Mutex
 }
 
-func open(c *procd.Client, h Handle, outAt, errAt int64) (*Process, error) {
+func (r *Runner) open(h Handle, outAt, errAt int64) (*Process, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Process{c: c, h: h, ctx: ctx, cancel: cancel, exited: make(chan struct{})}
+	p := &Process{c: r.c, h: h, ctx: ctx, cancel: cancel, exited: make(chan struct{}), trimKick: make(chan struct{}, 1)}
 	var err error
-	if p.out, err = openTail(h.Output, outAt, p.exited); err != nil {
+	if p.out, err = openTail(r.w, h.Output, outAt, p.exited); err != nil {
 		cancel()
 		return nil, err
 	}
-	if p.errOut, err = openTail(h.Stderr, errAt, p.exited); err != nil {
+	if p.errOut, err = openTail(r.w, h.Stderr, errAt, p.exited); err != nil {
 		p.out.Close()
 		cancel()
 		return nil, err
 	}
+	p.trimTo.Store(outAt)
 	p.stdin = &stdin{p: p}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.wait()
+	go p.trimLoop(outAt)
 	return p, nil
 }
 
@@ -210,6 +347,11 @@ func (p *Process) wait() {
 			return
 		}
 		p.exitErr = errors.New("daemonproc: terminated")
+	case errors.Is(err, procd.ErrNoDaemon):
+		// The daemon is gone, and the process with it (its stdin and
+		// stdout were the daemon's).
+		p.lost = true
+		p.exitErr = ErrDaemonGone
 	case err != nil:
 		p.exitErr = fmt.Errorf("daemonproc: waiting for the process: %w", err)
 	case exit.Signal != "":
@@ -218,6 +360,62 @@ func (p *Process) wait() {
 		p.exitErr = fmt.Errorf("daemonproc: exit status %d", exit.Code)
 	}
 	close(p.exited)
+}
+
+// TrimEvery is how much committed output gathers before the daemon is
+// asked to release it (see Trim): an output file takes at most about this
+// much disk beyond what its host has not committed yet.
+const TrimEvery = 1 << 20
+
+// Trim tells the process's daemon that the host will never read its
+// output before offset again (it committed it: a later host attaches past
+// it): once TrimEvery bytes gathered, their disk blocks are released, the
+// file keeping its offsets (procd's trim); stderr up to what this host
+// has read. It never blocks; a daemon that cannot release blocks (a file
+// system without hole punching) is not asked again.
+func (p *Process) Trim(offset int64) {
+	for {
+		cur := p.trimTo.Load()
+		if offset <= cur {
+			return
+		}
+		if p.trimTo.CompareAndSwap(cur, offset) {
+			break
+		}
+	}
+	select {
+	case p.trimKick <- struct{}{}:
+	default:
+	}
+}
+
+// trimLoop passes Trim's offsets on to the daemon, one request at a time.
+func (p *Process) trimLoop(done int64) {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.trimKick:
+		case <-p.ctx.Done():
+			return
+		case <-p.exited:
+			return
+		}
+		// Never past what this host has read: only output handled can
+		// have been committed.
+		to := min(p.trimTo.Load(), p.out.pos.Load())
+		if to-done < TrimEvery {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(p.ctx, WriteTimeout)
+		err := p.c.Trim(ctx, p.h.ID, to, p.errOut.pos.Load())
+		cancel()
+		if errors.Is(err, procd.ErrFailed) || errors.Is(err, procd.ErrUnsupported) {
+			return // no hole punching there: not asked again
+		}
+		if err == nil {
+			done = to
+		}
+	}
 }
 
 // Handle names the process for a later Attach.
@@ -267,8 +465,13 @@ func (p *Process) Stop(ctx context.Context) error {
 			ctx, cancel = context.WithTimeout(ctx, StopTimeout)
 			defer cancel()
 		}
-		r, err := p.c.Terminate(ctx, p.h.ID)
-		if err != nil && !errors.Is(err, procd.ErrNotFound) {
+		var r *custody.Receipt
+		var err error
+		if !(isClosed(p.exited) && p.lost) && p.h.Instance == p.c.InstanceID() {
+			// (A process whose daemon is gone has nothing to terminate.)
+			r, err = p.c.Terminate(ctx, p.h.ID)
+		}
+		if err != nil && !errors.Is(err, procd.ErrNotFound) && !errors.Is(err, procd.ErrNoDaemon) {
 			p.stopErr = fmt.Errorf("daemonproc: terminate: %w", err)
 		}
 		p.mu.Lock()
@@ -285,8 +488,7 @@ func (p *Process) Stop(ctx context.Context) error {
 		p.cancel()
 		p.wg.Wait()
 		if p.stopErr == nil {
-			_ = os.Remove(p.h.Output)
-			_ = os.Remove(p.h.Stderr)
+			removeFiles(p.h.Output, p.h.Stderr)
 		}
 	})
 	return p.stopErr

@@ -58,6 +58,17 @@ func daemon(t *testing.T) (*procd.Client, string) {
 	return c, dir
 }
 
+// runner is a Runner over c, closed with the test.
+func runner(t *testing.T, c *procd.Client) *Runner {
+	t.Helper()
+	r, err := NewRunner(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -65,11 +76,11 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // echo starts a line echoer as a pipe process of the daemon.
-func echo(t *testing.T, c *procd.Client, dir string) *Process {
+func echo(t *testing.T, r *Runner, dir string) *Process {
 	t.Helper()
 	cmd := exec.Command("/bin/sh", "-c", `while read l; do echo "got:$l"; done`)
 	cmd.Dir = dir
-	p, err := (&Starter{Client: c, Dir: filepath.Join(dir, "out")}).Start(ctxT(t), cmd)
+	p, err := (&Starter{Runner: r, Dir: filepath.Join(dir, "out")}).Start(ctxT(t), cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +117,8 @@ func readLine(t *testing.T, r *bufio.Reader) string {
 // and removes the files.
 func TestProcess_DetachAttachStop(t *testing.T) {
 	c, dir := daemon(t)
-	p := echo(t, c, dir)
+	r := runner(t, c)
+	p := echo(t, r, dir)
 	h := p.Handle()
 	out := bufio.NewReader(p.Stdout())
 	if _, err := p.Stdin().Write([]byte("one\n")); err != nil {
@@ -135,10 +147,10 @@ func TestProcess_DetachAttachStop(t *testing.T) {
 	// never attaches.
 	other := parsed
 	other.Instance = "0123456789abcdef"
-	if _, err := Attach(ctxT(t), c, other, offset); !errors.Is(err, ErrNotRunning) {
+	if _, err := r.Attach(ctxT(t), other, offset); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("attach with another instance's handle: %v", err)
 	}
-	q, err := Attach(ctxT(t), c, parsed, offset)
+	q, err := r.Attach(ctxT(t), parsed, offset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +178,7 @@ func TestProcess_DetachAttachStop(t *testing.T) {
 	if _, err := os.Stat(h.Output); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the output file is left: %v", err)
 	}
-	if _, err := Attach(ctxT(t), c, h, 0); !errors.Is(err, ErrNotRunning) {
+	if _, err := r.Attach(ctxT(t), h, 0); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("attach to a terminated process: %v", err)
 	}
 	q.CloseOutput()
@@ -178,7 +190,7 @@ func TestProcess_ExitEndsTheReader(t *testing.T) {
 	c, dir := daemon(t)
 	cmd := exec.Command("/bin/sh", "-c", `echo a; echo b; exit 3`)
 	cmd.Dir = dir
-	rp, err := (&Starter{Client: c, Dir: filepath.Join(dir, "out")}).Start(ctxT(t), cmd)
+	rp, err := (&Starter{Runner: runner(t, c), Dir: filepath.Join(dir, "out")}).Start(ctxT(t), cmd)
 	if err != nil {
 		t.Fatal(err)
 	}

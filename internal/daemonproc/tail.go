@@ -1,70 +1,188 @@
 package daemonproc
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// tail reads a file another process appends to, from an offset, until the
-// writer is done: a Read at the end waits for the file to grow (inotify)
-// or for done to close (the daemon closes the file before it reports the
-// exit), then returns io.EOF once nothing is left. Close ends it.
-type tail struct {
-	f      *os.File
-	ino    *os.File      // the inotify instance, in Go's poller
-	grew   chan struct{} // capacity 1: growth since the last Read
-	done   <-chan struct{}
-	closed chan struct{}
+// watcher is one inotify instance for every output file a host tails:
+// one watch per file, events dispatched by watch descriptor. The user's
+// inotify instances are few (fs.inotify.max_user_instances, 128 by
+// default, shared by all of the user's programs); a host that took two
+// per agent could not start more than about 60.
+type watcher struct {
+	ino *os.File // the instance, in Go's poller
+
+	mu     sync.Mutex
+	byWD   map[int32][]*tail // the tails of each watch (one file may have several)
+	closed chan struct{}     // closed by close: tails stop waiting for growth
 	once   sync.Once
 	wg     sync.WaitGroup
 }
 
-func openTail(path string, offset int64, done <-chan struct{}) (*tail, error) {
+// watchMask: the file grew, or its writer closed it.
+const watchMask = unix.IN_MODIFY | unix.IN_CLOSE_WRITE
+
+func newWatcher() (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("daemonproc: inotify: %w", err)
 	}
-	ino := os.NewFile(uintptr(fd), "inotify")
+	w := &watcher{ino: os.NewFile(uintptr(fd), "inotify"), byWD: map[int32][]*tail{}, closed: make(chan struct{})}
+	w.wg.Add(1)
+	go w.run()
+	return w, nil
+}
+
+// add watches path for t; the returned watch descriptor is remove's.
+func (w *watcher) add(path string, t *tail) (int32, error) {
+	rc, err := w.ino.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if isClosed(w.closed) {
+		return 0, os.ErrClosed
+	}
+	var wd int
+	var werr error
+	if err := rc.Control(func(fd uintptr) { wd, werr = unix.InotifyAddWatch(int(fd), path, watchMask) }); err != nil {
+		return 0, err
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	w.byWD[int32(wd)] = append(w.byWD[int32(wd)], t)
+	return int32(wd), nil
+}
+
+// remove drops t's interest in watch wd; the watch goes with its last tail.
+func (w *watcher) remove(wd int32, t *tail) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ts := w.byWD[wd]
+	for i, x := range ts {
+		if x == t {
+			ts = append(ts[:i:i], ts[i+1:]...)
+			break
+		}
+	}
+	if len(ts) > 0 {
+		w.byWD[wd] = ts
+		return
+	}
+	if _, ok := w.byWD[wd]; !ok {
+		return // the kernel dropped it (the file was removed)
+	}
+	delete(w.byWD, wd)
+	if rc, err := w.ino.SyscallConn(); err == nil && !isClosed(w.closed) {
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.InotifyRmWatch(int(fd), uint32(wd)) })
+	}
+}
+
+// run turns events into wake-ups of the tails they concern; it ends when
+// close closes the instance.
+func (w *watcher) run() {
+	defer w.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := w.ino.Read(buf)
+		if err != nil {
+			return
+		}
+		w.mu.Lock()
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			nameLen := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			off += unix.SizeofInotifyEvent + nameLen
+			switch {
+			case mask&unix.IN_Q_OVERFLOW != 0:
+				// Events were lost: every tail looks again.
+				for _, ts := range w.byWD {
+					for _, t := range ts {
+						t.wake()
+					}
+				}
+			case mask&unix.IN_IGNORED != 0:
+				for _, t := range w.byWD[wd] {
+					t.wake()
+				}
+				delete(w.byWD, wd)
+			default:
+				for _, t := range w.byWD[wd] {
+					t.wake()
+				}
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// close ends the watcher; tails still open stop waiting for growth (a
+// Read at the end returns os.ErrClosed). Idempotent.
+func (w *watcher) close() {
+	w.once.Do(func() {
+		w.mu.Lock()
+		close(w.closed)
+		w.mu.Unlock()
+		w.ino.Close()
+		w.wg.Wait()
+	})
+}
+
+// tail reads a file another process appends to, from an offset, until the
+// writer is done: a Read at the end waits for the file to grow (the
+// watcher) or for done to close (the daemon closes the file before it
+// reports the exit), then returns io.EOF once nothing is left. Close ends
+// it.
+type tail struct {
+	f      *os.File
+	w      *watcher
+	wd     int32
+	grew   chan struct{} // capacity 1: growth since the last Read
+	done   <-chan struct{}
+	closed chan struct{}
+	once   sync.Once
+	pos    atomic.Int64 // the offset of the next byte Read returns
+}
+
+func openTail(w *watcher, path string, offset int64, done <-chan struct{}) (*tail, error) {
+	t := &tail{w: w, grew: make(chan struct{}, 1), done: done, closed: make(chan struct{})}
 	// Watch before the first read: growth after it is never missed.
-	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_MODIFY|unix.IN_CLOSE_WRITE); err != nil {
-		ino.Close()
+	wd, err := w.add(path, t)
+	if err != nil {
 		return nil, fmt.Errorf("daemonproc: watching the output: %w", err)
 	}
+	t.wd = wd
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		ino.Close()
+		w.remove(wd, t)
 		return nil, fmt.Errorf("daemonproc: the output: %w", err)
 	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		f.Close()
-		ino.Close()
+		w.remove(wd, t)
 		return nil, fmt.Errorf("daemonproc: the output: %w", err)
 	}
-	t := &tail{f: f, ino: ino, grew: make(chan struct{}, 1), done: done, closed: make(chan struct{})}
-	t.wg.Add(1)
-	go t.watch()
+	t.f = f
+	t.pos.Store(offset)
 	return t, nil
 }
 
-// watch turns inotify events into a wake-up; it ends when Close closes
-// the instance.
-func (t *tail) watch() {
-	defer t.wg.Done()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := t.ino.Read(buf); err != nil {
-			return
-		}
-		select {
-		case t.grew <- struct{}{}:
-		default:
-		}
+func (t *tail) wake() {
+	select {
+	case t.grew <- struct{}{}:
+	default:
 	}
 }
 
@@ -78,6 +196,7 @@ func (t *tail) Read(p []byte) (int, error) {
 		finished := isClosed(t.done) // before the read: what follows is all there is
 		n, err := t.f.Read(p)
 		if n > 0 {
+			t.pos.Add(int64(n))
 			return n, nil
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
@@ -91,16 +210,18 @@ func (t *tail) Read(p []byte) (int, error) {
 		case <-t.done:
 		case <-t.closed:
 			return 0, os.ErrClosed
+		case <-t.w.closed:
+			return 0, os.ErrClosed
 		}
 	}
 }
 
-// Close ends a Read in progress and releases the files. Idempotent.
+// Close ends a Read in progress and releases the file and the watch.
+// Idempotent.
 func (t *tail) Close() {
 	t.once.Do(func() {
 		close(t.closed)
-		t.ino.Close()
-		t.wg.Wait()
+		t.w.remove(t.wd, t)
 		// A Read may still run on f; closing it makes that Read fail,
 		// which is what Close means.
 		t.f.Close()
