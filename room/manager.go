@@ -872,7 +872,49 @@ func (m *Manager) work(r *roomState) {
 func (m *Manager) write(fn func(tx Tx) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return m.st.Write(ctx, fn)
+	var rec offsetTx
+	err := m.st.Write(ctx, func(tx Tx) error {
+		rec = offsetTx{Tx: tx}
+		return fn(&rec)
+	})
+	if err == nil && rec.set {
+		m.committed(rec.room, rec.offset)
+	}
+	return err
+}
+
+// offsetTx notes the agent offset a write records (SetAgentOffset), to
+// tell the agent once it is committed (Committer).
+type offsetTx struct {
+	Tx
+	set    bool
+	room   string
+	offset int64
+}
+
+func (o *offsetTx) SetAgentOffset(room string, offset, seen int64) error {
+	if err := o.Tx.SetAgentOffset(room, offset, seen); err != nil {
+		return err
+	}
+	o.set, o.room, o.offset = true, room, offset
+	return nil
+}
+
+// committed tells the room's agent, if it is a Committer, the offset a
+// new host would read its output from (no lock is held while it runs).
+func (m *Manager) committed(room string, offset int64) {
+	m.mu.Lock()
+	r := m.rooms[room]
+	m.mu.Unlock()
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	c, ok := r.agent.(Committer)
+	r.mu.Unlock()
+	if ok {
+		c.Committed(offset)
+	}
 }
 
 // newTurnLocked makes q's turn the room's running turn (r.mu held).

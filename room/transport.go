@@ -96,6 +96,16 @@ type Detachable interface {
 	Continue(ctx context.Context) (TurnResult, error)
 }
 
+// Committer is a Detachable that wants to know what of its output the
+// room has committed: the offset a new host would attach at (see
+// Attachment.Offset), recorded in the same write as the events before
+// it. Output before it is never read again, so its storage may be
+// released. Committed is called after each such write; it must not
+// block.
+type Committer interface {
+	Committed(offset int64)
+}
+
 // TurnResult is how a turn ended on the agent's side.
 type TurnResult struct {
 	// Offset is the position in the agent's output past the frames the

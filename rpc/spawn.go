@@ -75,6 +75,16 @@ func (s Spec) Args() []string {
 	return append(args, s.ExtraArgs...)
 }
 
+// Command is the command Spawn starts for s (not started): Args, Dir and
+// Env.
+func (s Spec) Command() *exec.Cmd {
+	args := s.Args()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Dir = s.Dir
+	cmd.Env = s.Env
+	return cmd
+}
+
 // Process is a started agent process as the client drives it. Custody
 // supplies a stronger implementation; the default puts the agent in its own
 // process group.
@@ -138,9 +148,7 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 		return nil, err
 	}
 	args := spec.Args()
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Dir = spec.Dir
-	cmd.Env = spec.Env
+	cmd := spec.Command()
 	starter := opts.Starter
 	if starter == nil {
 		starter = GroupStarter{Grace: opts.Grace}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
@@ -53,11 +54,17 @@ func startDaemon(t *testing.T, dir string) *procd.Client {
 	}
 }
 
-// startDaemonHost is startHost with every agent in the daemon d.
+// startDaemonHost is startHost with every agent in the daemon d (through
+// a Runner of its own, as each host process has).
 func startDaemonHost(t *testing.T, dir string, sim *modelsim.Server, d *procd.Client, opts room.Options) *host {
 	t.Helper()
+	r, err := daemonproc.NewRunner(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() }) // registered first: runs after the host's cleanup
 	return roomtest.Start(t, dir, sim, opts, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
-		return New(Options{Custodian: cust, Install: in, ModelURL: url, Daemon: d})
+		return New(Options{Custodian: cust, Install: in, ModelURL: url, Daemon: r})
 	})
 }
 

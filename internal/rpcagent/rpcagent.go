@@ -27,7 +27,6 @@ import (
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
-	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
 )
@@ -47,7 +46,7 @@ type Options struct {
 	// Daemon, when set, runs every agent as a pipe process of the process
 	// daemon instead (its output files in the room's home), so that agents
 	// outlive the host: the Transport is then a room.Attacher.
-	Daemon *procd.Client
+	Daemon *daemonproc.Runner
 	// Install locates omp and pi (required unless every room runs a
 	// custom command).
 	Install *agents.Install
@@ -97,94 +96,126 @@ const maxWaitRuns = 8
 // repository cannot inject its own.
 const mcpOverlay = "mcp:\n  enableProjectConfig: false\n"
 
-// Start implements room.Transport.
-func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
-	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
-	defer cancel()
+// launch is how the transport starts spec's agent, the session to resume
+// aside: the command, and the settings the agent reads from files at its
+// start (for the daemon's launch fingerprint). It writes the agent's home
+// (configuration, MCP servers, the overlay, pi's extension and room file):
+// at an attach too, where a running agent whose launch matches has read
+// the same at its start, and one whose launch differs is not attached.
+func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, settings launchSettings, err error) {
 	cfg := spec.Config
-	kind := agents.Kind(cfg.Agent)
+	kind = agents.Kind(cfg.Agent)
 	if kind == "" {
 		kind = agents.OMP
 	}
 	sessions := filepath.Join(spec.Home, "sessions")
 	if err := os.MkdirAll(sessions, 0o700); err != nil {
-		return nil, fmt.Errorf("rpcagent: %w", err)
+		return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 	}
-	var rs rpc.Spec
-	custom := len(cfg.Command) > 0
-	if custom {
+	if len(cfg.Command) > 0 {
 		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(os.Environ(), cfg.Env...)}
-	} else {
-		if kind != agents.OMP && kind != agents.Pi {
-			return nil, fmt.Errorf("rpcagent: unknown agent %q (omp or pi)", kind)
+		rs.Dir = spec.Workspace
+		return rs, kind, settings, nil
+	}
+	if kind != agents.OMP && kind != agents.Pi {
+		return rs, kind, settings, fmt.Errorf("rpcagent: unknown agent %q (omp or pi)", kind)
+	}
+	if t.opts.Install == nil {
+		return rs, kind, settings, errors.New("rpcagent: no agent install (Options.Install)")
+	}
+	argv, err := t.opts.Install.Argv(kind)
+	if err != nil {
+		return rs, kind, settings, err
+	}
+	env, err := t.home(spec.Home, kind)
+	if err != nil {
+		return rs, kind, settings, err
+	}
+	settings.ModelURL = t.opts.ModelURL
+	rs = rpc.Spec{Argv: argv, Model: cfg.Model, Thinking: cfg.Thinking, AppendSystemPrompt: cfg.Instructions,
+		SessionDir: sessions, Env: append(env, cfg.Env...)}
+	if rs.Model == "" && t.opts.ModelURL != "" {
+		rs.Model = agents.ModelID
+	}
+	if len(spec.MCP) == 0 && kind == agents.OMP {
+		// A room whose servers were removed must not keep them.
+		if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
+			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
-		if t.opts.Install == nil {
-			return nil, errors.New("rpcagent: no agent install (Options.Install)")
+	}
+	if len(spec.MCP) > 0 {
+		if kind != agents.OMP {
+			return rs, kind, settings, fmt.Errorf("%w: %s, and the room configures %d MCP server(s)", ErrNoMCP, kind, len(spec.MCP))
 		}
-		argv, err := t.opts.Install.Argv(kind)
+		if err := writeMCP(spec.Home, spec.MCP); err != nil {
+			return rs, kind, settings, err
+		}
+		settings.MCP = spec.MCP
+	}
+	if kind == agents.Pi {
+		// pi has no approvals, questions or host tools: agenthost's
+		// extension adds them, and pi reads nothing from the workspace.
+		setup, pr, err := t.piSetup(spec)
 		if err != nil {
-			return nil, err
+			return rs, kind, settings, err
 		}
-		env, err := t.home(spec.Home, kind)
-		if err != nil {
-			return nil, err
+		rs.ExtraArgs = append(rs.ExtraArgs, setup.Args...)
+		rs.Env = append(rs.Env, setup.Env...)
+		settings.PiRoom = &pr
+	}
+	if kind == agents.OMP {
+		// rpc-ui offers omp's ask tool; approvals as configured.
+		rs.Mode = "rpc-ui"
+		overlay := filepath.Join(spec.Home, "agenthost-overlay.yml")
+		if err := os.WriteFile(overlay, []byte(mcpOverlay), 0o600); err != nil {
+			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
-		rs = rpc.Spec{Argv: argv, Model: cfg.Model, Thinking: cfg.Thinking, AppendSystemPrompt: cfg.Instructions,
-			SessionDir: sessions, Env: append(env, cfg.Env...)}
-		if rs.Model == "" && t.opts.ModelURL != "" {
-			rs.Model = agents.ModelID
-		}
-		if len(spec.MCP) == 0 && kind == agents.OMP {
-			// A room whose servers were removed must not keep them.
-			if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
-				return nil, fmt.Errorf("rpcagent: %w", err)
-			}
-		}
-		if len(spec.MCP) > 0 {
-			if kind != agents.OMP {
-				return nil, fmt.Errorf("%w: %s, and the room configures %d MCP server(s)", ErrNoMCP, kind, len(spec.MCP))
-			}
-			if err := writeMCP(spec.Home, spec.MCP); err != nil {
-				return nil, err
-			}
-		}
-		if kind == agents.Pi {
-			// pi has no approvals, questions or host tools: agenthost's
-			// extension adds them, and pi reads nothing from the workspace.
-			setup, err := t.piSetup(spec)
-			if err != nil {
-				return nil, err
-			}
-			rs.ExtraArgs = append(rs.ExtraArgs, setup.Args...)
-			rs.Env = append(rs.Env, setup.Env...)
-		}
-		if kind == agents.OMP {
-			// rpc-ui offers omp's ask tool; approvals as configured.
-			rs.Mode = "rpc-ui"
-			overlay := filepath.Join(spec.Home, "agenthost-overlay.yml")
-			if err := os.WriteFile(overlay, []byte(mcpOverlay), 0o600); err != nil {
-				return nil, fmt.Errorf("rpcagent: %w", err)
-			}
-			rs.ExtraArgs = append(rs.ExtraArgs, "--approval-mode", cfg.ApprovalMode, "--config", overlay)
-		}
-		if spec.SessionID != "" {
-			file, err := findSession(sessions, spec.SessionID)
-			if err != nil {
-				return nil, err
-			}
-			if err := repairTail(file); err != nil {
-				return nil, err
-			}
-			// An absolute path: an id given where a path is expected
-			// makes both agents create a junk session in the cwd.
-			flag := "--resume"
-			if kind == agents.Pi {
-				flag = "--session"
-			}
-			rs.ExtraArgs = append(rs.ExtraArgs, flag, file)
-		}
+		settings.Overlay = mcpOverlay
+		rs.ExtraArgs = append(rs.ExtraArgs, "--approval-mode", cfg.ApprovalMode, "--config", overlay)
 	}
 	rs.Dir = spec.Workspace
+	return rs, kind, settings, nil
+}
+
+// launchSettings are what an agent reads from files at its start, beside
+// its command line and environment: they count in the daemon's launch
+// fingerprint, so an agent started with others is not attached.
+type launchSettings struct {
+	ModelURL string                    `json:"model_url,omitempty"`
+	MCP      map[string]room.MCPServer `json:"mcp,omitempty"`
+	Overlay  string                    `json:"overlay,omitempty"`
+	// PiRoom is pi's room file: its approval mode and tools.
+	PiRoom *piext.Room `json:"pi_room,omitempty"`
+}
+
+// Start implements room.Transport.
+func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
+	defer cancel()
+	cfg := spec.Config
+	rs, kind, settings, err := t.launch(spec)
+	if err != nil {
+		return nil, err
+	}
+	custom := len(cfg.Command) > 0
+	var resume []string
+	if !custom && spec.SessionID != "" {
+		file, err := findSession(filepath.Join(spec.Home, "sessions"), spec.SessionID)
+		if err != nil {
+			return nil, err
+		}
+		if err := repairTail(file); err != nil {
+			return nil, err
+		}
+		// An absolute path: an id given where a path is expected
+		// makes both agents create a junk session in the cwd.
+		flag := "--resume"
+		if kind == agents.Pi {
+			flag = "--session"
+		}
+		resume = []string{flag, file}
+		rs.ExtraArgs = append(rs.ExtraArgs, resume...)
+	}
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout}
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
@@ -194,7 +225,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
 	}
 	if t.opts.Daemon != nil {
-		opts.Starter = &daemonproc.Starter{Client: t.opts.Daemon, Dir: spec.Home}
+		opts.Starter = &daemonproc.Starter{Runner: t.opts.Daemon, Dir: spec.Home, Settings: settings, Resume: resume}
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
@@ -217,9 +248,19 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	return a, nil
 }
 
+// ErrLaunchChanged is Attach's error for an agent started otherwise than
+// this transport would start it now (another agent, command, model,
+// approval mode, environment, MCP servers, model address, or any other
+// launch setting): it is ended, and the room starts a new one, resuming
+// its session under the settings in force.
+var ErrLaunchChanged = errors.New("rpcagent: the agent was started with other settings than this host's")
+
 // Attach implements room.Attacher: it takes over an agent the daemon kept
 // running across a restart of the host, reading its output from
-// at.Offset on; with at.RunOpen the run in progress is Continue's.
+// at.Offset on; with at.RunOpen the run in progress is Continue's. Only
+// an agent whose recorded launch fingerprint is the one this transport
+// would start it with now is attached (ErrLaunchChanged). An agent that
+// is not attached is ended and its output files removed.
 func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Attachment) (room.Detachable, error) {
 	if t.opts.Daemon == nil {
 		return nil, errors.New("rpcagent: no process daemon to attach agents from")
@@ -230,8 +271,9 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	if err != nil {
 		return nil, err
 	}
-	p, err := daemonproc.Attach(ctx, t.opts.Daemon, h, at.Offset)
+	p, err := t.attachProc(ctx, spec, h, at.Offset)
 	if err != nil {
+		t.opts.Daemon.Discard(h)
 		return nil, err
 	}
 	cfg := spec.Config
@@ -263,6 +305,24 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	return a, nil
 }
 
+// attachProc attaches the daemon's process h if it runs and was launched
+// as this transport would launch spec's agent now.
+func (t *Transport) attachProc(ctx context.Context, spec room.AgentSpec, h daemonproc.Handle, offset int64) (*daemonproc.Process, error) {
+	rs, _, settings, err := t.launch(spec)
+	if err != nil {
+		return nil, err
+	}
+	st := &daemonproc.Starter{Runner: t.opts.Daemon, Dir: spec.Home, Settings: settings}
+	want, err := st.Fingerprint(rs.Command())
+	if err != nil {
+		return nil, err
+	}
+	if h.Launch != want {
+		return nil, ErrLaunchChanged
+	}
+	return t.opts.Daemon.Attach(ctx, h, offset)
+}
+
 // setup reads the agent's session, checks its selection and registers the
 // room's tools; on failure the client is closed.
 func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, model string, hostTools bool) error {
@@ -290,20 +350,21 @@ func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, m
 
 // piSetup writes agenthost's pi extension into the room's home with the
 // room's approval mode and tools.
-func (t *Transport) piSetup(spec room.AgentSpec) (piext.Setup, error) {
+func (t *Transport) piSetup(spec room.AgentSpec) (piext.Setup, piext.Room, error) {
 	pkg, err := t.opts.Install.PackageDir(agents.Pi)
 	if err != nil {
-		return piext.Setup{}, err
+		return piext.Setup{}, piext.Room{}, err
 	}
 	tools := make([]piext.Tool, 0, len(spec.Tools))
 	for _, tl := range spec.Tools {
 		tools = append(tools, piext.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
 	}
-	setup, err := piext.Write(spec.Home, pkg, piext.Room{ApprovalMode: spec.Config.ApprovalMode, Tools: tools})
+	pr := piext.Room{ApprovalMode: spec.Config.ApprovalMode, Tools: tools}
+	setup, err := piext.Write(spec.Home, pkg, pr)
 	if err != nil {
-		return piext.Setup{}, fmt.Errorf("rpcagent: %w", err)
+		return piext.Setup{}, pr, fmt.Errorf("rpcagent: %w", err)
 	}
-	return setup, nil
+	return setup, pr, nil
 }
 
 func toHostTools(tools []room.Tool) []rpc.HostTool {
@@ -469,10 +530,21 @@ type agent struct {
 	read     atomic.Int64
 }
 
-var _ room.Detachable = (*agent)(nil)
+var (
+	_ room.Detachable = (*agent)(nil)
+	_ room.Committer  = (*agent)(nil)
+)
 
 // Handle implements room.Detachable ("" for an agent in custody here).
 func (a *agent) Handle() string { return a.handle }
+
+// Committed implements room.Committer: the daemon may release the
+// agent's output before the room's resume offset.
+func (a *agent) Committed(offset int64) {
+	if a.proc != nil {
+		a.proc.Trim(offset)
+	}
+}
 
 // Detach implements room.Detachable: the client ends, the process runs on.
 func (a *agent) Detach() error {
