@@ -19,6 +19,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/natsroom"
 	"github.com/agenthost/agenthost/internal/rpcagent"
@@ -327,6 +328,8 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	var install *agents.Install
 	var modelURL string
 	var pd *procd.Client
+	var runner *daemonproc.Runner
+	health := &serveHealth{}
 	if f.daemon {
 		// The owner of the data dir's daemon: a handoff left by the server
 		// before is claimed (its agents run on), or a fresh daemon starts.
@@ -344,6 +347,15 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		case pd.HandoffErr() != nil:
 			log.Warn("the handoff was not honoured; a fresh process daemon runs the agents", "err", pd.HandoffErr())
 		}
+		// One inotify instance for every agent's output (closed after the
+		// rooms, deferred before them).
+		if runner, err = daemonproc.NewRunner(pd); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer runner.Close()
+		if pd.Claimed() && (f.model != "" || len(custom) > 0) {
+			endModels(ctx, pd, log) // the server before used one; this one does not
+		}
 	}
 	if len(custom) == 0 {
 		if install, err = agents.Find(); err != nil {
@@ -351,10 +363,13 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		}
 		if f.model == "" && pd != nil {
 			// In the daemon, so a turn streaming from it goes on across
-			// a planned restart.
-			if modelURL, err = daemonModel(ctx, pd, f.data); err != nil {
+			// a planned restart; supervised, on one address for good.
+			dm, err := startDaemonModel(ctx, runner, f.data, log, health)
+			if err != nil {
 				return fmt.Errorf("serve: starting the built-in model: %w", err)
 			}
+			defer dm.Close()
+			modelURL = dm.URL()
 		} else if f.model == "" {
 			sim := modelsim.New(modelsim.Options{Logger: log})
 			if err := sim.Start(ctx); err != nil {
@@ -368,7 +383,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if f.transport == transportACP {
 		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: pd, Logger: log})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -418,7 +433,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		log.Info("shutting down")
 		return nil
 	}
-	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Logger: log})
+	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -445,12 +460,36 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	printGaps(stdout, f, kind, custom)
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
+	// The process daemon is watched while the server serves: one that
+	// dies is replaced (watchDaemon); the watch ends before a planned
+	// restart hands the daemon over, or a shutdown ends it.
+	daemonLost := make(chan error, 1)
+	stopWatch := func() {}
+	if pd != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			if err := watchDaemon(wctx, pd, health, log); err != nil {
+				daemonLost <- err
+			}
+		}()
+		stopWatch = func() { cancel(); <-watched }
+		defer stopWatch()
+	}
+
 	restart := false
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
 	case <-restartSig:
+		stopWatch()
 		restart = handOver(pd, log)
+	case err = <-daemonLost:
+		// Exit non-zero: a supervisor starts the server again, and the
+		// rooms recover as after a crash.
+		log.Error("shutting down", "err", err)
+		err = fmt.Errorf("serve: %w", err)
 	case err = <-served:
 		api.Close()
 		return fmt.Errorf("serve: %w", err)
@@ -472,7 +511,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		}
 		fmt.Fprintf(stdout, "agenthost: restarting: the agents run on; start agenthost serve --daemon on %s within %s\n", f.data, procd.HandoffTTL)
 	}
-	return nil
+	return err
 }
 
 // handOver prepares the process daemon's handoff for a planned restart;

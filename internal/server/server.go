@@ -72,7 +72,10 @@ type Options struct {
 	IdleTimeout       time.Duration
 	MaxConns          int
 	// Index, if set, serves GET / (the web page); otherwise a placeholder.
-	Index  http.Handler
+	Index http.Handler
+	// Health, if set, is asked by /healthz: an error makes it answer 503
+	// with the error as the reason (a part the host needs is down).
+	Health func() error
 	Logger *slog.Logger
 }
 
@@ -395,6 +398,12 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if h := s.opts.Health; h != nil {
+		if err := h(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": err.Error()})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 

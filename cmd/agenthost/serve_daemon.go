@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/procd"
+)
+
+// serveHealth is what /healthz reports: the parts of the server that are
+// down, by name (none: healthy). Safe for concurrent use.
+type serveHealth struct {
+	mu       sync.Mutex
+	problems map[string]error
+}
+
+func (h *serveHealth) set(part string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.problems == nil {
+		h.problems = map[string]error{}
+	}
+	h.problems[part] = err
+}
+
+func (h *serveHealth) clear(part string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.problems, part)
+}
+
+// err is nil when healthy, else every problem, by part.
+func (h *serveHealth) err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.problems) == 0 {
+		return nil
+	}
+	parts := make([]string, 0, len(h.problems))
+	for p, err := range h.problems {
+		parts = append(parts, p+": "+err.Error())
+	}
+	sort.Strings(parts)
+	return errors.New(strings.Join(parts, "; "))
+}
+
+// healthDaemon names the process daemon's entry in serveHealth.
+const healthDaemon = "process daemon"
+
+// Bounds of replacing a process daemon that died: attempts from
+// reownRetryMin doubling to reownRetryMax apart, for reownBudget in all;
+// then serve exits non-zero for a supervisor to restart it.
+const (
+	reownRetryMin = 100 * time.Millisecond
+	reownRetryMax = 5 * time.Second
+	reownBudget   = 2 * time.Minute
+)
+
+// watchDaemon watches the process daemon under serve --daemon until ctx
+// ends (shutdown, or a planned restart about to hand the daemon over).
+// When the daemon dies (its agents die with it: their running turns fail
+// with that reason, and the rooms start new agents for what comes next)
+// it reaps what the dead daemon left, owns a fresh daemon (Reown; the
+// rooms' next agents start there), and /healthz says unhealthy
+// meanwhile. It returns an error when no daemon could be had within
+// reownBudget.
+func watchDaemon(ctx context.Context, pd *procd.Client, health *serveHealth, log *slog.Logger) error {
+	for {
+		done := pd.Done()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-done:
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		dead := pd.PID()
+		log.Error("the process daemon ended, and the rooms' agents with it; starting a new one", "daemon_pid", dead)
+		health.set(healthDaemon, errors.New("the process daemon ended; a new one is starting"))
+		reapDaemon(ctx, dead, log)
+		if err := reown(ctx, pd, log); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			health.set(healthDaemon, fmt.Errorf("no process daemon: %w", err))
+			return fmt.Errorf("the process daemon ended and no new one could be started: %w", err)
+		}
+		// What died after the first pass (children that exited late).
+		reapDaemon(ctx, dead, log)
+		health.clear(healthDaemon)
+		log.Info("a new process daemon runs the agents", "daemon_pid", pd.PID())
+	}
+}
+
+// reown calls Reown until it succeeds, ctx ends or reownBudget passed.
+func reown(ctx context.Context, pd *procd.Client, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, reownBudget)
+	defer cancel()
+	wait := reownRetryMin
+	for {
+		err := pd.Reown(ctx)
+		if err == nil {
+			return nil
+		}
+		log.Warn("starting a new process daemon failed; retrying", "err", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, reownRetryMax)
+	}
+}
+
+// reapDaemon collects what a dead daemon leaves this server: the server
+// is a child subreaper and the daemon its child (through the detaching
+// start), so the daemon and every process it ran that exited become the
+// server's zombies, and those still running its orphans. The daemon is
+// collected first (its children are ours from then on), then the orphans
+// are ended (custody's marker names the dead daemon as their host) and
+// collected, then the zombies left. With --daemon the server runs no
+// process of its own outside its session, so every zombie child in
+// another session is the dead daemon's (reapStrays).
+func reapDaemon(ctx context.Context, pid int, log *slog.Logger) {
+	reapDeadChild(ctx, pid)
+	if orphans, err := custody.FindOrphans(); err == nil && len(orphans) > 0 {
+		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		left, kerr := custody.KillOrphans(kctx, orphans, time.Second)
+		cancel()
+		if kerr != nil {
+			log.Warn("ending what the dead process daemon left", "found", len(orphans), "still_running", len(left), "err", kerr)
+		} else {
+			log.Info("ended what the dead process daemon left", "ended", len(orphans))
+		}
+	}
+	if n := reapStrays(); n > 0 {
+		log.Info("collected the dead process daemon's exited processes", "count", n)
+	}
+}
