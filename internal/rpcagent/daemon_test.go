@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,5 +226,54 @@ func TestRealDaemonRestartDuringQuestion(t *testing.T) {
 	}
 	if asked != 1 || answered != 1 || !strings.Contains(output, "green-ish") {
 		t.Fatalf("question.asked %d, question.answered %d, tool output %q", asked, answered, output)
+	}
+}
+
+// The daemon releases what the room committed of an agent's output: after
+// a turn with a 300 kB answer (omp repeats the partial message in every
+// update: about 4 MB of output) the file takes about one TrimEvery of disk,
+// its size and offsets kept, and a host attaching at the committed offset
+// reads on. (Each turn left all of it on disk for the agent's life.)
+func TestRealDaemonOutputTrimmed(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir)
+	sim := roomtest.StartSim(t)
+	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
+	outputs := func() []string {
+		m, _ := filepath.Glob(filepath.Join(dir, "rooms", "*", "home", "agent-*.out"))
+		return m
+	}
+	const bound = 2 * daemonproc.TrimEvery
+	acc := h1.Submit("r", "[[big:300000]]")
+	if text := h1.Settled("r", acc); len(text) != 300000 {
+		t.Fatalf("%d bytes of text", len(text))
+	}
+	outs := outputs()
+	if len(outs) != 1 {
+		t.Fatalf("agent output files %v", outs)
+	}
+	var st syscall.Stat_t
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := syscall.Stat(outs[0], &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Blocks*512 <= bound {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the turn the agent's output takes %d bytes of disk (size %d), want at most %d", st.Blocks*512, st.Size, bound)
+		}
+		time.Sleep(20 * time.Millisecond) // the release goes to the daemon in the background: polled, bounded
+	}
+	t.Logf("%d bytes on disk of a %d byte output", st.Blocks*512, st.Size)
+	h1.Detach()
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	acc = h2.Submit("r", "[[say:after the release]]")
+	if got := h2.Settled("r", acc); got != "after the release" {
+		t.Fatalf("the attached agent's turn: %q", got)
+	}
+	if n := h2.Count("r", "agent.started"); n != 1 {
+		t.Fatalf("agent.started %d: the agent should have been attached", n)
 	}
 }
