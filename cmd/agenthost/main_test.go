@@ -26,12 +26,23 @@ const fakeAgentEnv = "AGENTHOST_CLI_FAKE_AGENT"
 // test kills it as a separate process).
 const serveHelperEnv = "AGENTHOST_TEST_RUN_CLI"
 
+// blockProcdEnv names a file: while it exists, agenthost procd run by the
+// test binary fails to start (a daemon that cannot be replaced yet).
+const blockProcdEnv = "AGENTHOST_TEST_BLOCK_PROCD"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(fakeAgentEnv) != "" {
 		fakeAgent()
 		os.Exit(0)
 	}
 	if os.Getenv(serveHelperEnv) != "" {
+		if f := os.Getenv(blockProcdEnv); f != "" && len(os.Args) > 1 && os.Args[1] == "procd" {
+			if _, err := os.Stat(f); err == nil {
+				// A test keeps new daemons from starting while f exists.
+				fmt.Fprintln(os.Stderr, "agenthost: procd: blocked by the test")
+				os.Exit(1)
+			}
+		}
 		// As main: SIGINT and SIGTERM end the command gracefully.
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()

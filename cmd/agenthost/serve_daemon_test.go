@@ -46,8 +46,15 @@ func freeAddr(t testing.TB) string {
 
 func startDaemonServer(t testing.TB, data, addr string, args ...string) *daemonServer {
 	t.Helper()
+	return startDaemonServerEnv(t, data, addr, nil, args...)
+}
+
+// startDaemonServerEnv is startDaemonServer with env added to the
+// server's environment.
+func startDaemonServerEnv(t testing.TB, data, addr string, env []string, args ...string) *daemonServer {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--daemon", "--listen", addr, "--data", data}, args...)...)
-	cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN=")
+	cmd.Env = append(append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN="), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -314,7 +321,8 @@ func TestServeDaemon_SIGTERMStopsEverything(t *testing.T) {
 // A lost handoff (the ticket gone before the next server starts) is not a
 // failed restart: the next server ends the old daemon (receipts), starts a
 // fresh one, and the room recovers through the normal ladder: the turn cut
-// short ends failed, and the next message resumes the session.
+// short ends failed, the next message resumes the session, and the old
+// agent's output files are removed.
 func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 	data := t.TempDir()
 	addr := freeAddr(t)
@@ -350,6 +358,13 @@ func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 	}
 	if ends[2]["outcome"] != "settled" || ends[2]["text"] != "after" {
 		t.Fatalf("the next turn ended %v", ends[2])
+	}
+	// The old agent's output files went with it; only the new agent's
+	// are there (they were kept for good).
+	for _, ext := range []string{"out", "err"} {
+		if m, _ := filepath.Glob(filepath.Join(data, "rooms", "*", "home", "agent-*."+ext)); len(m) != 1 {
+			t.Fatalf("agent .%s files in the room's home: %v, want the running agent's only", ext, m)
+		}
 	}
 	s2.stop(syscall.SIGTERM)
 	checkNothingLeft(t, data, "r")

@@ -522,6 +522,9 @@ func (s *stdin) Write(b []byte) (int, error) {
 	ctx, cancel := context.WithTimeout(s.p.ctx, WriteTimeout)
 	defer cancel()
 	if err := s.p.c.Write(ctx, s.p.h.ID, b); err != nil {
+		if errors.Is(err, procd.ErrNoDaemon) {
+			err = ErrDaemonGone
+		}
 		return 0, fmt.Errorf("daemonproc: write: %w", err)
 	}
 	return len(b), nil
@@ -536,7 +539,7 @@ func (s *stdin) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), WriteTimeout)
 	defer cancel()
 	err := s.p.c.CloseStdin(ctx, s.p.h.ID)
-	if err != nil && !errors.Is(err, procd.ErrNotFound) {
+	if err != nil && !errors.Is(err, procd.ErrNotFound) && !errors.Is(err, procd.ErrNoDaemon) {
 		return fmt.Errorf("daemonproc: closing stdin: %w", err)
 	}
 	return nil

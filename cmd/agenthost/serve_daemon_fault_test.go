@@ -1,0 +1,351 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/procd"
+)
+
+// daemonPID is the pid the data dir's daemon registered.
+func daemonPID(t *testing.T, data string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(data, "procd", "service.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var svc struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(b, &svc); err != nil || svc.PID <= 0 {
+		t.Fatalf("service.json %s: %v", b, err)
+	}
+	return svc.PID
+}
+
+// healthz is the status /healthz answers.
+func healthz(t *testing.T, url string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"healthz", nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// zombieChildren lists pid's children that are zombies.
+func zombieChildren(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := statOf(n); ok && st.ppid == pid && st.state == 'Z' {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// eventually polls cond (bounded) where no event tells.
+func eventually(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond) // polled, bounded
+	}
+}
+
+// turnsEnded follows room from the start until n turns ended, and
+// returns their turn.ended data.
+func turnsEnded(t *testing.T, s *daemonServer, room string, n int) []map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	var ends []map[string]any
+	_, err := follow(ctx, s.url, s.token, room, func(ev sseEvent) bool {
+		if ev.typ == "turn.ended" {
+			ends = append(ends, ev.data)
+		}
+		return len(ends) == n
+	})
+	if err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, s.errOut.String())
+	}
+	return ends
+}
+
+// The process daemon killed under serve --daemon: the server notices,
+// reaps what it left (no zombies), and starts a new one, saying unhealthy
+// on /healthz until it runs (here while the test keeps new daemons from
+// starting); the turn that was running ends failed with the reason, and
+// the rooms go on: a message sent meanwhile, and a new room, are answered
+// by new agents. (The server answered 200 for ever while every turn failed
+// with "no daemon running", and kept the daemon and its agents as
+// zombies.)
+func TestServeDaemon_DaemonKilled(t *testing.T) {
+	data := t.TempDir()
+	block := filepath.Join(t.TempDir(), "block")
+	s := startDaemonServerEnv(t, data, "127.0.0.1:0", []string{blockProcdEnv + "=" + block})
+	s.post("r", "[[say:first]]")
+	if end := turnsEnded(t, s, "r", 1)[0]; end["outcome"] != "settled" {
+		t.Fatalf("first turn %v", end)
+	}
+	s.post("r", "[[slow:500ms]] [[say:a b c d e f g h i j k l]]")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if _, err := follow(ctx, s.url, s.token, "r", func(ev sseEvent) bool { return ev.typ == "text.delta" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(block, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := daemonPID(t, data)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	end := turnsEnded(t, s, "r", 2)[1]
+	if end["outcome"] != "failed" || !strings.Contains(end["reason"].(string), "process daemon ended") {
+		t.Fatalf("the turn running when the daemon died ended %v", end)
+	}
+	eventually(t, "/healthz to say unhealthy", 60*time.Second, func() bool { return healthz(t, s.url) == http.StatusServiceUnavailable })
+	s.post("r", "[[say:after]]")
+	if err := os.Remove(block); err != nil {
+		t.Fatal(err)
+	}
+	ends := turnsEnded(t, s, "r", 3)
+	if ends[2]["outcome"] != "settled" || ends[2]["text"] != "after" {
+		t.Fatalf("the turn after the daemon died ended %v", ends[2])
+	}
+	s.post("r2", "[[say:new room]]")
+	if end := turnsEnded(t, s, "r2", 1)[0]; end["outcome"] != "settled" || end["text"] != "new room" {
+		t.Fatalf("a new room's turn ended %v", end)
+	}
+	if code := healthz(t, s.url); code != http.StatusOK {
+		t.Fatalf("/healthz %d with a new daemon", code)
+	}
+	if pid := daemonPID(t, data); pid == old {
+		t.Fatal("no new daemon registered")
+	}
+	eventually(t, "no zombie children of the server", 30*time.Second, func() bool { return len(zombieChildren(s.cmd.Process.Pid)) == 0 })
+	s.stop(syscall.SIGTERM)
+	checkNothingLeft(t, data, "r")
+}
+
+// modelPID is the pid and URL of the built-in model running in the
+// daemon.
+func modelPID(t *testing.T, data string) (int, string) {
+	t.Helper()
+	var pid int
+	var url string
+	eventually(t, "the built-in model to serve", 60*time.Second, func() bool {
+		pid, url = modelPIDOrZero(data)
+		return pid != 0
+	})
+	return pid, url
+}
+
+// The built-in model killed under serve --daemon is started again on its
+// address: the room's agent goes on (its turn settles, not at the turn
+// timeout). A model dead at a planned restart is started again on its
+// address by the next server, and the agent attached there goes on too.
+// (Turns hung to the timeout, and a restart kept the agents pointed at
+// the dead model's address.)
+func TestServeDaemon_ModelKilled(t *testing.T) {
+	data := t.TempDir()
+	addr := freeAddr(t)
+	// A turn that reaches no model ends at this timeout: well before the
+	// test's own bounds.
+	args := []string{"--turn-timeout", "90s"}
+	s1 := startDaemonServer(t, data, addr, args...)
+	s1.post("r", "[[say:one]]")
+	if end := turnsEnded(t, s1, "r", 1)[0]; end["outcome"] != "settled" {
+		t.Fatalf("first turn %v", end)
+	}
+	pid, url := modelPID(t, data)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the model to run again", 60*time.Second, func() bool {
+		p, _ := modelPIDOrZero(data)
+		return p != 0 && p != pid
+	})
+	if _, u := modelPID(t, data); u != url {
+		t.Fatalf("the model serves at %s after its restart, not %s", u, url)
+	}
+	s1.post("r", "[[say:two]]")
+	if end := turnsEnded(t, s1, "r", 2)[1]; end["outcome"] != "settled" || end["text"] != "two" {
+		t.Fatalf("the turn after the model's restart ended %v", end)
+	}
+	s1.stop(syscall.SIGUSR2)
+	pid, _ = modelPID(t, data)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the model's exit to be recorded", 30*time.Second, func() bool {
+		p, _ := modelPIDOrZero(data)
+		return p == 0
+	})
+	s2 := startDaemonServer(t, data, addr, args...)
+	if _, u := modelPID(t, data); u != url {
+		t.Fatalf("the next server's model serves at %s, not %s", u, url)
+	}
+	s2.post("r", "[[say:three]]")
+	if end := turnsEnded(t, s2, "r", 3)[2]; end["outcome"] != "settled" || end["text"] != "three" {
+		t.Fatalf("the attached agent's turn after the restart ended %v", end)
+	}
+	starts, attaches := countEvents(t, s2, "r")
+	if starts != 1 || attaches != 1 {
+		t.Fatalf("agent.started %d, agent.attached %d: the agent should have gone on", starts, attaches)
+	}
+	s2.stop(syscall.SIGTERM)
+	checkNothingLeft(t, data, "r")
+}
+
+// modelPIDOrZero is modelPID, 0 when no model runs (or one starting has
+// not said its address yet).
+func modelPIDOrZero(data string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := procd.Dial(ctx, data)
+	if err != nil {
+		return 0, ""
+	}
+	defer c.Close()
+	ps, err := c.List(ctx, procd.ModePipe)
+	if err != nil {
+		return 0, ""
+	}
+	for _, p := range ps {
+		var m modelMeta
+		if json.Unmarshal(p.Metadata, &m) == nil && m.Role == modelRole && p.Running && m.URL != "" {
+			return p.PID, m.URL
+		}
+	}
+	return 0, ""
+}
+
+// countEvents counts a room's agent.started and agent.attached events.
+func countEvents(t *testing.T, s *daemonServer, room string) (starts, attaches int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	evs, err := followOnce(ctx, s, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		switch ev.typ {
+		case "agent.started":
+			starts++
+		case "agent.attached":
+			attaches++
+		}
+	}
+	return starts, attaches
+}
+
+// followOnce reads a room's stored events (no follow).
+func followOnce(ctx context.Context, s *daemonServer, room string) ([]sseEvent, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.url+"v1/rooms/"+room+"/events?follow=0", nil)
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	var evs []sseEvent
+	_, err = readSSE(res.Body, func(id int64, typ string, raw []byte) (bool, error) {
+		ev := sseEvent{id: id, typ: typ}
+		_ = json.Unmarshal(raw, &ev.data)
+		evs = append(evs, ev)
+		return false, nil
+	})
+	if errors.Is(err, io.EOF) {
+		err = nil // the stored events end the stream
+	}
+	return evs, err
+}
+
+// A planned restart onto other settings does not keep the agents started
+// under the old ones: after a yolo server hands over to an always-ask one,
+// the room's agent is not attached (agent.released says why) and a new
+// one resumes its session; a tool call then asks for approval. (The
+// attached yolo agent ran it unasked.)
+func TestServeDaemon_RestartWithOtherSettings(t *testing.T) {
+	data := t.TempDir()
+	addr := freeAddr(t)
+	s1 := startDaemonServer(t, data, addr, "--approval-mode", "yolo")
+	s1.post("r", "[[say:one]]")
+	if end := turnsEnded(t, s1, "r", 1)[0]; end["outcome"] != "settled" {
+		t.Fatalf("first turn %v", end)
+	}
+	s1.stop(syscall.SIGUSR2)
+	s2 := startDaemonServer(t, data, addr)
+	marker := filepath.Join(t.TempDir(), "ran-without-approval")
+	s2.post("r", `Run it: [[tool:bash {"command":"touch `+marker+`"}]]`)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	var evs []sseEvent
+	asked := false
+	evs, err := follow(ctx, s2.url, s2.token, "r", func(ev sseEvent) bool {
+		if ev.typ == "approval.requested" && !asked {
+			asked = true
+			if _, err := os.Stat(marker); err == nil {
+				t.Error("the tool ran before its approval was asked")
+			}
+			id := ev.data["approval_id"].(string)
+			if code, body := call(t, "POST", s2.url+"v1/rooms/r/approvals/"+id, s2.token, `{"decision":"deny"}`); code != 200 {
+				t.Errorf("deny: %d %s", code, body)
+			}
+		}
+		return ev.typ == "turn.ended" && asked
+	})
+	if err != nil {
+		t.Fatalf("%v (asked %v); stderr:\n%s", err, asked, s2.errOut.String())
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the tool ran although its approval was denied")
+	}
+	var released string
+	var starts []map[string]any
+	for _, ev := range evs {
+		switch ev.typ {
+		case "agent.released":
+			if r, _ := ev.data["reason"].(string); strings.HasPrefix(r, "not attached at restart") {
+				released = r
+			}
+		case "agent.started":
+			starts = append(starts, ev.data)
+		}
+	}
+	if !strings.Contains(released, "other settings") {
+		t.Fatalf("agent.released %q: the yolo agent must not be attached", released)
+	}
+	if len(starts) != 2 || starts[1]["resumed"] != true || starts[1]["session_id"] != starts[0]["session_id"] {
+		t.Fatalf("agent.started %v: a new agent should resume the session", starts)
+	}
+	s2.stop(syscall.SIGTERM)
+	checkNothingLeft(t, data, "r")
+}
