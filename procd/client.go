@@ -141,7 +141,9 @@ func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, err
 	if err != nil {
 		return nil, err
 	}
-	c.install(r)
+	if err := c.install(r); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -170,15 +172,7 @@ func (c *Client) Reown(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		r.own.conn.Close() // without a handoff: the new daemon ends
-		return ErrClosed
-	}
-	c.mu.Unlock()
-	c.install(r)
-	return nil
+	return c.install(r)
 }
 
 // ownResult is what ownFlow found: the daemon owned and how.
@@ -191,9 +185,16 @@ type ownResult struct {
 }
 
 // install makes r the client's daemon and starts its owner reader; a
-// Reown's waiters go on.
-func (c *Client) install(r ownResult) {
+// Reown's waiters go on. ErrClosed when the client was closed meanwhile
+// (the new owner connection is closed: without a handoff that daemon
+// ends).
+func (c *Client) install(r ownResult) error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		r.own.conn.Close()
+		return ErrClosed
+	}
 	c.svc, c.own = r.svc, r.own
 	c.claimed, c.handoffErr, c.oldReceipts = r.claimed, r.handoffErr, r.oldReceipts
 	old := c.renewed
@@ -202,6 +203,7 @@ func (c *Client) install(r ownResult) {
 	go c.readOwner(r.own)
 	c.mu.Unlock()
 	close(old)
+	return nil
 }
 
 // ownFlow claims the handed-over daemon or owns a fresh one (see Own).

@@ -1104,3 +1104,32 @@ func TestCloseWhileStreamsJoin(t *testing.T) {
 		}
 	}
 }
+
+// /healthz answers 503 with the reason while Options.Health reports a part
+// down (serve --daemon: the process daemon or the built-in model while it
+// is started again), and 200 again after.
+func TestServer_HealthzUnhealthy(t *testing.T) {
+	var mu sync.Mutex
+	var down error
+	h := newHarness(t, room.Options{}, Options{Health: func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return down
+	}})
+	if r := h.do("GET", "/healthz", nil, "Authorization", ""); r.status != http.StatusOK {
+		t.Fatalf("healthy: %d", r.status)
+	}
+	mu.Lock()
+	down = errors.New("process daemon: a new one is starting")
+	mu.Unlock()
+	r := h.do("GET", "/healthz", nil, "Authorization", "")
+	if m := r.json(t); r.status != http.StatusServiceUnavailable || m["status"] != "unhealthy" || m["reason"] != "process daemon: a new one is starting" {
+		t.Fatalf("unhealthy: %d %s", r.status, r.body)
+	}
+	mu.Lock()
+	down = nil
+	mu.Unlock()
+	if r := h.do("GET", "/healthz", nil, "Authorization", ""); r.status != http.StatusOK {
+		t.Fatalf("healthy again: %d", r.status)
+	}
+}
