@@ -50,6 +50,15 @@
 //  4. If the claim fails (the ticket expired, the daemon is gone or another
 //     instance answers), Own shuts the old daemon down (every process ended,
 //     with receipts) and starts a fresh one, so the restart itself always
-//     succeeds; OwnResult says which happened. A ticket nobody claims within
-//     HandoffTTL makes the daemon end everything and exit on its own.
+//     succeeds; Claimed and HandoffErr say which happened. A daemon that
+//     holds the data dir but does not answer in time is slow, not gone: it
+//     is asked again while the ticket is valid. A ticket nobody claims
+//     within HandoffTTL makes the daemon end everything and exit on its own.
+//
+// # A daemon that dies under its owner
+//
+// The owner's Done closes; Reown owns a fresh daemon (or claims a handed
+// over one) with the same Client. Requests made meanwhile that do not name
+// a process wait for it within their context; those naming a process of
+// the dead daemon fail at once with ErrNoDaemon (the process died with it).
 package procd
