@@ -228,26 +228,35 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 	return p, nil
 }
 
-// Attach takes over the running process h, its stdout read from offset
-// (its stderr from its current end). ErrNotRunning when it has exited or
-// the daemon does not know it.
-func (r *Runner) Attach(ctx context.Context, h Handle, offset int64) (*Process, error) {
+// Running checks that h names a running process of this daemon:
+// ErrNotRunning when it has exited, the daemon does not know it, or it ran
+// in another daemon.
+func (r *Runner) Running(ctx context.Context, h Handle) error {
 	c := r.c
 	if h.Instance != c.InstanceID() {
-		return nil, fmt.Errorf("%w: %s was a process of daemon %s, this is %s", ErrNotRunning, h.ID, h.Instance, c.InstanceID())
+		return fmt.Errorf("%w: %s was a process of daemon %s, this is %s", ErrNotRunning, h.ID, h.Instance, c.InstanceID())
 	}
 	info, err := c.Get(ctx, h.ID)
 	if errors.Is(err, procd.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrNotRunning, h.ID)
+		return fmt.Errorf("%w: %s", ErrNotRunning, h.ID)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("daemonproc: get: %w", err)
+		return fmt.Errorf("daemonproc: get: %w", err)
 	}
 	if !info.Running {
-		return nil, fmt.Errorf("%w: %s exited", ErrNotRunning, h.ID)
+		return fmt.Errorf("%w: %s exited", ErrNotRunning, h.ID)
 	}
 	if info.Pipe == nil || info.Pipe.OutputPath != h.Output {
-		return nil, fmt.Errorf("%w: %s is another process", ErrNotRunning, h.ID)
+		return fmt.Errorf("%w: %s is another process", ErrNotRunning, h.ID)
+	}
+	return nil
+}
+
+// Attach takes over the running process h, its stdout read from offset
+// (its stderr from its current end). ErrNotRunning as Running.
+func (r *Runner) Attach(ctx context.Context, h Handle, offset int64) (*Process, error) {
+	if err := r.Running(ctx, h); err != nil {
+		return nil, err
 	}
 	var errAt int64
 	if fi, err := os.Stat(h.Stderr); err == nil {

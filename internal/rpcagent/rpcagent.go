@@ -308,6 +308,9 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 // attachProc attaches the daemon's process h if it runs and was launched
 // as this transport would launch spec's agent now.
 func (t *Transport) attachProc(ctx context.Context, spec room.AgentSpec, h daemonproc.Handle, offset int64) (*daemonproc.Process, error) {
+	if err := t.opts.Daemon.Running(ctx, h); err != nil {
+		return nil, err // gone: whatever it was started with
+	}
 	rs, _, settings, err := t.launch(spec)
 	if err != nil {
 		return nil, err
