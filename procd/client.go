@@ -845,12 +845,16 @@ func replyErr(r Reply) error {
 	return nil
 }
 
-// withOp flattens a spec into a request with its op.
-func withOp(op string, spec any) map[string]any {
-	var m map[string]any
-	_ = json.Unmarshal(mustJSON(spec), &m)
-	m["op"] = op
-	return m
+// withOp flattens a spec (a struct: a JSON object) into a request with its
+// op, splicing the op in rather than decoding and encoding the spec again
+// (its metadata may be a megabyte).
+func withOp(op string, spec any) json.RawMessage {
+	b := mustJSON(spec)
+	head := mustJSON(map[string]string{"op": op})
+	if len(b) <= 2 {
+		return head
+	}
+	return append(append(head[:len(head)-1:len(head)-1], ','), b[1:]...)
 }
 
 func mustJSON(v any) json.RawMessage {

@@ -410,6 +410,23 @@ func (d *daemon) opWrite(c *conn, op string, raw json.RawMessage) error {
 	return c.send(Reply{Type: TypeOK})
 }
 
+// encodedSize bounds a ProcessInfo's JSON from above without encoding it:
+// the metadata as it is (already JSON), every string at its worst
+// escaping (6 bytes a byte), and the fixed fields.
+func encodedSize(pi ProcessInfo) int {
+	n := len(pi.ID) + len(pi.Cwd)
+	for _, a := range pi.Argv {
+		n += len(a) + 3
+	}
+	if pi.Pipe != nil {
+		n += len(pi.Pipe.OutputPath) + len(pi.Pipe.StderrPath) + len(pi.Pipe.OutputError)
+	}
+	if pi.Exit != nil {
+		n += len(pi.Exit.OutputError) + len(pi.Exit.Signal)
+	}
+	return len(pi.Metadata) + 6*n + 1024
+}
+
 // listPageBytes bounds the processes one list reply carries (each may hold
 // MaxMetadata): a page ends before it, and the reply's Next asks for the
 // rest, so a list never outgrows a frame.
@@ -451,12 +468,12 @@ func (d *daemon) opList(c *conn, op string, raw json.RawMessage) error {
 	size, next := 0, ""
 	for i, p := range ps {
 		info := d.info(p)
-		b, _ := json.Marshal(info)
-		if len(out) > 0 && (size+len(b) > listPageBytes || (r.Limit > 0 && len(out) == r.Limit)) {
+		n := encodedSize(info)
+		if len(out) > 0 && (size+n > listPageBytes || (r.Limit > 0 && len(out) == r.Limit)) {
 			next = strconv.FormatUint(ps[i-1].seq, 10)
 			break
 		}
-		size += len(b)
+		size += n
 		out = append(out, info)
 	}
 	d.mu.Unlock()
