@@ -21,10 +21,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"sort"
@@ -33,6 +35,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/agenthost/agenthost/internal/procio"
 )
@@ -109,9 +112,9 @@ type Custodian struct {
 	log    *slog.Logger
 	owner  string // "<pid namespace>.<pid>.<start>" of this host
 	plat   platform
-	scanMu sync.Mutex // one scan at a time
-	// lastScan is when the latest scan read the table (UnixNano).
-	lastScan atomic.Int64
+	scanMu sync.Mutex // one look at a time
+	// lastFull is when the latest full scan read the table (UnixNano).
+	lastFull atomic.Int64
 	mu       sync.Mutex
 	scopes   map[*Scope]struct{} // open: not closed with success yet
 	closed   bool
@@ -142,6 +145,7 @@ func New(opts Options) (*Custodian, error) {
 	}
 	c.plat = plat
 	c.owner = plat.ownerID()
+	c.lastFull.Store(time.Now().UnixNano()) // nothing to find yet
 	c.loopWG.Add(1)
 	go c.discoverLoop()
 	return c, nil
@@ -217,14 +221,29 @@ const (
 	EndedUnknown     Ended = ""             // still running
 )
 
+// Bounds of a receipt's JSON (it is stored, and streamed in a room's
+// agent.released): each command line, and the processes listed in full.
+const (
+	MaxCmdline = maxCmdline
+	MaxListed  = 64
+)
+
+const maxCmdline = 512
+
 // Entry is one owned process in a receipt.
 type Entry struct {
-	PID     int       `json:"pid"`
-	Cmdline string    `json:"cmdline"`
-	Found   Found     `json:"found"`
-	Ended   Ended     `json:"ended"`
-	At      time.Time `json:"at"`
-	Reaped  bool      `json:"reaped"` // by this host (its child), not by another parent
+	PID     int    `json:"pid"`
+	Cmdline string `json:"cmdline"`
+	// CmdlineTruncated: Cmdline is the first MaxCmdline bytes of it.
+	CmdlineTruncated bool      `json:"cmdline_truncated,omitempty"`
+	Found            Found     `json:"found"`
+	Ended            Ended     `json:"ended"`
+	At               time.Time `json:"at"`
+	Reaped           bool      `json:"reaped"` // by this host (its child), not by another parent
+	// ExitCode (it exited) or Signal (a signal ended it, "TERM", "KILL",
+	// ...): its status, known where this host reaped it.
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
 }
 
 // Receipt is what Close did.
@@ -232,16 +251,106 @@ type Receipt struct {
 	Scope       string        `json:"scope"`
 	Containment Containment   `json:"containment"`
 	Processes   []Entry       `json:"processes"`
-	Duration    time.Duration `json:"duration"`
+	Duration    time.Duration `json:"duration"` // nanoseconds (kept for earlier readers)
 	ExitErr     string        `json:"leaderExit,omitempty"`
+	// More counts the processes not in Processes, MoreEnded them by how
+	// they ended: a scope keeps only so many that ended on their own, and
+	// the JSON form lists at most MaxListed (see MarshalJSON).
+	More      int           `json:"more,omitempty"`
+	MoreEnded map[Ended]int `json:"more_ended,omitempty"`
+}
+
+// receiptJSON is a receipt's JSON form: snake_case beside the earlier
+// names, the duration in seconds too.
+type receiptJSON struct {
+	Scope           string        `json:"scope"`
+	Containment     Containment   `json:"containment"`
+	Processes       []Entry       `json:"processes"`
+	More            int           `json:"more,omitempty"`
+	MoreEnded       map[Ended]int `json:"more_ended,omitempty"`
+	Duration        time.Duration `json:"duration"`
+	DurationSeconds float64       `json:"duration_seconds"`
+	ExitErr         string        `json:"leaderExit,omitempty"`
+	LeaderExit      string        `json:"leader_exit,omitempty"`
+}
+
+// MarshalJSON writes the receipt bounded: at most MaxListed processes (the
+// leader, then those Close had to end, then those that ended on their own,
+// earliest first within each), the rest counted in more and more_ended.
+// Command lines are bounded when recorded.
+func (r Receipt) MarshalJSON() ([]byte, error) {
+	out := receiptJSON{Scope: r.Scope, Containment: r.Containment, Duration: r.Duration,
+		DurationSeconds: r.Duration.Seconds(), ExitErr: r.ExitErr, LeaderExit: r.ExitErr, More: r.More}
+	if len(r.MoreEnded) > 0 {
+		out.MoreEnded = maps.Clone(r.MoreEnded)
+	}
+	out.Processes = r.Processes
+	if len(r.Processes) > MaxListed {
+		rank := func(e Entry) int {
+			switch {
+			case e.Found == FoundLeader:
+				return 0
+			case e.Ended != EndedSelf:
+				return 1
+			}
+			return 2
+		}
+		idx := make([]int, len(r.Processes))
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.SliceStable(idx, func(a, b int) bool { return rank(r.Processes[idx[a]]) < rank(r.Processes[idx[b]]) })
+		keep := idx[:MaxListed]
+		sort.Ints(keep) // back in the receipt's order
+		out.Processes = make([]Entry, 0, MaxListed)
+		for _, i := range keep {
+			out.Processes = append(out.Processes, r.Processes[i])
+		}
+		if out.MoreEnded == nil {
+			out.MoreEnded = map[Ended]int{}
+		}
+		for _, i := range idx[MaxListed:] {
+			out.More++
+			out.MoreEnded[r.Processes[i].Ended]++
+		}
+	}
+	if out.Processes == nil {
+		out.Processes = []Entry{}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads MarshalJSON's form (and receipts written before it).
+func (r *Receipt) UnmarshalJSON(b []byte) error {
+	var in receiptJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*r = Receipt{Scope: in.Scope, Containment: in.Containment, Processes: in.Processes, Duration: in.Duration,
+		ExitErr: in.ExitErr, More: in.More, MoreEnded: in.MoreEnded}
+	if r.ExitErr == "" {
+		r.ExitErr = in.LeaderExit
+	}
+	return nil
 }
 
 // String is a short human summary.
 func (r *Receipt) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "custody receipt for scope %s (%s), %d process(es), closed in %v:\n", r.Scope, r.Containment, len(r.Processes), r.Duration.Round(time.Millisecond))
+	n := len(r.Processes) + r.More
+	fmt.Fprintf(&b, "custody receipt for scope %s (%s), %d process(es), closed in %v:\n", r.Scope, r.Containment, n, r.Duration.Round(time.Millisecond))
 	for _, e := range r.Processes {
-		fmt.Fprintf(&b, "  pid %-7d %-7s %-13s %s\n", e.PID, e.Found, e.Ended, trimCmd(e.Cmdline))
+		how := string(e.Ended)
+		switch {
+		case e.Signal != "":
+			how += " (" + e.Signal + ")"
+		case e.ExitCode != nil && *e.ExitCode != 0:
+			how += fmt.Sprintf(" (%d)", *e.ExitCode)
+		}
+		fmt.Fprintf(&b, "  pid %-7d %-9s %-18s %s\n", e.PID, e.Found, how, trimCmd(e.Cmdline))
+	}
+	if r.More > 0 {
+		fmt.Fprintf(&b, "  and %d more: %v\n", r.More, r.MoreEnded)
 	}
 	return strings.TrimRight(b.String(), "\n")
 }
@@ -253,6 +362,26 @@ func trimCmd(s string) string {
 	return s
 }
 
+// boundCmdline keeps the first maxCmdline bytes of a command line (cut at
+// a character boundary) and says whether it cut.
+func boundCmdline(s string) (string, bool) {
+	if len(s) <= maxCmdline {
+		return s, false
+	}
+	n := maxCmdline
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
+// exitStatus is how a process this host reaped ended.
+type exitStatus struct {
+	known  bool
+	code   int       // its exit code, when it exited
+	signal sysSignal // the signal that ended it, 0 when it exited
+}
+
 type ident struct {
 	pid   int
 	start uint64
@@ -260,13 +389,31 @@ type ident struct {
 
 type owned struct {
 	id       ident
-	cmdline  string
+	cmdline  string // bounded (boundCmdline)
+	cut      bool   // cmdline was cut
 	found    Found
 	ended    Ended
 	at       time.Time
 	reaped   bool
 	gone     bool
 	lastSeen uint64 // the latest table tick it was seen in
+	// bornDead: first seen after it died (a zombie). How it ended is then
+	// its exit status's to say, not the phase Close was in when it was
+	// found.
+	bornDead bool
+	status   exitStatus // where this host reaped it
+}
+
+func (o *owned) entry() Entry {
+	e := Entry{PID: o.id.pid, Cmdline: o.cmdline, CmdlineTruncated: o.cut, Found: o.found, Ended: o.ended, At: o.at, Reaped: o.reaped}
+	switch {
+	case o.status.known && o.status.signal != 0:
+		e.Signal = signalName(o.status.signal)
+	case o.status.known:
+		code := o.status.code
+		e.ExitCode = &code
+	}
+	return e
 }
 
 // Scope is one started command and everything it starts.
@@ -297,6 +444,15 @@ type Scope struct {
 	receipt  *Receipt
 	started  time.Time
 	closeT0  time.Time
+	// failed: a Close gave up (ErrNotConfirmed); the discovery loop then
+	// kills what it finds in the scope and completes it once it is empty.
+	failed bool
+	// keptExited counts the processes on the receipt that ended on their
+	// own; forgot, by how they ended, those left off it (maxKeptExited).
+	keptExited int
+	forgot     map[Ended]int
+	// lookedAt is when a look last read the scope (UnixNano).
+	lookedAt atomic.Int64
 }
 
 // ID is the scope's id, part of its marker.
@@ -373,7 +529,7 @@ func (s *Scope) Signal(sig syscall.Signal) error {
 	if s.getPhase() >= 4 {
 		return ErrScopeClosed
 	}
-	s.c.scan() // what was born since the last periodic scan gets it too
+	s.c.lookAt(s) // what was born since the last look gets it too
 	targets := s.liveIdents()
 	// The group gets one kill(-pgid) while the leader is unreaped; its
 	// members are then not signalled again one by one (a second INT is
@@ -513,7 +669,8 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 	s.started = time.Now()
 	// Until cmd.Wait reaps it the leader holds its pid, so its group and
 	// session are its own at least until now.
-	lo := &owned{id: s.leader, cmdline: strings.Join(cmd.Args, " "), found: FoundLeader, lastSeen: c.plat.ticks()}
+	cmdline, cut := boundCmdline(strings.Join(cmd.Args, " "))
+	lo := &owned{id: s.leader, cmdline: cmdline, cut: cut, found: FoundLeader, lastSeen: c.plat.ticks()}
 	s.procs[s.leader], s.live[s.leader], s.groups[pid] = lo, lo, lo
 
 	// Registered even if Close began meanwhile: Close waits for this
@@ -579,9 +736,9 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 
 	if s.getPhase() < 1 {
 		// Record everything alive now, so the receipt names even what
-		// dies before the next periodic scan (agents kill some children
+		// dies before the next periodic look (agents kill some children
 		// themselves on stdin EOF).
-		c.scan()
+		c.lookAt(s)
 		_ = s.stdin.Close()
 		s.setPhase(1)
 		if err := s.waitLeader(ctx, opts.Grace); err != nil {
@@ -589,10 +746,14 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		}
 	}
 	if s.getPhase() < 2 {
-		c.scan()
+		c.lookAt(s)
 		// The phase moves before the signal, so an exit the discovery loop
-		// sees right after the signal is credited to it.
+		// sees right after the signal is credited to it, and what a look
+		// finds from now on is signalled at once.
 		s.setPhase(2)
+		if testHookBeforeSignal != nil {
+			testHookBeforeSignal(s, 2)
+		}
 		if !s.allGone() {
 			s.signalAll(sigTerm)
 			if err := s.waitAllGone(ctx, opts.TermGrace); err != nil {
@@ -602,16 +763,19 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 	}
 	if s.getPhase() < 3 {
 		if !s.allGone() {
-			c.scan() // everything alive now is killed; newborns meet the last look
+			c.lookAt(s) // everything alive now is killed; newborns are killed when found
 		}
 		s.setPhase(3)
-		if !s.allGone() {
+		if testHookBeforeSignal != nil {
+			testHookBeforeSignal(s, 3)
+		}
+		if !s.allGone() || s.cg.populated() {
 			s.cg.kill()
 			s.signalAll(sigKill)
 		}
 	} else if !s.allGone() {
 		// A retry after a Close that could not confirm: kill again.
-		c.scan()
+		c.lookAt(s)
 		s.cg.kill()
 		s.signalAll(sigKill)
 	}
@@ -619,7 +783,7 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		return nil, err
 	}
 	if !s.allGone() {
-		return nil, fmt.Errorf("%w: %s", ErrNotConfirmed, s.aliveList())
+		return nil, s.fail(fmt.Errorf("%w: %s", ErrNotConfirmed, s.aliveList()))
 	}
 	// The leader's Wait may still be flushing; it has exited.
 	select {
@@ -627,30 +791,94 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("custody: close: waiting for the leader's exit status: %w", ctx.Err())
 	}
-	// The last look, for anything born at the very end: what it finds is
-	// killed and waited for, and the look repeated; where there is a
-	// cgroup, its removal proves it empty.
+	if err := s.lastLook(ctx); err != nil {
+		return nil, err
+	}
+	return s.complete(), nil
+}
+
+// lastLook looks again until a look finds nothing alive, for anything born
+// at the very end: what a look finds is killed at once (the phase is 3),
+// and then waited for. Where there is a cgroup, it must hold no process
+// (cgroup.events) and is removed with the groups below it. Close gives up
+// only when a process it killed outlives Confirm, or after lastLooks looks
+// that each found something new.
+func (s *Scope) lastLook(ctx context.Context) error {
+	opts := s.c.opts
 	for look := 0; ; look++ {
 		if testHookLastLook != nil {
 			testHookLastLook(s)
 		}
-		c.scan()
-		if s.allGone() && s.cg.remove() == nil {
-			break
+		s.c.lookAt(s)
+		if s.allGone() {
+			if !s.cg.populated() {
+				err := s.cg.remove()
+				if err == nil {
+					return nil
+				}
+				if !s.cg.populated() {
+					return s.fail(fmt.Errorf("%w: removing its cgroup: %v", ErrNotConfirmed, err))
+				}
+			}
+			if look == lastLooks {
+				return s.fail(fmt.Errorf("%w: the cgroup still holds %s", ErrNotConfirmed, s.cg.memberList()))
+			}
+			// Members on their way out, or one no look can adopt: kill
+			// them all by pid and wait for the cgroup to empty.
+			s.cg.kill()
+			if !s.cg.waitEmpty(ctx, opts.Confirm) {
+				if err := ctx.Err(); err != nil {
+					return fmt.Errorf("custody: close: %w", err)
+				}
+				s.c.lookAt(s)
+				if s.allGone() {
+					return s.fail(fmt.Errorf("%w: the cgroup still holds %s", ErrNotConfirmed, s.cg.memberList()))
+				}
+			}
+			continue
 		}
 		if look == lastLooks {
-			alive := s.aliveList()
-			if alive == "" {
-				alive = "the cgroup is not empty"
-			}
-			return nil, fmt.Errorf("%w: %s", ErrNotConfirmed, alive)
+			return s.fail(fmt.Errorf("%w: %s", ErrNotConfirmed, s.aliveList()))
 		}
+		killed := s.liveIdents()
 		s.cg.kill()
 		s.signalAll(sigKill)
 		if err := s.waitAllGone(ctx, opts.Confirm); err != nil {
-			return nil, err
+			return err
+		}
+		if left := s.stillLive(killed); left != "" {
+			return s.fail(fmt.Errorf("%w: %s", ErrNotConfirmed, left))
 		}
 	}
+}
+
+// stillLive lists those of ids the scope still has alive.
+func (s *Scope) stillLive(ids []ident) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parts []string
+	for _, id := range ids {
+		if o := s.live[id]; o != nil {
+			parts = append(parts, fmt.Sprintf("pid %d (%s)", id.pid, trimCmd(o.cmdline)))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// fail marks the scope as one whose Close gave up, and returns err.
+func (s *Scope) fail(err error) error {
+	s.mu.Lock()
+	s.failed = true
+	s.mu.Unlock()
+	s.c.log.Warn("custody: close not confirmed; ending what remains in the background", "scope", s.id, "err", err)
+	return err
+}
+
+// complete ends the scope's custody once it is empty (the leader reaped,
+// nothing owned alive, its cgroup removed) and makes its receipt.
+func (s *Scope) complete() *Receipt {
+	c := s.c
 	c.mu.Lock()
 	delete(c.scopes, s)
 	c.mu.Unlock()
@@ -666,11 +894,58 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		r.ExitErr = s.exitErr.Error()
 	}
 	for _, o := range s.procs {
-		r.Processes = append(r.Processes, Entry{PID: o.id.pid, Cmdline: o.cmdline, Found: o.found, Ended: o.ended, At: o.at, Reaped: o.reaped})
+		r.Processes = append(r.Processes, o.entry())
 	}
 	sort.Slice(r.Processes, func(i, j int) bool { return r.Processes[i].At.Before(r.Processes[j].At) })
+	for e, n := range s.forgot {
+		if r.MoreEnded == nil {
+			r.MoreEnded = map[Ended]int{}
+		}
+		r.MoreEnded[e] += n
+		r.More += n
+	}
 	s.receipt = r
-	return r, nil
+	return r
+}
+
+// finishFailed completes, in the discovery loop, each scope whose Close
+// gave up and which is empty now (its looks kill what they find), so that
+// nothing keeps running, and no cgroup stays behind, until someone closes
+// it again; a later Close returns the receipt. A scope whose Close runs is
+// left to it.
+func (c *Custodian) finishFailed() {
+	for _, s := range c.openScopes() {
+		s.mu.Lock()
+		failed := s.failed
+		s.mu.Unlock()
+		if !failed {
+			continue
+		}
+		select {
+		case s.closeSem <- struct{}{}:
+		default:
+			continue
+		}
+		if !s.allGone() {
+			// A retry of the kill: cheap, and a process may have been
+			// stopped or in uninterruptible sleep at the last one.
+			s.cg.kill()
+			s.signalAll(sigKill)
+		} else if isClosed(s.exited) && !s.cg.populated() && s.cg.remove() == nil && s.Receipt() == nil {
+			r := s.complete()
+			c.log.Info("custody: a scope whose close failed is empty now", "scope", s.id, "processes", len(r.Processes)+r.More)
+		}
+		<-s.closeSem
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (s *Scope) getPhase() int {
@@ -717,11 +992,16 @@ func (s *Scope) signalAll(sig sysSignal) {
 	}
 }
 
-// lastLooks bounds how often Close's last look may find something new.
-const lastLooks = 2
+// lastLooks bounds how often Close's last look may find something new
+// (each such look kills it and waits for it).
+const lastLooks = 20
 
 // testHookLastLook runs right before Close's last look (tests only).
 var testHookLastLook func(*Scope)
+
+// testHookBeforeSignal runs after Close's look of a phase, right before
+// that phase's signal round (tests only).
+var testHookBeforeSignal func(s *Scope, phase int)
 
 // platform is what custody needs from the operating system.
 type platform interface {
@@ -732,14 +1012,24 @@ type platform interface {
 	startTime(pid int) uint64
 	hostSession() int
 	ticks() uint64 // the clock of stat start times, now
+	// table reads every process of the machine (nil without /proc).
 	table() *procTable
+	// newTable starts an empty table that looks fill (nil without /proc).
+	newTable() *procTable
+	// stat reads one process (false: gone, or no /proc).
+	stat(pid int) (procInfo, bool)
+	// children appends the children of every thread of pid to out.
+	children(pid int, out []int) []int
+	// hostChildren appends the host's own children to out.
+	hostChildren(out []int) []int
 	// lookup reads one process by identity (false: gone, or no /proc).
 	lookup(id ident) (procInfo, bool)
 	// cgroupOf is the cgroup v2 path of a process ("" if unknown).
 	cgroupOf(pid int) string
 	exitWaiter() exitWaiter
-	// reap collects a zombie child by identity; true once it is gone.
-	reap(id ident) bool
+	// reap collects a zombie child by identity: true once it is gone, with
+	// its status when collected here.
+	reap(id ident) (bool, exitStatus)
 	signal(id ident, sig sysSignal) (reused bool)
 	signalGroup(leader ident, sig sysSignal)
 	newCgroup(id string, cmd *exec.Cmd) *cgroup

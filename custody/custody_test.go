@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,14 @@ import (
 )
 
 const helperEnv = "AGENTHOST_CUSTODY_HELPER"
+
+func init() {
+	if os.Getenv(helperEnv) == "zthread" {
+		// The main goroutine stays on the main thread, which the helper
+		// ends on its own (see zthread).
+		runtime.LockOSThread()
+	}
+}
 
 // TestMain lets the test binary play a host (see runHelper) when
 // helperEnv names a role.
@@ -41,11 +50,23 @@ func TestMain(m *testing.M) {
 //   - "ns-host": the same as the init of a new pid namespace, with its own
 //     /proc;
 //   - "agent-host": runs ssh-agent the way a shell tool does, prints the
-//     agent's pid, closes the scope and prints the outcome.
+//     agent's pid, closes the scope and prints the outcome;
+//   - "zthread": not a host: see zthread;
+//   - "zthread-host": see zthreadHost.
+//
+// AGENTHOST_CUSTODY_NOCGROUP=1 makes a host use no cgroup.
 func runHelper(role string) {
 	fail := func(err error) {
 		fmt.Println("error", err)
 		os.Exit(1)
+	}
+	switch role {
+	case "zthread":
+		zthread()
+		return
+	case "zthread-host":
+		zthreadHost()
+		return
 	}
 	signal.Ignore(syscall.SIGTERM)
 	if role == "ns-host" {
@@ -56,7 +77,7 @@ func runHelper(role string) {
 			fail(err)
 		}
 	}
-	c, err := New(Options{NoCgroup: role == "ns-host"})
+	c, err := New(Options{NoCgroup: role == "ns-host" || os.Getenv("AGENTHOST_CUSTODY_NOCGROUP") == "1"})
 	if err != nil {
 		fail(err)
 	}
@@ -138,9 +159,10 @@ func startSh(t *testing.T, c *Custodian, script string) (*Scope, []int, *bufio.R
 	return s, ps, r
 }
 
+// alive: running, a thread group whose main thread exited included.
 func alive(pid int) bool {
 	pi, ok := readStat(pid)
-	return ok && pi.state != 'Z'
+	return ok && !pi.dead()
 }
 
 func checkGone(t *testing.T, r *Receipt, pids ...int) {
@@ -149,11 +171,8 @@ func checkGone(t *testing.T, r *Receipt, pids ...int) {
 		if alive(pid) {
 			t.Errorf("pid %d still running after Close", pid)
 		}
-		if _, ok := readStat(pid); ok {
-			pi, _ := readStat(pid)
-			if pi.state == 'Z' {
-				t.Errorf("pid %d left a zombie", pid)
-			}
+		if pi, ok := readStat(pid); ok && pi.dead() {
+			t.Errorf("pid %d left a zombie", pid)
 		}
 		found := false
 		for _, e := range r.Processes {

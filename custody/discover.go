@@ -23,12 +23,23 @@ var hostChildren = struct {
 }{leaders: map[int]bool{}, scopes: map[*Scope]struct{}{}}
 
 // Waiting for exits during Close: a pidfd poll (or a sleep where there is
-// none) that backs off, and a full discovery scan only when none (the
-// discovery loop's included) ran for closeScanEvery.
+// none) that backs off, and a look at the scope for processes born
+// meanwhile at least every closeLookEvery.
 const (
 	closePollMin   = 2 * time.Millisecond
 	closePollMax   = 50 * time.Millisecond
-	closeScanEvery = 250 * time.Millisecond
+	closeLookEvery = 100 * time.Millisecond
+)
+
+// The discovery loop looks every ScanInterval, and backs off to
+// idleBackoff times that while its looks find nothing new and nothing
+// gone. Every fullScanEvery it reads the whole process table instead, a
+// safety net for what the scopes' own processes cannot lead to (a process
+// that took the marker from elsewhere); a host without the subreaper flag
+// reads it every time, since orphans then leave the host's view.
+const (
+	idleBackoff   = 8
+	fullScanEvery = 30 * time.Second
 )
 
 func (c *Custodian) poke() {
@@ -38,46 +49,199 @@ func (c *Custodian) poke() {
 	}
 }
 
-// discoverLoop scans for descendants while scopes are open.
+// discoverLoop looks at the open scopes while any is open.
 func (c *Custodian) discoverLoop() {
 	defer c.loopWG.Done()
-	t := time.NewTicker(c.opts.ScanInterval)
+	interval := c.opts.ScanInterval
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
+		poked := false
 		select {
 		case <-c.quit:
 			return
 		case <-t.C:
 		case <-c.kick:
+			poked = true
 		}
-		c.scan()
+		if c.scan() || poked {
+			interval = c.opts.ScanInterval
+		} else {
+			interval = min(2*interval, idleBackoff*c.opts.ScanInterval)
+		}
+		c.finishFailed()
+		t.Reset(interval)
 	}
 }
 
-// scan reads the process table once and updates every open scope: new
-// descendants are assigned (until nothing changes), then each scope's live
-// processes are checked against the same table.
-func (c *Custodian) scan() {
-	c.scanMu.Lock()
-	defer c.scanMu.Unlock()
+func (c *Custodian) openScopes() []*Scope {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	scopes := make([]*Scope, 0, len(c.scopes))
 	for s := range c.scopes {
 		scopes = append(scopes, s)
 	}
-	c.mu.Unlock()
+	return scopes
+}
+
+// scan looks at every open scope (the whole process table when a full
+// scan is due) and reports whether anything was adopted or went.
+func (c *Custodian) scan() bool {
+	scopes := c.openScopes()
 	if len(scopes) == 0 {
-		return
+		return false
 	}
-	t := c.plat.table()
-	now := time.Now()
-	c.lastScan.Store(now.UnixNano())
+	full := c.opts.NoSubreaper || time.Since(time.Unix(0, c.lastFull.Load())) >= fullScanEvery
+	return c.look(scopes, scopes, full, false)
+}
+
+// lookAt looks at one scope, deep: the children of every process it owns
+// are read, those in its cgroup too (Close and Signal).
+func (c *Custodian) lookAt(s *Scope) {
+	c.look(c.openScopes(), []*Scope{s}, c.opts.NoSubreaper, true)
+}
+
+// look updates the target scopes from one read of the processes they lead
+// to: what each owns, the members of its cgroup (and of the groups below
+// it), the children of its owned processes, and the host's children (the
+// orphans it inherits). Only what a scope owns is read, never the whole
+// machine, unless full. Newcomers are assigned to any open scope; a scope
+// that is closing signals them at once (see assign). deep reads the
+// children of processes in a scope's cgroup as well: without it they are
+// left to the cgroup, which their children are born into. It reports
+// whether anything was adopted or went.
+func (c *Custodian) look(all, targets []*Scope, full, deep bool) bool {
+	c.scanMu.Lock()
+	defer c.scanMu.Unlock()
+	var t *procTable
+	if full {
+		t = c.plat.table()
+		if t != nil {
+			c.lastFull.Store(t.at.UnixNano())
+			t.members = map[int]*Scope{}
+			for _, s := range all {
+				for pid := range s.cg.members() {
+					t.members[pid] = s
+				}
+			}
+		}
+	} else {
+		t = c.gather(all, targets, deep)
+	}
+	changed := false
 	if t != nil {
-		c.assign(t, scopes)
+		adopted := c.assign(t, all)
+		for !t.full && len(adopted) > 0 {
+			// The newcomers' own children, until a round adopts nothing.
+			changed = true
+			c.signalAdopted(adopted)
+			n := len(t.byStart)
+			for _, a := range adopted {
+				if a.walk || deep {
+					for _, pid := range c.plat.children(a.o.id.pid, nil) {
+						t.add(pid)
+					}
+				}
+			}
+			if len(t.byStart) == n {
+				break
+			}
+			t.sortByStart()
+			adopted = c.assign(t, all)
+		}
+		if t.full && len(adopted) > 0 {
+			changed = true
+			c.signalAdopted(adopted)
+		}
 	}
-	for _, s := range scopes {
-		s.refresh(t, nil, now)
+	now := time.Now()
+	for _, s := range targets {
+		if s.refresh(t, nil, now) {
+			changed = true
+		}
+		s.lookedAt.Store(now.UnixNano())
 	}
+	return changed
+}
+
+// gather reads what the targets lead to into a table (nil where the
+// platform has no /proc): their owned processes (live, and those gone but
+// possibly still in a table), their cgroups' members, the children of
+// owned processes outside their scope's cgroup (all of them when deep, or
+// without a cgroup), then the host's children. The host's children come
+// last: an orphan whose parent died while its parent's children were read
+// has been reparented to the host by then.
+func (c *Custodian) gather(all, targets []*Scope, deep bool) *procTable {
+	t := c.plat.newTable()
+	if t == nil {
+		return nil
+	}
+	t.stat = c.plat.stat
+	t.members = map[int]*Scope{}
+	var walk, ids []ident
+	for _, s := range targets {
+		in := s.cg.members()
+		for pid := range in {
+			t.members[pid] = s
+		}
+		s.mu.Lock()
+		ids = ids[:0]
+		for id := range s.live {
+			ids = append(ids, id)
+		}
+		nlive := len(ids)
+		for id := range s.dead {
+			ids = append(ids, id)
+		}
+		s.mu.Unlock()
+		for i, id := range ids {
+			pi, ok := t.add(id.pid)
+			if i < nlive && ok && pi.start == id.start && (deep || !in[id.pid]) {
+				walk = append(walk, id)
+			}
+		}
+		for pid := range in {
+			t.add(pid)
+		}
+	}
+	var pids []int
+	for _, id := range walk {
+		pids = c.plat.children(id.pid, pids[:0])
+		for _, pid := range pids {
+			t.add(pid)
+		}
+	}
+	// The host's children, but not the leaders and processes of scopes not
+	// looked at (their own looks read them).
+	known := map[int]bool{}
+	hostChildren.mu.Lock()
+	for pid := range hostChildren.leaders {
+		known[pid] = true
+	}
+	hostChildren.mu.Unlock()
+	if len(targets) < len(all) {
+		target := make(map[*Scope]bool, len(targets))
+		for _, s := range targets {
+			target[s] = true
+		}
+		for _, s := range all {
+			if target[s] {
+				continue
+			}
+			s.mu.Lock()
+			for id := range s.live {
+				known[id.pid] = true
+			}
+			s.mu.Unlock()
+		}
+	}
+	for _, pid := range c.plat.hostChildren(pids[:0]) {
+		if _, in := t.byPid[pid]; !in && !known[pid] {
+			t.add(pid)
+		}
+	}
+	t.sortByStart()
+	return t
 }
 
 // deadEntry is a process gone since at, kept until a table read after at
@@ -108,17 +272,46 @@ func owns(t *procTable, g *owned, p procInfo) bool {
 	return p.start >= g.id.start && p.start < g.lastSeen
 }
 
+// adoption is a process a look took into a scope: walk says its children
+// are to be read (it is not in its scope's cgroup), sig is the signal its
+// closing scope owes it (0: none).
+type adoption struct {
+	s    *Scope
+	o    *owned
+	walk bool
+	sig  sysSignal
+}
+
+// signalAdopted sends each newcomer of a closing scope the signal of the
+// scope's phase at once (SIGTERM while Close waits out TermGrace, SIGKILL
+// after): Close signals at the phase changes only, and a process found
+// later would otherwise run unsignalled until Close gives up on it.
+func (c *Custodian) signalAdopted(adopted []adoption) {
+	for _, a := range adopted {
+		if a.sig == 0 {
+			continue
+		}
+		if c.plat.signal(a.o.id, a.sig) {
+			a.s.mu.Lock()
+			if o := a.s.live[a.o.id]; o != nil {
+				o.gone, o.at, o.ended = true, time.Now(), EndedAlreadyGone
+				delete(a.s.live, o.id)
+			}
+			a.s.mu.Unlock()
+		}
+	}
+}
+
 // assign takes every process not yet owned into the scope it belongs to,
 // repeating until a pass assigns nothing, so the table's order (children
 // can share their parent's start tick) does not matter. Every way of
 // finding a process is checked against identities (pid and start time),
-// never a bare pid.
-func (c *Custodian) assign(t *procTable, scopes []*Scope) {
+// never a bare pid. It returns what it took.
+func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
 	byMarker := map[string]*Scope{}
 	byIdent := map[ident]*Scope{} // every live owned process
 	groups := map[int]groupRef{}  // pid of an owned group or session leader
 	byCgroup := map[string]*Scope{}
-	var members map[int]*Scope
 	for _, s := range scopes {
 		s.mu.Lock()
 		byMarker[s.marker] = s
@@ -138,16 +331,6 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 		if s.cg != nil {
 			byCgroup[s.cg.rel] = s
 		}
-		// cgroup.procs is read only while a scope closes: its members are
-		// found by the other means meanwhile, and the read is not free.
-		if s.phase > 0 {
-			for pid := range s.cg.members() {
-				if members == nil {
-					members = map[int]*Scope{}
-				}
-				members[pid] = s
-			}
-		}
 		s.mu.Unlock()
 	}
 	self := c.plat.selfPid()
@@ -155,6 +338,8 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 	selfStart := uint64(0)
 	if i, ok := t.byPid[self]; ok {
 		selfStart = t.byStart[i].start
+	} else {
+		selfStart = c.plat.startTime(self)
 	}
 
 	// The host's inherited children are decided under hostChildren.mu, so
@@ -167,23 +352,26 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 		if p.pid == self || byIdent[ident{p.pid, p.start}] != nil {
 			continue
 		}
-		if p.state == 'Z' && p.ppid != self {
+		if p.dead() && p.ppid != self {
 			continue // dead, and its own parent reaps it
 		}
 		pending = append(pending, i)
 	}
+	var adopted []adoption
 	for changed := true; changed; {
 		changed = false
 		rest := pending[:0]
 		for _, i := range pending {
 			p := t.byStart[i]
-			s, found := c.belongs(t, p, byIdent, groups, members, byMarker, byCgroup, self, selfStart, hostSid)
+			s, found := c.belongs(t, p, byIdent, groups, byMarker, byCgroup, self, selfStart, hostSid)
 			if s == nil {
 				rest = append(rest, i)
 				continue
 			}
 			id := ident{p.pid, p.start}
-			o := &owned{id: id, cmdline: t.cmdline(p), found: found, lastSeen: t.tick}
+			cmd, cut := boundCmdline(t.cmdline(p))
+			o := &owned{id: id, cmdline: cmd, cut: cut, found: found, lastSeen: t.tick, bornDead: p.dead()}
+			a := adoption{s: s, o: o, walk: t.members[p.pid] != s}
 			s.mu.Lock()
 			s.procs[id] = o
 			s.live[id] = o
@@ -191,8 +379,17 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 				s.groups[p.pid] = o // newer than any entry it replaces
 				groups[p.pid] = groupRef{s, o}
 			}
+			if !o.bornDead {
+				switch {
+				case s.phase == 2:
+					a.sig = sigTerm
+				case s.phase == 3:
+					a.sig = sigKill
+				}
+			}
 			s.mu.Unlock()
 			byIdent[id] = s
+			adopted = append(adopted, a)
 			changed = true
 		}
 		pending = rest
@@ -202,14 +399,15 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) {
 	// reaped all the same: nobody else will.
 	for _, i := range pending {
 		p := t.byStart[i]
-		if p.state == 'Z' && p.ppid == self && !hostChildren.leaders[p.pid] && p.sid != hostSid {
+		if p.dead() && p.ppid == self && !hostChildren.leaders[p.pid] && p.sid != hostSid {
 			c.plat.reap(ident{p.pid, p.start})
 		}
 	}
+	return adopted
 }
 
 // belongs finds the scope p belongs to, and how, or nil.
-func (c *Custodian) belongs(t *procTable, p procInfo, byIdent map[ident]*Scope, groups map[int]groupRef, members map[int]*Scope, byMarker, byCgroup map[string]*Scope, self int, selfStart uint64, hostSid int) (*Scope, Found) {
+func (c *Custodian) belongs(t *procTable, p procInfo, byIdent map[ident]*Scope, groups map[int]groupRef, byMarker, byCgroup map[string]*Scope, self int, selfStart uint64, hostSid int) (*Scope, Found) {
 	for _, gid := range [2]int{p.pgid, p.sid} {
 		if g, ok := groups[gid]; ok && owns(t, g.o, p) {
 			return g.s, FoundGroup
@@ -220,10 +418,10 @@ func (c *Custodian) belongs(t *procTable, p procInfo, byIdent map[ident]*Scope, 
 			return s, FoundParent
 		}
 	}
-	if s := members[p.pid]; s != nil {
+	if s := t.members[p.pid]; s != nil {
 		return s, FoundCgroup
 	}
-	if p.state != 'Z' {
+	if !p.dead() {
 		if s := byMarker[t.marker(p)]; s != nil {
 			return s, FoundMarker
 		}
@@ -257,18 +455,23 @@ func (c *Custodian) belongs(t *procTable, p procInfo, byIdent map[ident]*Scope, 
 
 // refresh marks live processes gone (they stay on the receipt), reaping
 // those that are this host's zombie children. With a table, processes are
-// looked up in it; otherwise (t nil) each is read on its own through
-// lookup, or, without either, only the leader's exit is seen. The scope's
-// group leaders are dropped once no process can be in their group.
-func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now time.Time) {
+// looked up in it (it must hold every live process of the scope that is
+// still there); otherwise (t nil) each is read on its own through lookup,
+// or, without either, only the leader's exit is seen. The scope's group
+// leaders are dropped once no process can be in their group. It reports
+// whether any process went.
+func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	self := s.c.plat.selfPid()
+	went := false
 	for id, o := range s.live {
 		if id == s.leader {
 			select {
 			case <-s.exited:
+				o.status = leaderStatus(s.cmd.ProcessState)
 				s.markGone(o, now, true)
+				went = true
 				continue
 			default:
 			}
@@ -291,12 +494,16 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			// Its exit status is cmd.Wait's; it is gone when that returns.
 		case !ok:
 			s.markGone(o, now, false)
-		case p.state == 'Z' && p.ppid == self:
-			if s.c.plat.reap(id) {
+			went = true
+		case p.dead() && p.ppid == self:
+			if gone, st := s.c.plat.reap(id); gone {
+				o.status = st
 				s.markGone(o, now, true)
+				went = true
 			}
-		case p.state == 'Z':
+		case p.dead():
 			s.markGone(o, now, false) // dead; its parent reaps it (see dead)
+			went = true
 		}
 		if ok && (p.pgid == p.pid || p.sid == p.pid) {
 			if g := s.groups[id.pid]; g == nil || g.id.start < id.start {
@@ -330,8 +537,13 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			delete(s.dead, id) // no tables here to meet it again
 			continue
 		}
-		if !d.o.reaped && p.state == 'Z' && p.ppid == self && s.c.plat.reap(id) {
-			d.o.reaped = true
+		if !d.o.reaped && p.dead() && p.ppid == self {
+			if gone, st := s.c.plat.reap(id); gone {
+				d.o.reaped = true
+				if !d.o.status.known {
+					d.o.status = st
+				}
+			}
 		}
 	}
 	if t != nil {
@@ -344,36 +556,85 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			}
 		}
 	}
+	return went
 }
 
+// markGone records that o went, and how: by the phase Close was in when it
+// went; or, for a process first seen already dead, by its exit status where
+// this host reaped it (it may have ended long before any signal).
 func (s *Scope) markGone(o *owned, at time.Time, reaped bool) {
 	o.gone, o.at, o.reaped = true, at, reaped
 	delete(s.live, o.id)
 	s.dead[o.id] = deadEntry{o, time.Now()}
-	switch s.phase {
-	case 0, 1:
+	switch {
+	case o.bornDead:
+		switch {
+		case o.status.signal == sigTerm && s.phase >= 2:
+			o.ended = EndedTerm
+		case o.status.signal == sigKill && s.phase >= 3:
+			o.ended = EndedKill
+		case o.status.known || s.phase < 2:
+			o.ended = EndedSelf
+		default:
+			o.ended = EndedAlreadyGone // it died unseen, maybe of a signal of ours
+		}
+	case s.phase <= 1:
 		o.ended = EndedSelf
-	case 2:
+	case s.phase == 2:
 		o.ended = EndedTerm
 	default:
 		o.ended = EndedKill
 	}
+	s.forget(o)
 }
 
-// waitAllGone waits until every owned process is gone or d passes; ctx
-// ending is an error. It waits on the exits themselves (pidfds, where the
+// maxKeptExited bounds the processes kept on a scope's receipt that ended
+// on their own while it ran (an agent's session may run many thousands of
+// commands); later ones are only counted. Processes Close ended are kept.
+const maxKeptExited = 256
+
+// forget drops o from the receipt, counting it, once the receipt keeps
+// maxKeptExited processes that ended on their own.
+func (s *Scope) forget(o *owned) {
+	if o.ended != EndedSelf || s.phase > 1 || o.id == s.leader {
+		return
+	}
+	if s.keptExited < maxKeptExited {
+		s.keptExited++
+		return
+	}
+	delete(s.procs, o.id)
+	if s.forgot == nil {
+		s.forgot = map[Ended]int{}
+	}
+	s.forgot[o.ended]++
+}
+
+// waitAllGone waits until every owned process is gone (and a look then
+// finds nothing new) or d passes; ctx ending is an error. It waits on the exits themselves (pidfds, where the
 // platform has them) with a backoff, checks only the scope's own live
-// processes in between, and rescans the whole table at most every
-// closeScanEvery to find processes born meanwhile.
+// processes in between, and looks at the scope at least every
+// closeLookEvery for processes born meanwhile, which are signalled as soon
+// as they are found.
 func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	w := s.c.plat.exitWaiter()
 	defer w.close()
 	backoff := closePollMin
+	confirmed := false
 	for {
 		if s.allGone() {
-			return nil
+			if confirmed {
+				return nil
+			}
+			// One more look before saying so: what it finds (born before
+			// this phase's signal round, say) gets the phase's signal and
+			// is waited for too.
+			s.c.lookAt(s)
+			confirmed = true
+			continue
 		}
+		confirmed = false
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("custody: close: %w", err)
 		}
@@ -387,8 +648,8 @@ func (s *Scope) waitAllGone(ctx context.Context, d time.Duration) error {
 		} else {
 			backoff = min(2*backoff, closePollMax)
 		}
-		if now := time.Now(); now.Sub(time.Unix(0, s.c.lastScan.Load())) >= closeScanEvery {
-			s.c.scan()
+		if now := time.Now(); now.Sub(time.Unix(0, s.lookedAt.Load())) >= closeLookEvery {
+			s.c.lookAt(s)
 		} else if exited || pending {
 			s.refresh(nil, s.c.plat.lookup, now)
 		}

@@ -436,6 +436,19 @@ func (p *stubbornPlatform) signal(id ident, sig sysSignal) bool {
 	return p.platform.signal(id, sig)
 }
 
+func (p *stubbornPlatform) isHidden(pid int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hidden[pid]
+}
+
+func (p *stubbornPlatform) stat(pid int) (procInfo, bool) {
+	if p.isHidden(pid) {
+		return procInfo{}, false
+	}
+	return p.platform.stat(pid)
+}
+
 func (p *stubbornPlatform) table() *procTable {
 	t := p.platform.table()
 	p.mu.Lock()

@@ -5,6 +5,7 @@ package custody
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,6 +33,15 @@ type procInfo struct {
 	pid, ppid, pgid, sid int
 	start                uint64
 	state                byte
+	threads              int // num_threads: live threads of its thread group
+}
+
+// dead says whether the process has exited: a zombie whose threads are all
+// gone. A thread group whose leader (main thread) exited while others run
+// also shows state Z, but runs: it counts as alive, is signalled (by pid,
+// group-directed) and is watched until its pidfd says the group is gone.
+func (p procInfo) dead() bool {
+	return (p.state == 'Z' || p.state == 'X') && p.threads <= 1
 }
 
 // procTable is one read of /proc, oldest process first.
@@ -43,6 +54,48 @@ type procTable struct {
 	tick   uint64
 	at     time.Time        // when the read began
 	groups map[int]struct{} // every pgid and sid in the table, built on demand
+	// members are the pids listed in the scopes' cgroups (and the groups
+	// below them) when the table was read, with their scope.
+	members map[int]*Scope
+	// full: every process of the machine (a read of all of /proc), not
+	// only those a look reached from what the scopes own.
+	full bool
+	// stat reads one process for add (the platform's, through the
+	// platform interface, so a test's platform sees every read).
+	stat func(pid int) (procInfo, bool)
+}
+
+// newTable starts a table read now; add fills it.
+func (p *linuxPlatform) newTable() *procTable {
+	at, tick := time.Now(), bootTicks()
+	return &procTable{plat: p, byPid: map[int]int{}, tick: tick, at: at, stat: readStat}
+}
+
+// add reads pid into the table unless it is there; false if it is gone.
+func (t *procTable) add(pid int) (procInfo, bool) {
+	if i, ok := t.byPid[pid]; ok {
+		return t.byStart[i], true
+	}
+	pi, ok := t.stat(pid)
+	if !ok {
+		return procInfo{}, false
+	}
+	t.byPid[pid] = len(t.byStart)
+	t.byStart = append(t.byStart, pi)
+	t.groups = nil
+	return pi, true
+}
+
+// sortByStart orders the table oldest first (children may share their
+// parent's start tick: assign does not rely on the order).
+func (t *procTable) sortByStart() {
+	sort.Slice(t.byStart, func(i, j int) bool {
+		a, b := t.byStart[i], t.byStart[j]
+		return a.start < b.start || a.start == b.start && a.pid < b.pid
+	})
+	for i, pi := range t.byStart {
+		t.byPid[pi.pid] = i
+	}
 }
 
 // groupInUse says whether some process in the table has pgid or sid gid
@@ -84,12 +137,122 @@ func (t *procTable) lookup(id ident) (procInfo, bool) {
 
 func (t *procTable) marker(p procInfo) string { return t.plat.marker(p) }
 
-func (t *procTable) cmdline(p procInfo) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
-	if err != nil || len(b) == 0 {
+func (t *procTable) cmdline(p procInfo) string { return readCmdline(p) }
+
+// readCmdline is the process's command line, NULs as spaces, "?" if
+// unreadable; at most maxCmdline bytes of it are kept (see boundCmdline).
+func readCmdline(p procInfo) string {
+	b := procFile(p, "cmdline")
+	if len(b) == 0 {
 		return "?"
 	}
+	if len(b) > 4*maxCmdline {
+		b = b[:4*maxCmdline] // bounded later; no need to copy the rest
+	}
 	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+}
+
+// procFile reads /proc/PID/name. A thread group whose leader exited while
+// other threads run reads empty there (the leader's memory is gone), so
+// for such a process (state Z) the first other thread's copy is read.
+func procFile(p procInfo, name string) []byte {
+	base := "/proc/" + strconv.Itoa(p.pid)
+	b, err := os.ReadFile(base + "/" + name)
+	if (err == nil && len(b) > 0) || p.state != 'Z' {
+		return b
+	}
+	for _, tid := range taskIDs(p.pid) {
+		if tid == p.pid {
+			continue
+		}
+		if b, err := os.ReadFile(base + "/task/" + strconv.Itoa(tid) + "/" + name); err == nil && len(b) > 0 {
+			return b
+		}
+	}
+	return nil
+}
+
+// taskIDs lists the thread ids of pid (nil if it is gone).
+func taskIDs(pid int) []int {
+	return listPids("/proc/" + strconv.Itoa(pid) + "/task")
+}
+
+// listPids reads the numeric names in dir.
+func listPids(dir string) []int {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	out := make([]int, 0, len(names))
+	for _, n := range names {
+		if id, err := strconv.Atoi(n); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// children lists the children of every thread of pid: a child's parent is
+// the thread that forked it (or the one an orphan was reparented to), and
+// each thread's children file lists its own. It appends to out.
+func (p *linuxPlatform) children(pid int, out []int) []int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	var buf [512]byte
+	for _, tid := range taskIDs(pid) {
+		b := readSmall(dir+strconv.Itoa(tid)+"/children", buf[:0])
+		out = appendPids(out, b)
+	}
+	return out
+}
+
+// hostChildren lists the children of every thread of the host.
+func (p *linuxPlatform) hostChildren(out []int) []int { return p.children(p.self, out) }
+
+// appendPids appends the numbers in b (separated by spaces or newlines).
+func appendPids(out []int, b []byte) []int {
+	n, in := 0, false
+	for _, c := range b {
+		if c >= '0' && c <= '9' {
+			n, in = n*10+int(c-'0'), true
+			continue
+		}
+		if in {
+			out = append(out, n)
+		}
+		n, in = 0, false
+	}
+	if in {
+		out = append(out, n)
+	}
+	return out
+}
+
+// readSmall reads a whole (small, generated) file into buf, growing it
+// as needed; nil if unreadable.
+func readSmall(path string, buf []byte) []byte {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		if err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return buf
+		}
+		if n <= 0 {
+			return buf
+		}
+		buf = buf[:len(buf)+n]
+	}
 }
 
 type linuxPlatform struct {
@@ -148,9 +311,13 @@ func (p *linuxPlatform) lookup(id ident) (procInfo, bool) {
 	return pi, ok && pi.start == id.start
 }
 
+func (p *linuxPlatform) stat(pid int) (procInfo, bool) { return readStat(pid) }
+
 // cgroupOf reads the cgroup v2 path of pid; a zombie still names the
 // cgroup it died in.
-func (p *linuxPlatform) cgroupOf(pid int) string {
+func (p *linuxPlatform) cgroupOf(pid int) string { return cgroupOfPid(pid) }
+
+func cgroupOfPid(pid int) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		return ""
@@ -207,8 +374,8 @@ func readStatAt(dirfd int, dir string, pid int, buf []byte) (procInfo, bool) {
 	return parseStat(pid, buf[:n])
 }
 
-// parseStat reads fields 3 (state), 4 (ppid), 5 (pgrp), 6 (session) and
-// 22 (start time) of a stat line. The command name (field 2) may hold
+// parseStat reads fields 3 (state), 4 (ppid), 5 (pgrp), 6 (session), 20
+// (num_threads) and 22 (start time) of a stat line. The command name (field 2) may hold
 // spaces and parentheses, so fields are counted from the last ')'.
 func parseStat(pid int, b []byte) (procInfo, bool) {
 	i := bytes.LastIndexByte(b, ')')
@@ -238,6 +405,8 @@ func parseStat(pid int, b []byte) (procInfo, bool) {
 			pi.pgid = int(num)
 		case 6:
 			pi.sid = int(num)
+		case 20:
+			pi.threads = int(num)
 		case 22:
 			pi.start = num
 			return pi, true
@@ -253,8 +422,12 @@ func (p *linuxPlatform) startTime(pid int) uint64 {
 	return pi.start
 }
 
+// table reads every process of the machine: the cost grows with the
+// machine, so only reap, a host without the subreaper flag, and a rare
+// safety-net scan use it (see look).
 func (p *linuxPlatform) table() *procTable {
-	at, tick := time.Now(), bootTicks()
+	t := p.newTable()
+	t.full = true
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
@@ -262,7 +435,7 @@ func (p *linuxPlatform) table() *procTable {
 	defer d.Close()
 	names, _ := d.Readdirnames(-1)
 	dirfd := int(d.Fd())
-	t := &procTable{plat: p, byStart: make([]procInfo, 0, len(names)), tick: tick, at: at}
+	t.byStart = make([]procInfo, 0, len(names))
 	live := make(map[ident]struct{}, len(names))
 	var buf [512]byte
 	for _, n := range names {
@@ -275,14 +448,7 @@ func (p *linuxPlatform) table() *procTable {
 			live[ident{pi.pid, pi.start}] = struct{}{}
 		}
 	}
-	sort.Slice(t.byStart, func(i, j int) bool {
-		a, b := t.byStart[i], t.byStart[j]
-		return a.start < b.start || a.start == b.start && a.pid < b.pid
-	})
-	t.byPid = make(map[int]int, len(t.byStart))
-	for i, pi := range t.byStart {
-		t.byPid[pi.pid] = i
-	}
+	t.sortByStart()
 	p.mu.Lock()
 	for id := range p.markers {
 		if _, ok := live[id]; !ok {
@@ -292,6 +458,10 @@ func (p *linuxPlatform) table() *procTable {
 	p.mu.Unlock()
 	return t
 }
+
+// maxMarkers bounds the marker cache between two full tables (which prune
+// it to the processes alive); past it, the cache starts over.
+const maxMarkers = 1 << 14
 
 // marker returns the process's MarkerEnv value ("" if none or unreadable),
 // reading each process's environment once.
@@ -303,8 +473,11 @@ func (p *linuxPlatform) marker(pi procInfo) string {
 	if ok {
 		return m
 	}
-	m = readMarker(pi.pid)
+	m = markerIn(procFile(pi, "environ"))
 	p.mu.Lock()
+	if len(p.markers) >= maxMarkers {
+		clear(p.markers)
+	}
 	p.markers[id] = m
 	p.mu.Unlock()
 	return m
@@ -315,6 +488,11 @@ func readMarker(pid int) string {
 	if err != nil {
 		return ""
 	}
+	return markerIn(b)
+}
+
+// markerIn finds MarkerEnv's value in an environ block.
+func markerIn(b []byte) string {
 	prefix := []byte(MarkerEnv + "=")
 	for _, kv := range bytes.Split(b, []byte{0}) {
 		if bytes.HasPrefix(kv, prefix) {
@@ -324,38 +502,68 @@ func readMarker(pid int) string {
 	return ""
 }
 
-// state reads a process's liveness by identity. A zombie is not alive.
+// state reads a process's liveness by identity. A zombie is not alive; a
+// thread group whose leader exited while other threads run is.
 func (p *linuxPlatform) state(id ident) (alive, zombie bool, ppid int) {
 	pi, ok := readStat(id.pid)
 	if !ok || pi.start != id.start {
 		return false, false, 0
 	}
-	if pi.state == 'Z' {
+	if pi.dead() {
 		return false, true, pi.ppid
 	}
 	return true, false, pi.ppid
 }
 
+// Codes of a SIGCHLD siginfo (si_code).
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
 // reap collects one zombie child by identity, never with -1: through a
 // pidfd opened before its start time is checked, so neither a child that
 // exec.Cmd waits for nor a process that took the pid loses its exit
-// status. It reports whether the process is gone (collected, or already).
-func (p *linuxPlatform) reap(id ident) bool {
+// status. It reports whether the process is gone (collected, or already),
+// and, when collected here, how it ended.
+func (p *linuxPlatform) reap(id ident) (bool, exitStatus) {
 	fd, err := unix.PidfdOpen(id.pid, 0)
 	if err != nil {
-		return true // no such process
+		return true, exitStatus{} // no such process
 	}
 	defer unix.Close(fd)
 	if pi, ok := readStat(id.pid); !ok || pi.start != id.start {
-		return true // the pid names another process now
+		return true, exitStatus{} // the pid names another process now
 	}
 	var info unix.Siginfo
 	err = unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOHANG, nil)
 	if errors.Is(err, unix.ECHILD) {
-		return true // collected by another waiter
+		return true, exitStatus{} // collected by another waiter
 	}
 	// With WNOHANG and nothing to collect, Linux returns a zeroed siginfo.
-	return err == nil && info.Signo == int32(unix.SIGCHLD)
+	if err != nil || info.Signo != int32(unix.SIGCHLD) {
+		return false, exitStatus{}
+	}
+	return true, childStatus(&info)
+}
+
+// childStatus reads si_status of a SIGCHLD siginfo. x/sys leaves the union
+// opaque: it starts after three int32s, aligned to a pointer, and its
+// SIGCHLD member is {si_pid int32, si_uid uint32, si_status int32, ...}.
+func childStatus(info *unix.Siginfo) exitStatus {
+	off := uintptr(12)
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		off = 16
+	}
+	status := *(*int32)(unsafe.Add(unsafe.Pointer(info), off+8))
+	switch info.Code {
+	case cldExited:
+		return exitStatus{known: true, code: int(status)}
+	case cldKilled, cldDumped:
+		return exitStatus{known: true, signal: sysSignal(status)}
+	}
+	return exitStatus{}
 }
 
 // signal sends sig to id through a pidfd opened before the identity check,
@@ -375,6 +583,31 @@ func (p *linuxPlatform) signal(id ident, sig unix.Signal) (reused bool) {
 	}
 	_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 	return false
+}
+
+// signalName is "TERM" for SIGTERM.
+func signalName(sig sysSignal) string {
+	if n := unix.SignalName(sig); n != "" {
+		return strings.TrimPrefix(n, "SIG")
+	}
+	return strconv.Itoa(int(sig))
+}
+
+// leaderStatus is how the leader ended, from its exec.Cmd's state.
+func leaderStatus(ps *os.ProcessState) exitStatus {
+	if ps == nil {
+		return exitStatus{}
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case !ok:
+		return exitStatus{}
+	case ws.Signaled():
+		return exitStatus{known: true, signal: ws.Signal()}
+	case ws.Exited():
+		return exitStatus{known: true, code: ws.ExitStatus()}
+	}
+	return exitStatus{}
 }
 
 func (p *linuxPlatform) signalGroup(leader ident, sig unix.Signal) {
@@ -497,40 +730,162 @@ func (cg *cgroup) started() {
 	}
 }
 
-// members lists the pids in the group (nil without one).
+// maxCgroupDirs bounds every walk of a cgroup hierarchy.
+const maxCgroupDirs = 100000
+
+// walk calls f for every cgroup directory in the group's subtree, children
+// before their parent (the order they can be removed in). A directory's
+// link count is 2 plus its subdirectories (kernfs), so a group without
+// children costs one stat, not a directory read.
+func (cg *cgroup) walk(f func(dir string)) {
+	n := 0
+	var rec func(dir string)
+	rec = func(dir string) {
+		if n++; n > maxCgroupDirs {
+			return
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			return
+		}
+		if st.Nlink > 2 {
+			if ents, err := os.ReadDir(dir); err == nil {
+				for _, e := range ents {
+					if e.IsDir() {
+						rec(filepath.Join(dir, e.Name()))
+					}
+				}
+			}
+		}
+		f(dir)
+	}
+	rec(cg.dir)
+}
+
+// members lists the pids in the group and in every group below it (nil
+// without one). A thread group whose leader exited while other threads run
+// is listed under the leader's pid.
 func (cg *cgroup) members() map[int]bool {
 	if cg == nil {
 		return nil
 	}
-	b, err := os.ReadFile(filepath.Join(cg.dir, "cgroup.procs"))
-	if err != nil {
-		return nil
-	}
 	m := map[int]bool{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if pid, err := strconv.Atoi(l); err == nil {
+	var buf [512]byte
+	var pids []int
+	cg.walk(func(dir string) {
+		pids = appendPids(pids[:0], readSmall(filepath.Join(dir, "cgroup.procs"), buf[:0]))
+		for _, pid := range pids {
 			m[pid] = true
 		}
-	}
+	})
 	return m
 }
 
-func (cg *cgroup) kill() {
-	if cg != nil {
-		_ = os.WriteFile(filepath.Join(cg.dir, "cgroup.kill"), []byte("1"), 0)
+// memberList names the group's members, for an error.
+func (cg *cgroup) memberList() string {
+	var parts []string
+	for pid := range cg.members() {
+		parts = append(parts, fmt.Sprintf("pid %d (%s)", pid, trimCmd(readCmdline(procInfo{pid: pid}))))
+	}
+	if len(parts) == 0 {
+		return "processes that are not listed (on their way out)"
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// populated says whether any process is in the group or below it, from
+// cgroup.events (recursive, unlike cgroup.procs). A group that is gone is
+// not populated.
+func (cg *cgroup) populated() bool {
+	if cg == nil {
+		return false
+	}
+	var buf [256]byte
+	return eventsPopulated(readSmall(filepath.Join(cg.dir, "cgroup.events"), buf[:0]))
+}
+
+func eventsPopulated(b []byte) bool {
+	for _, l := range bytes.Split(b, []byte{'\n'}) {
+		if v, ok := bytes.CutPrefix(l, []byte("populated ")); ok {
+			return string(v) != "0"
+		}
+	}
+	return false
+}
+
+// waitEmpty waits up to d for the group to hold no process, woken by
+// cgroup.events (a change raises POLLPRI on it), and reports whether it is
+// empty.
+func (cg *cgroup) waitEmpty(ctx context.Context, d time.Duration) bool {
+	if cg == nil {
+		return true
+	}
+	fd, err := unix.Open(filepath.Join(cg.dir, "cgroup.events"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true // the group is gone
+	}
+	defer unix.Close(fd)
+	deadline := time.Now().Add(d)
+	var buf [256]byte
+	for {
+		n, err := unix.Pread(fd, buf[:], 0) // a read also rearms the poll
+		if err != nil || n <= 0 || !eventsPopulated(buf[:n]) {
+			return true // empty, or removed (its files then fail)
+		}
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			return false
+		}
+		// Woken at least every 50 ms for ctx.
+		wait := min(left, 50*time.Millisecond)
+		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}}, max(int(wait/time.Millisecond), 1))
 	}
 }
 
-// remove removes the group's directory, which only an empty group allows.
+// kill ends every process in the group and below it: cgroup.kill, and a
+// group-directed SIGKILL to each member by pid, because cgroup.kill sends
+// its SIGKILL to the leader thread only, which a thread group whose leader
+// already exited never takes. A pid is signalled through a pidfd opened
+// before it is checked to be in the subtree still, so a reused pid is
+// never hit.
+func (cg *cgroup) kill() {
+	if cg == nil {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(cg.dir, "cgroup.kill"), []byte("1"), 0)
+	for pid := range cg.members() {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		if cg.holds(pid) {
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		}
+		unix.Close(fd)
+	}
+}
+
+// holds says whether pid is in the group or below it.
+func (cg *cgroup) holds(pid int) bool {
+	rel := cgroupOfPid(pid)
+	return cg.rel != "" && (rel == cg.rel || strings.HasPrefix(rel, cg.rel+"/"))
+}
+
+// remove removes the group's directory, and every group below it first,
+// which only an empty group allows.
 func (cg *cgroup) remove() error {
 	if cg == nil {
 		return nil
 	}
 	cg.started()
-	if err := os.Remove(cg.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
+	var err error
+	cg.walk(func(dir string) {
+		if e := os.Remove(dir); e != nil && !errors.Is(e, os.ErrNotExist) && err == nil {
+			err = e
+		}
+	})
+	return err
 }
 
 func (p *linuxPlatform) exitWaiter() exitWaiter {

@@ -3,9 +3,11 @@
 package custody
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"time"
 )
 
@@ -19,12 +21,20 @@ type procInfo struct {
 	state                byte
 }
 
+func (procInfo) dead() bool { return false }
+
 type procTable struct {
 	byStart []procInfo
 	byPid   map[int]int
 	tick    uint64
 	at      time.Time
+	members map[int]*Scope
+	full    bool
+	stat    func(int) (procInfo, bool)
 }
+
+func (t *procTable) add(int) (procInfo, bool) { return procInfo{}, false }
+func (t *procTable) sortByStart()             {}
 
 func (t *procTable) lookup(ident) (procInfo, bool) { return procInfo{}, false }
 func (t *procTable) groupInUse(int) bool           { return true }
@@ -34,10 +44,13 @@ func (t *procTable) cmdline(procInfo) string { return "?" }
 
 type cgroup struct{ rel string }
 
-func (*cgroup) members() map[int]bool { return nil }
-func (*cgroup) kill()                 {}
-func (*cgroup) remove() error         { return nil }
-func (*cgroup) started()              {}
+func (*cgroup) members() map[int]bool                         { return nil }
+func (*cgroup) kill()                                         {}
+func (*cgroup) remove() error                                 { return nil }
+func (*cgroup) started()                                      {}
+func (*cgroup) populated() bool                               { return false }
+func (*cgroup) waitEmpty(context.Context, time.Duration) bool { return true }
+func (*cgroup) memberList() string                            { return "" }
 
 type otherPlatform struct{ self int }
 
@@ -49,12 +62,16 @@ func (p *otherPlatform) containment(bool) Containment        { return ContainGro
 func (p *otherPlatform) prepare(cmd *exec.Cmd)               { prepareGroup(cmd) }
 func (p *otherPlatform) startTime(int) uint64                { return 0 }
 func (p *otherPlatform) table() *procTable                   { return nil }
+func (p *otherPlatform) newTable() *procTable                { return nil }
+func (p *otherPlatform) stat(int) (procInfo, bool)           { return procInfo{}, false }
+func (p *otherPlatform) children(_ int, out []int) []int     { return out }
+func (p *otherPlatform) hostChildren(out []int) []int        { return out }
 func (p *otherPlatform) hostSession() int                    { return 0 }
 func (p *otherPlatform) ticks() uint64                       { return 0 }
 func (p *otherPlatform) lookup(ident) (procInfo, bool)       { return procInfo{}, false }
 func (p *otherPlatform) cgroupOf(int) string                 { return "" }
 func (p *otherPlatform) exitWaiter() exitWaiter              { return sleepWaiter{} }
-func (p *otherPlatform) reap(ident) bool                     { return false }
+func (p *otherPlatform) reap(ident) (bool, exitStatus)       { return false, exitStatus{} }
 func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
@@ -75,3 +92,15 @@ func (sleepWaiter) wait(_ []ident, d time.Duration) (exited, pending bool) {
 	return false, true
 }
 func (sleepWaiter) close() {}
+
+// signalName names a signal by its number here.
+func signalName(sig sysSignal) string { return strconv.Itoa(int(sig)) }
+
+// leaderStatus is how the leader ended: its exit code (a signal is not
+// told apart here).
+func leaderStatus(ps *os.ProcessState) exitStatus {
+	if ps == nil || ps.ExitCode() < 0 {
+		return exitStatus{}
+	}
+	return exitStatus{known: true, code: ps.ExitCode()}
+}

@@ -32,15 +32,17 @@ func FindOrphans() ([]Orphan, error) {
 	}
 	v := &hostCheck{p: p, t: t}
 	uid := os.Getuid()
-	inDir := map[int]string{} // pid -> the dead host's cgroup it is in
+	inDir := map[int]string{} // pid -> the dead host's cgroup it is in (or below)
 	for _, dir := range v.deadCgroups(uid) {
-		for pid := range (&cgroup{dir: dir}).members() {
+		for pid := range cgroupAt(dir).members() {
 			inDir[pid] = dir
 		}
 	}
 	var out []Orphan
 	for _, pi := range t.byStart {
-		if pi.pid == p.self || pi.state == 'Z' {
+		// A process whose main thread exited while others run shows as a
+		// zombie, but runs: it is listed.
+		if pi.pid == p.self || pi.dead() {
 			continue
 		}
 		dir := inDir[pi.pid]
@@ -59,7 +61,8 @@ func FindOrphans() ([]Orphan, error) {
 		default:
 			continue
 		}
-		out = append(out, Orphan{PID: pi.pid, Cmdline: t.cmdline(pi), Marker: m, Host: hm.pid, Cgroup: dir, start: pi.start})
+		cmdline, _ := boundCmdline(t.cmdline(pi))
+		out = append(out, Orphan{PID: pi.pid, Cmdline: cmdline, Marker: m, Host: hm.pid, Cgroup: dir, start: pi.start})
 	}
 	return out, nil
 }
@@ -126,7 +129,7 @@ func (v *hostCheck) dead(m hostMarker, carrier int) bool {
 // runs says whether the host (pid counted in our namespace) is alive.
 func (v *hostCheck) runs(m hostMarker) bool {
 	hs, ok := readStat(m.pid)
-	return ok && hs.start == m.start && hs.state != 'Z'
+	return ok && hs.start == m.start && !hs.dead()
 }
 
 // namespace lists the pids (as counted inside it) of the processes in pid
@@ -171,9 +174,6 @@ func innermostPid(pid int) int {
 	return 0
 }
 
-// maxCgroupDirs bounds the walk of the cgroup hierarchy.
-const maxCgroupDirs = 100000
-
 // deadCgroups lists the scope cgroup directories, owned by uid, whose
 // host is proven gone.
 func (v *hostCheck) deadCgroups(uid int) []string {
@@ -195,7 +195,9 @@ func (v *hostCheck) deadCgroups(uid int) []string {
 			return nil
 		}
 		// A scope's directory is named after its marker (the probe's and
-		// those of earlier versions are not, and are left alone).
+		// those of earlier versions are not, and are left alone). What is
+		// below it (groups its processes made, a nested agenthost's) is
+		// its own: its members and removal cover them.
 		if hm, ok := parseMarker(name); ok && hm.ns != 0 && dirOwnedBy(path, uid) && v.dead(hm, 0) {
 			out = append(out, path)
 		}
@@ -231,17 +233,23 @@ func ownedByUID(pid, uid int) bool {
 }
 
 // KillOrphans ends the listed orphans: SIGTERM, up to grace for them to
-// exit, then SIGKILL, each signal after re-checking the process's identity.
-// Then the cgroup directories of dead hosts are removed (killing what is
-// left in those the orphans were found in). It returns the pids not
-// confirmed gone within ctx.
+// exit, then SIGKILL, each signal after re-checking the process's identity
+// (and through a pidfd, so it reaches a thread group whose main thread
+// exited). Then the cgroup directories of dead hosts are removed, with the
+// groups below them (killing what is left in those the orphans were found
+// in). It returns the pids not confirmed gone within ctx.
 func KillOrphans(ctx context.Context, orphans []Orphan, grace time.Duration) ([]int, error) {
 	p := newLinuxPlatform()
 	alive := func() []Orphan {
 		var left []Orphan
 		for _, o := range orphans {
-			if a, z, ppid := p.state(ident{o.PID, o.start}); a || (z && ppid == p.self && !p.reap(ident{o.PID, o.start})) {
+			a, z, ppid := p.state(ident{o.PID, o.start})
+			if a {
 				left = append(left, o)
+			} else if z && ppid == p.self {
+				if gone, _ := p.reap(ident{o.PID, o.start}); !gone {
+					left = append(left, o)
+				}
 			}
 		}
 		return left
@@ -268,8 +276,20 @@ func KillOrphans(ctx context.Context, orphans []Orphan, grace time.Duration) ([]
 	return nil, nil
 }
 
-// removeDeadCgroups removes the cgroup directories of dead hosts: those the
-// orphans were found in are emptied with cgroup.kill first (a dead host's
+// cgroupAt is the cgroup at dir (a directory of the cgroup2 mount).
+func cgroupAt(dir string) *cgroup {
+	rel := "/"
+	if m := cgroup2Mount(); m != "" {
+		if r, err := filepath.Rel(m, dir); err == nil && r != "." {
+			rel = "/" + r
+		}
+	}
+	return &cgroup{dir: dir, rel: rel, fd: -1}
+}
+
+// removeDeadCgroups removes the cgroup directories of dead hosts, each
+// with the groups below it: those the orphans were found in are emptied
+// first (cgroup.kill and a SIGKILL to each member by pid: a dead host's
 // group holds only its orphans); the others are removed if empty.
 func removeDeadCgroups(ctx context.Context, p *linuxPlatform, orphans []Orphan, grace time.Duration) error {
 	t := p.table()
@@ -285,22 +305,23 @@ func removeDeadCgroups(ctx context.Context, p *linuxPlatform, orphans []Orphan, 
 	v := &hostCheck{p: p, t: t}
 	var errs []error
 	for _, dir := range v.deadCgroups(os.Getuid()) {
-		cg := &cgroup{dir: dir, fd: -1}
+		cg := cgroupAt(dir)
 		if !kill[dir] {
-			_ = cg.remove() // an empty leftover; a busy one is not ours to end
+			if !cg.populated() {
+				_ = cg.remove() // an empty leftover; a busy one is not ours to end
+			}
 			continue
 		}
 		cg.kill()
-		// The group stays busy until its last zombie is reaped, by us or by
-		// whoever inherited it (init may take a second): retry within grace.
-		deadline := time.Now().Add(grace)
-		err := cg.remove()
-		for err != nil && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond) // cgroup.events would tell; a bounded poll is enough here
-			reapZombieMembers(p, cg)
-			err = cg.remove()
+		// The group empties once its members have exited (zombies do not
+		// count); those a subreaper host inherited are reaped here.
+		reapZombieMembers(p, cg)
+		if !cg.waitEmpty(ctx, grace) {
+			errs = append(errs, fmt.Errorf("custody: %s still holds %s", dir, cg.memberList()))
+			continue
 		}
-		if err != nil {
+		reapZombieMembers(p, cg)
+		if err := cg.remove(); err != nil {
 			errs = append(errs, fmt.Errorf("custody: removing %s: %w", dir, err))
 		}
 	}
@@ -324,7 +345,7 @@ func pids(os []Orphan) []int {
 // an exec.Cmd child of ours: they belong to the dead host's group.
 func reapZombieMembers(p *linuxPlatform, cg *cgroup) {
 	for pid := range cg.members() {
-		if pi, ok := readStat(pid); ok && pi.state == 'Z' && pi.ppid == p.self {
+		if pi, ok := readStat(pid); ok && pi.dead() && pi.ppid == p.self {
 			p.reap(ident{pid, pi.start})
 		}
 	}

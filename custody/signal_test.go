@@ -47,8 +47,14 @@ func TestScope_SignalEachProcessOnce(t *testing.T) {
 		}
 		return false
 	}
+	// The second has its own session once setsid ran (it may be seen
+	// before, still in the group).
+	ownSession := func(pid int) bool {
+		pi, ok := readStat(pid)
+		return ok && pi.sid == pid
+	}
 	deadline := time.Now().Add(20 * time.Second)
-	for !owned(pids[0]) || !owned(pids[1]) {
+	for !owned(pids[0]) || !owned(pids[1]) || !ownSession(pids[1]) {
 		if time.Now().After(deadline) {
 			t.Fatal("the children were never found")
 		}
