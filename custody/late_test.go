@@ -207,3 +207,71 @@ func TestScope_LateZombieEndedOnItsOwn(t *testing.T) {
 		}
 	})
 }
+
+// Issue 23 item 3, portable containment: while Close waits for a killed
+// process that is slow to go (exiting, or in uninterruptible sleep), a look
+// finds a child born right before the KILL round, which ignores SIGTERM. It
+// was adopted and never signalled: Close waited out Confirm and gave up on
+// it, with no receipt. It is killed as soon as it is found.
+func TestScope_LateChildKilledWhileCloseWaits(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "spawner.sh")
+	if err := os.WriteFile(script, []byte(spawnerScript), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := newCustodian(t, Options{NoCgroup: true, Grace: 100 * time.Millisecond, TermGrace: 300 * time.Millisecond, Confirm: 3 * time.Second})
+	stub := &stubbornPlatform{platform: c.plat, spare: map[int]bool{}}
+	c.plat = stub
+	cmd := exec.Command("/bin/sh", "-c", `setsid /bin/sleep 3089 & echo $!; /bin/sh "$0" & exec cat`, script)
+	cmd.Env = append(os.Environ(), "LATE=exec /bin/sleep 3075", "IGNTERM=1")
+	s, err := c.Start(ctxFor(t, 10*time.Second), cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := bufio.NewReader(s.Stdout())
+	slow := readPid(t, out)
+	defer killIfAlive(slow)
+	stub.mu.Lock()
+	stub.spare[slow] = true // its signals do not end it (the test does, below)
+	stub.mu.Unlock()
+	spawner := readPid(t, out)
+	late := 0
+	defer func() {
+		if late != 0 {
+			killIfAlive(late)
+		}
+	}()
+	done := make(chan struct{})
+	defer func() { <-done }()
+	testHookBeforeSignal = func(hs *Scope, phase int) {
+		if hs != s || phase != 3 {
+			return
+		}
+		if err := syscall.Kill(spawner, syscall.SIGUSR1); err != nil {
+			t.Error(err)
+		}
+		late = readPid(t, out)
+		// The slow one goes once a look has found the late child.
+		go func() {
+			defer close(done)
+			for deadline := time.Now().Add(20 * time.Second); !ownsPid(s, late) && alive(late) && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond) // polling the scope: nothing to wait on
+			}
+			syscall.Kill(slow, syscall.SIGKILL)
+		}()
+	}
+	defer func() { testHookBeforeSignal = nil }()
+	r, err := s.Close(ctxFor(t, 20*time.Second))
+	if late == 0 {
+		close(done)
+		t.Fatal("no late child was born")
+	}
+	if err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	checkGone(t, r, spawner, late, slow)
+	for _, e := range r.Processes {
+		if e.PID == late && e.Ended != EndedKill {
+			t.Errorf("the late child ended %q, want kill:\n%s", e.Ended, r)
+		}
+	}
+}
