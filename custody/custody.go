@@ -108,20 +108,25 @@ func (o *Options) fill() {
 // Custodian starts commands in scopes and tracks them. Create one per host
 // process with New, and Close it last. Safe for concurrent use.
 type Custodian struct {
-	opts   Options
-	log    *slog.Logger
-	owner  string // "<pid namespace>.<pid>.<start>" of this host
-	plat   platform
-	scanMu sync.Mutex // one look at a time
+	opts  Options
+	log   *slog.Logger
+	owner string // "<pid namespace>.<pid>.<start>" of this host
+	plat  platform
+	// selfStart is the host's start time (no orphan it inherits is older).
+	selfStart uint64
+	scanMu    sync.Mutex // one look at a time
 	// lastFull is when the latest full scan read the table (UnixNano).
 	lastFull atomic.Int64
 	mu       sync.Mutex
 	scopes   map[*Scope]struct{} // open: not closed with success yet
 	closed   bool
-	kick     chan struct{}
-	quit     chan struct{}
-	stop     sync.Once
-	loopWG   sync.WaitGroup // the discovery loop
+	// poked are the scopes to look at as soon as the loop can (a leader
+	// started or exited); under mu.
+	poked  map[*Scope]struct{}
+	kick   chan struct{}
+	quit   chan struct{}
+	stop   sync.Once
+	loopWG sync.WaitGroup // the discovery loop
 	// starting counts Starts past the closed check; Close waits for them
 	// so their scopes are closed with the rest. Added to under mu while
 	// !closed only.
@@ -136,6 +141,7 @@ func New(opts Options) (*Custodian, error) {
 		opts:   opts,
 		log:    opts.Logger,
 		scopes: map[*Scope]struct{}{},
+		poked:  map[*Scope]struct{}{},
 		kick:   make(chan struct{}, 1),
 		quit:   make(chan struct{}),
 	}
@@ -145,6 +151,7 @@ func New(opts Options) (*Custodian, error) {
 	}
 	c.plat = plat
 	c.owner = plat.ownerID()
+	c.selfStart = plat.startTime(plat.selfPid())
 	c.lastFull.Store(time.Now().UnixNano()) // nothing to find yet
 	c.loopWG.Add(1)
 	go c.discoverLoop()
@@ -690,9 +697,9 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 		s.exitErr = err
 		s.exitedAt = time.Now()
 		close(s.exited)
-		c.poke()
+		c.poke(s)
 	}()
-	c.poke()
+	c.poke(s)
 	return s, nil
 }
 
@@ -1018,9 +1025,10 @@ type platform interface {
 	newTable() *procTable
 	// stat reads one process (false: gone, or no /proc).
 	stat(pid int) (procInfo, bool)
-	// children appends the children of every thread of pid to out.
-	children(pid int, out []int) []int
-	// hostChildren appends the host's own children to out.
+	// children appends the children of every thread of a process to out.
+	children(p procInfo, out []int) []int
+	// hostChildren appends the orphans the host inherited (and the
+	// children of its main thread) to out.
 	hostChildren(out []int) []int
 	// lookup reads one process by identity (false: gone, or no /proc).
 	lookup(id ident) (procInfo, bool)

@@ -31,18 +31,26 @@ const (
 	closeLookEvery = 100 * time.Millisecond
 )
 
-// The discovery loop looks every ScanInterval, and backs off to
-// idleBackoff times that while its looks find nothing new and nothing
-// gone. Every fullScanEvery it reads the whole process table instead, a
+// The discovery loop looks at every open scope every ScanInterval, and
+// backs off to idleBackoff times that while its looks find nothing new
+// and nothing gone; and it spends at most about 1/dutyFactor of a core on
+// it: with many scopes open, a look takes long, and the next waits longer.
+// A scope whose leader started or exited is looked at on its own at once.
+// Every fullScanEvery the loop reads the whole process table instead, a
 // safety net for what the scopes' own processes cannot lead to (a process
 // that took the marker from elsewhere); a host without the subreaper flag
 // reads it every time, since orphans then leave the host's view.
 const (
 	idleBackoff   = 8
+	dutyFactor    = 50
 	fullScanEvery = 30 * time.Second
 )
 
-func (c *Custodian) poke() {
+// poke has the loop look at s soon.
+func (c *Custodian) poke(s *Scope) {
+	c.mu.Lock()
+	c.poked[s] = struct{}{}
+	c.mu.Unlock()
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -55,23 +63,52 @@ func (c *Custodian) discoverLoop() {
 	interval := c.opts.ScanInterval
 	t := time.NewTimer(interval)
 	defer t.Stop()
+	next := time.Now().Add(interval)
 	for {
-		poked := false
 		select {
 		case <-c.quit:
 			return
 		case <-t.C:
 		case <-c.kick:
-			poked = true
+			if c.lookPoked() {
+				interval = c.opts.ScanInterval
+				next = time.Now().Add(interval)
+			}
+			if time.Now().Before(next) {
+				t.Reset(time.Until(next))
+				continue
+			}
 		}
-		if c.scan() || poked {
+		t0 := time.Now()
+		if c.scan() {
 			interval = c.opts.ScanInterval
 		} else {
 			interval = min(2*interval, idleBackoff*c.opts.ScanInterval)
 		}
 		c.finishFailed()
-		t.Reset(interval)
+		wait := max(interval, dutyFactor*time.Since(t0))
+		next = time.Now().Add(wait)
+		t.Reset(wait)
 	}
+}
+
+// lookPoked looks at the scopes poked since the last time, and reports
+// whether there were any.
+func (c *Custodian) lookPoked() bool {
+	c.mu.Lock()
+	var targets []*Scope
+	for s := range c.poked {
+		if _, open := c.scopes[s]; open {
+			targets = append(targets, s)
+		}
+	}
+	clear(c.poked)
+	c.mu.Unlock()
+	if len(targets) == 0 {
+		return false
+	}
+	c.look(c.openScopes(), targets, c.opts.NoSubreaper, false)
+	return true
 }
 
 func (c *Custodian) openScopes() []*Scope {
@@ -137,8 +174,8 @@ func (c *Custodian) look(all, targets []*Scope, full, deep bool) bool {
 			c.signalAdopted(adopted)
 			n := len(t.byStart)
 			for _, a := range adopted {
-				if a.walk || deep {
-					for _, pid := range c.plat.children(a.o.id.pid, nil) {
+				if pi, ok := t.lookup(a.o.id); ok && (a.walk || deep) {
+					for _, pid := range c.plat.children(pi, nil) {
 						t.add(pid)
 					}
 				}
@@ -178,7 +215,8 @@ func (c *Custodian) gather(all, targets []*Scope, deep bool) *procTable {
 	}
 	t.stat = c.plat.stat
 	t.members = map[int]*Scope{}
-	var walk, ids []ident
+	var walk []procInfo
+	var ids []ident
 	for _, s := range targets {
 		in := s.cg.members()
 		for pid := range in {
@@ -197,7 +235,7 @@ func (c *Custodian) gather(all, targets []*Scope, deep bool) *procTable {
 		for i, id := range ids {
 			pi, ok := t.add(id.pid)
 			if i < nlive && ok && pi.start == id.start && (deep || !in[id.pid]) {
-				walk = append(walk, id)
+				walk = append(walk, pi)
 			}
 		}
 		for pid := range in {
@@ -205,8 +243,8 @@ func (c *Custodian) gather(all, targets []*Scope, deep bool) *procTable {
 		}
 	}
 	var pids []int
-	for _, id := range walk {
-		pids = c.plat.children(id.pid, pids[:0])
+	for _, pi := range walk {
+		pids = c.plat.children(pi, pids[:0])
 		for _, pid := range pids {
 			t.add(pid)
 		}
@@ -308,10 +346,16 @@ func (c *Custodian) signalAdopted(adopted []adoption) {
 // finding a process is checked against identities (pid and start time),
 // never a bare pid. It returns what it took.
 func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
-	byMarker := map[string]*Scope{}
-	byIdent := map[ident]*Scope{} // every live owned process
-	groups := map[int]groupRef{}  // pid of an owned group or session leader
-	byCgroup := map[string]*Scope{}
+	n := 0
+	for _, s := range scopes {
+		s.mu.Lock()
+		n += len(s.live) + len(s.dead)
+		s.mu.Unlock()
+	}
+	byMarker := make(map[string]*Scope, len(scopes))
+	byIdent := make(map[ident]*Scope, n) // every live owned process
+	groups := make(map[int]groupRef, n)  // pid of an owned group or session leader
+	byCgroup := make(map[string]*Scope, len(scopes))
 	for _, s := range scopes {
 		s.mu.Lock()
 		byMarker[s.marker] = s
@@ -335,12 +379,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
 	}
 	self := c.plat.selfPid()
 	hostSid := c.plat.hostSession()
-	selfStart := uint64(0)
-	if i, ok := t.byPid[self]; ok {
-		selfStart = t.byStart[i].start
-	} else {
-		selfStart = c.plat.startTime(self)
-	}
+	selfStart := c.selfStart
 
 	// The host's inherited children are decided under hostChildren.mu, so
 	// a leader being started is never among them.

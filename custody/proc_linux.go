@@ -194,21 +194,35 @@ func listPids(dir string) []int {
 	return out
 }
 
-// children lists the children of every thread of pid: a child's parent is
+// children lists the children of every thread of p: a child's parent is
 // the thread that forked it (or the one an orphan was reparented to), and
-// each thread's children file lists its own. It appends to out.
-func (p *linuxPlatform) children(pid int, out []int) []int {
-	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+// each thread's children file lists its own. A single thread's is read
+// without listing the threads. It appends to out.
+func (p *linuxPlatform) children(pi procInfo, out []int) []int {
+	dir := "/proc/" + strconv.Itoa(pi.pid) + "/task/"
 	var buf [512]byte
-	for _, tid := range taskIDs(pid) {
-		b := readSmall(dir+strconv.Itoa(tid)+"/children", buf[:0])
-		out = appendPids(out, b)
+	if pi.threads == 1 {
+		return appendPids(out, readSmall(dir+strconv.Itoa(pi.pid)+"/children", buf[:0]))
+	}
+	for _, tid := range taskIDs(pi.pid) {
+		out = appendPids(out, readSmall(dir+strconv.Itoa(tid)+"/children", buf[:0]))
 	}
 	return out
 }
 
-// hostChildren lists the children of every thread of the host.
-func (p *linuxPlatform) hostChildren(out []int) []int { return p.children(p.self, out) }
+// hostChildren lists the orphans the host inherited, and the children its
+// main thread started. An orphan is reparented to the subreaper's first
+// live thread, its main thread (which a Go program keeps), so that one
+// thread's children file lists them all, whatever the number of threads
+// (a host has one blocked in wait4 for every leader).
+func (p *linuxPlatform) hostChildren(out []int) []int {
+	var buf [4096]byte
+	b := readSmall("/proc/"+strconv.Itoa(p.self)+"/task/"+strconv.Itoa(p.self)+"/children", buf[:0])
+	if b == nil {
+		return p.children(procInfo{pid: p.self}, out) // no main thread: every thread's
+	}
+	return appendPids(out, b)
+}
 
 // appendPids appends the numbers in b (separated by spaces or newlines).
 func appendPids(out []int, b []byte) []int {
@@ -623,7 +637,14 @@ func (p *linuxPlatform) signalGroup(leader ident, sig unix.Signal) {
 type cgroup struct {
 	dir string // its directory
 	rel string // its path as /proc/PID/cgroup names it
-	fd  int
+	fd  int    // its directory, for starting the leader in it (-1: none)
+
+	// Kept open while the group lives, so a look costs two system calls
+	// (a directory fstat: are there groups below? and a pread of
+	// cgroup.procs), not a walk by path. mu guards their lifetime.
+	mu     sync.RWMutex
+	dirfd  int // -1: read by path
+	procfd int
 }
 
 // probeCgroup finds this process's cgroup v2 directory (and its path as
@@ -706,7 +727,15 @@ func makeCgroup(root, rel, name string) *cgroup {
 		os.Remove(dir)
 		return nil
 	}
-	return &cgroup{dir: dir, rel: filepath.Join(rel, cgroupPrefix+name), fd: fd}
+	cg := &cgroup{dir: dir, rel: filepath.Join(rel, cgroupPrefix+name), fd: fd, dirfd: -1, procfd: -1}
+	if dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+		if pfd, err := unix.Open(filepath.Join(dir, "cgroup.procs"), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			cg.dirfd, cg.procfd = dfd, pfd
+		} else {
+			unix.Close(dfd) // out of descriptors: read by path
+		}
+	}
+	return cg
 }
 
 func (p *linuxPlatform) newCgroup(marker string, cmd *exec.Cmd) *cgroup {
@@ -772,6 +801,9 @@ func (cg *cgroup) members() map[int]bool {
 	m := map[int]bool{}
 	var buf [512]byte
 	var pids []int
+	if cg.membersFast(m, buf[:0]) {
+		return m
+	}
 	cg.walk(func(dir string) {
 		pids = appendPids(pids[:0], readSmall(filepath.Join(dir, "cgroup.procs"), buf[:0]))
 		for _, pid := range pids {
@@ -779,6 +811,53 @@ func (cg *cgroup) members() map[int]bool {
 		}
 	})
 	return m
+}
+
+// membersFast reads the members through the kept descriptors when no group
+// is below (false: read by path).
+func (cg *cgroup) membersFast(m map[int]bool, buf []byte) bool {
+	cg.mu.RLock()
+	defer cg.mu.RUnlock()
+	if cg.dirfd < 0 {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(cg.dirfd, &st); err != nil || st.Nlink > 2 {
+		return false
+	}
+	// A pread from 0 regenerates the list (seq_file); a short read is
+	// all of it.
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := unix.Pread(cg.procfd, buf[len(buf):cap(buf)], int64(len(buf)))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		buf = buf[:len(buf)+n]
+		if n == 0 || len(buf) < cap(buf) {
+			break
+		}
+	}
+	for _, pid := range appendPids(nil, buf) {
+		m[pid] = true
+	}
+	return true
+}
+
+// closeFDs closes the kept descriptors.
+func (cg *cgroup) closeFDs() {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	if cg.dirfd >= 0 {
+		unix.Close(cg.dirfd)
+		unix.Close(cg.procfd)
+		cg.dirfd, cg.procfd = -1, -1
+	}
 }
 
 // memberList names the group's members, for an error.
@@ -885,6 +964,9 @@ func (cg *cgroup) remove() error {
 			err = e
 		}
 	})
+	if err == nil {
+		cg.closeFDs()
+	}
 	return err
 }
 

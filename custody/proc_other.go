@@ -56,23 +56,23 @@ type otherPlatform struct{ self int }
 
 func newPlatform(Options) (platform, error) { return &otherPlatform{self: os.Getpid()}, nil }
 
-func (p *otherPlatform) ownerID() string                     { return fmt.Sprintf("0.%d.0", p.self) }
-func (p *otherPlatform) selfPid() int                        { return p.self }
-func (p *otherPlatform) containment(bool) Containment        { return ContainGroupOnly }
-func (p *otherPlatform) prepare(cmd *exec.Cmd)               { prepareGroup(cmd) }
-func (p *otherPlatform) startTime(int) uint64                { return 0 }
-func (p *otherPlatform) table() *procTable                   { return nil }
-func (p *otherPlatform) newTable() *procTable                { return nil }
-func (p *otherPlatform) stat(int) (procInfo, bool)           { return procInfo{}, false }
-func (p *otherPlatform) children(_ int, out []int) []int     { return out }
-func (p *otherPlatform) hostChildren(out []int) []int        { return out }
-func (p *otherPlatform) hostSession() int                    { return 0 }
-func (p *otherPlatform) ticks() uint64                       { return 0 }
-func (p *otherPlatform) lookup(ident) (procInfo, bool)       { return procInfo{}, false }
-func (p *otherPlatform) cgroupOf(int) string                 { return "" }
-func (p *otherPlatform) exitWaiter() exitWaiter              { return sleepWaiter{} }
-func (p *otherPlatform) reap(ident) (bool, exitStatus)       { return false, exitStatus{} }
-func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup { return nil }
+func (p *otherPlatform) ownerID() string                      { return fmt.Sprintf("0.%d.0", p.self) }
+func (p *otherPlatform) selfPid() int                         { return p.self }
+func (p *otherPlatform) containment(bool) Containment         { return ContainGroupOnly }
+func (p *otherPlatform) prepare(cmd *exec.Cmd)                { prepareGroup(cmd) }
+func (p *otherPlatform) startTime(int) uint64                 { return 0 }
+func (p *otherPlatform) table() *procTable                    { return nil }
+func (p *otherPlatform) newTable() *procTable                 { return nil }
+func (p *otherPlatform) stat(int) (procInfo, bool)            { return procInfo{}, false }
+func (p *otherPlatform) children(_ procInfo, out []int) []int { return out }
+func (p *otherPlatform) hostChildren(out []int) []int         { return out }
+func (p *otherPlatform) hostSession() int                     { return 0 }
+func (p *otherPlatform) ticks() uint64                        { return 0 }
+func (p *otherPlatform) lookup(ident) (procInfo, bool)        { return procInfo{}, false }
+func (p *otherPlatform) cgroupOf(int) string                  { return "" }
+func (p *otherPlatform) exitWaiter() exitWaiter               { return sleepWaiter{} }
+func (p *otherPlatform) reap(ident) (bool, exitStatus)        { return false, exitStatus{} }
+func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup  { return nil }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
 	if pr, err := os.FindProcess(id.pid); err == nil {

@@ -284,7 +284,7 @@ func cgroupAt(dir string) *cgroup {
 			rel = "/" + r
 		}
 	}
-	return &cgroup{dir: dir, rel: rel, fd: -1}
+	return &cgroup{dir: dir, rel: rel, fd: -1, dirfd: -1, procfd: -1}
 }
 
 // removeDeadCgroups removes the cgroup directories of dead hosts, each
