@@ -346,15 +346,10 @@ func (r *Receipt) String() string {
 	var b strings.Builder
 	n := len(r.Processes) + r.More
 	fmt.Fprintf(&b, "custody receipt for scope %s (%s), %d process(es), closed in %v:\n", r.Scope, r.Containment, n, r.Duration.Round(time.Millisecond))
+	// "pid PID FOUND ENDED CMDLINE": callers read these columns; the exit
+	// statuses are in the JSON form.
 	for _, e := range r.Processes {
-		how := string(e.Ended)
-		switch {
-		case e.Signal != "":
-			how += " (" + e.Signal + ")"
-		case e.ExitCode != nil && *e.ExitCode != 0:
-			how += fmt.Sprintf(" (%d)", *e.ExitCode)
-		}
-		fmt.Fprintf(&b, "  pid %-7d %-9s %-18s %s\n", e.PID, e.Found, how, trimCmd(e.Cmdline))
+		fmt.Fprintf(&b, "  pid %-7d %-7s %-13s %s\n", e.PID, e.Found, e.Ended, trimCmd(e.Cmdline))
 	}
 	if r.More > 0 {
 		fmt.Fprintf(&b, "  and %d more: %v\n", r.More, r.MoreEnded)
@@ -878,7 +873,8 @@ func (s *Scope) fail(err error) error {
 	s.mu.Lock()
 	s.failed = true
 	s.mu.Unlock()
-	s.c.log.Warn("custody: close not confirmed; ending what remains in the background", "scope", s.id, "err", err)
+	// No command lines here (they may hold anything); the error has them.
+	s.c.log.Warn("custody: close not confirmed; ending what remains in the background", "scope", s.id, "alive", len(s.liveIdents()))
 	return err
 }
 

@@ -71,8 +71,10 @@ func (c *Custodian) discoverLoop() {
 		case <-t.C:
 		case <-c.kick:
 			if c.lookPoked() {
+				// Something started or ended: the next look at every
+				// scope comes soon, but is never put off by pokes.
 				interval = c.opts.ScanInterval
-				next = time.Now().Add(interval)
+				next = minTime(next, time.Now().Add(interval))
 			}
 			if time.Now().Before(next) {
 				t.Reset(time.Until(next))
@@ -90,6 +92,13 @@ func (c *Custodian) discoverLoop() {
 		next = time.Now().Add(wait)
 		t.Reset(wait)
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // lookPoked looks at the scopes poked since the last time, and reports
