@@ -16,9 +16,10 @@ func newReapCmd() *cobra.Command {
 		Long: `Lists this user's processes whose agenthost is proven gone (after a crash
 or kill -9): those carrying an agenthost custody marker whose agenthost no
 longer runs (checked in the pid namespace the marker names), and those left in
-such an agenthost's cgroup. A dry run by default; --kill ends them (SIGTERM,
-then SIGKILL after a second) and removes the dead agenthosts' cgroup
-directories. Processes without such a marker outside such a cgroup, of other
+such an agenthost's cgroup or a group below it. A dry run by default; --kill
+ends them (SIGTERM, then SIGKILL after a second) and removes the dead
+agenthosts' cgroup directories, the groups below them first. Processes without
+such a marker outside such a cgroup, of other
 users, of a running agenthost, or whose agenthost cannot be checked from here
 (a pid namespace this one cannot see) are never touched. Linux only.`,
 		Args: cobra.NoArgs,
