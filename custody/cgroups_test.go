@@ -99,35 +99,13 @@ func TestScope_ChildCgroup(t *testing.T) {
 func TestReap_ChildCgroupOfDeadHost(t *testing.T) {
 	mount := needCgroup(t)
 	root, _ := probeCgroup()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct{ name, script string }{
 		{"a markerless process in a group below", ownGroup + `mkdir "$G/sub"; env -i /usr/bin/setsid /bin/sh -c 'echo $$ > "$1/sub/cgroup.procs"; exec /bin/sleep 3072' sh "$G" & echo $!; exec cat`},
 		{"an empty group below", ownGroup + `mkdir "$G/sub" && echo 0; exec cat`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			host := exec.Command(exe, "-test.run=^$")
-			host.Env = append(os.Environ(), helperEnv+"=host", "CG2="+mount, "AGENTHOST_CUSTODY_SCRIPT="+tc.script)
-			out, err := host.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := host.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { host.Process.Kill(); host.Wait() }()
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil {
-				t.Fatalf("host: %v", err)
-			}
-			f := strings.Fields(line)
-			if len(f) != 2 {
-				t.Fatalf("host said %q", line)
-			}
-			pid, _ := strconv.Atoi(f[0])
-			scopeID := f[1][strings.LastIndexByte(f[1], '.')+1:]
+			host, pid, marker := startHost(t, "CG2="+mount, "AGENTHOST_CUSTODY_SCRIPT="+tc.script)
+			scopeID := marker[strings.LastIndexByte(marker, '.')+1:]
 			dirs := func() []string {
 				m, _ := filepath.Glob(filepath.Join(root, cgroupPrefix+"*"+scopeID))
 				return m
@@ -141,29 +119,17 @@ func TestReap_ChildCgroupOfDeadHost(t *testing.T) {
 			}
 			host.Process.Kill()
 			host.Wait()
-			var found []Orphan
 			if pid != 0 {
-				for _, o := range mustOrphans(t) {
-					if o.PID == pid {
-						found = append(found, o)
-					}
-				}
-				if len(found) != 1 {
-					t.Fatalf("pid %d in a group below the dead host's scope is not listed as an orphan", pid)
-				}
+				reapOrphan(t, pid, "a process in a group below the dead host's scope")
 			} else {
 				// The leader (cat) ends on its stdin's EOF; then the
 				// scope holds nothing but the empty group below.
 				if !cgroupAt(dirs()[0]).waitEmpty(ctxFor(t, 20*time.Second), 20*time.Second) {
 					t.Fatal("the dead host's leader did not end")
 				}
-			}
-			left, err := KillOrphans(ctxFor(t, 20*time.Second), found, time.Second)
-			if err != nil || len(left) != 0 {
-				t.Fatalf("kill: %v left %v", err, left)
-			}
-			if pid != 0 && alive(pid) {
-				t.Fatal("the orphan still runs")
+				if left, err := KillOrphans(ctxFor(t, 20*time.Second), nil, time.Second); err != nil || len(left) != 0 {
+					t.Fatalf("kill: %v left %v", err, left)
+				}
 			}
 			if d := dirs(); len(d) != 0 {
 				t.Fatalf("the dead host's cgroup directories are left: %v", d)

@@ -464,6 +464,61 @@ func TestReap_AfterHostKilled(t *testing.T) {
 	}
 }
 
+// startHost runs the test binary as a "host" helper (see runHelper), with
+// env added, and returns it with the pid and the marker it printed. The
+// host is killed when the test ends.
+func startHost(t *testing.T, env ...string) (host *exec.Cmd, pid int, marker string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host = exec.Command(exe, "-test.run=^$")
+	host.Env = append(append(os.Environ(), helperEnv+"=host"), env...)
+	out, err := host.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("host: %v", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 {
+		t.Fatalf("host said %q", line)
+	}
+	if pid, err = strconv.Atoi(f[0]); err != nil {
+		t.Fatalf("host said %q", line)
+	}
+	return host, pid, f[1]
+}
+
+// reapOrphan finds pid among the orphans (as what) and ends it with
+// KillOrphans.
+func reapOrphan(t *testing.T, pid int, what string) {
+	t.Helper()
+	var found []Orphan
+	for _, o := range mustOrphans(t) {
+		if o.PID == pid {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%s (pid %d) is not listed as an orphan", what, pid)
+	}
+	left, err := KillOrphans(ctxFor(t, 20*time.Second), found, time.Second)
+	if err != nil || len(left) != 0 {
+		t.Fatalf("kill: %v left %v", err, left)
+	}
+	if alive(pid) {
+		t.Fatalf("%s (pid %d) still runs after KillOrphans", what, pid)
+	}
+}
+
 func mustOrphans(t *testing.T) []Orphan {
 	o, err := FindOrphans()
 	if err != nil {

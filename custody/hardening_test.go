@@ -194,48 +194,10 @@ func copyExecutable(t *testing.T, src, dst string, mode os.FileMode) {
 // reparented to the host. Close still ends it, and it is on the receipt.
 // Run as root, the test runs the host as nobody; otherwise as itself.
 func TestScope_SSHAgentUnprivileged(t *testing.T) {
-	root := os.Getuid() == 0
 	if _, err := exec.LookPath("ssh-agent"); err != nil {
 		t.Fatalf("ssh-agent: %v", err)
 	}
-	dir, err := os.MkdirTemp("", "custody-nobody")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tmp := filepath.Join(dir, "tmp")
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if root {
-		if err := os.Chown(tmp, 65534, 65534); err != nil {
-			t.Fatal(err)
-		}
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "custody.test")
-	copyExecutable(t, exe, bin, 0o755)
-	host := exec.Command(bin, "-test.run=^$")
-	host.Dir = dir
-	host.Env = append(os.Environ(), helperEnv+"=agent-host", "TMPDIR="+tmp, "HOME="+tmp)
-	if root {
-		host.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	}
-	out, err := host.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := host.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer host.Process.Kill()
-	lines := bufio.NewReader(out)
+	host, lines := startNobodyHost(t, "agent-host")
 	line, err := lines.ReadString('\n')
 	if err != nil {
 		host.Wait()
@@ -551,30 +513,9 @@ func TestReap_CgroupOfDeadHost(t *testing.T) {
 	if root == "" {
 		t.Skip("no cgroup v2 delegation here: the portable path is covered by TestReap_AfterHostKilled")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host := exec.Command(exe, "-test.run=^$")
-	host.Env = append(os.Environ(), helperEnv+"=host", "AGENTHOST_CUSTODY_SCRIPT=env -i /bin/sleep 3016 & echo $!; exec cat")
-	out, err := host.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := host.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("host: %v", err)
-	}
-	f := strings.Fields(line)
-	if len(f) != 2 {
-		t.Fatalf("host said %q", line)
-	}
-	child, _ := strconv.Atoi(f[0])
+	host, child, marker := startHost(t, "AGENTHOST_CUSTODY_SCRIPT=env -i /bin/sleep 3016 & echo $!; exec cat")
 	defer syscall.Kill(child, syscall.SIGKILL)
-	scopeID := f[1][strings.LastIndexByte(f[1], '.')+1:]
+	scopeID := marker[strings.LastIndexByte(marker, '.')+1:]
 	dirs := func() []string {
 		m, _ := filepath.Glob(filepath.Join(root, "agenthost-*"+scopeID))
 		return m
@@ -587,22 +528,7 @@ func TestReap_CgroupOfDeadHost(t *testing.T) {
 	if !alive(child) {
 		t.Fatal("the child died with its host; nothing to reap")
 	}
-	var found []Orphan
-	for _, o := range mustOrphans(t) {
-		if o.PID == child {
-			found = append(found, o)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("the markerless survivor %d in the dead host's cgroup is not listed", child)
-	}
-	left, err := KillOrphans(ctxFor(t, 10*time.Second), found, time.Second)
-	if err != nil || len(left) != 0 {
-		t.Fatalf("kill: %v left %v", err, left)
-	}
-	if alive(child) {
-		t.Fatal("orphan still running")
-	}
+	reapOrphan(t, child, "the markerless survivor in the dead host's cgroup")
 	if d := dirs(); len(d) != 0 {
 		t.Fatalf("the dead host's cgroup directory is left: %v", d)
 	}

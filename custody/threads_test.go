@@ -262,8 +262,9 @@ func TestScope_ThreadGroupWithExitedLeaderUnprivileged(t *testing.T) {
 }
 
 // startNobodyHost runs the test binary as a helper host with role: as
-// nobody when the test runs as root (from a copy nobody can run), as
-// itself otherwise. It returns the host and its stdout.
+// nobody when the test runs as root (from a copy nobody can run, with a
+// TMPDIR and HOME of its own), as itself otherwise. It returns the host and
+// its stdout.
 func startNobodyHost(t *testing.T, role string) (*exec.Cmd, *bufio.Reader) {
 	t.Helper()
 	root := os.Getuid() == 0
@@ -275,6 +276,15 @@ func startNobodyHost(t *testing.T, role string) (*exec.Cmd, *bufio.Reader) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if root {
+		if err := os.Chown(tmp, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +293,7 @@ func startNobodyHost(t *testing.T, role string) (*exec.Cmd, *bufio.Reader) {
 	copyExecutable(t, exe, bin, 0o755)
 	host := exec.Command(bin, "-test.run=^$")
 	host.Dir = dir
-	host.Env = append(os.Environ(), helperEnv+"="+role)
+	host.Env = append(os.Environ(), helperEnv+"="+role, "TMPDIR="+tmp, "HOME="+tmp)
 	if root {
 		host.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	}
@@ -356,54 +366,22 @@ func TestCgroupKill_ThreadGroupWithExitedLeader(t *testing.T) {
 // the dead host's cgroup, or by its marker, read through a live thread)
 // and ends it.
 func TestReap_ThreadGroupWithExitedLeader(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, nocg := range []bool{false, true} {
 		t.Run(fmt.Sprintf("NoCgroup=%v", nocg), func(t *testing.T) {
-			exe, err := os.Executable()
-			if err != nil {
-				t.Fatal(err)
-			}
-			host := exec.Command(exe, "-test.run=^$")
-			host.Env = append(os.Environ(), helperEnv+"=host",
-				"AGENTHOST_CUSTODY_SCRIPT="+helperEnv+"=zthread setsid "+exe+" & exec cat")
+			env := []string{"AGENTHOST_CUSTODY_SCRIPT=" + helperEnv + "=zthread setsid " + exe + " & exec cat"}
 			if nocg {
-				host.Env = append(host.Env, "AGENTHOST_CUSTODY_NOCGROUP=1")
+				env = append(env, "AGENTHOST_CUSTODY_NOCGROUP=1")
 			}
-			out, err := host.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := host.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { host.Process.Kill(); host.Wait() }()
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil {
-				t.Fatalf("host: %v", err)
-			}
-			pid, err := strconv.Atoi(strings.Fields(line + " x")[0])
-			if err != nil {
-				t.Fatalf("host said %q", line)
-			}
+			host, pid, _ := startHost(t, env...)
 			defer killIfAlive(pid)
 			endMainThread(t, pid)
 			host.Process.Kill()
 			host.Wait()
-			var found []Orphan
-			for _, o := range mustOrphans(t) {
-				if o.PID == pid {
-					found = append(found, o)
-				}
-			}
-			if len(found) != 1 {
-				t.Fatalf("pid %d (main thread exited, other threads running) is not listed as an orphan", pid)
-			}
-			left, err := KillOrphans(ctxFor(t, 20*time.Second), found, time.Second)
-			if err != nil || len(left) != 0 {
-				t.Fatalf("kill: %v left %v", err, left)
-			}
-			if alive(pid) {
-				t.Fatal("the orphan still runs")
-			}
+			reapOrphan(t, pid, "a process whose main thread exited, other threads running")
 		})
 	}
 }
