@@ -468,8 +468,25 @@ func (s *Scope) Marker() string { return s.marker }
 // Pid is the leader's pid.
 func (s *Scope) Pid() int { return s.leader.pid }
 
-// Stdin is the command's stdin; Close closes it first.
+// Stdin is the command's stdin; Close closes it first. Closing it looks
+// at the scope first (see stdinPipe); it has SetWriteDeadline.
 func (s *Scope) Stdin() io.WriteCloser { return s.stdin }
+
+// stdinPipe is a scope's stdin pipe. Agents end some of their children
+// themselves on stdin EOF, and callers close stdin before they Close the
+// scope: closing it first records everything alive, so the receipt names
+// what ran when the agent was told to stop.
+type stdinPipe struct {
+	*os.File
+	s *Scope
+}
+
+func (p stdinPipe) Close() error {
+	if p.s.getPhase() < 1 {
+		p.s.c.lookAt(p.s)
+	}
+	return p.File.Close()
+}
 
 // Stdout is the read end of the command's stdout; keep draining it until
 // Close returns, so the command never blocks on a full pipe.
@@ -668,7 +685,7 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 	if tty != nil {
 		s.stdin = nopCloser{}
 	} else {
-		s.stdin, s.stdout, s.stderr = pipes.Stdin, pipes.Stdout, pipes.Stderr
+		s.stdin, s.stdout, s.stderr = stdinPipe{pipes.Stdin, s}, pipes.Stdout, pipes.Stderr
 	}
 	s.started = time.Now()
 	// Until cmd.Wait reaps it the leader holds its pid, so its group and
@@ -743,7 +760,11 @@ func (s *Scope) Close(ctx context.Context) (*Receipt, error) {
 		// dies before the next periodic look (agents kill some children
 		// themselves on stdin EOF).
 		c.lookAt(s)
-		_ = s.stdin.Close()
+		if p, ok := s.stdin.(stdinPipe); ok {
+			_ = p.File.Close() // looked at just now
+		} else {
+			_ = s.stdin.Close()
+		}
 		s.setPhase(1)
 		if err := s.waitLeader(ctx, opts.Grace); err != nil {
 			return nil, err

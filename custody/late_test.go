@@ -275,3 +275,35 @@ func TestScope_LateChildKilledWhileCloseWaits(t *testing.T) {
 		}
 	}
 }
+
+// Issue 21 item 9 / issue 23: agents end some of their children
+// themselves on stdin EOF, and callers (rpc, acp) close stdin before they
+// Close the scope. A child alive when stdin closed, which the agent then
+// ended and reaped, was on the receipt only if a periodic look had seen
+// it. Closing stdin looks first.
+func TestScope_ChildEndedOnStdinEOFOnReceipt(t *testing.T) {
+	c := newCustodian(t, Options{NoCgroup: true, ScanInterval: time.Hour}) // no look but the test's and Close's
+	s, err := c.Start(ctxFor(t, 10*time.Second), exec.Command("/bin/sh", "-c",
+		`read go; /bin/sleep 3121 & echo $!; read eof; kill $!; wait; exit 0`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "Start's look", func() bool { return s.lookedAt.Load() != 0 })
+	if _, err := s.Stdin().Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	child := readPid(t, bufio.NewReader(s.Stdout()))
+	defer killIfAlive(child)
+	if err := s.Stdin().Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the agent to end its child", func() bool {
+		_, ok := readStat(child)
+		return !ok
+	})
+	r, err := s.Close(ctxFor(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGone(t, r, child)
+}

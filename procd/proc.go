@@ -396,7 +396,7 @@ func (d *daemon) opWrite(c *conn, op string, raw json.RawMessage) error {
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	in := p.scope.Stdin()
-	if f, ok := in.(*os.File); ok {
+	if f, ok := in.(interface{ SetWriteDeadline(time.Time) error }); ok {
 		_ = f.SetWriteDeadline(time.Now().Add(writeTimeout))
 	}
 	if len(r.Data) > 0 {
