@@ -77,9 +77,9 @@ type Options struct {
 	// reaped after SIGKILL (default 5 s).
 	Confirm time.Duration
 	// ScanInterval is how often descendants are looked for while scopes
-	// are open (default 250 ms), backing off to 8 times that while
-	// nothing changes, and further with so many scopes open that a look
-	// would take more than 2 % of a core. Close looks on its own schedule.
+	// are open (default 250 ms), less often with so many scopes open that
+	// a look would take more than 1 % of a core. Close looks on its own
+	// schedule.
 	ScanInterval time.Duration
 	// NoCgroup disables the cgroup v2 upgrade.
 	NoCgroup bool
@@ -406,6 +406,10 @@ type owned struct {
 	// found.
 	bornDead bool
 	status   exitStatus // where this host reaped it
+	// comm is its command name when cmdline was read: a process found
+	// between fork and exec, or while it execs (its command line reads
+	// empty then), has its command line read again once it changes.
+	comm [16]byte
 }
 
 func (o *owned) entry() Entry {

@@ -3,6 +3,7 @@ package custody
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -32,17 +33,18 @@ const (
 )
 
 // The discovery loop looks at every open scope every ScanInterval, and
-// backs off to idleBackoff times that while its looks find nothing new
-// and nothing gone; and it spends at most about 1/dutyFactor of a core on
-// it: with many scopes open, a look takes long, and the next waits longer.
-// A scope whose leader started or exited is looked at on its own at once.
-// Every fullScanEvery the loop reads the whole process table instead, a
-// safety net for what the scopes' own processes cannot lead to (a process
-// that took the marker from elsewhere); a host without the subreaper flag
-// reads it every time, since orphans then leave the host's view.
+// spends at most about 1/dutyFactor of a core on it: with many scopes
+// open, a look takes long, and the next waits longer. It does not back off
+// merely because nothing changed: a look at a few scopes costs little, and
+// a longer wait lets more short-lived processes (a background job the
+// agent ends itself) go unseen and off the receipt. A scope whose leader
+// started or exited is looked at on its own at once. Every fullScanEvery
+// the loop reads the whole process table instead, a safety net for what
+// the scopes' own processes cannot lead to (a process that took the marker
+// from elsewhere); a host without the subreaper flag reads it every time,
+// since orphans then leave the host's view.
 const (
-	idleBackoff   = 8
-	dutyFactor    = 50
+	dutyFactor    = 100
 	fullScanEvery = 30 * time.Second
 )
 
@@ -60,50 +62,41 @@ func (c *Custodian) poke(s *Scope) {
 // discoverLoop looks at the open scopes while any is open.
 func (c *Custodian) discoverLoop() {
 	defer c.loopWG.Done()
-	interval := c.opts.ScanInterval
-	t := time.NewTimer(interval)
+	t := time.NewTimer(c.opts.ScanInterval)
 	defer t.Stop()
-	next := time.Now().Add(interval)
+	next := time.Now().Add(c.opts.ScanInterval)
 	for {
 		select {
 		case <-c.quit:
 			return
 		case <-t.C:
 		case <-c.kick:
-			if c.lookPoked() {
-				// Something started or ended: the next look at every
-				// scope comes soon, but is never put off by pokes.
-				interval = c.opts.ScanInterval
-				next = minTime(next, time.Now().Add(interval))
-			}
+			c.lookPoked()
 			if time.Now().Before(next) {
 				t.Reset(time.Until(next))
 				continue
 			}
 		}
-		t0 := time.Now()
-		if c.scan() {
-			interval = c.opts.ScanInterval
-		} else {
-			interval = min(2*interval, idleBackoff*c.opts.ScanInterval)
-		}
+		// The cost is the CPU the look took (its thread's clock), not its
+		// wall time: on a busy machine the wall time says nothing about
+		// what the look costs, and the loop would back off for nothing.
+		runtime.LockOSThread()
+		t0 := threadCPU()
+		full := c.scan()
+		cost := threadCPU() - t0
+		runtime.UnlockOSThread()
 		c.finishFailed()
-		wait := max(interval, dutyFactor*time.Since(t0))
+		wait := c.opts.ScanInterval
+		if !full { // a full scan's cost is its own (once every fullScanEvery)
+			wait = max(wait, dutyFactor*cost)
+		}
 		next = time.Now().Add(wait)
 		t.Reset(wait)
 	}
 }
 
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
-// lookPoked looks at the scopes poked since the last time, and reports
-// whether there were any.
-func (c *Custodian) lookPoked() bool {
+// lookPoked looks at the scopes poked since the last time.
+func (c *Custodian) lookPoked() {
 	c.mu.Lock()
 	var targets []*Scope
 	for s := range c.poked {
@@ -113,11 +106,9 @@ func (c *Custodian) lookPoked() bool {
 	}
 	clear(c.poked)
 	c.mu.Unlock()
-	if len(targets) == 0 {
-		return false
+	if len(targets) > 0 {
+		c.look(c.openScopes(), targets, c.opts.NoSubreaper, false)
 	}
-	c.look(c.openScopes(), targets, c.opts.NoSubreaper, false)
-	return true
 }
 
 func (c *Custodian) openScopes() []*Scope {
@@ -130,15 +121,16 @@ func (c *Custodian) openScopes() []*Scope {
 	return scopes
 }
 
-// scan looks at every open scope (the whole process table when a full
-// scan is due) and reports whether anything was adopted or went.
-func (c *Custodian) scan() bool {
+// scan looks at every open scope, reading the whole process table when a
+// full scan is due, and says whether it did.
+func (c *Custodian) scan() (full bool) {
 	scopes := c.openScopes()
 	if len(scopes) == 0 {
 		return false
 	}
-	full := c.opts.NoSubreaper || time.Since(time.Unix(0, c.lastFull.Load())) >= fullScanEvery
-	return c.look(scopes, scopes, full, false)
+	full = c.opts.NoSubreaper || time.Since(time.Unix(0, c.lastFull.Load())) >= fullScanEvery
+	c.look(scopes, scopes, full, false)
+	return full && !c.opts.NoSubreaper
 }
 
 // lookAt looks at one scope, deep: the children of every process it owns
@@ -154,9 +146,8 @@ func (c *Custodian) lookAt(s *Scope) {
 // machine, unless full. Newcomers are assigned to any open scope; a scope
 // that is closing signals them at once (see assign). deep reads the
 // children of processes in a scope's cgroup as well: without it they are
-// left to the cgroup, which their children are born into. It reports
-// whether anything was adopted or went.
-func (c *Custodian) look(all, targets []*Scope, full, deep bool) bool {
+// left to the cgroup, which their children are born into.
+func (c *Custodian) look(all, targets []*Scope, full, deep bool) {
 	c.scanMu.Lock()
 	defer c.scanMu.Unlock()
 	var t *procTable
@@ -174,12 +165,10 @@ func (c *Custodian) look(all, targets []*Scope, full, deep bool) bool {
 	} else {
 		t = c.gather(all, targets, deep)
 	}
-	changed := false
 	if t != nil {
 		adopted := c.assign(t, all)
 		for !t.full && len(adopted) > 0 {
 			// The newcomers' own children, until a round adopts nothing.
-			changed = true
 			c.signalAdopted(adopted)
 			n := len(t.byStart)
 			for _, a := range adopted {
@@ -196,18 +185,14 @@ func (c *Custodian) look(all, targets []*Scope, full, deep bool) bool {
 			adopted = c.assign(t, all)
 		}
 		if t.full && len(adopted) > 0 {
-			changed = true
 			c.signalAdopted(adopted)
 		}
 	}
 	now := time.Now()
 	for _, s := range targets {
-		if s.refresh(t, nil, now) {
-			changed = true
-		}
+		s.refresh(t, nil, now)
 		s.lookedAt.Store(now.UnixNano())
 	}
-	return changed
 }
 
 // gather reads what the targets lead to into a table (nil where the
@@ -418,7 +403,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
 			}
 			id := ident{p.pid, p.start}
 			cmd, cut := boundCmdline(t.cmdline(p))
-			o := &owned{id: id, cmdline: cmd, cut: cut, found: found, lastSeen: t.tick, bornDead: p.dead()}
+			o := &owned{id: id, cmdline: cmd, cut: cut, found: found, lastSeen: t.tick, bornDead: p.dead(), comm: p.comm}
 			a := adoption{s: s, o: o, walk: t.members[p.pid] != s}
 			s.mu.Lock()
 			s.procs[id] = o
@@ -506,20 +491,17 @@ func (c *Custodian) belongs(t *procTable, p procInfo, byIdent map[ident]*Scope, 
 // looked up in it (it must hold every live process of the scope that is
 // still there); otherwise (t nil) each is read on its own through lookup,
 // or, without either, only the leader's exit is seen. The scope's group
-// leaders are dropped once no process can be in their group. It reports
-// whether any process went.
-func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now time.Time) bool {
+// leaders are dropped once no process can be in their group.
+func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	self := s.c.plat.selfPid()
-	went := false
 	for id, o := range s.live {
 		if id == s.leader {
 			select {
 			case <-s.exited:
 				o.status = leaderStatus(s.cmd.ProcessState)
 				s.markGone(o, now, true)
-				went = true
 				continue
 			default:
 			}
@@ -542,16 +524,18 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			// Its exit status is cmd.Wait's; it is gone when that returns.
 		case !ok:
 			s.markGone(o, now, false)
-			went = true
 		case p.dead() && p.ppid == self:
 			if gone, st := s.c.plat.reap(id); gone {
 				o.status = st
 				s.markGone(o, now, true)
-				went = true
 			}
 		case p.dead():
 			s.markGone(o, now, false) // dead; its parent reaps it (see dead)
-			went = true
+		case p.comm != o.comm || o.cmdline == "?":
+			// It exec'd since its command line was read, or it was
+			// read mid-exec (empty): read it again.
+			o.cmdline, o.cut = boundCmdline(readCmdline(p))
+			o.comm = p.comm
 		}
 		if ok && (p.pgid == p.pid || p.sid == p.pid) {
 			if g := s.groups[id.pid]; g == nil || g.id.start < id.start {
@@ -604,7 +588,6 @@ func (s *Scope) refresh(t *procTable, lookup func(ident) (procInfo, bool), now t
 			}
 		}
 	}
-	return went
 }
 
 // markGone records that o went, and how: by the phase Close was in when it

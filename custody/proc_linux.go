@@ -33,7 +33,8 @@ type procInfo struct {
 	pid, ppid, pgid, sid int
 	start                uint64
 	state                byte
-	threads              int // num_threads: live threads of its thread group
+	threads              int      // num_threads: live threads of its thread group
+	comm                 [16]byte // its command name: a change means it exec'd
 }
 
 // dead says whether the process has exited: a zombie whose threads are all
@@ -388,16 +389,20 @@ func readStatAt(dirfd int, dir string, pid int, buf []byte) (procInfo, bool) {
 	return parseStat(pid, buf[:n])
 }
 
-// parseStat reads fields 3 (state), 4 (ppid), 5 (pgrp), 6 (session), 20
-// (num_threads) and 22 (start time) of a stat line. The command name (field 2) may hold
+// parseStat reads fields 2 (comm), 3 (state), 4 (ppid), 5 (pgrp), 6
+// (session), 20 (num_threads) and 22 (start time) of a stat line. The command name (field 2) may hold
 // spaces and parentheses, so fields are counted from the last ')'.
 func parseStat(pid int, b []byte) (procInfo, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 || i+2 >= len(b) {
 		return procInfo{}, false
 	}
+	var comm [16]byte
+	if j := bytes.IndexByte(b, '('); j >= 0 && j < i {
+		copy(comm[:], b[j+1:i])
+	}
 	b = b[i+2:]
-	pi := procInfo{pid: pid, state: b[0]}
+	pi := procInfo{pid: pid, state: b[0], comm: comm}
 	field := 3
 	var num uint64
 	inNum := false
@@ -597,6 +602,15 @@ func (p *linuxPlatform) signal(id ident, sig unix.Signal) (reused bool) {
 	}
 	_ = unix.PidfdSendSignal(fd, sig, nil, 0)
 	return false
+}
+
+// threadCPU is the CPU time the calling thread has used.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // signalName is "TERM" for SIGTERM.

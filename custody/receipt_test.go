@@ -208,3 +208,47 @@ func TestReceipt_MarshalBounded(t *testing.T) {
 		t.Fatalf("cut %d bytes (%v), not at a character boundary", len(cut), ok)
 	}
 }
+
+// A process found while it execs has an empty command line then (read as
+// "?"), and one found between fork and exec has its parent's: the receipt
+// named omp's background sleep "?" and a test looking for it failed
+// (issue 21 item 9). Its command line is read again once its command name
+// changes, or while it reads as "?".
+func TestScope_CmdlineReadAgainAfterExec(t *testing.T) {
+	c := newCustodian(t, Options{NoCgroup: true, ScanInterval: time.Hour})
+	s, pids, _ := startSh(t, c, `/bin/sleep 3131 & echo $!; exec cat`)
+	if err := scanUntilOwned(c, s, pids[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the sleep to exec", func() bool {
+		return readCmdline(procInfo{pid: pids[0]}) == "/bin/sleep 3131"
+	})
+	for _, stale := range []struct {
+		cmdline string
+		comm    [16]byte
+	}{
+		{"?", [16]byte{}}, // read mid-exec
+		{"/bin/sh -c /bin/sleep 3131 ...", [16]byte{'s', 'h'}}, // read before exec
+	} {
+		s.mu.Lock()
+		for id, o := range s.live {
+			if id.pid == pids[0] {
+				o.cmdline, o.comm = stale.cmdline, stale.comm
+			}
+		}
+		s.mu.Unlock()
+		c.scan()
+		s.mu.Lock()
+		for id, o := range s.live {
+			if id.pid == pids[0] && o.cmdline != "/bin/sleep 3131" {
+				t.Errorf("command line %q after a look, want /bin/sleep 3131 (was %q)", o.cmdline, stale.cmdline)
+			}
+		}
+		s.mu.Unlock()
+	}
+	r, err := s.Close(ctxFor(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGone(t, r, pids...)
+}
