@@ -117,11 +117,9 @@ type Custodian struct {
 	// selfStart is the host's start time (no orphan it inherits is older).
 	selfStart uint64
 	scanMu    sync.Mutex // one look at a time
-	// lastFull is when the latest full scan read the table (UnixNano).
-	lastFull atomic.Int64
-	mu       sync.Mutex
-	scopes   map[*Scope]struct{} // open: not closed with success yet
-	closed   bool
+	mu        sync.Mutex
+	scopes    map[*Scope]struct{} // open: not closed with success yet
+	closed    bool
 	// poked are the scopes to look at as soon as the loop can (a leader
 	// started or exited); under mu.
 	poked  map[*Scope]struct{}
@@ -154,7 +152,6 @@ func New(opts Options) (*Custodian, error) {
 	c.plat = plat
 	c.owner = plat.ownerID()
 	c.selfStart = plat.startTime(plat.selfPid())
-	c.lastFull.Store(time.Now().UnixNano()) // nothing to find yet
 	c.loopWG.Add(1)
 	go c.discoverLoop()
 	return c, nil

@@ -38,15 +38,10 @@ const (
 // merely because nothing changed: a look at a few scopes costs little, and
 // a longer wait lets more short-lived processes (a background job the
 // agent ends itself) go unseen and off the receipt. A scope whose leader
-// started or exited is looked at on its own at once. Every fullScanEvery
-// the loop reads the whole process table instead, a safety net for what
-// the scopes' own processes cannot lead to (a process that took the marker
-// from elsewhere); a host without the subreaper flag reads it every time,
-// since orphans then leave the host's view.
-const (
-	dutyFactor    = 100
-	fullScanEvery = 30 * time.Second
-)
+// started or exited is looked at on its own at once. The whole process
+// table is read only by a host without the subreaper flag, whose orphans
+// leave its view (and by reap).
+const dutyFactor = 100
 
 // poke has the loop look at s soon.
 func (c *Custodian) poke(s *Scope) {
@@ -82,14 +77,11 @@ func (c *Custodian) discoverLoop() {
 		// what the look costs, and the loop would back off for nothing.
 		runtime.LockOSThread()
 		t0 := threadCPU()
-		full := c.scan()
+		c.scan()
 		cost := threadCPU() - t0
 		runtime.UnlockOSThread()
 		c.finishFailed()
-		wait := c.opts.ScanInterval
-		if !full { // a full scan's cost is its own (once every fullScanEvery)
-			wait = max(wait, dutyFactor*cost)
-		}
+		wait := max(c.opts.ScanInterval, dutyFactor*cost)
 		next = time.Now().Add(wait)
 		t.Reset(wait)
 	}
@@ -121,16 +113,11 @@ func (c *Custodian) openScopes() []*Scope {
 	return scopes
 }
 
-// scan looks at every open scope, reading the whole process table when a
-// full scan is due, and says whether it did.
-func (c *Custodian) scan() (full bool) {
-	scopes := c.openScopes()
-	if len(scopes) == 0 {
-		return false
+// scan looks at every open scope.
+func (c *Custodian) scan() {
+	if scopes := c.openScopes(); len(scopes) > 0 {
+		c.look(scopes, scopes, c.opts.NoSubreaper, false)
 	}
-	full = c.opts.NoSubreaper || time.Since(time.Unix(0, c.lastFull.Load())) >= fullScanEvery
-	c.look(scopes, scopes, full, false)
-	return full && !c.opts.NoSubreaper
 }
 
 // lookAt looks at one scope, deep: the children of every process it owns
@@ -143,7 +130,7 @@ func (c *Custodian) lookAt(s *Scope) {
 // to: what each owns, the members of its cgroup (and of the groups below
 // it), the children of its owned processes, and the host's children (the
 // orphans it inherits). Only what a scope owns is read, never the whole
-// machine, unless full. Newcomers are assigned to any open scope; a scope
+// machine, unless full (a host without the subreaper flag). Newcomers are assigned to any open scope; a scope
 // that is closing signals them at once (see assign). deep reads the
 // children of processes in a scope's cgroup as well: without it they are
 // left to the cgroup, which their children are born into.
@@ -154,7 +141,6 @@ func (c *Custodian) look(all, targets []*Scope, full, deep bool) {
 	if full {
 		t = c.plat.table()
 		if t != nil {
-			c.lastFull.Store(t.at.UnixNano())
 			t.members = map[int]*Scope{}
 			for _, s := range all {
 				for pid := range s.cg.members() {

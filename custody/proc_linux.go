@@ -442,8 +442,8 @@ func (p *linuxPlatform) startTime(pid int) uint64 {
 }
 
 // table reads every process of the machine: the cost grows with the
-// machine, so only reap, a host without the subreaper flag, and a rare
-// safety-net scan use it (see look).
+// machine, so only reap and a host without the subreaper flag use it (see
+// look).
 func (p *linuxPlatform) table() *procTable {
 	t := p.newTable()
 	t.full = true
