@@ -151,7 +151,7 @@ func (c *Custodian) look(all, targets []*Scope, full, deep bool) {
 	} else {
 		t = c.gather(all, targets, deep)
 	}
-	if t != nil {
+	if t != nil && (t.full || !known(t, targets)) {
 		adopted := c.assign(t, all)
 		for !t.full && len(adopted) > 0 {
 			// The newcomers' own children, until a round adopts nothing.
@@ -229,37 +229,51 @@ func (c *Custodian) gather(all, targets []*Scope, deep bool) *procTable {
 			t.add(pid)
 		}
 	}
-	// The host's children, but not the leaders and processes of scopes not
-	// looked at (their own looks read them).
-	known := map[int]bool{}
+	// The host's children, but not the leaders (their own scopes read
+	// them): the orphans the host inherited.
+	pids = c.plat.hostChildren(pids[:0])
 	hostChildren.mu.Lock()
-	for pid := range hostChildren.leaders {
-		known[pid] = true
+	orphans := pids[:0]
+	for _, pid := range pids {
+		if !hostChildren.leaders[pid] {
+			orphans = append(orphans, pid)
+		}
 	}
 	hostChildren.mu.Unlock()
-	if len(targets) < len(all) {
-		target := make(map[*Scope]bool, len(targets))
-		for _, s := range targets {
-			target[s] = true
-		}
-		for _, s := range all {
-			if target[s] {
-				continue
-			}
-			s.mu.Lock()
-			for id := range s.live {
-				known[id.pid] = true
-			}
-			s.mu.Unlock()
-		}
-	}
-	for _, pid := range c.plat.hostChildren(pids[:0]) {
-		if _, in := t.byPid[pid]; !in && !known[pid] {
-			t.add(pid)
-		}
+	for _, pid := range orphans {
+		t.add(pid)
 	}
 	t.sortByStart()
 	return t
+}
+
+// known says whether every process in t is one the targets own or had
+// (then nothing is to be assigned: a look at a closing scope among many
+// need not index every scope).
+func known(t *procTable, targets []*Scope) bool {
+	self := -1
+	if len(targets) > 0 {
+		self = targets[0].c.plat.selfPid()
+	}
+	for _, p := range t.byStart {
+		if p.pid == self {
+			continue
+		}
+		id, mine := ident{p.pid, p.start}, false
+		for _, s := range targets {
+			s.mu.Lock()
+			_, live := s.live[id]
+			_, dead := s.dead[id]
+			s.mu.Unlock()
+			if mine = live || dead; mine {
+				break
+			}
+		}
+		if !mine {
+			return false
+		}
+	}
+	return true
 }
 
 // deadEntry is a process gone since at, kept until a table read after at
