@@ -1,15 +1,25 @@
 # The two commands of the README:
-#   make run   set up (agents + binary) and serve rooms (agenthost serve) on omp and the built-in model
-#   make test  set up and run every test, with the race detector
+#   make run   set up what serve uses (omp, pi, Bun, the binary) and serve rooms (agenthost serve) on omp and the built-in model
+#   make test  set up everything (the ACP agents and Chromium too) and run every test, with the race detector
 GO ?= go
 
-.PHONY: setup run demo test check fuzz bench
+.PHONY: setup setup-acp setup-test run demo test check fuzz bench chaos
 
+# omp, pi, Bun and bin/agenthost: what serve and prompt use by default.
 setup:
 	@./scripts/setup.sh
 
+# The ACP agents (claude-agent-acp, codex-acp, copilot) as well; agenthost
+# also installs them itself when a command first needs them.
+setup-acp:
+	@./scripts/setup.sh --acp
+
+# Everything the tests drive: the ACP agents and Chromium as well.
+setup-test:
+	@./scripts/setup.sh --test
+
 run: setup
-	./bin/agenthost doctor
+	./bin/agenthost doctor --transport rpc
 	./bin/agenthost serve $(ARGS)
 
 # One turn against omp on the built-in model, printed (what `make run` did
@@ -17,9 +27,9 @@ run: setup
 demo: setup
 	./bin/agenthost prompt --agent omp "Run this: [[tool:bash {\"command\":\"echo hello from omp\"}]]"
 
-test: setup
+test: setup-test
 	$(GO) vet ./...
-	AGENTHOST_CLUSTER_TESTS=1 $(GO) test -race -count=1 -timeout 10m ./...
+	AGENTHOST_CLUSTER_TESTS=1 $(GO) test -race -count=1 -timeout 20m ./...
 
 # Static checks beyond vet (staticcheck is fetched through the Go module proxy).
 check:
@@ -43,3 +53,14 @@ bench: setup
 	$(GO) test ./procd -run '^$$' -bench PipeThroughput -benchtime 10x -count 3
 	$(GO) test ./internal/snapshot -run '^$$' -bench . -benchtime 5x
 	./bin/agenthost bench
+
+# The cluster's fault-injection checker, larger than make test runs it (1
+# round over 4 rooms): CHAOS_ROUNDS rounds of its five faults (kill -9 of a
+# holder, SIGSTOP of a holder past its lease, a lost answer to a log append,
+# a full queue, a whole-cluster restart) over CHAOS_ROOMS rooms; its figures
+# are logged at the end.
+CHAOS_ROUNDS ?= 5
+CHAOS_ROOMS ?= 8
+chaos:
+	AGENTHOST_CLUSTER_TESTS=1 AGENTHOST_CHAOS_ROUNDS=$(CHAOS_ROUNDS) AGENTHOST_CHAOS_ROOMS=$(CHAOS_ROOMS) \
+		$(GO) test -race -count=1 -timeout 60m -run '^TestServe_NATSClusterFaults$$' -v ./cmd/agenthost

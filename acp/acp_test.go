@@ -75,6 +75,9 @@ func startFake(t *testing.T, opts Options) (*Client, *events) {
 		if _, err := c.Close(ctx); err != nil {
 			t.Errorf("close: %v", err)
 		}
+		if err := c.Wait(ctx); err != nil {
+			t.Errorf("wait: %v", err)
+		}
 		if err := cust.Close(); err != nil {
 			t.Errorf("custody: %v", err)
 		}

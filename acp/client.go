@@ -6,10 +6,13 @@
 // confined to a workspace, and closes it with a custody receipt.
 //
 // Every line from the agent passes through this package before the SDK sees
-// it: a line that is not a JSON-RPC message is reported (an Event of type
-// TypeMalformed; the SDK would log its payload) and dropped, and
-// session/update notifications are decoded here, so an update kind the SDK
-// does not know is kept raw instead of arriving empty.
+// it: a line that is not a JSON-RPC message (or a request without an id) is
+// reported (an Event of type TypeMalformed; the SDK would log its payload)
+// and dropped, and session/update notifications are decoded here, so an
+// update kind the SDK does not know is kept raw instead of arriving empty;
+// the other notifications, which the client does not act on, never reach
+// the SDK. A turn's update read after its prompt was answered is reported
+// and dropped.
 //
 // Terminals (terminal/*) are not advertised: agents run their own shells,
 // which are their descendants and so in the agent's custody scope.
@@ -24,6 +27,7 @@ import (
 	"io"
 	"log/slog"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +64,10 @@ var (
 	ErrClosed = errors.New("acp: client closed")
 	// ErrNoTurn: Cancel found no prompt running in the session.
 	ErrNoTurn = errors.New("acp: no turn running")
+	// ErrConnectionStopped: the SDK's side of the connection stopped (its
+	// notification queue overflowed), so no request can be answered; the
+	// agent must be closed.
+	ErrConnectionStopped = errors.New("acp: the connection to the agent stopped")
 )
 
 // ExitError is returned for a request the agent did not answer because its
@@ -176,19 +184,27 @@ type Client struct {
 	fs    *fsRoot
 
 	stderr     tail
-	readerDone chan struct{} // stdout ended (EOF or CloseOutput)
+	readerDone chan struct{} // stdout ended (EOF or CloseOutput), or the SDK stopped
 	stderrDone chan struct{}
+	sdkR       *io.PipeReader
 	sdkW       *io.PipeWriter
+	watchDone  chan struct{}  // watchSDK returned
 	handlers   sync.WaitGroup // running permission and fs handlers
-	hmu        sync.Mutex     // guards handlers.Add against Close's Wait
+	hmu        sync.Mutex     // guards handlers.Add against join's Wait
 	hclosed    bool
+	joined     chan struct{} // closed when Close ran and every goroutine ended (Wait)
+	joinOnce   sync.Once
 	inflight   atomic.Int32 // inbound requests being handled
 
-	mu        sync.Mutex
-	turns     map[string]*turn // running prompts by session id
-	malformed int64
-	closed    bool
-	closure   Closure
+	mu         sync.Mutex
+	turns      map[string]*turn  // running prompts by session id
+	promptIDs  map[string]string // session/prompt requests sent, by id: their session
+	loads      map[string]int    // session/load requests running, by session id
+	cancelled  map[string]bool   // sessions sent session/cancel since their last prompt began
+	malformed  int64
+	closed     bool
+	closure    Closure
+	sdkStopped error // why the SDK stopped reading, if it did
 
 	closeOnce sync.Once
 }
@@ -216,7 +232,12 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 		stderr:     tail{n: DefaultStderrTail},
 		readerDone: make(chan struct{}),
 		stderrDone: make(chan struct{}),
+		watchDone:  make(chan struct{}),
+		joined:     make(chan struct{}),
 		turns:      map[string]*turn{},
+		promptIDs:  map[string]string{},
+		loads:      map[string]int{},
+		cancelled:  map[string]bool{},
 	}
 	if opts.FSRoot != "" {
 		fs, err := openFSRoot(opts.FSRoot)
@@ -233,14 +254,15 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("acp: starting %s: %w", spec.Argv[0], err)
 	}
 	c.scope = scope
-	sdkR, sdkW := io.Pipe()
-	c.sdkW = sdkW
-	c.conn = sdk.NewClientSideConnection((*sdkClient)(c), scope.Stdin(), sdkR)
-	// The SDK logs a bad line's payload; none reaches it. Its other
-	// diagnostics ("connection closed") go to our logger at debug level.
+	c.sdkR, c.sdkW = io.Pipe()
+	c.conn = sdk.NewClientSideConnection((*sdkClient)(c), &outWriter{c: c, w: scope.Stdin()}, c.sdkR)
+	// The SDK would log a bad line's payload; none reaches it, and any
+	// attribute that could carry one is dropped. Its other diagnostics
+	// ("connection closed") go to our logger at debug level.
 	c.conn.SetLogger(slog.New(debugHandler{opts.Logger.Handler()}))
 	go c.drainStderr()
 	go c.read()
+	go c.watchSDK()
 
 	caps := sdk.ClientCapabilities{Fs: sdk.FileSystemCapabilities{ReadTextFile: c.fs != nil, WriteTextFile: c.fs != nil}}
 	if opts.Ask != nil {
@@ -254,6 +276,10 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	if err != nil {
 		err = c.callErr(ctx, "initialize", err)
 		_, cerr := c.Close(context.Background())
+		if cerr == nil {
+			// Nobody else could join the client the caller never gets.
+			_ = c.Wait(context.Background())
+		}
 		return nil, errors.Join(err, cerr)
 	}
 	c.init = resp
@@ -291,11 +317,24 @@ func (c *Client) Closure() Closure {
 // Receipt is the custody receipt once Close succeeded, else nil.
 func (c *Client) Receipt() *custody.Receipt { return c.scope.Receipt() }
 
+// HoldUntil freezes the agent's processes at deadline unless called again
+// with a later one (custody's Scope.HoldUntil).
+func (c *Client) HoldUntil(deadline time.Time) error { return c.scope.HoldUntil(deadline) }
+
+// Kill ends the agent's processes at once, without Close's grace.
+func (c *Client) Kill() error { return c.scope.Kill() }
+
 // Close ends the agent: stdin closed, CloseGrace for stdout EOF, then the
 // custody scope closed (SIGTERM, SIGKILL, every descendant confirmed gone),
-// and returns the scope's receipt. Running requests fail. Idempotent: a
-// later call returns the same result, or retries a custody Close that
-// failed.
+// and returns the scope's receipt. Running requests fail.
+//
+// Close never waits for user code: Events, Permission and Ask may still
+// be running when it returns (the contexts of Permission and Ask have
+// ended); Wait joins them. So Close is safe to call from any callback,
+// Events included (called from the reader, a Close there waits out
+// CloseGrace, for the reader cannot see the agent's EOF meanwhile).
+// Idempotent: a later call returns the same result, or retries a custody
+// Close that failed.
 func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -319,17 +358,65 @@ func (c *Client) Close(ctx context.Context) (*custody.Receipt, error) {
 		return nil, fmt.Errorf("acp: closing the agent: %w", err)
 	}
 	// Custody ended every process that could hold the pipes; this releases
-	// the readers in any case.
+	// the readers in any case, and a write into an SDK that stopped reading.
 	c.scope.CloseOutput()
+	c.sdkR.CloseWithError(ErrClosed)
+	// The rest ends without Close: the reader once its callback returned,
+	// the handlers once theirs did. Wait joins it all.
+	c.joinOnce.Do(func() { go c.join() })
+	return r, nil
+}
+
+// join waits for every goroutine of the client to end, then releases the
+// fs root; it closes joined.
+func (c *Client) join() {
+	defer close(c.joined)
 	<-c.readerDone
 	<-c.stderrDone
+	<-c.watchDone
 	// The SDK cancels its handlers' contexts once its reader ends.
 	c.hmu.Lock()
 	c.hclosed = true
 	c.hmu.Unlock()
 	c.handlers.Wait()
 	c.fs.close()
-	return r, nil
+}
+
+// Wait waits until everything the client started has ended once Close
+// released the agent: the callbacks (Events, Permission, Ask) returned,
+// every goroutine of the client gone, the fs root released. It returns
+// with ctx's error first. Wait must not be called from a callback: it
+// would wait for its own caller.
+func (c *Client) Wait(ctx context.Context) error {
+	select {
+	case <-c.joined:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("acp: wait: %w", context.Cause(ctx))
+	}
+}
+
+// watchSDK closes the SDK's input once the SDK stopped on its own (its
+// notification queue overflowed): read() would block writing into the
+// pipe nobody reads, and the turn would never end.
+func (c *Client) watchSDK() {
+	defer close(c.watchDone)
+	select {
+	case <-c.conn.Done():
+		select {
+		case <-c.readerDone:
+			// The agent's output ended first (read closes readerDone before
+			// the SDK's input): the SDK only saw its EOF.
+			return
+		default:
+		}
+		c.mu.Lock()
+		c.sdkStopped = ErrConnectionStopped
+		c.mu.Unlock()
+		c.opts.Logger.Error("acp: the SDK stopped reading the agent's output; the agent must be closed")
+		c.sdkR.CloseWithError(ErrConnectionStopped)
+	case <-c.readerDone:
+	}
 }
 
 // enter registers a running handler; false once Close waits for them.
@@ -354,10 +441,13 @@ func (c *Client) callErr(ctx context.Context, what string, err error) error {
 	select {
 	case <-c.readerDone:
 		c.mu.Lock()
-		closed := c.closed
+		closed, stopped := c.closed, c.stopped()
 		c.mu.Unlock()
-		if closed {
+		switch {
+		case closed:
 			return fmt.Errorf("acp: %s: %w", what, ErrClosed)
+		case stopped:
+			return fmt.Errorf("acp: %s: %w", what, ErrConnectionStopped)
 		}
 		return fmt.Errorf("acp: %s: %w", what, c.exitError())
 	default:
@@ -367,6 +457,10 @@ func (c *Client) callErr(ctx context.Context, what string, err error) error {
 	}
 	return fmt.Errorf("acp: %s: %w", what, err)
 }
+
+// stopped reports whether the SDK stopped while the agent's output still
+// ran. c.mu held.
+func (c *Client) stopped() bool { return c.sdkStopped != nil }
 
 func (c *Client) exitError() *ExitError {
 	e := &ExitError{}
@@ -424,33 +518,168 @@ func (c *Client) read() {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var msg struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params json.RawMessage `json:"params"`
-			Result json.RawMessage `json:"result"`
-			Error  json.RawMessage `json:"error"`
-		}
-		if jerr := json.Unmarshal(line, &msg); jerr != nil {
-			c.reportMalformed(&LineError{Line: lr.n, Len: int64(len(line)), Reason: "not a JSON object"})
+		out, le := c.route(lr.n, line)
+		if le != nil {
+			c.reportMalformed(le)
 			continue
 		}
-		if msg.Method == "" && msg.ID == nil {
-			c.reportMalformed(&LineError{Line: lr.n, Len: int64(len(line)), Reason: "neither a request, a notification nor a response"})
+		if out == nil {
 			continue
 		}
-		if msg.Method == sdk.ClientMethodSessionUpdate && msg.ID == nil {
-			c.update(lr.n, len(line), msg.Params)
-			continue
-		}
-		// The SDK's reader is always reading (it hands requests to
-		// goroutines and responses to buffered channels); a write fails
-		// only once it stopped.
-		if _, err := c.sdkW.Write(append(line, '\n')); err != nil {
+		// The SDK reads all the time (requests go to goroutines, responses
+		// to buffered channels, notifications other than updates never reach
+		// it); if it stops nonetheless, watchSDK fails this write.
+		if _, err := c.sdkW.Write(append(out, '\n')); err != nil {
 			c.opts.Logger.Error("acp: the SDK stopped reading", "err", err)
 			return
 		}
 	}
+}
+
+// envelope is a JSON-RPC message as read checks it.
+type envelope struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params"`
+	Result json.RawMessage `json:"result"`
+	Error  json.RawMessage `json:"error"`
+}
+
+// clientRequests are the methods the client answers: sent without an id
+// they would run as notifications (the SDK's single notification
+// goroutine blocked on a person's answer, its queue overflowing).
+var clientRequests = map[string]bool{
+	sdk.ClientMethodSessionRequestPermission: true,
+	sdk.ClientMethodFsReadTextFile:           true, sdk.ClientMethodFsWriteTextFile: true,
+	sdk.ClientMethodTerminalCreate: true, sdk.ClientMethodTerminalKill: true, sdk.ClientMethodTerminalOutput: true,
+	sdk.ClientMethodTerminalRelease: true, sdk.ClientMethodTerminalWaitForExit: true,
+	sdk.ClientMethodElicitationCreate: true,
+	sdk.ClientMethodMcpConnect:        true, sdk.ClientMethodMcpDisconnect: true, sdk.ClientMethodMcpMessage: true,
+}
+
+// route checks one line as the SDK would take it: what to pass on (nil:
+// nothing; the line itself, or a repaired copy), or why it is malformed.
+// session/update is handled here; so are the other notifications, which
+// the client does not act on (unknown ones are allowed by ACP).
+func (c *Client) route(n int64, line []byte) ([]byte, *LineError) {
+	bad := func(reason string) *LineError { return &LineError{Line: n, Len: int64(len(line)), Reason: reason} }
+	var msg envelope
+	if err := json.Unmarshal(line, &msg); err != nil {
+		return nil, bad("not a JSON-RPC object")
+	}
+	id := bytes.TrimSpace(msg.ID)
+	if string(id) == "null" {
+		id = nil // JSON-RPC: a null id is no id the client could answer or match
+	}
+	switch {
+	case msg.Method != "" && id == nil:
+		if msg.Method == sdk.ClientMethodSessionUpdate {
+			c.update(n, len(line), msg.Params)
+			return nil, nil
+		}
+		if clientRequests[msg.Method] {
+			return nil, bad("a request without an id")
+		}
+		return nil, nil
+	case msg.Method != "":
+		if !validID(id) {
+			return nil, bad("a request whose id is neither a string nor a number")
+		}
+		return line, nil
+	case id == nil:
+		return nil, bad("neither a request, a notification nor a response with an id")
+	case !validID(id):
+		return nil, bad("a response whose id is neither a string nor a number")
+	}
+	c.answered(id)
+	if len(msg.Error) == 0 || string(bytes.TrimSpace(msg.Error)) == "null" {
+		return line, nil
+	}
+	var e struct {
+		Code    *int    `json:"code"`
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal(msg.Error, &e) == nil && e.Code != nil && e.Message != nil {
+		return line, nil
+	}
+	// The SDK could not parse it and would drop it, leaving the request to
+	// wait for its deadline: it gets an internal error of ours instead.
+	fixed, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id),
+		"error": map[string]any{"code": -32603, "message": "acp: the agent answered with a malformed error"}})
+	if err != nil {
+		return nil, bad("a response with a malformed error")
+	}
+	c.reportMalformed(bad("a response whose error is not an object with a code and a message (answered as an internal error)"))
+	return fixed, nil
+}
+
+// outWriter is the agent's stdin as the SDK writes to it: whole frames,
+// one a Write. It notes the ids of session/prompt requests, so that read
+// knows, in stream order, when a prompt was answered (see answered).
+type outWriter struct {
+	c *Client
+	w io.Writer
+}
+
+func (o *outWriter) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte(`"session/prompt"`)) {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				SessionID string `json:"sessionId"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(b, &m) == nil && m.Method == sdk.AgentMethodSessionPrompt && len(m.ID) > 0 {
+			o.c.mu.Lock()
+			o.c.promptIDs[idKey(m.ID)] = m.Params.SessionID
+			o.c.mu.Unlock()
+		}
+	}
+	return o.w.Write(b)
+}
+
+// answered marks the prompt a response answers (if it is one): from this
+// line on, the session's turn updates are late.
+func (c *Client) answered(id []byte) {
+	k := idKey(id)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	session, ok := c.promptIDs[k]
+	if !ok {
+		return
+	}
+	delete(c.promptIDs, k)
+	if t := c.turns[session]; t != nil {
+		t.answered = true
+	}
+}
+
+// idKey is a JSON-RPC id as a map key: numbers in their decoded form.
+func idKey(id []byte) string {
+	id = bytes.TrimSpace(id)
+	if len(id) > 0 && id[0] != '"' {
+		var n json.Number
+		if json.Unmarshal(id, &n) == nil {
+			if f, err := n.Float64(); err == nil {
+				return strconv.FormatFloat(f, 'g', -1, 64)
+			}
+		}
+	}
+	return string(id)
+}
+
+// validID reports whether id is a JSON string or number.
+func validID(id []byte) bool {
+	if len(id) == 0 {
+		return false
+	}
+	if id[0] == '"' {
+		var s string
+		return json.Unmarshal(id, &s) == nil
+	}
+	var f json.Number
+	return json.Unmarshal(id, &f) == nil
 }
 
 func (c *Client) reportMalformed(le *LineError) {
@@ -467,16 +696,27 @@ func (c *Client) emit(ev Event) {
 	}
 }
 
-// debugHandler logs every record at debug level.
+// debugHandler logs every record of the SDK at debug level, without the
+// attributes that can carry a line's payload.
 type debugHandler struct{ h slog.Handler }
+
+// payloadAttrs are the SDK's attributes that hold what the agent sent.
+var payloadAttrs = map[string]bool{"raw": true, "id": true, "requestId": true, "line": true, "params": true}
 
 func (d debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
 	return d.h.Enabled(ctx, slog.LevelDebug)
 }
 
 func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
-	r.Level = slog.LevelDebug
-	return d.h.Handle(ctx, r)
+	out := slog.NewRecord(r.Time, slog.LevelDebug, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		if payloadAttrs[a.Key] {
+			a = slog.String(a.Key, "(dropped)")
+		}
+		out.AddAttrs(a)
+		return true
+	})
+	return d.h.Handle(ctx, out)
 }
 
 func (d debugHandler) WithAttrs(as []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(as)} }

@@ -93,6 +93,15 @@ func fakeAgent() int {
 			reply(m.ID, map[string]any{"sessionId": "s-1"})
 		case "session/load":
 			meta = p.Meta
+			if code, ok := map[string]int{"busy": -32003, "internal": -32603}[p.SessionID]; ok {
+				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": code, "message": p.SessionID + " for now"}})
+				continue
+			}
+			// How omp and codex answer an id they do not know.
+			if details, ok := map[string]string{"omp-gone": "ACP session not found: omp-gone", "codex-gone": "no rollout found for thread id codex-gone"}[p.SessionID]; ok {
+				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32603, "message": "Internal error", "data": map[string]any{"details": details}}})
+				continue
+			}
 			if p.SessionID != "s-1" {
 				send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32002, "message": "Session not found"}})
 				continue
@@ -172,6 +181,61 @@ func fakeAgent() int {
 				} else {
 					chunk(s, "ok "+string(r.Result))
 				}
+			case "limit":
+				// A range whose end overflows an int.
+				r := call("fs/read_text_file", map[string]any{"sessionId": s, "path": arg, "line": 1000, "limit": int64(9223372036854775000)})
+				if r.Error != nil {
+					chunk(s, "error "+string(r.Error))
+				} else {
+					chunk(s, "ok "+string(r.Result))
+				}
+			case "fifo", "fifow":
+				if err := syscall.Mkfifo(arg, 0o600); err != nil {
+					chunk(s, "mkfifo: "+err.Error())
+					break
+				}
+				params := map[string]any{"sessionId": s, "path": arg}
+				method := "fs/read_text_file"
+				if cmd == "fifow" {
+					method = "fs/write_text_file"
+					params["content"] = "x"
+				}
+				if r := call(method, params); r.Error != nil {
+					chunk(s, "error")
+				} else {
+					chunk(s, "ok "+string(r.Result))
+				}
+			case "permnotify":
+				// A request method sent as a notification, then a flood of
+				// notifications the client does not act on.
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/request_permission", "params": map[string]any{"sessionId": s,
+					"toolCall": map[string]any{"toolCallId": "t1"}, "options": []any{map[string]any{"optionId": "yes", "name": "Allow", "kind": "allow_once"}}}})
+				for i := range 1100 {
+					send(map[string]any{"jsonrpc": "2.0", "method": "_vendor/noise", "params": map[string]any{"i": i}})
+				}
+				chunk(s, "after")
+			case "dupid":
+				r := call("session/request_permission", map[string]any{"sessionId": s,
+					"toolCall": map[string]any{"toolCallId": "t1", "title": "bash", "kind": "execute"},
+					"options": []any{
+						map[string]any{"optionId": "x", "name": "Allow", "kind": "allow_once"},
+						map[string]any{"optionId": "x", "name": "Reject", "kind": "reject_once"},
+					}})
+				chunk(s, string(r.Result))
+			case "errstr":
+				// An error that is not an object: the SDK cannot parse it.
+				raw(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"error":"boom secret-in-error"}`)
+				continue
+			case "idnull":
+				raw(`{"jsonrpc":"2.0","id":null,"method":"session/update","params":{"sessionId":"` + s +
+					`","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"from-null"}}}}`)
+			case "after":
+				// Updates after the answer: they belong to no turn.
+				reply(m.ID, map[string]any{"stopReason": "end_turn"})
+				chunk(s, "late")
+				send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{
+					"sessionId": s, "update": map[string]any{"sessionUpdate": "tool_call", "toolCallId": "late-1", "title": "late"}}})
+				continue
 			case "setsid":
 				// A tool shell in a session of its own (as claude and
 				// copilot run theirs), still running when the turn ends.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // MaxFileBytes bounds a file read or written for the agent: the answer
@@ -70,14 +71,42 @@ func escaped(err error) error {
 	return err
 }
 
+// ErrNotRegular: an fs request named something other than a regular file
+// (a FIFO, socket or device would block the request, or never end).
+var ErrNotRegular = errors.New("acp: not a regular file")
+
+// openRegular opens rel inside the root without blocking (a FIFO without a
+// writer would hold the open forever) and refuses anything but a regular
+// file. O_NONBLOCK changes nothing for a regular file's reads and writes.
+func (f *fsRoot) openRegular(rel string, flag int) (*os.File, error) {
+	fh, err := f.root.OpenFile(rel, flag|syscall.O_NONBLOCK, 0o644)
+	if err != nil {
+		if errors.Is(err, syscall.ENXIO) {
+			// A FIFO opened for writing with no reader.
+			return nil, fmt.Errorf("%w: %s", ErrNotRegular, rel)
+		}
+		return nil, escaped(err)
+	}
+	fi, err := fh.Stat()
+	if err != nil {
+		fh.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		fh.Close()
+		return nil, fmt.Errorf("%w: %s", ErrNotRegular, rel)
+	}
+	return fh, nil
+}
+
 func (f *fsRoot) read(path string, line, limit *int) (string, error) {
 	rel, err := f.rel(path)
 	if err != nil {
 		return "", err
 	}
-	fh, err := f.root.Open(rel)
+	fh, err := f.openRegular(rel, os.O_RDONLY)
 	if err != nil {
-		return "", escaped(err)
+		return "", err
 	}
 	defer fh.Close()
 	data, err := io.ReadAll(io.LimitReader(fh, MaxFileBytes+1))
@@ -91,16 +120,23 @@ func (f *fsRoot) read(path string, line, limit *int) (string, error) {
 	if line == nil && limit == nil {
 		return text, nil
 	}
-	lines := strings.SplitAfter(text, "\n")
+	return lineRange(strings.SplitAfter(text, "\n"), line, limit), nil
+}
+
+// lineRange joins the lines from line (1-based; nil or below 2: the first)
+// for at most limit lines (nil or negative: all). Any int is a valid bound:
+// the agent chooses both.
+func lineRange(lines []string, line, limit *int) string {
 	start := 0
 	if line != nil && *line > 1 {
 		start = min(*line-1, len(lines))
 	}
 	end := len(lines)
-	if limit != nil && *limit >= 0 {
-		end = min(start+*limit, len(lines))
+	// Compared to what is left, so a huge limit cannot overflow start+limit.
+	if limit != nil && *limit >= 0 && *limit < len(lines)-start {
+		end = start + *limit
 	}
-	return strings.Join(lines[start:end], ""), nil
+	return strings.Join(lines[start:end], "")
 }
 
 func (f *fsRoot) write(path, content string) error {
@@ -116,5 +152,17 @@ func (f *fsRoot) write(path, content string) error {
 			return escaped(err)
 		}
 	}
-	return escaped(f.root.WriteFile(rel, []byte(content), 0o644))
+	// Truncated only once it is known to be a regular file.
+	fh, err := f.openRegular(rel, os.O_WRONLY|os.O_CREATE)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	if err := fh.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := fh.WriteString(content); err != nil {
+		return err
+	}
+	return fh.Close()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -60,13 +61,25 @@ var _ sdk.Client = (*sdkClient)(nil)
 // errNoTerminal answers terminal/* requests: terminals are not advertised.
 var errNoTerminal = sdk.NewMethodNotFound("terminal/* (not advertised by this client)")
 
-func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissionRequest) (sdk.RequestPermissionResponse, error) {
+// recovered turns a panic in a handler the SDK runs (which would take the
+// whole host down: the SDK does not recover) into an internal error answer.
+func (c *Client) recovered(method string, err *error) {
+	if r := recover(); r != nil {
+		c.opts.Logger.Error("acp: a handler panicked; answered an internal error", "method", method,
+			"panic", trim(fmt.Sprint(r), 200), "stack", trim(string(debug.Stack()), 4000))
+		*err = sdk.NewInternalError(map[string]any{"error": "internal error in the client"})
+	}
+}
+
+func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissionRequest) (resp sdk.RequestPermissionResponse, err error) {
 	c := (*Client)(s)
+	defer c.recovered(sdk.ClientMethodSessionRequestPermission, &err)
+	session := string(p.SessionId)
 	if !c.inbound() {
-		return sdk.RequestPermissionResponse{Outcome: pick(p.Options, false)}, nil
+		return sdk.RequestPermissionResponse{Outcome: c.outcome(session, p.Options, false)}, nil
 	}
 	defer c.inboundDone()
-	req := PermissionRequest{SessionID: string(p.SessionId), ToolCallID: string(p.ToolCall.ToolCallId), Options: p.Options}
+	req := PermissionRequest{SessionID: session, ToolCallID: string(p.ToolCall.ToolCallId), Options: p.Options}
 	if p.ToolCall.Title != nil {
 		req.Title = *p.ToolCall.Title
 	}
@@ -77,8 +90,13 @@ func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissi
 		req.RawInput, _ = json.Marshal(p.ToolCall.RawInput)
 	}
 	allow := false
-	if c.opts.Permission != nil {
+	if c.opts.Permission != nil && !c.isCancelled(session) {
 		dctx, cancel := context.WithTimeout(ctx, c.opts.PermissionTimeout)
+		// Cancelling the turn cuts the decision short.
+		if pctx := c.promptCtx(session); pctx != nil {
+			stop := context.AfterFunc(pctx, cancel)
+			defer stop()
+		}
 		allow = c.opts.Permission(dctx, req)
 		// An answer that came after the deadline does not count.
 		if dctx.Err() != nil {
@@ -86,11 +104,27 @@ func (s *sdkClient) RequestPermission(ctx context.Context, p sdk.RequestPermissi
 		}
 		cancel()
 	}
-	return sdk.RequestPermissionResponse{Outcome: pick(p.Options, allow)}, nil
+	return sdk.RequestPermissionResponse{Outcome: c.outcome(session, p.Options, allow)}, nil
+}
+
+// outcome answers a permission request: cancelled once the session was sent
+// session/cancel (ACP: every pending or later request of a cancelled turn),
+// else the option pick chooses.
+func (c *Client) outcome(session string, opts []sdk.PermissionOption, allow bool) sdk.RequestPermissionOutcome {
+	if c.isCancelled(session) {
+		return cancelledOutcome()
+	}
+	return pick(opts, allow)
+}
+
+func cancelledOutcome() sdk.RequestPermissionOutcome {
+	return sdk.RequestPermissionOutcome{Cancelled: &sdk.RequestPermissionOutcomeCancelled{Outcome: "cancelled"}}
 }
 
 // pick chooses the option that says allow (or deny) once, else always;
-// a denial with no reject option is the cancelled outcome.
+// a denial with no reject option is the cancelled outcome, and so is a
+// choice whose id another option shares (the agent could take it for the
+// other one).
 func pick(opts []sdk.PermissionOption, allow bool) sdk.RequestPermissionOutcome {
 	kinds := []sdk.PermissionOptionKind{sdk.PermissionOptionKindRejectOnce, sdk.PermissionOptionKindRejectAlways}
 	if allow {
@@ -98,19 +132,30 @@ func pick(opts []sdk.PermissionOption, allow bool) sdk.RequestPermissionOutcome 
 	}
 	for _, k := range kinds {
 		for _, o := range opts {
-			if o.Kind == k {
-				return sdk.RequestPermissionOutcome{Selected: &sdk.RequestPermissionOutcomeSelected{OptionId: o.OptionId, Outcome: "selected"}}
+			if o.Kind != k {
+				continue
 			}
+			n := 0
+			for _, other := range opts {
+				if other.OptionId == o.OptionId {
+					n++
+				}
+			}
+			if n > 1 {
+				return cancelledOutcome()
+			}
+			return sdk.RequestPermissionOutcome{Selected: &sdk.RequestPermissionOutcomeSelected{OptionId: o.OptionId, Outcome: "selected"}}
 		}
 	}
-	return sdk.RequestPermissionOutcome{Cancelled: &sdk.RequestPermissionOutcomeCancelled{Outcome: "cancelled"}}
+	return cancelledOutcome()
 }
 
 // SessionUpdate is never called: updates are decoded before the SDK.
 func (s *sdkClient) SessionUpdate(context.Context, sdk.SessionNotification) error { return nil }
 
-func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest) (sdk.ReadTextFileResponse, error) {
+func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest) (resp sdk.ReadTextFileResponse, err error) {
 	c := (*Client)(s)
+	defer c.recovered(sdk.ClientMethodFsReadTextFile, &err)
 	if !c.inbound() {
 		return sdk.ReadTextFileResponse{}, errBusy
 	}
@@ -125,8 +170,9 @@ func (s *sdkClient) ReadTextFile(ctx context.Context, p sdk.ReadTextFileRequest)
 	return sdk.ReadTextFileResponse{Content: text}, nil
 }
 
-func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileRequest) (sdk.WriteTextFileResponse, error) {
+func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileRequest) (resp sdk.WriteTextFileResponse, err error) {
 	c := (*Client)(s)
+	defer c.recovered(sdk.ClientMethodFsWriteTextFile, &err)
 	if !c.inbound() {
 		return sdk.WriteTextFileResponse{}, errBusy
 	}
@@ -143,7 +189,7 @@ func (s *sdkClient) WriteTextFile(ctx context.Context, p sdk.WriteTextFileReques
 // fsErr answers an fs request with the reason but not the host's paths
 // beyond what the agent sent.
 func fsErr(err error) error {
-	if errors.Is(err, ErrOutsideRoot) {
+	if errors.Is(err, ErrOutsideRoot) || errors.Is(err, ErrNotRegular) {
 		return sdk.NewInvalidParams(map[string]any{"error": err.Error()})
 	}
 	return sdk.NewInternalError(map[string]any{"error": err.Error()})
@@ -189,8 +235,9 @@ type Question struct {
 // UnstableCreateElicitation answers a form elicitation by asking each of
 // its fields through Options.Ask: accepted when every field was answered,
 // cancelled otherwise. URL elicitations are declined.
-func (s *sdkClient) UnstableCreateElicitation(ctx context.Context, p sdk.UnstableCreateElicitationRequest) (sdk.UnstableCreateElicitationResponse, error) {
+func (s *sdkClient) UnstableCreateElicitation(ctx context.Context, p sdk.UnstableCreateElicitationRequest) (resp sdk.UnstableCreateElicitationResponse, err error) {
 	c := (*Client)(s)
+	defer c.recovered(sdk.ClientMethodElicitationCreate, &err)
 	if !c.inbound() {
 		return sdk.UnstableCreateElicitationResponse{Cancel: &sdk.UnstableCreateElicitationCancel{Action: "cancel"}}, nil
 	}

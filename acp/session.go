@@ -63,9 +63,16 @@ var knownUpdates = map[string]bool{
 // turn is one running prompt.
 type turn struct {
 	done chan struct{}
-	mu   sync.Mutex
-	text strings.Builder
-	cut  bool
+	// ctx is the prompt's: once it ends the turn is being cancelled, and a
+	// permission request of the session gets the cancelled outcome (kept
+	// for the prompt's life only).
+	ctx context.Context
+	// answered: the agent's answer to the prompt was read (reader only,
+	// c.mu held); updates after it are late.
+	answered bool
+	mu       sync.Mutex
+	text     strings.Builder
+	cut      bool
 }
 
 func (c *Client) update(line int64, n int, params json.RawMessage) {
@@ -99,15 +106,28 @@ func (c *Client) update(line int64, n int, params json.RawMessage) {
 		return
 	}
 	ev.Known = true
-	if ev.Update.AgentMessageChunk != nil && ev.Update.AgentMessageChunk.Content.Text != nil {
-		c.mu.Lock()
-		t := c.turns[p.SessionID]
-		c.mu.Unlock()
-		if t != nil {
-			t.add(ev.Update.AgentMessageChunk.Content.Text.Text)
-		}
+	c.mu.Lock()
+	t, loading := c.turns[p.SessionID], c.loads[p.SessionID] > 0
+	late := t == nil || t.answered
+	c.mu.Unlock()
+	if late && !loading && turnContent[disc.Kind] {
+		// After the prompt's answer (or before any): it belongs to no turn,
+		// and the next one must not take it for its own.
+		c.reportMalformed(&LineError{Line: line, Len: int64(n), Reason: "a " + disc.Kind + " update while no prompt runs in its session"})
+		return
+	}
+	if t != nil && ev.Update.AgentMessageChunk != nil && ev.Update.AgentMessageChunk.Content.Text != nil {
+		t.add(ev.Update.AgentMessageChunk.Content.Text.Text)
 	}
 	c.emit(ev)
+}
+
+// turnContent are the update kinds that belong to a turn (a prompt, or a
+// load's replay); the others describe the session (commands, modes,
+// config, usage, info) and may come at any time.
+var turnContent = map[string]bool{
+	"user_message_chunk": true, "agent_message_chunk": true, "agent_thought_chunk": true,
+	"tool_call": true, "tool_call_update": true, "plan": true,
 }
 
 func (t *turn) add(s string) {
@@ -153,18 +173,73 @@ func (c *Client) LoadSession(ctx context.Context, id, cwd string, mcp []sdk.McpS
 	if mcp == nil {
 		mcp = []sdk.McpServer{}
 	}
+	// The replay comes while no prompt runs: it is let through (see update).
+	c.mu.Lock()
+	c.loads[id]++
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.loads[id]--; c.loads[id] <= 0 {
+			delete(c.loads, id)
+		}
+		c.mu.Unlock()
+	}()
 	resp, err := c.conn.LoadSession(ctx, sdk.LoadSessionRequest{SessionId: sdk.SessionId(id), Cwd: cwd, McpServers: mcp, Meta: c.opts.SessionMeta})
 	if err != nil {
 		var re *sdk.RequestError
 		if errors.As(err, &re) && !c.gone() && ctx.Err() == nil {
-			// Any refusal of a well-formed load: the session is not
-			// there for this agent. The message, not the data, is kept.
-			return nil, fmt.Errorf("%w: %s (code %d)", ErrSessionNotFound, trim(re.Message, 200), re.Code)
+			// The message, not the data, is kept.
+			err := fmt.Errorf("acp: session/load: %s (code %d)", trim(re.Message, 200), re.Code)
+			if notFound(re) {
+				return nil, fmt.Errorf("%w: %w", ErrSessionNotFound, err)
+			}
+			// Busy, an internal error, anything else: the session may well
+			// be there; a caller that took this as "not found" would drop
+			// the room's context for good.
+			return nil, err
 		}
 		return nil, c.callErr(ctx, "session/load", err)
 	}
 	return &Session{ID: id, Models: resp.Models, Modes: resp.Modes, Config: resp.ConfigOptions}, nil
 }
+
+// notFound tells a refused load of a session the agent does not have from
+// one that failed for now (busy, an internal error): ACP's resource-not-found
+// or invalid-params code, or an error whose message or data says so.
+// Measured with the pinned agents, for an id they do not know: claude and
+// copilot answer -32002; omp answers -32603 with data.details "ACP session
+// not found: ID"; codex -32603 with "no rollout found for thread id ID" (or
+// "invalid session id" for one that is no UUID), claude -32603 with "... is
+// not a UUID and does not match any session title".
+func notFound(re *sdk.RequestError) bool {
+	switch re.Code {
+	case codeResourceNotFound, codeInvalidParams:
+		return true
+	}
+	text := re.Message
+	if re.Data != nil {
+		if b, err := json.Marshal(re.Data); err == nil {
+			text += " " + string(b)
+		}
+	}
+	text = strings.ToLower(text)
+	for _, p := range notFoundPhrases {
+		if strings.Contains(text, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// notFoundPhrases say, in an agent's error, that the session is not there.
+var notFoundPhrases = []string{"session not found", "no such session", "unknown session", "invalid session id",
+	"no rollout found", "does not match any session", "not found"}
+
+// JSON-RPC and ACP error codes.
+const (
+	codeInvalidParams    = -32602
+	codeResourceNotFound = -32002
+)
 
 func (c *Client) gone() bool {
 	select {
@@ -189,6 +264,12 @@ type Result struct {
 	// says it was cut).
 	Text string
 	Cut  bool
+	// Usage is the token usage the agent reported in its answer (ACP's
+	// unstable field; nil when it sent none), and Meta the answer's _meta:
+	// as sent, for internal/usage to read (agents differ in what they
+	// count, see its ACPReport).
+	Usage *sdk.Usage
+	Meta  map[string]any
 }
 
 // Prompt runs one turn in session and returns when the agent answered
@@ -198,7 +279,7 @@ type Result struct {
 // caller should Close the agent). An agent that exits mid-turn gives an
 // ExitError.
 func (c *Client) Prompt(ctx context.Context, session, text string) (Result, error) {
-	t := &turn{done: make(chan struct{})}
+	t := &turn{done: make(chan struct{}), ctx: ctx}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -209,10 +290,18 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 		return Result{}, fmt.Errorf("acp: a prompt is already running in session %s", session)
 	}
 	c.turns[session] = t
+	// A new turn: permissions are asked again (see outcome).
+	delete(c.cancelled, session)
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		delete(c.turns, session)
+		// A prompt the agent never answered leaves no id behind.
+		for id, s := range c.promptIDs {
+			if s == session {
+				delete(c.promptIDs, id)
+			}
+		}
 		c.mu.Unlock()
 		close(t.done)
 	}()
@@ -246,7 +335,8 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 		select {
 		case ans = <-ch:
 			if ans.err == nil {
-				return Result{StopReason: ans.resp.StopReason}, fmt.Errorf("acp: session/prompt: %w", context.Cause(ctx))
+				return Result{StopReason: ans.resp.StopReason, Usage: ans.resp.Usage, Meta: ans.resp.Meta},
+					fmt.Errorf("acp: session/prompt: %w", context.Cause(ctx))
 			}
 		case <-timer.C:
 			stop()
@@ -259,7 +349,7 @@ func (c *Client) Prompt(ctx context.Context, session, text string) (Result, erro
 	resp := ans.resp
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return Result{StopReason: resp.StopReason, Text: t.text.String(), Cut: t.cut}, nil
+	return Result{StopReason: resp.StopReason, Text: t.text.String(), Cut: t.cut, Usage: resp.Usage, Meta: resp.Meta}, nil
 }
 
 // Cancel sends session/cancel and waits, up to CancelTimeout, for the
@@ -289,6 +379,11 @@ func (c *Client) Cancel(ctx context.Context, session string) error {
 // stdin must not hold the caller past its bound (Close's stdin close ends
 // a blocked write).
 func (c *Client) sendCancel(session string) {
+	// From now on the session's permission requests are answered cancelled,
+	// a pending one included (its Permission callback is cut short).
+	c.mu.Lock()
+	c.cancelled[session] = true
+	c.mu.Unlock()
 	if !c.enter() {
 		return
 	}
@@ -296,6 +391,31 @@ func (c *Client) sendCancel(session string) {
 		defer c.handlers.Done()
 		_ = c.conn.Cancel(context.Background(), sdk.CancelNotification{SessionId: sdk.SessionId(session)})
 	}()
+}
+
+// isCancelled reports whether the session's turn is being cancelled: it was
+// sent session/cancel since its last prompt began, or that prompt's context
+// ended (a room denies the turn's approvals as it cancels it, before
+// session/cancel goes out).
+func (c *Client) isCancelled(session string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancelled[session] {
+		return true
+	}
+	t := c.turns[session]
+	return t != nil && t.ctx.Err() != nil
+}
+
+// promptCtx returns the context of the prompt running in session (nil if
+// none).
+func (c *Client) promptCtx(session string) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.turns[session]; t != nil {
+		return t.ctx
+	}
+	return nil
 }
 
 // SetModel selects a model for the session (session/set_model, which the

@@ -86,7 +86,10 @@ type Options struct {
 	// NoSubreaper leaves the host's subreaper flag alone (for hosts that
 	// manage it themselves).
 	NoSubreaper bool
-	Logger      *slog.Logger
+	// Fuse, when set, keeps the scopes' holds (Scope.HoldUntil) in a
+	// process of its own, so that they hold while this one is paused.
+	Fuse   *Fuse
+	Logger *slog.Logger
 }
 
 func (o *Options) fill() {
@@ -458,6 +461,11 @@ type Scope struct {
 	forgot     map[Ended]int
 	// lookedAt is when a look last read the scope (UnixNano).
 	lookedAt atomic.Int64
+
+	// A hold kept in this process (see HoldUntil).
+	holdMu     sync.Mutex
+	holdTimer  *time.Timer
+	heldFrozen bool
 }
 
 // ID is the scope's id, part of its marker.

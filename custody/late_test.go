@@ -5,6 +5,7 @@ package custody
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,6 +80,18 @@ func TestScope_LateChildrenSignalledAtOnce(t *testing.T) {
 						return
 					}
 					late = readPid(t, out)
+					// Its pid is said before it runs its command: until
+					// env has put TERM back to default, the TERM it is
+					// sent is ignored (as the spawner's) and the child is
+					// left to the KILL round. Wait for the exec (no event
+					// tells of another process's exec: /proc is polled).
+					for deadline := time.Now().Add(10 * time.Second); ; {
+						cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", late))
+						if strings.HasPrefix(string(cmdline), "/bin/sleep\x00") || time.Now().After(deadline) {
+							break
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
 				}
 				defer func() { testHookBeforeSignal = nil }()
 				r, err := s.Close(ctxFor(t, 20*time.Second))

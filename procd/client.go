@@ -1,6 +1,7 @@
 package procd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,6 +50,17 @@ type ClientOptions struct {
 	// that does not answer a claim in time is asked again while its
 	// handoff ticket is valid.
 	PingTimeout time.Duration
+
+	// protocols makes the client another build's (tests of version
+	// skew); zero: Versions().
+	protocols Range
+}
+
+func (o *ClientOptions) versions() Range {
+	if o.protocols != (Range{}) {
+		return o.protocols
+	}
+	return Versions()
 }
 
 func (o *ClientOptions) pingTimeout() time.Duration {
@@ -130,8 +142,10 @@ func Connect(ctx context.Context, dataDir string, opts *ClientOptions) (*Client,
 // its log) and owns a fresh one. A daemon that holds the data dir but is
 // slow to answer the claim is asked again while the ticket is valid; only
 // a refusal (ErrHandoff), another instance, or the daemon gone fails the
-// claim. It fails with ErrOwned when another owner is connected. Done is
-// closed if the owner connection is lost.
+// claim. It fails with ErrOwned when another owner is connected, and with a
+// *VersionError, leaving the daemon and its ticket alone, when the daemon
+// speaks no protocol version of this client's. Done is closed if the owner
+// connection is lost.
 func Own(ctx context.Context, dataDir string, opts *ClientOptions) (*Client, error) {
 	c := &Client{dataDir: dataDir, renewed: make(chan struct{})}
 	if opts != nil {
@@ -212,6 +226,12 @@ func (c *Client) ownFlow(ctx context.Context) (ownResult, error) {
 	dataDir := c.dataDir
 	if t, err := readTicket(dataDir); err == nil {
 		svc, oc, err := c.claimWithin(ctx, t)
+		var verr *VersionError
+		if errors.As(err, &verr) {
+			// Not ours to end either: the build the daemon came with can
+			// still claim it with the ticket, kept for it.
+			return r, err
+		}
 		_ = os.Remove(filepath.Join(procdDir(dataDir), ticketFile))
 		if err == nil {
 			return ownResult{svc: svc, own: oc, claimed: true}, nil
@@ -314,7 +334,7 @@ func (c *Client) ownConn(ctx context.Context, svc service, ticket string) (*owne
 	// too late for us would leave it without owner or handoff, and it
 	// would end everything. The ping before said it answers.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, svc.Token, map[string]any{"op": "own", "instance_id": svc.InstanceID, "ticket": ticket})
+	r, err := roundTrip(conn, svc, map[string]any{"op": "own", "instance_id": svc.InstanceID, "ticket": ticket})
 	if !stop() || err != nil {
 		conn.Close()
 		if err == nil {
@@ -412,8 +432,10 @@ func (c *Client) Done() <-chan struct{} {
 }
 
 // Close releases the owner connection (for an owner: the daemon ends
-// everything unless a handoff was prepared), ends the waits for a Reown,
-// and waits for the client's goroutines. Idempotent.
+// everything unless a handoff was prepared), ends the waits for a Reown
+// (ErrClosed), and waits for the client's goroutines, which run no user
+// code: it is safe to call from anywhere, and there is nothing for a
+// separate wait to join. Every call returns the first one's result.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if !c.closed {
@@ -443,7 +465,7 @@ func (c *Client) PrepareHandoff(ctx context.Context) (Ticket, error) {
 	}
 	oc.reqMu.Lock()
 	defer oc.reqMu.Unlock()
-	if err := writeFrame(oc.conn, envelope{Token: svc.Token, Request: mustJSON(map[string]any{"op": "prepare_handoff"})}); err != nil {
+	if err := writeFrame(oc.conn, envelope{Token: svc.Token, Protocol: svc.speak, Request: mustJSON(map[string]any{"op": "prepare_handoff"})}); err != nil {
 		return Ticket{}, err
 	}
 	select {
@@ -593,17 +615,22 @@ func (c *Client) Shutdown(ctx context.Context) ([]custody.Receipt, error) {
 	return r.Receipts, nil
 }
 
-// Ping checks that the daemon answers and speaks Protocol.
+// Ping checks that the daemon answers and still speaks the protocol
+// version the client negotiated with it (Protocol).
 func (c *Client) Ping(ctx context.Context) error {
 	r, err := c.do(ctx, map[string]any{"op": "ping"}, TypePong)
 	if err != nil {
 		return err
 	}
-	if r.Protocol != Protocol {
-		return fmt.Errorf("%w: the daemon speaks protocol %d, not %d", ErrProtocol, r.Protocol, Protocol)
+	if dv := versions(r.Protocol, r.Protocols); !dv.contains(c.Protocol()) {
+		return &VersionError{Client: c.opts.versions(), Daemon: dv}
 	}
 	return nil
 }
+
+// Protocol is the protocol version the client speaks with its daemon:
+// the newest in both the client's range (Versions) and the daemon's.
+func (c *Client) Protocol() int { return c.service().speak }
 
 // Subscription is an attached pty: its replay, then live output and
 // events. Not safe for concurrent Next calls; Input and Resize may be
@@ -611,6 +638,7 @@ func (c *Client) Ping(ctx context.Context) error {
 type Subscription struct {
 	conn  net.Conn
 	token string
+	speak int // the protocol version
 	wmu   sync.Mutex
 	// Attached is the first frame: the replay from Attached.Offset
 	// (Attached.Truncated when older output is gone), and whether this
@@ -630,7 +658,7 @@ func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, svc.Token, map[string]any{"op": "subscribe", "id": id, "offset": offset, "control": control})
+	r, err := roundTrip(conn, svc, map[string]any{"op": "subscribe", "id": id, "offset": offset, "control": control})
 	if !stop() || err != nil {
 		conn.Close()
 		if err == nil {
@@ -646,7 +674,7 @@ func (c *Client) Subscribe(ctx context.Context, id string, offset int64, control
 		conn.Close()
 		return nil, fmt.Errorf("%w: subscribe answered %q", ErrProtocol, r.Type)
 	}
-	return &Subscription{conn: conn, token: svc.Token, Attached: r}, nil
+	return &Subscription{conn: conn, token: svc.Token, speak: svc.speak, Attached: r}, nil
 }
 
 // Next returns the next event: "output", "resized", "controller_changed",
@@ -683,7 +711,7 @@ func (s *Subscription) Resize(cols, rows uint16) error {
 func (s *Subscription) send(req map[string]any) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return writeFrame(s.conn, envelope{Token: s.token, Request: mustJSON(req)})
+	return writeFrame(s.conn, envelope{Token: s.token, Protocol: s.speak, Request: mustJSON(req)})
 }
 
 // Close detaches (giving up control).
@@ -700,8 +728,11 @@ func (c *Client) do(ctx context.Context, req any, want string) (Reply, error) {
 			return Reply{}, err
 		}
 		r, err := exchange(ctx, conn, svc, req, want)
-		if err == nil || !errors.Is(err, ErrNoDaemon) || !c.awaitRenewal(ctx, svc) {
+		if err == nil || !errors.Is(err, ErrNoDaemon) {
 			return r, err
+		}
+		if again, cerr := c.awaitRenewal(ctx, svc); !again {
+			return r, cmp.Or(cerr, err)
 		}
 	}
 }
@@ -727,7 +758,7 @@ func (c *Client) doWith(ctx context.Context, svc service, req any, want string) 
 func exchange(ctx context.Context, conn net.Conn, svc service, req any, want string) (Reply, error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	r, err := roundTrip(conn, svc.Token, req)
+	r, err := roundTrip(conn, svc, req)
 	if !stop() {
 		return Reply{}, ctx.Err()
 	}
@@ -750,8 +781,11 @@ func (c *Client) dial(ctx context.Context) (net.Conn, service, error) {
 	for {
 		svc := c.service()
 		conn, err := dialSocket(ctx, svc)
-		if err == nil || !c.awaitRenewal(ctx, svc) {
-			return conn, svc, err
+		if err == nil {
+			return conn, svc, nil
+		}
+		if again, cerr := c.awaitRenewal(ctx, svc); !again {
+			return nil, svc, cmp.Or(cerr, err)
 		}
 	}
 }
@@ -763,17 +797,19 @@ const ownerLossWait = time.Second
 
 // awaitRenewal: a request to svc found no daemon. For an owner client
 // whose daemon is gone it waits (within ctx) for Reown and reports true:
-// try again. False for a plain or closed client, or a daemon that is not
-// gone.
-func (c *Client) awaitRenewal(ctx context.Context, svc service) bool {
+// try again. False for a plain client or a daemon that is not gone; false
+// and ErrClosed for an owner client closed before or meanwhile.
+func (c *Client) awaitRenewal(ctx context.Context, svc service) (bool, error) {
 	c.mu.Lock()
 	cur, own, renewed, closed := c.svc, c.own, c.renewed, c.closed
 	c.mu.Unlock()
 	switch {
-	case own == nil || closed || ctx.Err() != nil:
-		return false
+	case own == nil || ctx.Err() != nil:
+		return false, nil
+	case closed:
+		return false, ErrClosed
 	case cur.InstanceID != svc.InstanceID:
-		return true // renewed meanwhile
+		return true, nil // renewed meanwhile
 	}
 	if !isClosed(own.done) {
 		t := time.NewTimer(ownerLossWait)
@@ -781,17 +817,20 @@ func (c *Client) awaitRenewal(ctx context.Context, svc service) bool {
 		case <-own.done:
 			t.Stop()
 		case <-t.C:
-			return false
+			return false, nil
 		case <-ctx.Done():
 			t.Stop()
-			return false
+			return false, nil
 		}
 	}
 	select {
 	case <-renewed:
-		return !c.isClosedClient()
+		if c.isClosedClient() {
+			return false, ErrClosed
+		}
+		return true, nil
 	case <-ctx.Done():
-		return false
+		return false, nil
 	}
 }
 
@@ -819,12 +858,12 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-func roundTrip(conn net.Conn, token string, req any) (Reply, error) {
+func roundTrip(conn net.Conn, svc service, req any) (Reply, error) {
 	raw, err := json.Marshal(req)
 	if err != nil {
 		return Reply{}, err
 	}
-	if err := writeFrame(conn, envelope{Token: token, Request: raw}); err != nil {
+	if err := writeFrame(conn, envelope{Token: svc.Token, Protocol: svc.speak, Request: raw}); err != nil {
 		return Reply{}, fmt.Errorf("%w: %v", ErrNoDaemon, err)
 	}
 	b, err := readFrame(conn)
@@ -865,14 +904,13 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
-// find reads the registration file and checks the daemon answers.
+// find reads the registration file, checks the daemon answers, and
+// negotiates the protocol version: the newest both speak (*VersionError,
+// from a daemon that answers, when none).
 func (c *Client) find(ctx context.Context) (service, error) {
 	svc, err := readService(c.dataDir)
 	if err != nil {
 		return svc, fmt.Errorf("%w: %v", ErrNoDaemon, err)
-	}
-	if svc.Protocol != Protocol {
-		return svc, fmt.Errorf("%w: the daemon registered protocol %d, not %d", ErrProtocol, svc.Protocol, Protocol)
 	}
 	pctx, cancel := context.WithTimeout(ctx, c.opts.pingTimeout())
 	defer cancel()
@@ -884,9 +922,14 @@ func (c *Client) find(ctx context.Context) (service, error) {
 		}
 		return svc, err
 	}
-	if r.Protocol != Protocol {
-		return svc, fmt.Errorf("%w: the daemon speaks protocol %d, not %d", ErrProtocol, r.Protocol, Protocol)
+	// The daemon's answer decides, not its registration (which may be a
+	// dead daemon's: then a fresh one is started).
+	mine, dv := c.opts.versions(), versions(r.Protocol, r.Protocols)
+	v, ok := mine.common(dv)
+	if !ok {
+		return svc, &VersionError{Client: mine, Daemon: dv}
 	}
+	svc.speak = v
 	return svc, nil
 }
 

@@ -110,7 +110,8 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("procd: custody: %w", err)
 	}
 	d.cust = cust
-	svc := service{InstanceID: d.instanceID, PID: os.Getpid(), Protocol: Protocol, Socket: filepath.Join(d.sockDir, "sock"), Token: d.token}
+	svc := service{InstanceID: d.instanceID, PID: os.Getpid(), Socket: filepath.Join(d.sockDir, "sock"), Token: d.token}
+	svc.Protocol, svc.Protocols = d.pong()
 	if err := writeJSON(filepath.Join(dir, serviceFile), svc); err != nil {
 		d.ln.Close()
 		cust.Close()
@@ -400,33 +401,44 @@ func errf(code, format string, args ...any) error {
 	return &reqErr{code, fmt.Sprintf(format, args...)}
 }
 
-// readRequest reads one envelope and checks its token; it returns the op
-// and the raw request.
+// readRequest reads one envelope and checks its token and protocol
+// version; it returns the op and the raw request.
 func (d *daemon) readRequest(c *conn) (string, json.RawMessage, error) {
 	b, err := readFrame(c)
 	if err != nil {
 		return "", nil, err
 	}
-	return parseEnvelope(b, d.token)
+	op, v, raw, err := parseVersioned(b, d.token)
+	if err == nil {
+		err = d.checkVersion(op, v)
+	}
+	return op, raw, err
 }
 
 // parseEnvelope checks one frame's envelope and token, and returns its op
 // and raw request.
 func parseEnvelope(b []byte, token string) (string, json.RawMessage, error) {
+	op, _, raw, err := parseVersioned(b, token)
+	return op, raw, err
+}
+
+// parseVersioned is parseEnvelope that also returns the protocol version
+// the envelope names (0: none).
+func parseVersioned(b []byte, token string) (string, int, json.RawMessage, error) {
 	var env envelope
 	if err := json.Unmarshal(b, &env); err != nil {
-		return "", nil, errf(codeInvalid, "invalid envelope: %v", err)
+		return "", 0, nil, errf(codeInvalid, "invalid envelope: %v", err)
 	}
 	if subtle.ConstantTimeCompare([]byte(env.Token), []byte(token)) != 1 {
-		return "", nil, errf(codeForbidden, "forbidden: missing or wrong token")
+		return "", 0, nil, errf(codeForbidden, "forbidden: missing or wrong token")
 	}
 	var head struct {
 		Op string `json:"op"`
 	}
 	if len(env.Request) == 0 || json.Unmarshal(env.Request, &head) != nil || head.Op == "" {
-		return "", nil, errf(codeInvalid, "invalid envelope: request.op is required")
+		return "", 0, nil, errf(codeInvalid, "invalid envelope: request.op is required")
 	}
-	return head.Op, env.Request, nil
+	return head.Op, env.Protocol, env.Request, nil
 }
 
 func (d *daemon) serveConn(nc *net.UnixConn) {
@@ -509,7 +521,37 @@ func (d *daemon) opPing(c *conn, op string, raw json.RawMessage) error {
 	if err := decode(op, raw, &r); err != nil {
 		return err
 	}
-	return c.send(Reply{Type: TypePong, Protocol: Protocol, InstanceID: d.instanceID})
+	pong := Reply{Type: TypePong, InstanceID: d.instanceID}
+	pong.Protocol, pong.Protocols = d.pong()
+	return c.send(pong)
+}
+
+// pong is what the daemon says of its versions, in ping and in its
+// registration: the oldest it speaks (so that a client before
+// negotiation, which demands its own version exactly, uses a daemon that
+// speaks it), and the range.
+func (d *daemon) pong() (int, *Range) {
+	w := d.opts.wire
+	if w.preNegotiation {
+		return w.Max, nil
+	}
+	r := w.Range
+	return r.Min, &r
+}
+
+// checkVersion refuses a request in a protocol version the daemon does
+// not speak (ping, which negotiates the version, excepted). No request
+// differs between the versions spoken yet; one that will reads the
+// version here.
+func (d *daemon) checkVersion(op string, v int) error {
+	w := d.opts.wire
+	if v == 0 {
+		v = preNegotiation
+	}
+	if op == "ping" || w.preNegotiation || w.contains(v) {
+		return nil
+	}
+	return errf(codeProtocol, "unsupported protocol %d: this daemon speaks protocol %s", v, w.Range)
 }
 
 func (d *daemon) opShutdown(c *conn, op string, raw json.RawMessage) error {

@@ -25,8 +25,7 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 	if len(argv) == 0 {
 		return errors.New("procd: Detach needs a command")
 	}
-	if c, err := Dial(ctx, dataDir); err == nil {
-		_ = c.Close()
+	if answering(ctx, dataDir) {
 		return nil
 	}
 	if err := os.MkdirAll(procdDir(dataDir), 0o700); err != nil {
@@ -56,8 +55,7 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 	defer t.Stop()
 	exited := false
 	for {
-		if c, err := Dial(ctx, dataDir); err == nil {
-			_ = c.Close()
+		if answering(ctx, dataDir) {
 			return nil
 		}
 		if !exited {
@@ -71,8 +69,7 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 			// It failed, or lost the race to another daemon that holds
 			// the lock and is still starting: that one is waited for.
 			if free, _ := lockFree(dataDir); free {
-				if c, err := Dial(ctx, dataDir); err == nil {
-					_ = c.Close()
+				if answering(ctx, dataDir) {
 					return nil
 				}
 				return fmt.Errorf("procd: the daemon exited; see %s", filepath.Join(procdDir(dataDir), logFile))
@@ -84,6 +81,19 @@ func Detach(ctx context.Context, dataDir string, argv, env []string) error {
 			return fmt.Errorf("procd: the daemon did not answer: %w", ctx.Err())
 		}
 	}
+}
+
+// answering reports whether the daemon of dataDir answers, in a protocol
+// of this build or another's (its clients learn which from the
+// VersionError).
+func answering(ctx context.Context, dataDir string) bool {
+	c, err := Dial(ctx, dataDir)
+	if err == nil {
+		_ = c.Close()
+		return true
+	}
+	var verr *VersionError
+	return errors.As(err, &verr)
 }
 
 // pidAlive reports whether pid runs (and is not a zombie).

@@ -6,7 +6,7 @@
 // # Finding the daemon
 //
 // The daemon of a data dir writes DIR/procd/service.json (0600; instance id,
-// pid, protocol, socket, token) by temp file and rename while it holds an
+// pid, protocols, socket, token) by temp file and rename while it holds an
 // exclusive flock on DIR/procd/service.lock for its whole life, so there is
 // never more than one. Its Unix socket lives in a 0700 directory and is
 // itself 0600; every request carries the token, and the peer's uid must be
@@ -19,8 +19,25 @@
 // replies and events are JSON objects with a "type". A plain request has a
 // connection of its own and the first frame back is its reply; wait,
 // subscribe and own keep their connection. ping is the handshake: its
-// reply carries the protocol version (Protocol, 8). An unknown op is
+// reply carries the protocol versions the daemon speaks. An unknown op is
 // answered "unsupported request: OP", a bad field "invalid OP request: ...".
+//
+// # Protocol versions
+//
+// A client and a daemon each speak a range of protocol versions (this
+// build: MinProtocol 8 to Protocol 9; see Versions). ping answers
+// {"protocol": oldest, "protocols": {"min", "max"}}, and the client speaks
+// the newest version both have, naming it in every envelope ("protocol";
+// none means 8). The daemon is what outlives a planned restart, so the new
+// client adapts to the old daemon, whichever build is newer, and the
+// daemon keeps its processes; a build keeps at least one version of
+// overlap with the one before it. A client and a daemon with no version in
+// common fail with a *VersionError naming both ranges (ErrProtocol), and
+// Own then leaves that daemon, its processes and its ticket alone. A
+// daemon refuses a request in a version it does not speak (code
+// "protocol"). Protocol 8 daemons and clients, from before negotiation,
+// demand protocol 8 exactly: this build's daemon reports 8 as its oldest,
+// so they use it, and its clients claim theirs.
 //
 // # Owners, other clients and the bounds that end processes
 //
@@ -59,6 +76,15 @@
 //
 // The owner's Done closes; Reown owns a fresh daemon (or claims a handed
 // over one) with the same Client. Requests made meanwhile that do not name
-// a process wait for it within their context; those naming a process of
-// the dead daemon fail at once with ErrNoDaemon (the process died with it).
+// a process wait for it within their context (or until Close: ErrClosed);
+// those naming a process of the dead daemon fail at once with ErrNoDaemon
+// (the process died with it).
+//
+// # Callbacks and shutdown
+//
+// The Go packages of agenthost share one contract (README, "Callbacks and
+// shutdown"): Close never waits on user code and is safe anywhere, a
+// separate Wait joins the callbacks, and every Close returns the first
+// one's result. A Client runs no user code, so it needs no Wait: its
+// Close releases the owner connection and joins the client's goroutines.
 package procd

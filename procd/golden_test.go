@@ -17,7 +17,9 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files")
 
 // TestWire_Golden pins the JSON of every reply and event type: the wire is
-// protocol 8 and must not drift by accident.
+// protocol 8 with protocol 9's negotiation added, and must not drift by
+// accident. Lines are only ever added: a frame of an older protocol stays
+// what clients and daemons of older builds send.
 func TestWire_Golden(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 12, 1, 5, 0, 0, 0, time.UTC)
@@ -30,7 +32,7 @@ func TestWire_Golden(t *testing.T) {
 	rec := custody.Receipt{Scope: "s1", Containment: custody.ContainPortable, Duration: time.Second,
 		Processes: []custody.Entry{{PID: 42, Cmdline: "sh", Found: custody.FoundLeader, Ended: custody.EndedKill, At: at, Reaped: true}}}
 	replies := []Reply{
-		{Type: TypePong, Protocol: Protocol, InstanceID: "i1"},
+		{Type: TypePong, Protocol: 8, InstanceID: "i1"}, // a protocol 8 daemon's
 		{Type: TypeError, Code: codeUnsupported, Message: "unsupported request: x"},
 		{Type: TypeOK},
 		{Type: TypeProcess, Process: &pipe},
@@ -46,6 +48,10 @@ func TestWire_Golden(t *testing.T) {
 		{Type: TypeResized, Cols: 100, Rows: 30},
 		{Type: TypeControllerChanged},
 		{Type: TypeDropped, Message: "subscriber too slow"},
+		// Protocol 9: ping's range, and a request in a version the daemon
+		// does not speak.
+		{Type: TypePong, Protocol: 8, Protocols: &Range{8, 9}, InstanceID: "i1"},
+		{Type: TypeError, Code: codeProtocol, Message: "unsupported protocol 7: this daemon speaks protocol 8-9"},
 	}
 	var got bytes.Buffer
 	for _, r := range replies {
@@ -72,5 +78,29 @@ func TestWire_Golden(t *testing.T) {
 	}
 	if !bytes.Equal(got.Bytes(), want) {
 		t.Fatalf("the wire changed (go test -run TestWire_Golden -update ./procd to accept):\n got %s\nwant %s", got.Bytes(), want)
+	}
+}
+
+// TestWire_GoldenPongVersions: the pongs frozen in the golden file say
+// which versions their daemon speaks: protocol 8 alone for a daemon
+// before negotiation, its range for one after.
+func TestWire_GoldenPongVersions(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("testdata", "replies.golden.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []Range
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var r Reply
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		if r.Type == TypePong {
+			got = append(got, versions(r.Protocol, r.Protocols))
+		}
+	}
+	if len(got) != 2 || got[0] != (Range{8, 8}) || got[1] != (Range{8, 9}) {
+		t.Fatalf("pong versions %v, want [8-8 8-9]", got)
 	}
 }

@@ -37,8 +37,22 @@ func daemonMain(args []string) int {
 	ttl := fs.Duration("handoff-ttl", 0, "")
 	fsize := fs.Int64("fsize", 0, "")
 	nofile := fs.Uint64("nofile", 0, "")
+	// A daemon of another build: the protocol versions it speaks
+	// ("9-10"), and whether it predates negotiation (protocol 8 alone).
+	protocols := fs.String("protocols", "", "")
+	preNegotiation := fs.Bool("pre-negotiation", false, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	var wire wireVersions
+	if *protocols != "" {
+		if _, err := fmt.Sscanf(*protocols, "%d-%d", &wire.Min, &wire.Max); err != nil {
+			fmt.Fprintln(os.Stderr, "--protocols:", err)
+			return 2
+		}
+	}
+	if *preNegotiation {
+		wire = wireVersions{Range: Range{8, 8}, preNegotiation: true}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -60,6 +74,12 @@ func daemonMain(args []string) int {
 		}
 		if *nofile > 0 {
 			argv = append(argv, "--nofile", fmt.Sprint(*nofile))
+		}
+		if *protocols != "" {
+			argv = append(argv, "--protocols", *protocols)
+		}
+		if *preNegotiation {
+			argv = append(argv, "--pre-negotiation")
 		}
 		if err := Detach(dctx, *data, argv, os.Environ()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -84,7 +104,7 @@ func daemonMain(args []string) int {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log}); err != nil {
+	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log, wire: wire}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -46,6 +46,20 @@ type Options struct {
 	// Custody configures the daemon's custodian.
 	Custody custody.Options
 	Logger  *slog.Logger
+
+	// wire makes the daemon another build's (tests of version skew): the
+	// versions it speaks, and whether it predates negotiation. Zero:
+	// this build's.
+	wire wireVersions
+}
+
+// wireVersions are the protocol versions a daemon speaks.
+type wireVersions struct {
+	Range
+	// preNegotiation: a protocol 8 daemon built before negotiation
+	// existed: no range in its ping or registration, and every request is
+	// taken as its version.
+	preNegotiation bool
 }
 
 func (o *Options) fill() {
@@ -63,6 +77,9 @@ func (o *Options) fill() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.wire.Range == (Range{}) {
+		o.wire.Range = Versions()
 	}
 	if o.Custody.Logger == nil {
 		o.Custody.Logger = o.Logger

@@ -178,7 +178,7 @@ func TestCreatePipe_Invalid(t *testing.T) {
 		t.Fatalf("list without mode: %+v", r)
 	}
 	r = rawRequest(t, dir, svc.Token, `{"op":"ping"}`)
-	if r.Type != TypePong || r.Protocol != Protocol {
+	if r.Type != TypePong || r.Protocol != MinProtocol || r.Protocols == nil || *r.Protocols != Versions() {
 		t.Fatalf("ping: %+v", r)
 	}
 }

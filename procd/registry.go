@@ -22,13 +22,28 @@ const (
 	tempSockPrefix = "agenthost-procd-"
 )
 
-// service is the registration file's content.
+// service is the registration file's content. Protocol is the oldest
+// version the daemon speaks (a client before negotiation demands it
+// exactly), Protocols the whole range (absent from a protocol 8 daemon).
 type service struct {
 	InstanceID string `json:"instance_id"`
 	PID        int    `json:"pid"`
 	Protocol   int    `json:"protocol"`
+	Protocols  *Range `json:"protocols,omitempty"`
 	Socket     string `json:"socket"`
 	Token      string `json:"token"`
+
+	// speak is the version a client negotiated with this daemon (0 until
+	// it pinged it): sent with every request.
+	speak int
+}
+
+// versions is the range a registration or a pong says the daemon speaks.
+func versions(protocol int, protocols *Range) Range {
+	if protocols != nil {
+		return *protocols
+	}
+	return Range{protocol, protocol}
 }
 
 func procdDir(dataDir string) string { return filepath.Join(dataDir, subdir) }

@@ -144,8 +144,11 @@ func TestSignal_WholeGroupKeepsRecord(t *testing.T) {
 	_, c := startDaemon(t)
 	ctx := testCtx(t)
 	// A background child in the same group, and a leader that traps TERM
-	// (a handler, not an ignore, which the child would inherit).
-	info, err := c.CreatePipe(ctx, pipeSpec(t, `trap 'echo trapped' TERM; sleep 300 & echo $!; wait; exit 5`))
+	// (a handler, not an ignore, which the child would inherit). The child
+	// says its pid itself, after an exec (which resets the inherited
+	// handler): a pid said by the leader ($!) can reach the test before the
+	// forked child dropped the trap, and a TERM then runs the trap in it.
+	info, err := c.CreatePipe(ctx, pipeSpec(t, `trap 'echo trapped' TERM; sh -c 'echo $$; exec sleep 300' & wait; exit 5`))
 	if err != nil {
 		t.Fatal(err)
 	}

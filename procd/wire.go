@@ -11,10 +11,65 @@ import (
 	"github.com/agenthost/agenthost/custody"
 )
 
-// Protocol is the wire protocol version the handshake reports. It follows
-// the reference's numbering (protocol 8: create_pty/create_pipe, get, wait,
-// signal, set_metadata).
-const Protocol = 8
+// Protocol versions. They follow the reference's numbering (protocol 8:
+// create_pty/create_pipe, get, wait, signal, set_metadata); protocol 9
+// adds the negotiation of a version between client and daemon (see
+// Range), and is protocol 8 otherwise.
+const (
+	// Protocol is the newest version this build speaks.
+	Protocol = 9
+	// MinProtocol is the oldest version this build speaks: a daemon of
+	// an older build that speaks it keeps its processes across a planned
+	// restart into this one, and a client of such a build can use a
+	// daemon of this one.
+	MinProtocol = 8
+	// preNegotiation is the last protocol without negotiation: what a
+	// request that names no version speaks.
+	preNegotiation = 8
+)
+
+// Range is an inclusive range of protocol versions: those a client or a
+// daemon speaks. A client speaks the newest version in both its own range
+// and the daemon's; the daemon is the one that keeps running across a
+// planned restart, so the new client adapts to it, whichever is newer.
+type Range struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+}
+
+// Versions is the range this build speaks.
+func Versions() Range { return Range{MinProtocol, Protocol} }
+
+func (r Range) String() string {
+	if r.Min == r.Max {
+		return fmt.Sprint(r.Min)
+	}
+	return fmt.Sprintf("%d-%d", r.Min, r.Max)
+}
+
+func (r Range) contains(v int) bool { return r.Min <= v && v <= r.Max }
+
+// common is the newest version in both r and o (false: none).
+func (r Range) common(o Range) (int, bool) {
+	v := min(r.Max, o.Max)
+	return v, v >= max(r.Min, o.Min)
+}
+
+// VersionError reports a client and a daemon that speak no protocol
+// version in common (a daemon of a much older or newer build); it matches
+// ErrProtocol. Own leaves such a daemon and its processes alone: the build
+// it came with can still claim, use or shut it down.
+type VersionError struct {
+	// Client and Daemon are the ranges each speaks.
+	Client, Daemon Range
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("procd: the daemon speaks protocol %s and this client %s: no version in common (use the agenthost that started the daemon, or shut it down with it)", e.Daemon, e.Client)
+}
+
+// Is makes errors.Is(err, ErrProtocol) true.
+func (e *VersionError) Is(target error) bool { return target == ErrProtocol }
 
 const (
 	// MaxFrame caps one frame's payload, both ways (the reference's cap).
@@ -141,10 +196,15 @@ type Ticket struct {
 
 // Reply is one frame from the daemon: a reply or an event.
 type Reply struct {
-	Type       string        `json:"type"`
-	Message    string        `json:"message,omitempty"` // "error"
-	Code       string        `json:"code,omitempty"`    // "error": what kind
+	Type    string `json:"type"`
+	Message string `json:"message,omitempty"` // "error"
+	Code    string `json:"code,omitempty"`    // "error": what kind
+	// Protocol and Protocols answer ping: the oldest version the daemon
+	// speaks (all a client before negotiation reads, and demands
+	// exactly), and the whole range (absent from a protocol 8 daemon:
+	// Protocol alone).
 	Protocol   int           `json:"protocol,omitempty"`
+	Protocols  *Range        `json:"protocols,omitempty"`
 	InstanceID string        `json:"instance_id,omitempty"`
 	Process    *ProcessInfo  `json:"process,omitempty"`
 	Processes  []ProcessInfo `json:"processes,omitempty"`
@@ -196,6 +256,9 @@ const (
 	codeHandoff     = "handoff"
 	codeShutdown    = "shutting_down"
 	codeFailed      = "failed"
+	// codeProtocol: the request names a protocol version the daemon does
+	// not speak (a client before protocol 9 reads it as a failure).
+	codeProtocol = "protocol"
 )
 
 var (
@@ -232,6 +295,7 @@ var codeErrs = map[string]error{
 	codeUnsupported: ErrUnsupported, codeInvalid: ErrInvalid, codeNotFound: ErrNotFound,
 	codeTerminated: ErrTerminated, codeForbidden: ErrForbidden, codeOwned: ErrOwned,
 	codeHandoff: ErrHandoff, codeShutdown: ErrShuttingDown, codeFailed: ErrFailed,
+	codeProtocol: ErrProtocol,
 }
 
 // ReplyError is an "error" reply; it unwraps to the sentinel its code names.
@@ -248,10 +312,13 @@ func (e *ReplyError) Unwrap() error {
 	return ErrFailed
 }
 
-// envelope is what a client sends.
+// envelope is what a client sends. Protocol is the version the client
+// speaks (0: preNegotiation; ping, which negotiates, is answered whatever
+// it says).
 type envelope struct {
-	Token   string          `json:"token"`
-	Request json.RawMessage `json:"request"`
+	Token    string          `json:"token"`
+	Protocol int             `json:"protocol,omitempty"`
+	Request  json.RawMessage `json:"request"`
 }
 
 // writeFrame writes one frame; the caller serialises writers.

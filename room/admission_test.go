@@ -328,7 +328,7 @@ func TestStoreRefusingATurnStartEndsItsMessageInOrder(t *testing.T) {
 			// The start, then at least two attempts to end its message.
 			fs.waitRefused(t, 3)
 			if restart {
-				if err := h.m.Close(); err != nil {
+				if err := shut(h.m); err != nil {
 					t.Fatal(err)
 				}
 				fs.free()

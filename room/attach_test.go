@@ -287,7 +287,7 @@ func TestDetachThenAttachContinuesTheTurn(t *testing.T) {
 	// Frames in flight while the host lets go: written once, by one host.
 	p.emit(frame{text: "4"})
 	p.emit(frame{text: "5"})
-	if err := m1.Detach(); err != nil {
+	if err := detach(m1); err != nil {
 		t.Fatal(err)
 	}
 	if turns, _ := db.OpenTurns(t.Context()); len(turns) != 1 {
@@ -295,7 +295,7 @@ func TestDetachThenAttachContinuesTheTurn(t *testing.T) {
 	}
 	p.emit(frame{text: "6"})
 	m2 := managerOn(t, db, root, d)
-	defer m2.Close()
+	defer shut(m2)
 	h.m = m2
 	p.emit(frame{text: "7"})
 	p.emit(frame{text: "done", end: true})
@@ -349,12 +349,12 @@ func TestAttachOfAGoneAgentRecovers(t *testing.T) {
 	h := &harness{t: t, db: db, m: m1}
 	acc := h.submit("r", "go")
 	d.waitPrompted(t)
-	if err := m1.Detach(); err != nil {
+	if err := detach(m1); err != nil {
 		t.Fatal(err)
 	}
 	d.kill("p1")
 	m2 := managerOn(t, db, root, d)
-	defer m2.Close()
+	defer shut(m2)
 	h.m = m2
 	end := h.turnEnded("r", acc)
 	if end["outcome"] != OutcomeFailed || end["reason"] != "host restarted" {
@@ -392,7 +392,7 @@ func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
 	h := &harness{t: t, db: db, m: m1}
 	acc := h.submit("r", "go")
 	h.waitEvent("r", acc.Seq, "turn.started", nil)
-	if err := m1.Detach(); err != nil {
+	if err := detach(m1); err != nil {
 		t.Fatal(err)
 	}
 	end := h.turnEnded("r", acc)
@@ -402,7 +402,7 @@ func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
 	h.waitEvent("r", acc.Seq, "message.queued", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["recovered"] == true })
 	d.gate = nil
 	m2 := managerOn(t, db, root, d)
-	defer m2.Close()
+	defer shut(m2)
 	h.m = m2
 	d.waitPrompted(t)
 	d.proc("p1").emit(frame{text: "ran", end: true})
@@ -435,14 +435,14 @@ func TestDetachDuringAnApprovalAsksAgainOnce(t *testing.T) {
 	p.emit(frame{text: "3"})
 	h.waitEvent("r", acc.Seq, "approval.requested", nil)
 	h.waitEvent("r", acc.Seq, KindText, func(d map[string]any) bool { return d["text"] == "3" })
-	if err := m1.Detach(); err != nil {
+	if err := detach(m1); err != nil {
 		t.Fatal(err)
 	}
 	if rec, _ := db.Room(t.Context(), "r"); rec.AgentOffset != 1 || rec.AgentSeen != 3 {
 		t.Fatalf("recorded offset %d, seen %d: want 1 (the request's start) and 3", rec.AgentOffset, rec.AgentSeen)
 	}
 	m2 := managerOn(t, db, root, d)
-	defer m2.Close()
+	defer shut(m2)
 	h.m = m2
 	aps, err := db.Approvals(t.Context(), "r", true)
 	if err != nil || len(aps) != 1 {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -268,7 +269,7 @@ func newBenchHost(b *testing.B, opts room.Options) *benchHost {
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := &benchHost{db: db, st: newTimedStore(room.SQLite(db)), tr: &instantTransport{}}
+	h := &benchHost{db: db, st: newTimedStore(roomsqlite.New(db)), tr: &instantTransport{}}
 	opts.Store, opts.Transport, opts.Root = h.st, h.tr, filepath.Join(dir, "rooms")
 	if h.m, err = room.New(opts); err != nil {
 		b.Fatal(err)
@@ -284,7 +285,10 @@ func (h *benchHost) close(b *testing.B) {
 	if h.m == nil {
 		return
 	}
-	if err := h.m.Close(); err != nil {
+	_ = h.m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.m.Wait(ctx); err != nil {
 		b.Errorf("closing the rooms: %v", err)
 	}
 	if err := h.db.Close(); err != nil {

@@ -6,12 +6,19 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 )
 
 // ErrNotHeld is returned (wrapped) by a store or a Cluster when this host
 // does not hold the room's lease: another host runs it, or none does.
 var ErrNotHeld = errors.New("room: room held by no host here")
+
+// ErrUnavailable is returned (wrapped, with the reason) by a store or a
+// Cluster that cannot serve a request for now, through no fault of the
+// request (a cluster out of storage, or electing a leader): the same
+// request may succeed later; the reason says whether a write may have
+// been stored.
+var ErrUnavailable = errors.New("room: the store cannot serve this now")
 
 // Cluster places rooms on several hosts. With Options.Cluster nil (the
 // default) a Manager runs every room in its store, as on one machine.
@@ -32,6 +39,32 @@ type Cluster interface {
 	// Control runs op on the room's holder: ErrNotHeld when none holds it.
 	Control(ctx context.Context, room string, op ControlOp) error
 }
+
+// Hosted is the Manager as a Cluster sees it: what the cluster calls on
+// the host that holds a room. A Cluster implementation is given one at its
+// start and needs nothing else of the Manager; these methods are for it
+// alone (a program hosting rooms calls Submit, Cancel, Release and the
+// rest).
+type Hosted interface {
+	// Adopt makes this host the room's runner after its lease was taken:
+	// a turn the last holder left running ends failed (reason), and
+	// queued messages run again in order.
+	Adopt(ctx context.Context, room, reason string) error
+	// Drop forgets a room whose lease this host lost: its turn ends, its
+	// agent is released (reason).
+	Drop(room, reason string)
+	// HoldUntil holds the room's agent to its lease's local deadline.
+	HoldUntil(room string, deadline time.Time)
+	// Accept logs a message taken from the room's inbox (once per id).
+	Accept(ctx context.Context, room, id string, msg Message) (Accepted, error)
+	// Refuse logs a message taken from the inbox as ended failed, reason
+	// said, for a sender already answered 202.
+	Refuse(ctx context.Context, room, id string, msg Message, reason string) (Accepted, error)
+	// Apply runs a ControlOp another host sent to this holder.
+	Apply(ctx context.Context, room string, op ControlOp) error
+}
+
+var _ Hosted = (*Manager)(nil)
 
 // ControlOp is Cancel, Release, Approve or Answer, sent to the room's
 // holder.
@@ -60,6 +93,49 @@ type QueueCounter interface {
 	// whether a question waits for an answer (a message then may take no
 	// queue place).
 	Waiting(ctx context.Context, room string) (waiting int, running, asking bool, err error)
+}
+
+// LeaseBound is implemented by an Agent whose processes can be held to a
+// deadline by something that outlives a paused host (custody's fuse): in a
+// cluster, a room's agent acts only while its host holds the room's lease,
+// also when the host itself is paused (SIGSTOP, swap) past the lease and
+// cannot act, since another host then runs the room in the same
+// workspace.
+type LeaseBound interface {
+	// HoldUntil makes the agent's processes stop (frozen) at deadline,
+	// unless called again with a later one before.
+	HoldUntil(deadline time.Time) error
+	// Kill ends the agent's processes at once, without the grace a Close
+	// gives (the host lost the room: another may run it already).
+	Kill() error
+}
+
+// HoldUntil holds the room's agent, and any agent it starts later, to
+// deadline: the Cluster calls it as the room's lease is taken and renewed.
+func (m *Manager) HoldUntil(room string, deadline time.Time) {
+	m.mu.Lock()
+	r := m.rooms[room]
+	m.mu.Unlock()
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.holdUntil = deadline
+	a := r.agent
+	r.mu.Unlock()
+	m.holdAgent(r, a, deadline)
+}
+
+// holdAgent holds a to deadline (a zero deadline: the room is not held to
+// a lease).
+func (m *Manager) holdAgent(r *roomState, a Agent, deadline time.Time) {
+	lb, ok := a.(LeaseBound)
+	if !ok || deadline.IsZero() {
+		return
+	}
+	if err := lb.HoldUntil(deadline); err != nil {
+		m.log.Error("room: holding the agent to the room's lease failed", "room", r.id, "err", err)
+	}
 }
 
 // StatusStore is implemented by a store that can tell a room's turn and
@@ -98,16 +174,77 @@ func (m *Manager) remote(ctx context.Context, room string, op ControlOp) (bool, 
 // message already accepted (an inbox entry read twice across a takeover)
 // returns its first acceptance.
 func (m *Manager) Accept(ctx context.Context, room, id string, msg Message) (Accepted, error) {
-	msgs, err := m.st.Messages(ctx, room, 0, 0)
-	if err != nil && !errors.Is(err, ErrNotFound) {
+	x, err := m.message(ctx, room, id)
+	switch {
+	case err == nil:
+		return Accepted{ID: id, Seq: x.Seq}, nil
+	case !errors.Is(err, ErrNotFound):
 		return Accepted{}, err
 	}
-	for _, x := range msgs {
-		if x.ID == id {
-			return Accepted{ID: id, Seq: x.Seq}, nil
+	return m.submit(ctx, room, id, msg, false)
+}
+
+// messageFinder is a store that finds a message by id without a scan.
+type messageFinder interface {
+	Message(ctx context.Context, room, id string) (record.Message, error)
+}
+
+// message finds one of the room's messages by id (ErrNotFound if none).
+func (m *Manager) message(ctx context.Context, room, id string) (record.Message, error) {
+	if mf, ok := m.st.(messageFinder); ok {
+		return mf.Message(ctx, room, id)
+	}
+	var after int64
+	for {
+		msgs, err := m.st.Messages(ctx, room, after, record.MaxPage)
+		if err != nil {
+			return record.Message{}, err
+		}
+		for _, x := range msgs {
+			if x.ID == id {
+				return x, nil
+			}
+			after = x.Seq
+		}
+		if len(msgs) < record.MaxPage {
+			return record.Message{}, fmt.Errorf("store: message %q: %w", id, record.ErrNotFound)
 		}
 	}
-	return m.submit(ctx, room, id, msg, false)
+}
+
+// Refuse is the holder's side of Cluster.Forward for a message it cannot
+// take (its queue is full): the front end answered it 202, so it is
+// recorded as accepted and ended at once, failed with reason, in one
+// write, so that its sender sees an outcome.
+func (m *Manager) Refuse(ctx context.Context, room, id string, msg Message, reason string) (Accepted, error) {
+	if x, err := m.message(ctx, room, id); err == nil {
+		return Accepted{ID: id, Seq: x.Seq}, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return Accepted{}, err
+	}
+	if err := ValidateID(room); err != nil {
+		return Accepted{}, err
+	}
+	var acc Accepted
+	now := time.Now()
+	err := m.st.Write(ctx, func(tx Tx) error {
+		ev, err := tx.Append(room, "message.accepted", map[string]string{
+			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
+		})
+		if err != nil {
+			return err
+		}
+		acc = Accepted{ID: id, Seq: ev.Seq}
+		if err := tx.PutMessage(record.Message{ID: id, Room: room, Seq: ev.Seq, Sender: msg.Sender, Text: msg.Text,
+			Delivery: msg.Delivery, Status: record.MessageAccepted, Accepted: now}); err != nil {
+			return err
+		}
+		return endMessages(tx, room, []string{id}, "", OutcomeFailed, reason)
+	})
+	if err != nil {
+		return Accepted{}, err
+	}
+	return acc, nil
 }
 
 // Adopt starts running a room whose lease this host just acquired: like
@@ -123,11 +260,12 @@ func (m *Manager) Adopt(ctx context.Context, room, reason string) error {
 }
 
 // Drop stops running the room at once: this host lost (or gave up) its
-// lease. The running turn is cancelled (reason), the queue is forgotten
-// (it stays in the log for the next holder), and the agent is released
-// now: the log refuses this host's writes, so only the agent's custody
-// receipt is kept (in the host's log). Drop returns once the room's
-// worker stopped, or after ShutdownBudget.
+// lease. The agent's processes end at once when it is LeaseBound, the
+// running turn is cancelled (reason), the queue is forgotten (it stays in
+// the log for the next holder), and the agent is released now: the log
+// refuses this host's writes, so only the agent's custody receipt is kept
+// (in the host's log). Drop returns once the room's worker stopped, or
+// after ShutdownBudget.
 func (m *Manager) Drop(room, reason string) {
 	m.mu.Lock()
 	r := m.rooms[room]
@@ -143,7 +281,14 @@ func (m *Manager) Drop(room, reason string) {
 	if r.turn != nil {
 		r.turn.cancel(fmt.Errorf("%w: %w", errDropped, cause))
 	}
+	a := r.agent
 	r.mu.Unlock()
+	if lb, ok := a.(LeaseBound); ok {
+		// No grace: another host may run the room already.
+		if err := lb.Kill(); err != nil {
+			m.log.Error("room: ending a dropped room's agent", "room", room, "err", err)
+		}
+	}
 	done := make(chan struct{})
 	m.wg.Add(1)
 	go func() {
@@ -180,7 +325,7 @@ func (m *Manager) clusterState(ctx context.Context, room string, st *State) {
 }
 
 // openTurnsOf filters turns to room ("" for all).
-func openTurnsOf(ts []store.Turn, room string) []store.Turn {
+func openTurnsOf(ts []record.Turn, room string) []record.Turn {
 	if room == "" {
 		return ts
 	}

@@ -186,7 +186,15 @@ type Options struct {
 	// Cluster, if set, places rooms on several hosts (see Cluster); nil
 	// runs every room of the store here.
 	Cluster Cluster
-	Logger  *slog.Logger
+	// Snapshots, if set, records each room's workspace before and after
+	// every turn: turn.ended counts the changes, and TurnDiff and Revert
+	// tell and take back a turn's changes.
+	Snapshots Snapshots
+	// SnapshotTimeout bounds each snapshot, diff and revert (default
+	// 60 s); a turn whose snapshot fails or times out ends as it would,
+	// with its changes unknown.
+	SnapshotTimeout time.Duration
+	Logger          *slog.Logger
 }
 
 func (o *Options) fill() {
@@ -204,6 +212,9 @@ func (o *Options) fill() {
 	}
 	if o.TranscriptBytes <= 0 {
 		o.TranscriptBytes = DefaultTranscriptBytes
+	}
+	if o.SnapshotTimeout <= 0 {
+		o.SnapshotTimeout = DefaultSnapshotTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

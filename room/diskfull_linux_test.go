@@ -48,7 +48,7 @@ func TestFullDiskEndsEveryAcceptedMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = h.m.Close()
+		_ = shut(h.m)
 		_ = db.Close()
 	})
 	h.turnEnded("d", h.submit("d", "warm up"))

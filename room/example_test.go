@@ -12,6 +12,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -34,9 +35,13 @@ func Example() {
 	cust := must(custody.New(custody.Options{}))
 	defer cust.Close()
 	omp := must(rpcagent.New(rpcagent.Options{Custodian: cust, Install: must(agents.Find()), ModelURL: sim.URL()}))
-	m := must(room.New(room.Options{Store: room.SQLite(db), Transport: omp, Root: filepath.Join(dir, "rooms")}))
+	m := must(room.New(room.Options{Store: roomsqlite.New(db), Transport: omp, Root: filepath.Join(dir, "rooms")}))
 	check(m.Start(ctx))
-	defer m.Close()
+	defer func() {
+		// Close begins the shutdown; Wait sees the agents released.
+		check(m.Close())
+		check(m.Wait(ctx))
+	}()
 
 	acc := must(m.Submit(ctx, "general", room.Message{Text: "hello", Sender: "ann"}))
 	fmt.Println(answer(ctx, m, "general", acc))

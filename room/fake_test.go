@@ -179,7 +179,10 @@ func newHarnessWith(t *testing.T, opts Options, wrap func(Store) Store) *harness
 	if wrap != nil {
 		st = wrap(st)
 	}
-	opts.Store, opts.Transport, opts.Root = st, h.f, h.root
+	if opts.Transport == nil {
+		opts.Transport = h.f
+	}
+	opts.Store, opts.Root = st, h.root
 	h.m, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -188,10 +191,30 @@ func newHarnessWith(t *testing.T, opts Options, wrap func(Store) Store) *harness
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = h.m.Close()
+		_ = shut(h.m)
 		_ = db.Close()
 	})
 	return h
+}
+
+// shut closes m and waits for its shutdown (Close only begins it).
+func shut(m *Manager) error {
+	if err := m.Close(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return m.Wait(ctx)
+}
+
+// detach detaches m and waits for it to have let go of its agents.
+func detach(m *Manager) error {
+	if err := m.Detach(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return m.Wait(ctx)
 }
 
 // restart starts a new manager on the harness's store (the old one
@@ -207,7 +230,7 @@ func (h *harness) restart(opts Options) {
 		h.t.Fatal(err)
 	}
 	h.m = m
-	h.t.Cleanup(func() { _ = m.Close() })
+	h.t.Cleanup(func() { _ = shut(m) })
 }
 
 func (h *harness) submit(room, text string) Accepted {
@@ -271,4 +294,14 @@ func field(ev store.Event, key string) string {
 	_ = json.Unmarshal(ev.Data, &d)
 	s, _ := d[key].(string)
 	return s
+}
+
+// SQLite is internal/roomsqlite's adapter, for this package's own tests
+// (which cannot import it: it imports room).
+func SQLite(db *store.DB) Store { return sqliteStore{db} }
+
+type sqliteStore struct{ *store.DB }
+
+func (s sqliteStore) Write(ctx context.Context, fn func(tx Tx) error) error {
+	return s.DB.Write(ctx, func(w *store.Writer) error { return fn(w) })
 }

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 )
 
 // handler is a room's Handler, given to its agent.
@@ -105,7 +105,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	ch := make(chan bool, 1)
 	r.mu.Lock()
 	// Asked again after a restart: the pending approval goes on.
-	i := slices.IndexFunc(r.inheritedA, func(a store.Approval) bool { return a.Tool == req.Tool && a.Input == req.Input })
+	i := slices.IndexFunc(r.inheritedA, func(a record.Approval) bool { return a.Tool == req.Tool && a.Input == req.Input })
 	inherited := i >= 0
 	if inherited {
 		id, deadline = r.inheritedA[i].ID, r.inheritedA[i].Deadline
@@ -125,7 +125,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	r.events.flush() // the tool's own events come first
 	if !inherited {
 		err := m.write(func(tx Tx) error {
-			if err := tx.PutApproval(store.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
+			if err := tx.PutApproval(record.Approval{ID: id, Room: r.id, TurnID: turnID, Tool: req.Tool, Input: req.Input,
 				Options: req.Options, Created: now, Deadline: deadline}); err != nil {
 				return err
 			}
@@ -149,7 +149,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 		}
 	} else if aps, err := m.st.Approvals(context.Background(), r.id, false); err == nil {
 		// Decided while no host listened: that decision stands.
-		if j := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id }); j >= 0 && aps[j].Decision != "" {
+		if j := slices.IndexFunc(aps, func(a record.Approval) bool { return a.ID == id }); j >= 0 && aps[j].Decision != "" {
 			m.dialogDone(r, req.Start, req.Offset)
 			return aps[j].Decision == "allow"
 		}
@@ -172,7 +172,7 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 	err := m.resolveApproval(context.Background(), r.id, id, false, by)
 	if errors.Is(err, ErrConflict) {
 		aps, _ := m.st.Approvals(context.Background(), r.id, false)
-		i := slices.IndexFunc(aps, func(a store.Approval) bool { return a.ID == id })
+		i := slices.IndexFunc(aps, func(a record.Approval) bool { return a.ID == id })
 		return i >= 0 && aps[i].Decision == "allow"
 	}
 	return false
@@ -233,7 +233,7 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	// question.asked must find the question waiting for its answer.
 	r.qmu.Lock()
 	// Asked again after a restart: the pending question goes on.
-	i := slices.IndexFunc(r.inheritedQ, func(q store.Question) bool {
+	i := slices.IndexFunc(r.inheritedQ, func(q record.Question) bool {
 		return q.Title == req.Title && slices.Equal(q.Options, req.Options)
 	})
 	if i >= 0 {
@@ -241,7 +241,7 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 		r.inheritedQ = slices.Delete(r.inheritedQ, i, i+1)
 	} else {
 		err := m.write(func(tx Tx) error {
-			if err := tx.PutQuestion(store.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
+			if err := tx.PutQuestion(record.Question{ID: id, Room: r.id, TurnID: turnID, Title: req.Title, Options: req.Options,
 				Created: now, Deadline: deadline}); err != nil {
 				return err
 			}
@@ -274,7 +274,7 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	if i >= 0 {
 		// Answered while no host listened: that answer stands.
 		if qs, err := m.st.Questions(context.Background(), r.id, false); err == nil {
-			if j := slices.IndexFunc(qs, func(q store.Question) bool { return q.ID == id }); j >= 0 && !qs[j].Answered.IsZero() {
+			if j := slices.IndexFunc(qs, func(q record.Question) bool { return q.ID == id }); j >= 0 && !qs[j].Answered.IsZero() {
 				m.dialogDone(r, req.Start, req.Offset)
 				return qs[j].Answer, qs[j].By != "restart"
 			}
@@ -295,7 +295,7 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 	}
 	if err := m.answerQuestion(context.Background(), r.id, id, "", by, false); errors.Is(err, ErrConflict) {
 		qs, _ := m.st.Questions(context.Background(), r.id, false)
-		if i := slices.IndexFunc(qs, func(q store.Question) bool { return q.ID == id }); i >= 0 {
+		if i := slices.IndexFunc(qs, func(q record.Question) bool { return q.ID == id }); i >= 0 {
 			return qs[i].Answer, true
 		}
 	}

@@ -481,7 +481,7 @@ func TestStartRecoversWhatADeadHostLeft(t *testing.T) {
 	}
 	h := &harness{t: t, db: db, f: f, m: m}
 	t.Cleanup(func() {
-		_ = m.Close()
+		_ = shut(m)
 		_ = db.Close()
 	})
 	ended := h.waitEvent("r", 0, "turn.ended", func(d map[string]any) bool { return d["turn_id"] == "t0" })
@@ -528,7 +528,7 @@ func TestCloseCancelsTurnsReleasesAgentsAndKeepsTheQueue(t *testing.T) {
 	hung := h.submit("busy", "hang")
 	h.waitEvent("busy", hung.Seq, "turn.started", nil)
 	waiting := h.submit("busy", "later")
-	if err := m.Close(); err != nil {
+	if err := shut(m); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.resident(); n != 0 {
@@ -581,7 +581,7 @@ func TestAgentEventsDoNotWaitForTheStore(t *testing.T) {
 	if err := m.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	defer shut(m)
 	r, err := m.room("r")
 	if err != nil {
 		t.Fatal(err)
@@ -634,7 +634,7 @@ func TestWorkspacesApartFromHomes(t *testing.T) {
 	if err := m.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	defer shut(m)
 	h := &harness{t: t, db: db, f: f, m: m}
 	h.turnEnded("r", h.submit("r", "hi"))
 	s := f.starts[0]

@@ -2,24 +2,39 @@ package room
 
 import (
 	"context"
+	"errors"
+	"sort"
+	"strings"
 
-	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 )
 
 // State is a room's state: resident or not, its session, the running
 // turn, the queue, and what waits on people.
 type State struct {
-	ID        string           `json:"id"`
-	Resident  bool             `json:"resident"`
-	SessionID string           `json:"session_id"`
-	Turn      *TurnRef         `json:"turn,omitempty"`
-	Queued    int              `json:"queued"`
-	LastSeq   int64            `json:"last_seq"`
-	Approvals []store.Approval `json:"approvals"`
-	Questions []store.Question `json:"questions"`
+	ID        string            `json:"id"`
+	Resident  bool              `json:"resident"`
+	SessionID string            `json:"session_id"`
+	Turn      *TurnRef          `json:"turn,omitempty"`
+	Queued    int               `json:"queued"`
+	LastSeq   int64             `json:"last_seq"`
+	Approvals []record.Approval `json:"approvals"`
+	Questions []record.Question `json:"questions"`
 	// Node is the host that holds the room's lease, with a Cluster ("":
 	// none, or one machine).
 	Node string `json:"node"`
+	// Confinement is what confines the room's agent: the resident one's,
+	// else the transport's (nil when the transport does not say).
+	Confinement *Confinement `json:"confinement,omitempty"`
+}
+
+// confinement is what x (an Agent or a Transport) reports, or nil.
+func confinement(x any) *Confinement {
+	if c, ok := x.(Confined); ok {
+		cf := c.Confinement()
+		return &cf
+	}
+	return nil
 }
 
 // TurnRef names a running turn.
@@ -37,6 +52,20 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
+	st := m.liveState(ctx, rec)
+	if st.Approvals, err = m.st.Approvals(ctx, room, true); err != nil {
+		return State{}, err
+	}
+	if st.Questions, err = m.st.Questions(ctx, room, true); err != nil {
+		return State{}, err
+	}
+	return st, nil
+}
+
+// liveState is a room's State from its stored record and what the
+// Manager holds in memory, without what waits on people.
+func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
+	room := rec.ID
 	st := State{ID: room, SessionID: rec.SessionID, LastSeq: rec.LastSeq}
 	m.mu.Lock()
 	r := m.rooms[room]
@@ -51,34 +80,226 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 			st.Turn = &TurnRef{ID: r.turn.id, MessageID: r.turn.messageID}
 		}
 		st.Queued = r.queuedLocked()
+		st.Confinement = confinement(r.agent)
 		r.mu.Unlock()
 	}
+	if st.Confinement == nil {
+		st.Confinement = confinement(m.opts.Transport)
+	}
 	m.clusterState(ctx, room, &st)
-	if st.Approvals, err = m.st.Approvals(ctx, room, true); err != nil {
-		return State{}, err
+	return st
+}
+
+// RoomPager is a Store that reads a page of rooms, with their last
+// sequence numbers, and the room count in one query each (the SQLite
+// store). Rooms of another Store are paged from RoomIDs.
+type RoomPager interface {
+	RoomPage(ctx context.Context, after string, limit int) ([]record.Room, error)
+	RoomCount(ctx context.Context) (int, error)
+}
+
+// RoomsPage is one page of RoomPage.
+type RoomsPage struct {
+	Rooms []State
+	// Total is the number of rooms the store knows; More says rooms
+	// follow the page's last.
+	Total int
+	More  bool
+}
+
+// RoomPage returns the states of up to limit rooms whose ids sort after
+// after, in order of id. Its cost depends on limit, not on the number of
+// rooms, when the Store is a RoomPager.
+func (m *Manager) RoomPage(ctx context.Context, after string, limit int) (RoomsPage, error) {
+	var page RoomsPage
+	var recs []record.Room
+	if p, ok := m.st.(RoomPager); ok {
+		var err error
+		if recs, err = p.RoomPage(ctx, after, limit+1); err != nil {
+			return RoomsPage{}, err
+		}
+		if page.Total, err = p.RoomCount(ctx); err != nil {
+			return RoomsPage{}, err
+		}
+	} else {
+		ids, err := m.st.RoomIDs(ctx)
+		if err != nil {
+			return RoomsPage{}, err
+		}
+		sort.Strings(ids)
+		page.Total = len(ids)
+		i, _ := sort.Find(len(ids), func(i int) int { return strings.Compare(after, ids[i]) })
+		for ; i < len(ids) && len(recs) <= limit; i++ {
+			if ids[i] == after {
+				continue
+			}
+			rec, err := m.st.Room(ctx, ids[i])
+			if errors.Is(err, record.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return RoomsPage{}, err
+			}
+			recs = append(recs, rec)
+		}
 	}
-	if st.Questions, err = m.st.Questions(ctx, room, true); err != nil {
-		return State{}, err
+	if len(recs) > limit {
+		recs, page.More = recs[:limit], true
 	}
-	return st, nil
+	if len(recs) == 0 {
+		return page, nil
+	}
+	// What waits on people is few rows in all rooms: one query each.
+	aps, err := m.st.Approvals(ctx, "", true)
+	if err != nil {
+		return RoomsPage{}, err
+	}
+	qs, err := m.st.Questions(ctx, "", true)
+	if err != nil {
+		return RoomsPage{}, err
+	}
+	byRoom := make(map[string]int, len(recs))
+	page.Rooms = make([]State, len(recs))
+	for i, rec := range recs {
+		page.Rooms[i] = m.liveState(ctx, rec)
+		byRoom[rec.ID] = i
+	}
+	for _, a := range aps {
+		if i, ok := byRoom[a.Room]; ok {
+			page.Rooms[i].Approvals = append(page.Rooms[i].Approvals, a)
+		}
+	}
+	for _, q := range qs {
+		if i, ok := byRoom[q.Room]; ok {
+			page.Rooms[i].Questions = append(page.Rooms[i].Questions, q)
+		}
+	}
+	return page, nil
+}
+
+// Gauges are the Manager's counts over all rooms.
+type Gauges struct {
+	Rooms, Resident, Running, Queued, Approvals, Questions int
+}
+
+// Gauges counts the rooms, the resident agents, the running turns, the
+// queued messages and what waits on people. On one machine with a
+// RoomPager Store it reads the rooms held in memory and three counts from
+// the store, whatever the number of rooms; otherwise (a Cluster, whose
+// other hosts' rooms are read from the store) it reads every room's
+// State.
+func (m *Manager) Gauges(ctx context.Context) (Gauges, error) {
+	var g Gauges
+	p, ok := m.st.(RoomPager)
+	if !ok || m.opts.Cluster != nil {
+		ids, err := m.st.RoomIDs(ctx)
+		if err != nil {
+			return Gauges{}, err
+		}
+		g.Rooms = len(ids)
+		for _, id := range ids {
+			st, err := m.State(ctx, id)
+			if err != nil {
+				continue
+			}
+			g.add(st)
+		}
+		return g, nil
+	}
+	var err error
+	if g.Rooms, err = p.RoomCount(ctx); err != nil {
+		return Gauges{}, err
+	}
+	// A room not held in memory has no agent, turn or queue.
+	m.mu.Lock()
+	held := make([]*roomState, 0, len(m.rooms))
+	for _, r := range m.rooms {
+		held = append(held, r)
+	}
+	m.mu.Unlock()
+	for _, r := range held {
+		r.mu.Lock()
+		if r.agent != nil {
+			g.Resident++
+		}
+		if r.turn != nil {
+			g.Running++
+		}
+		g.Queued += r.queuedLocked()
+		r.mu.Unlock()
+	}
+	aps, err := m.st.Approvals(ctx, "", true)
+	if err != nil {
+		return Gauges{}, err
+	}
+	qs, err := m.st.Questions(ctx, "", true)
+	if err != nil {
+		return Gauges{}, err
+	}
+	g.Approvals, g.Questions = len(aps), len(qs)
+	return g, nil
+}
+
+func (g *Gauges) add(st State) {
+	if st.Resident {
+		g.Resident++
+	}
+	if st.Turn != nil {
+		g.Running++
+	}
+	g.Queued += st.Queued
+	g.Approvals += len(st.Approvals)
+	g.Questions += len(st.Questions)
+}
+
+// EventTapper is a Store that reports the events it commits (the SQLite
+// store does). Tap calls fn after each commit that appended events, in
+// any room, with those events in order (their Data shared: fn must not
+// change it), until stop is called; fn runs between one commit and the
+// next, so it must be quick and must not write.
+type EventTapper interface {
+	Tap(fn func([]record.Event)) (stop func())
+}
+
+// TapEvents calls fn with the events of each commit, in every room, when
+// the Store can report them (ok); see EventTapper for what fn may do.
+func (m *Manager) TapEvents(fn func([]record.Event)) (stop func(), ok bool) {
+	t, ok := m.st.(EventTapper)
+	if !ok {
+		return func() {}, false
+	}
+	return t.Tap(fn), true
 }
 
 // Rooms lists the ids of every room the store knows.
 func (m *Manager) Rooms(ctx context.Context) ([]string, error) { return m.st.RoomIDs(ctx) }
 
-// Events returns the room's events after seq after (see store.DB.Events).
-func (m *Manager) Events(ctx context.Context, room string, after int64, limit int) ([]store.Event, error) {
+// Events returns the room's events after seq after, in order, at most
+// limit (0, or over record.MaxPage: record.MaxPage).
+func (m *Manager) Events(ctx context.Context, room string, after int64, limit int) ([]record.Event, error) {
 	if err := ValidateID(room); err != nil {
 		return nil, err
 	}
 	return m.st.Events(ctx, room, after, limit)
 }
 
-// Watch signals new events in the room (see store.DB.Watch).
+// Watch signals new events in the room: the channel receives a value
+// after each commit that appended some (several may coalesce into one),
+// and is closed when the store closes; the func stops the watch. Read
+// what is new with Events after the last sequence seen.
 func (m *Manager) Watch(room string) (<-chan struct{}, func()) { return m.st.Watch(room) }
 
+// Turns returns the room's turns with their outcome and final text, in
+// order of the message each consumed first (see Store.Turns).
+func (m *Manager) Turns(ctx context.Context, room string, after int64, limit int) ([]record.Turn, error) {
+	if err := ValidateID(room); err != nil {
+		return nil, err
+	}
+	return m.st.Turns(ctx, room, after, limit)
+}
+
 // Messages returns the room's messages with their status and outcome.
-func (m *Manager) Messages(ctx context.Context, room string, after int64, limit int) ([]store.Message, error) {
+func (m *Manager) Messages(ctx context.Context, room string, after int64, limit int) ([]record.Message, error) {
 	if err := ValidateID(room); err != nil {
 		return nil, err
 	}

@@ -202,7 +202,7 @@ func startIdlePeer(t *testing.T, adopt *Adopt, lines ...string) (c *Client, writ
 		}
 	}()
 	t.Cleanup(func() {
-		c.Close()
+		_ = closeAndWait(t, c)
 		aw.Close()
 		ar.Close()
 		wg.Wait()
@@ -317,7 +317,7 @@ func adoptAnswerThenRun(t *testing.T, i int, ack string, noHandshake bool) {
 	}()
 	defer func() {
 		aw.Close() // the agent's output ends first: Close need not cut it
-		c.Close()
+		_ = closeAndWait(t, c)
 		ar.Close()
 		wg.Wait()
 	}()

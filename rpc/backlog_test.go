@@ -92,7 +92,7 @@ func TestClient_BackpressureWaitsForSlowListeners(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("turn: %v", err)
 	}
-	if err := p.c.Close(); err != nil {
+	if err := closeAndWait(t, p.c); err != nil {
 		t.Fatal(err)
 	}
 	if got.Load() != n {

@@ -67,7 +67,8 @@ type Options struct {
 	// and call, and responses wait behind the backlog as events do. Once
 	// the client is closed or retired, listeners that make no progress for
 	// StallTimeout have the waiting event dropped (counted in Errors), so
-	// Close never waits on the reader for ever.
+	// Wait never waits on the reader for ever (Close does not wait for
+	// listeners at all).
 	Backpressure bool
 	// DisableV2 keeps omp on protocol v1 even when it offers v2.
 	DisableV2 bool
@@ -83,7 +84,10 @@ type Options struct {
 	// reader.
 	HostToolConcurrency int
 	// RetainedTurnBytes bounds the event bytes a Turn keeps (default 64 MiB);
-	// events past it are counted in Turn.DroppedEvents, not kept.
+	// events past it are counted in Turn.DroppedEvents, not kept. Negative
+	// keeps none (every event and message is counted as dropped), for a
+	// caller that reads only a turn's outcome (Text, StopReason, Usage):
+	// a flood then costs no copies.
 	RetainedTurnBytes int
 	// KeptErrors bounds the protocol errors kept for Errors (default 64).
 	KeptErrors int
@@ -151,7 +155,7 @@ func (o *Options) fill() {
 	if o.HostToolConcurrency <= 0 {
 		o.HostToolConcurrency = DefaultHostToolConcurrency
 	}
-	if o.RetainedTurnBytes <= 0 {
+	if o.RetainedTurnBytes == 0 {
 		o.RetainedTurnBytes = DefaultRetainedTurnBytes
 	}
 	if o.KeptErrors <= 0 {
@@ -210,12 +214,6 @@ type Client struct {
 	// not reading its stdin. Drained by replyLoop.
 	replies chan map[string]any
 
-	// cbmu guards cbGoroutines: the goroutines running user callbacks
-	// (listeners, host tools, UI handlers), so Close can tell it is
-	// called from one and must not wait for its own caller.
-	cbmu         sync.Mutex
-	cbGoroutines map[uint64]int
-
 	tools hostTools
 
 	nextID atomic.Uint64
@@ -262,10 +260,16 @@ type Client struct {
 	space    chan struct{} // dispatcher -> reader: the queue was taken
 	toolSem  chan struct{}
 	done     chan struct{} // closed when the transport has ended
-	quit     chan struct{} // closed by Close
-	readerWG sync.WaitGroup
-	stderrWG sync.WaitGroup // the stderr drain, also counted in wg
-	wg       sync.WaitGroup // every other goroutine the client starts
+	quit     chan struct{} // closed once Close ran and the reader ended
+	readDone chan struct{} // closed when the reader ended (or never runs)
+	// readerParked is closed when the reader, the client closed, waits
+	// for listeners to make room in a full backlog (Backpressure): it
+	// reads nothing meanwhile, and Close does not wait for it.
+	readerParked chan struct{}
+	parkOnce     sync.Once
+	joined       chan struct{}  // closed when Close ran and every goroutine ended (Wait)
+	stderrWG     sync.WaitGroup // the stderr drain, also counted in wg
+	wg           sync.WaitGroup // every goroutine but the reader
 
 	// readEnd is the stream position past the frame being handled,
 	// readStart where it began (its first chunk's line); lineStart and
@@ -289,7 +293,7 @@ type Client struct {
 	reasm      *reassembler
 
 	closeStarted bool          // under mu
-	closeDone    chan struct{} // closed when Close has finished
+	closeDone    chan struct{} // closed when Close has done its part
 }
 
 type dispatchItem struct {
@@ -318,32 +322,34 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		opts.Adopt = &a
 	}
 	c := &Client{
-		opts:       opts,
-		log:        opts.Logger,
-		r:          r,
-		w:          w,
-		pending:    map[string]*pendingCall{},
-		byCommand:  map[string][]*pendingCall{},
-		abandoned:  map[string]struct{}{},
-		uiCancel:   map[string]context.CancelFunc{},
-		toolCancel: map[string]context.CancelFunc{},
-		listeners:  map[string][]*listener{},
-		wake:       make(chan struct{}, 1),
-		space:      make(chan struct{}, 1),
-		toolSem:    make(chan struct{}, opts.HostToolConcurrency),
-		done:       make(chan struct{}),
-		quit:       make(chan struct{}),
-		readyCh:    make(chan struct{}),
-		negotiated: make(chan struct{}),
-		firstFrame: make(chan error, 1),
-		reasm:      newReassembler(),
+		opts:         opts,
+		log:          opts.Logger,
+		r:            r,
+		w:            w,
+		pending:      map[string]*pendingCall{},
+		byCommand:    map[string][]*pendingCall{},
+		abandoned:    map[string]struct{}{},
+		uiCancel:     map[string]context.CancelFunc{},
+		toolCancel:   map[string]context.CancelFunc{},
+		listeners:    map[string][]*listener{},
+		wake:         make(chan struct{}, 1),
+		space:        make(chan struct{}, 1),
+		toolSem:      make(chan struct{}, opts.HostToolConcurrency),
+		done:         make(chan struct{}),
+		quit:         make(chan struct{}),
+		readDone:     make(chan struct{}),
+		readerParked: make(chan struct{}),
+		joined:       make(chan struct{}),
+		readyCh:      make(chan struct{}),
+		negotiated:   make(chan struct{}),
+		firstFrame:   make(chan error, 1),
+		reasm:        newReassembler(),
 
-		wlock:        make(chan struct{}, 1),
-		replies:      make(chan map[string]any, replyBacklog),
-		closeDone:    make(chan struct{}),
-		cbGoroutines: map[uint64]int{},
-		all:          onEvent(opts.OnEvent),
-		idPrefix:     "ah-",
+		wlock:     make(chan struct{}, 1),
+		replies:   make(chan map[string]any, replyBacklog),
+		closeDone: make(chan struct{}),
+		all:       onEvent(opts.OnEvent),
+		idPrefix:  "ah-",
 	}
 	if a := opts.Adopt; a != nil {
 		var b [4]byte
@@ -388,14 +394,9 @@ func (c *Client) Start(ctx context.Context) error {
 	c.started = true
 	c.mu.Unlock()
 
-	c.readerWG.Add(1)
 	go c.readLoop()
 	c.wg.Add(2)
-	go func() {
-		// Listeners run here: a Close they call must not wait for them.
-		defer c.enterCallbacks()()
-		c.dispatchLoop()
-	}()
+	go c.dispatchLoop()
 	go c.replyLoop()
 
 	if c.opts.NoHandshake {
@@ -817,7 +818,7 @@ func (c *Client) writeFrame(ctx context.Context, line []byte) error {
 			// The stdin pipe closes when the agent exits: say so.
 			select {
 			case <-c.owned.Exited():
-				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Cause: c.owned.ExitErr(), Stderr: c.Stderr()})
+				return fmt.Errorf("rpc: writing to agent: %w", &ExitError{Status: c.owned.ExitErr(), Stderr: c.Stderr()})
 			default:
 			}
 		}

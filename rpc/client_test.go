@@ -39,7 +39,7 @@ func newPipePeer(t testing.TB, opts Options) *pipePeer {
 	t.Cleanup(func() {
 		aw.Close()
 		ar.Close()
-		p.c.Close()
+		_ = closeAndWait(t, p.c)
 	})
 	return p
 }
@@ -490,8 +490,8 @@ func TestClient_CloseReleasesEveryWaiter(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		err := <-errc
 		// The host's own Close is not the agent exiting.
-		if err != nil && (!errors.Is(err, ErrClosed) || errors.Is(err, ErrProcessExited) || strings.Contains(err.Error(), "agent exited")) {
-			t.Fatalf("waiter got %v, want ErrClosed (and not ErrProcessExited)", err)
+		if err != nil && (!errors.Is(err, ErrClosed) || errors.Is(err, ErrAgentExited) || strings.Contains(err.Error(), "agent exited")) {
+			t.Fatalf("waiter got %v, want ErrClosed (and not ErrAgentExited)", err)
 		}
 	}
 	if err := p.c.Close(); err != nil {
@@ -535,7 +535,7 @@ func clientWritingTo(t *testing.T, stdin *os.File) *Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.Close()
+		_ = closeAndWait(t, c)
 		outW.Close()
 	})
 	return c

@@ -9,9 +9,14 @@ import (
 var (
 	// ErrClosed is returned by calls on a client that was closed.
 	ErrClosed = errors.New("rpc: client closed")
-	// ErrProcessExited reports that the agent's output ended (the process
-	// exited or closed stdout) while a call or turn was waiting.
-	ErrProcessExited = errors.New("rpc: agent exited")
+	// ErrAgentExited reports that the agent's output ended (the process
+	// exited or closed stdout) while a call or turn was waiting. See
+	// ExitError. The same name and meaning as acp.ErrAgentExited.
+	ErrAgentExited = errors.New("rpc: agent exited")
+	// ErrProcessExited is ErrAgentExited, under its former name.
+	//
+	// Deprecated: use ErrAgentExited.
+	ErrProcessExited = ErrAgentExited
 	// ErrLineTooLong matches a *LineTooLongError.
 	ErrLineTooLong = errors.New("rpc: line too long")
 	// ErrProtocol matches every *ProtocolError.
@@ -86,17 +91,20 @@ func (e *ProtocolError) Unwrap() error { return e.Err }
 // Is lets callers match with errors.Is(err, ErrProtocol).
 func (e *ProtocolError) Is(target error) bool { return target == ErrProtocol }
 
-// ExitError reports the end of the agent's process or stream. Stderr holds
-// the tail of what the agent wrote there, for diagnosis.
+// ExitError reports the end of the agent's process or stream; it matches
+// ErrAgentExited (as acp.ExitError does). Stderr holds the tail of what
+// the agent wrote there, for diagnosis.
 type ExitError struct {
-	Cause  error  // the underlying reason (wait status, read error), may be nil
+	// Status is the process's exit status, or the read error that ended
+	// the stream (nil: exited 0, or no status within a short wait).
+	Status error
 	Stderr string // bounded tail of the agent's stderr
 }
 
 func (e *ExitError) Error() string {
 	msg := "rpc: agent exited"
-	if e.Cause != nil {
-		msg += ": " + e.Cause.Error()
+	if e.Status != nil {
+		msg += ": " + e.Status.Error()
 	}
 	if t := strings.TrimSpace(e.Stderr); t != "" {
 		if i := strings.LastIndexByte(t, '\n'); i >= 0 {
@@ -107,10 +115,11 @@ func (e *ExitError) Error() string {
 	return msg
 }
 
-func (e *ExitError) Unwrap() error { return e.Cause }
+// Unwrap returns the exit status.
+func (e *ExitError) Unwrap() error { return e.Status }
 
-// Is lets callers match with errors.Is(err, ErrProcessExited).
-func (e *ExitError) Is(target error) bool { return target == ErrProcessExited }
+// Is makes errors.Is(err, ErrAgentExited) true.
+func (e *ExitError) Is(target error) bool { return target == ErrAgentExited }
 
 func trim(s string, n int) string {
 	if len(s) <= n {

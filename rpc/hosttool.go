@@ -138,7 +138,6 @@ func (c *Client) handleHostToolCall(line []byte) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer c.enterCallbacks()() // a Close from the tool must not wait for it
 		defer func() { <-c.toolSem }()
 		var res *HostToolResult
 		var err error

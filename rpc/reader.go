@@ -16,7 +16,7 @@ import (
 // readLoop is the only reader of the agent's stdout. It never blocks on a
 // listener: events go to a bounded queue, responses straight to waiters.
 func (c *Client) readLoop() {
-	defer c.readerWG.Done()
+	defer close(c.readDone)
 	// Stable lines: events keep slices of the read buffers instead of
 	// copies (see Event).
 	fr := newFramer(c.r, c.opts.MaxLineBytes, true)
@@ -221,8 +221,11 @@ func (c *Client) enqueue(it dispatchItem) {
 				return
 			}
 			// Backpressure: keep delivering while listeners progress.
+			// Close does not wait for that (listeners are user code):
+			// Wait does.
 			done, closing, stall = nil, true, t.C
 			t.Reset(c.opts.StallTimeout)
+			c.parkOnce.Do(func() { close(c.readerParked) })
 		case <-stall:
 			if closing {
 				c.keepError(fmt.Errorf("%w: a %s event arrived during Close and listeners made no progress for %v; dropped", ErrBacklogOverflow, it.ev.Type, c.opts.StallTimeout))
@@ -636,7 +639,7 @@ func (c *Client) adoptedReply(r Response) {
 	t := c.turn
 	adoptable := r.Success && t != nil && t == c.adopted && !t.settled && !t.adoptAcked
 	switch {
-	case adoptable && r.Command == "prompt" && len(t.result.Events) == 0:
+	case adoptable && r.Command == "prompt" && len(t.result.Events)+t.result.DroppedEvents == 0:
 		t.adoptAcked = true
 		t.started = false
 		t.promptIDs = append(t.promptIDs, r.ID)
@@ -738,7 +741,7 @@ func (c *Client) endTransport(readErr error) {
 	if cause == nil && readErr != nil && !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrClosed) {
 		cause = readErr
 	}
-	c.retire(&ExitError{Cause: cause, Stderr: c.Stderr()})
+	c.retire(&ExitError{Status: cause, Stderr: c.Stderr()})
 }
 
 // retire ends the transport once: every waiter gets err at once.
@@ -769,7 +772,8 @@ func (c *Client) retire(err error) {
 // backlog included: after WaitTurn, a listener has then seen all of the
 // turn's events (the dispatcher runs behind the reader).
 // It returns early with ctx's error, or the transport's once the client
-// closed. Do not call it from a listener: it would wait for itself.
+// closed and its goroutines ended without delivering them. Do not call it
+// from a listener: it would wait for itself.
 func (c *Client) Sync(ctx context.Context) error {
 	barrier := make(chan struct{})
 	it := dispatchItem{barrier: barrier}
@@ -782,7 +786,7 @@ func (c *Client) Sync(ctx context.Context) error {
 		case <-tick.C:
 		case <-ctx.Done():
 			return fmt.Errorf("rpc: sync: %w", ctx.Err())
-		case <-c.closeDone:
+		case <-c.joined:
 			return c.transportErr()
 		}
 	}
@@ -791,8 +795,8 @@ func (c *Client) Sync(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("rpc: sync: %w", ctx.Err())
-	case <-c.closeDone:
-		// Close delivers what was queued before it returns.
+	case <-c.joined:
+		// The dispatcher delivers what was queued before it ends.
 		select {
 		case <-barrier:
 			return nil

@@ -64,11 +64,22 @@ func startRealWith(t *testing.T, kind agents.Kind, sopts rpc.SpawnOptions, adjus
 		t.Fatalf("spawn %s: %v", kind, err)
 	}
 	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
+		if err := closeJoin(t, c); err != nil {
 			t.Errorf("close: %v", err)
 		}
 	})
 	return &realAgent{c: c, sim: sim, dir: dir}
+}
+
+// closeJoin closes c and waits for its callbacks (Close does not).
+func closeJoin(t *testing.T, c *rpc.Client) error {
+	err := c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if werr := c.Wait(ctx); werr != nil {
+		t.Errorf("wait: %v", werr)
+	}
+	return err
 }
 
 func bothAgents(t *testing.T, f func(t *testing.T, kind agents.Kind)) {

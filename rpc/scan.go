@@ -58,31 +58,30 @@ func scanFrame(b []byte) (frameHead, error) {
 	var h frameHead
 	var seenType, seenID bool
 	var dup string
-	s := scanner{b: b}
-	s.ws()
-	if s.i >= len(b) || b[s.i] != '{' {
-		if s.i >= len(b) {
-			return h, s.fail("empty frame")
+	// The position is passed along in i, not kept in a struct, so it stays
+	// in a register.
+	i := ws(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		if i >= len(b) {
+			return h, syntaxError(i, "empty frame")
 		}
-		return h, s.fail("frame is not a JSON object")
+		return h, syntaxError(i, "frame is not a JSON object")
 	}
-	s.i++
-	s.ws()
-	if s.i < len(b) && b[s.i] == '}' {
-		s.i++
+	i = ws(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		i++
 	} else {
 		for {
-			s.ws()
-			ks, ke, kesc, err := s.str()
+			i = ws(b, i)
+			ks, ke, next, kesc, err := scanStr(b, i)
 			if err != nil {
 				return h, err
 			}
-			s.ws()
-			if s.i >= len(b) || b[s.i] != ':' {
-				return h, s.fail("expected ':' after object key")
+			i = ws(b, next)
+			if i >= len(b) || b[i] != ':' {
+				return h, syntaxError(i, "expected ':' after object key")
 			}
-			s.i++
-			s.ws()
+			i = ws(b, i+1)
 			key := b[ks:ke]
 			isType := keyIs(key, kesc, "type")
 			isID := !isType && keyIs(key, kesc, "id")
@@ -97,8 +96,8 @@ func scanFrame(b []byte) (frameHead, error) {
 				}
 				seenID = true
 			}
-			if (isType || isID) && s.i < len(b) && b[s.i] == '"' {
-				vs, ve, esc, err := s.str()
+			if (isType || isID) && i < len(b) && b[i] == '"' {
+				vs, ve, next, esc, err := scanStr(b, i)
 				if err != nil {
 					return h, err
 				}
@@ -109,33 +108,39 @@ func scanFrame(b []byte) (frameHead, error) {
 				} else {
 					h.noteID(b[vs:ve], esc, false)
 				}
-			} else if isID && s.i < len(b) && (b[s.i] == '-' || b[s.i] >= '0' && b[s.i] <= '9') {
-				vs := s.i
-				if err := s.num(); err != nil {
+				i = next
+			} else if isID && i < len(b) && (b[i] == '-' || b[i] >= '0' && b[i] <= '9') {
+				next, err := scanNum(b, i)
+				if err != nil {
 					return h, err
 				}
-				h.noteID(b[vs:s.i], false, true)
-			} else if err := s.value(1); err != nil {
-				return h, err
+				h.noteID(b[i:next], false, true)
+				i = next
+			} else {
+				next, err := scanValue(b, i, 1)
+				if err != nil {
+					return h, err
+				}
+				i = next
 			}
-			s.ws()
-			if s.i >= len(b) {
-				return h, s.fail("unexpected end of object")
+			i = ws(b, i)
+			if i >= len(b) {
+				return h, syntaxError(i, "unexpected end of object")
 			}
-			if b[s.i] == ',' {
-				s.i++
+			if b[i] == ',' {
+				i++
 				continue
 			}
-			if b[s.i] == '}' {
-				s.i++
+			if b[i] == '}' {
+				i++
 				break
 			}
-			return h, s.fail("expected ',' or '}' in object")
+			return h, syntaxError(i, "expected ',' or '}' in object")
 		}
 	}
-	s.ws()
-	if s.i != len(b) {
-		return h, s.fail("data after the JSON object")
+	i = ws(b, i)
+	if i != len(b) {
+		return h, syntaxError(i, "data after the JSON object")
 	}
 	if dup != "" {
 		return h, &DuplicateKeyError{Key: dup}
@@ -189,125 +194,129 @@ func headString(raw []byte, esc bool) string {
 	return out
 }
 
-type scanner struct {
-	b []byte
-	i int
-}
+func syntaxError(i int, msg string) error { return &SyntaxError{Offset: i, Msg: msg} }
 
-func (s *scanner) fail(msg string) error { return &SyntaxError{Offset: s.i, Msg: msg} }
-
-func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		c := s.b[s.i]
+// ws returns the position of the first byte at or after i that is not
+// JSON whitespace.
+func ws(b []byte, i int) int {
+	for i < len(b) {
+		c := b[i]
 		if c > ' ' || (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-			return
+			return i
 		}
-		s.i++
+		i++
 	}
+	return i
 }
 
-func (s *scanner) value(depth int) error {
+// scanValue validates the value at b[i] and returns the position after it.
+func scanValue(b []byte, i, depth int) (int, error) {
 	if depth > maxJSONDepth {
-		return s.fail("nesting too deep")
+		return i, syntaxError(i, "nesting too deep")
 	}
-	if s.i >= len(s.b) {
-		return s.fail("unexpected end of input")
+	if i >= len(b) {
+		return i, syntaxError(i, "unexpected end of input")
 	}
-	switch c := s.b[s.i]; {
+	switch c := b[i]; {
 	case c == '"':
-		_, _, _, err := s.str()
-		return err
+		_, _, next, _, err := scanStr(b, i)
+		return next, err
 	case c == '{':
-		s.i++
-		s.ws()
-		if s.i < len(s.b) && s.b[s.i] == '}' {
-			s.i++
-			return nil
+		i = ws(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return i + 1, nil
 		}
 		for {
-			s.ws()
-			if _, _, _, err := s.str(); err != nil {
-				return err
+			i = ws(b, i)
+			_, _, next, _, err := scanStr(b, i)
+			if err != nil {
+				return next, err
 			}
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] != ':' {
-				return s.fail("expected ':' after object key")
+			i = ws(b, next)
+			if i >= len(b) || b[i] != ':' {
+				return i, syntaxError(i, "expected ':' after object key")
 			}
-			s.i++
-			s.ws()
-			if err := s.value(depth + 1); err != nil {
-				return err
+			if i, err = scanMember(b, ws(b, i+1), depth+1); err != nil {
+				return i, err
 			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return s.fail("unexpected end of object")
+			i = ws(b, i)
+			if i >= len(b) {
+				return i, syntaxError(i, "unexpected end of object")
 			}
-			if s.b[s.i] == ',' {
-				s.i++
+			if b[i] == ',' {
+				i++
 				continue
 			}
-			if s.b[s.i] == '}' {
-				s.i++
-				return nil
+			if b[i] == '}' {
+				return i + 1, nil
 			}
-			return s.fail("expected ',' or '}' in object")
+			return i, syntaxError(i, "expected ',' or '}' in object")
 		}
 	case c == '[':
-		s.i++
-		s.ws()
-		if s.i < len(s.b) && s.b[s.i] == ']' {
-			s.i++
-			return nil
+		i = ws(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1, nil
 		}
 		for {
-			s.ws()
-			if err := s.value(depth + 1); err != nil {
-				return err
+			var err error
+			if i, err = scanMember(b, ws(b, i), depth+1); err != nil {
+				return i, err
 			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return s.fail("unexpected end of array")
+			i = ws(b, i)
+			if i >= len(b) {
+				return i, syntaxError(i, "unexpected end of array")
 			}
-			if s.b[s.i] == ',' {
-				s.i++
+			if b[i] == ',' {
+				i++
 				continue
 			}
-			if s.b[s.i] == ']' {
-				s.i++
-				return nil
+			if b[i] == ']' {
+				return i + 1, nil
 			}
-			return s.fail("expected ',' or ']' in array")
+			return i, syntaxError(i, "expected ',' or ']' in array")
 		}
 	case c == 't':
-		return s.lit("true")
+		return scanLit(b, i, "true")
 	case c == 'f':
-		return s.lit("false")
+		return scanLit(b, i, "false")
 	case c == 'n':
-		return s.lit("null")
+		return scanLit(b, i, "null")
 	case c == '-' || (c >= '0' && c <= '9'):
-		return s.num()
+		return scanNum(b, i)
 	default:
-		return s.fail("unexpected character")
+		return i, syntaxError(i, "unexpected character")
 	}
 }
 
-func (s *scanner) lit(w string) error {
-	if len(s.b)-s.i < len(w) || string(s.b[s.i:s.i+len(w)]) != w {
-		return s.fail("invalid literal")
+// scanMember is scanValue for a member of an object or array: strings
+// and numbers, most members, without the call.
+func scanMember(b []byte, i, depth int) (int, error) {
+	if depth <= maxJSONDepth && i < len(b) {
+		if c := b[i]; c == '"' {
+			_, _, next, _, err := scanStr(b, i)
+			return next, err
+		} else if c == '-' || (c >= '0' && c <= '9') {
+			return scanNum(b, i)
+		}
 	}
-	s.i += len(w)
-	return nil
+	return scanValue(b, i, depth)
 }
 
-func (s *scanner) num() error {
-	b := s.b
-	i := s.i
+func scanLit(b []byte, i int, w string) (int, error) {
+	if len(b)-i < len(w) || string(b[i:i+len(w)]) != w {
+		return i, syntaxError(i, "invalid literal")
+	}
+	return i + len(w), nil
+}
+
+// scanNum validates the number at b[i] (a '-' or a digit) and returns the
+// position after it.
+func scanNum(b []byte, i int) (int, error) {
 	if b[i] == '-' {
 		i++
 	}
 	if i >= len(b) {
-		s.i = i
-		return s.fail("invalid number")
+		return i, syntaxError(i, "invalid number")
 	}
 	if b[i] == '0' {
 		i++
@@ -316,8 +325,7 @@ func (s *scanner) num() error {
 			i++
 		}
 	} else {
-		s.i = i
-		return s.fail("invalid number")
+		return i, syntaxError(i, "invalid number")
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -326,8 +334,7 @@ func (s *scanner) num() error {
 			i++
 		}
 		if i == st {
-			s.i = i
-			return s.fail("invalid number")
+			return i, syntaxError(i, "invalid number")
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
@@ -340,12 +347,10 @@ func (s *scanner) num() error {
 			i++
 		}
 		if i == st {
-			s.i = i
-			return s.fail("invalid number")
+			return i, syntaxError(i, "invalid number")
 		}
 	}
-	s.i = i
-	return nil
+	return i, nil
 }
 
 const (
@@ -353,71 +358,78 @@ const (
 	hi8 = 0x8080808080808080
 )
 
-// str scans a string starting at s.i (which must be '"') and returns the
-// bounds of its contents. Eight bytes at a time where no quote, backslash or
-// control byte is present.
-func (s *scanner) str() (start, end int, esc bool, err error) {
-	b := s.b
-	if s.i >= len(b) || b[s.i] != '"' {
-		return 0, 0, false, s.fail("expected string")
+// scanStr scans the string at b[i] (which must be '"'): the bounds of its
+// contents, whether it has escapes, and the position after it. Sixteen
+// bytes a round, eight at a time, where no quote, backslash or control byte
+// is present.
+func scanStr(b []byte, i int) (start, end, next int, esc bool, err error) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, 0, i, false, syntaxError(i, "expected string")
 	}
-	i := s.i + 1
+	i++
 	start = i
 	for {
-		for i+8 <= len(b) {
-			if i-start >= 64 {
-				// A long string (message text carries most bytes): go on
-				// with vectorised searches.
-				s.i = i
-				end, e, err := s.strLong(start)
-				return start, end, esc || e, err
+		// lim: past it a string is long (message text carries most
+		// bytes) and goes on with vectorised searches.
+		lim := i + 64
+	words:
+		for i+16 <= len(b) {
+			if i >= lim {
+				end, next, e, err := strLong(b, i)
+				return start, end, next, esc || e, err
 			}
-			if t := special(binary.LittleEndian.Uint64(b[i:])); t != 0 {
-				// The lowest flagged byte is exact (borrows only carry
-				// upwards): jump straight to it.
+			w := b[i : i+16]
+			// The lowest flagged byte is exact (borrows only carry
+			// upwards): jump straight to it.
+			if t := special(binary.LittleEndian.Uint64(w)); t != 0 {
 				i += bits.TrailingZeros64(t) >> 3
-				break
+				break words
 			}
-			i += 8
+			if t := special(binary.LittleEndian.Uint64(w[8:])); t != 0 {
+				i += 8 + bits.TrailingZeros64(t)>>3
+				break words
+			}
+			i += 16
 		}
-		if i >= len(b) {
-			s.i = i
-			return 0, 0, false, s.fail("unterminated string")
+		if i+16 > len(b) {
+			// The frame's last bytes, one at a time.
+			for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
+				i++
+			}
+			if i >= len(b) {
+				return 0, 0, i, false, syntaxError(i, "unterminated string")
+			}
 		}
 		switch c := b[i]; {
 		case c == '"':
-			s.i = i + 1
-			return start, i, esc, nil
+			return start, i, i + 1, esc, nil
 		case c == '\\':
 			esc = true
-			n, err := s.escape(i)
+			n, err := escape(b, i)
 			if err != nil {
-				return 0, 0, false, err
+				return 0, 0, i, false, err
 			}
 			i += n
 		case c < 0x20:
-			s.i = i
-			return 0, 0, false, s.fail("control character in string")
+			return 0, 0, i, false, syntaxError(i, "control character in string")
 		default:
 			i++
 		}
 	}
 }
 
-// strLong finishes a string from s.i in time linear in its length: the next
-// quote and the next backslash are found with IndexByte, the clean runs
-// between them checked for control bytes, and a quote position is searched
-// again only once an escape has passed it.
-func (s *scanner) strLong(start int) (end int, esc bool, err error) {
-	b := s.b
-	i := s.i
+// strLong finishes a string from b[i] in time linear in its length: the
+// next quote and the next backslash are found with IndexByte, the clean
+// runs between them checked for control bytes, and a quote position is
+// searched again only once an escape has passed it. It returns where the
+// contents end and the position after the closing quote.
+func strLong(b []byte, i int) (end, next int, esc bool, err error) {
 	q := -1 // absolute position of the next unescaped-looking quote
 	for {
 		if q < i {
 			rel := bytes.IndexByte(b[i:], '"')
 			if rel < 0 {
-				s.i = len(b)
-				return 0, false, s.fail("unterminated string")
+				return 0, len(b), false, syntaxError(len(b), "unterminated string")
 			}
 			q = i + rel
 		}
@@ -429,17 +441,15 @@ func (s *scanner) strLong(start int) (end int, esc bool, err error) {
 			for i < clean && b[i] >= 0x20 {
 				i++
 			}
-			s.i = i
-			return 0, false, s.fail("control character in string")
+			return 0, i, false, syntaxError(i, "control character in string")
 		}
 		if clean == q {
-			s.i = q + 1
-			return q, esc, nil
+			return q, q + 1, esc, nil
 		}
 		esc = true
-		n, err := s.escape(clean)
+		n, err := escape(b, clean)
 		if err != nil {
-			return 0, false, err
+			return 0, clean, false, err
 		}
 		i = clean + n
 	}
@@ -447,24 +457,20 @@ func (s *scanner) strLong(start int) (end int, esc bool, err error) {
 
 // escape validates the escape sequence at b[i] (a backslash) and returns
 // its length.
-func (s *scanner) escape(i int) (int, error) {
-	b := s.b
+func escape(b []byte, i int) (int, error) {
 	if i+1 >= len(b) {
-		s.i = i
-		return 0, s.fail("unterminated string")
+		return 0, syntaxError(i, "unterminated string")
 	}
 	switch b[i+1] {
 	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 		return 2, nil
 	case 'u':
 		if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
-			s.i = i
-			return 0, s.fail("invalid \\u escape")
+			return 0, syntaxError(i, "invalid \\u escape")
 		}
 		return 6, nil
 	}
-	s.i = i
-	return 0, s.fail("invalid escape")
+	return 0, syntaxError(i, "invalid escape")
 }
 
 // special flags (high bit set) the bytes of x that are a quote, a
@@ -476,17 +482,28 @@ func special(x uint64) uint64 {
 }
 
 // hasControl: some byte of b is below 0x20 (forbidden raw in a string).
+// Message text carries most of a flood's bytes, so this runs over 32 bytes
+// a round with one test, slicing as it goes so no index is bounds-checked.
 func hasControl(b []byte) bool {
-	i := 0
-	for ; i+16 <= len(b); i += 16 {
-		x := binary.LittleEndian.Uint64(b[i:])
-		y := binary.LittleEndian.Uint64(b[i+8:])
-		if (((x-lo8*0x20)&^x)|((y-lo8*0x20)&^y))&hi8 != 0 {
+	for len(b) >= 32 {
+		x0 := binary.LittleEndian.Uint64(b)
+		x1 := binary.LittleEndian.Uint64(b[8:])
+		x2 := binary.LittleEndian.Uint64(b[16:])
+		x3 := binary.LittleEndian.Uint64(b[24:])
+		if ((x0-lo8*0x20)&^x0|(x1-lo8*0x20)&^x1|(x2-lo8*0x20)&^x2|(x3-lo8*0x20)&^x3)&hi8 != 0 {
 			return true
 		}
+		b = b[32:]
 	}
-	for ; i < len(b); i++ {
-		if b[i] < 0x20 {
+	for len(b) >= 8 {
+		x := binary.LittleEndian.Uint64(b)
+		if (x-lo8*0x20)&^x&hi8 != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c < 0x20 {
 			return true
 		}
 	}

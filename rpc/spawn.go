@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -160,7 +157,7 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	c := New(p.Stdout(), p.Stdin(), opts.Options)
 	c.attachProcess(p)
 	if err := c.Start(ctx); err != nil {
-		_ = c.Close()
+		c.discard()
 		if t := strings.TrimSpace(c.Stderr()); t != "" && !strings.Contains(err.Error(), "stderr:") {
 			return nil, fmt.Errorf("%w (stderr: %s)", err, trim(lastLine(t), 300))
 		}
@@ -176,10 +173,18 @@ func Attach(ctx context.Context, p Process, opts SpawnOptions) (*Client, error) 
 	c := New(p.Stdout(), p.Stdin(), opts.Options)
 	c.attachProcess(p)
 	if err := c.Start(ctx); err != nil {
-		_ = c.Close()
+		c.discard()
 		return nil, err
 	}
 	return c, nil
+}
+
+// discard closes a client its caller never gets (a failed Spawn or
+// Attach) and joins it: nobody else could. Its callbacks (Options.OnEvent,
+// the UI handler) have seen their contexts end.
+func (c *Client) discard() {
+	_ = c.Close()
+	_ = c.Wait(context.Background())
 }
 
 // checkDir names a bad working directory; exec would report it as the
@@ -276,38 +281,44 @@ func (c *Client) watchExit(p Process, out *readActivity) {
 	}
 }
 
-// Close ends the client: every waiter is released at once with an error,
-// stdin is closed, an owned process gets its grace period and is then
-// stopped with escalating signals, events already queued are delivered to
-// listeners, and every goroutine the client started is joined. Listeners,
-// host tools and UI handlers must return (they see their context end), or
-// Close waits for them. Close is idempotent and returns the same result
-// each time.
+// Close ends the client's transport: every waiter is released at once
+// with ErrClosed, stdin is closed, an owned process gets its grace period
+// and is then stopped with escalating signals and reaped, and the reader
+// stops reading. It returns the process's stop error, if any.
 //
-// Called from a listener, an error listener, a host tool or a UI handler,
-// Close cannot wait for its own caller: it begins closing (waiters are
-// released, the agent is stopped in the background) and returns nil at
-// once. A Close from anywhere else then waits for the end and returns the
-// outcome.
+// Close never waits for user code: listeners, error listeners, host tools
+// and UI handlers may still be running when it returns (the contexts of
+// host tools and UI handlers have ended), and events read before Close
+// may still be on their way to listeners. Wait joins them. So Close is safe to call from any
+// callback, directly or through another goroutine the callback waits for.
+// Close is idempotent: every call returns the first one's result (a call
+// made while the first is under way waits for it).
 func (c *Client) Close() error {
-	inside := c.inCallback()
 	c.mu.Lock()
 	first := !c.closeStarted
 	c.closeStarted = true
 	c.mu.Unlock()
-	switch {
-	case first && inside:
-		// Owned by the client: it ends once the calling callback and the
-		// others have returned; a later Close waits for it.
-		go c.shutdown()
-		return nil
-	case first:
+	if first {
 		c.shutdown()
-	case inside:
-		return nil
 	}
 	<-c.closeDone
 	return c.closeErr
+}
+
+// Wait waits until everything the client started has ended: the
+// callbacks have returned, the events read before Close have been
+// delivered (or dropped and counted, see Options.Backpressure), and every
+// goroutine of the client is gone. It returns once Close has run and that
+// is done, or with ctx's error first. Wait must not be called from a
+// callback: it would wait for its own caller (as http.Server.Shutdown
+// would from a handler).
+func (c *Client) Wait(ctx context.Context) error {
+	select {
+	case <-c.joined:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rpc: wait: %w", context.Cause(ctx))
+	}
 }
 
 // shutdown does Close's work, once.
@@ -315,6 +326,10 @@ func (c *Client) shutdown() {
 	defer close(c.closeDone)
 	c.mu.Lock()
 	c.closed = true
+	if !c.started {
+		// Start now refuses to begin: no reader will run.
+		close(c.readDone)
+	}
 	c.mu.Unlock()
 	// The host's own close, not an agent crash: waiters get ErrClosed.
 	c.retire(ErrClosed)
@@ -330,63 +345,51 @@ func (c *Client) shutdown() {
 		cancel()
 		// The leader is gone; a descendant may still hold stdout. Give
 		// the reader a moment to see EOF, then cut the pipe.
-		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+		if !c.readerQuiet(100 * time.Millisecond) {
 			c.owned.CloseOutput()
 		}
 	} else if rc, ok := c.r.(io.Closer); ok {
-		if !waitGroupTimeout(&c.readerWG, 100*time.Millisecond) {
+		if !c.readerQuiet(100 * time.Millisecond) {
 			_ = rc.Close()
 		}
 	}
-	c.readerWG.Wait()
+	c.readerQuiet(-1)
 	if c.owned != nil {
 		// Let stderr drain its tail, but not wait on a descendant
 		// that keeps it open; then release the pipe fds.
 		waitGroupTimeout(&c.stderrWG, 100*time.Millisecond)
 		c.owned.CloseOutput()
 	}
-	close(c.quit)
-	c.wg.Wait()
+	// The rest ends without Close: the dispatcher once the reader has
+	// ended and what it queued is delivered, the callbacks when they
+	// return. Wait joins it all.
+	go func() {
+		<-c.readDone
+		close(c.quit)
+		c.wg.Wait()
+		close(c.joined)
+	}()
 }
 
-// enterCallbacks marks the calling goroutine as one that runs user
-// callbacks, until the returned func is called.
-func (c *Client) enterCallbacks() (leave func()) {
-	id := goid()
-	c.cbmu.Lock()
-	c.cbGoroutines[id]++
-	c.cbmu.Unlock()
-	return func() {
-		c.cbmu.Lock()
-		if c.cbGoroutines[id]--; c.cbGoroutines[id] <= 0 {
-			delete(c.cbGoroutines, id)
-		}
-		c.cbmu.Unlock()
+// readerQuiet waits up to d (d < 0: without limit) until the reader has
+// stopped reading: it ended, or it only waits for listeners to make room
+// in a full backlog (Options.Backpressure), which is user code Close does
+// not wait for. It reports whether it has.
+func (c *Client) readerQuiet(d time.Duration) bool {
+	var expired <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		expired = t.C
 	}
-}
-
-// inCallback reports whether the caller runs on a goroutine that runs
-// user callbacks.
-func (c *Client) inCallback() bool {
-	id := goid()
-	c.cbmu.Lock()
-	defer c.cbmu.Unlock()
-	return c.cbGoroutines[id] > 0
-}
-
-// goid is the calling goroutine's id. Go offers no goroutine identity;
-// this parses the header of the caller's stack trace ("goroutine N ["),
-// whose format is stable. It is called when a callback goroutine starts
-// and in Close, never per event.
-func goid() uint64 {
-	var buf [64]byte
-	b := buf[:runtime.Stack(buf[:], false)]
-	b, _ = bytes.CutPrefix(b, []byte("goroutine "))
-	if i := bytes.IndexByte(b, ' '); i > 0 {
-		b = b[:i]
+	select {
+	case <-c.readDone:
+		return true
+	case <-c.readerParked:
+		return true
+	case <-expired:
+		return false
 	}
-	n, _ := strconv.ParseUint(string(b), 10, 64)
-	return n
 }
 
 func waitGroupTimeout(wg interface{ Wait() }, d time.Duration) bool {

@@ -48,7 +48,7 @@ func TestClient_OnEventSeesTheHandshake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Close(); err != nil {
+	if err := closeAndWait(t, c); err != nil {
 		t.Fatal(err)
 	}
 	if len(types) == 0 || <-types != "response" {

@@ -19,7 +19,7 @@ func spawnFake(t *testing.T, name string, opts SpawnOptions, env ...string) *Cli
 	if err != nil {
 		t.Fatalf("spawn %s: %v", name, err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = closeAndWait(t, c) })
 	return c
 }
 
@@ -49,7 +49,7 @@ func TestSpawn_BrokenFirstFrameFailsStart(t *testing.T) {
 
 func TestSpawn_ExitAtStartReportsStderr(t *testing.T) {
 	_, err := Spawn(ctxT(t, 30*time.Second), fakeSpec(t, "stderr-exit"), SpawnOptions{})
-	if !errors.Is(err, ErrProcessExited) || !strings.Contains(err.Error(), "no model configured") {
+	if !errors.Is(err, ErrAgentExited) || !strings.Contains(err.Error(), "no model configured") {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -72,9 +72,9 @@ func TestSpawn_InvalidJSONMidStream(t *testing.T) {
 	if turn.Text != "survived" {
 		t.Fatalf("text = %q", turn.Text)
 	}
-	// Frequent event types are validated on the dispatcher; Close delivers
-	// everything queued, so every report is in by then.
-	if err := c.Close(); err != nil {
+	// Frequent event types are validated on the dispatcher; Wait sees
+	// everything queued delivered, so every report is in by then.
+	if err := closeAndWait(t, c); err != nil {
 		t.Fatal(err)
 	}
 	errs := c.Errors()
@@ -118,7 +118,7 @@ func TestSpawn_HangEndedByClose(t *testing.T) {
 	select {
 	case err := <-waitErr:
 		// Released by the host's own Close: ErrClosed, not an agent exit.
-		if !errors.Is(err, ErrClosed) || errors.Is(err, ErrProcessExited) {
+		if !errors.Is(err, ErrClosed) || errors.Is(err, ErrAgentExited) {
 			t.Fatalf("waiter err = %v", err)
 		}
 		t.Logf("waiter released %v after Close began", time.Since(start))
@@ -161,7 +161,7 @@ func TestSpawn_FloodNoLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Close(); err != nil {
+	if err := closeAndWait(t, c); err != nil {
 		t.Fatal(err)
 	}
 	if n != 20000 || turn.Text != "flooded" || len(turn.Events) != 20003 {

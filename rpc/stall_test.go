@@ -158,7 +158,7 @@ func TestClient_WriteLockHonoursContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.Close()
+		_ = closeAndWait(t, c)
 		outW.Close()
 	})
 	holder := make(chan error, 1)
@@ -221,7 +221,7 @@ func TestClient_HostToolExcessDoesNotStallReader(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		close(release)
-		c.Close()
+		_ = closeAndWait(t, c)
 		outW.Close()
 	})
 	say := func(s string) {
@@ -325,7 +325,7 @@ func TestClient_ReplyQueueFullReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.Close()
+		_ = closeAndWait(t, c)
 		outW.Close()
 	})
 	go func() {

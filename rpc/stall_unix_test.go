@@ -71,7 +71,7 @@ func TestSpawn_CrashWithDescendantHoldingStdout(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	start := time.Now()
 	_, err := c.Run(ctx, "x", nil)
-	if !errors.Is(err, ErrProcessExited) || !strings.Contains(err.Error(), "exit status 7") || !strings.Contains(err.Error(), "model exploded") {
+	if !errors.Is(err, ErrAgentExited) || !strings.Contains(err.Error(), "exit status 7") || !strings.Contains(err.Error(), "model exploded") {
 		t.Fatalf("err = %v (after %v)", err, time.Since(start))
 	}
 	var ee *ExitError

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -91,6 +92,62 @@ func TestTurn_InvalidFrequentFrameNotRetained(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the invalid frame was not reported")
+	}
+}
+
+// Issue 25: a negative RetainedTurnBytes keeps no events or messages (a
+// caller that reads only the outcome pays no copies under a flood), yet the
+// turn ends as before, counts what it dropped, listeners see every valid
+// frame, and an invalid frame of a frequent type is still refused and
+// reported.
+func TestTurn_RetainNoneKeepsOutcomeAndStrictness(t *testing.T) {
+	p := newPipePeer(t, Options{RetainedTurnBytes: -1})
+	errs := make(chan error, 4)
+	p.c.OnError(func(err error) { errs <- err })
+	var updates atomic.Int32
+	p.c.On(EventMessageUpdate, func(Event) { updates.Add(1) })
+	ctx := ctxT(t, 10*time.Second)
+	update := `{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"t"}]}}`
+
+	promptAcked(t, p, ctx, "hi", nil)
+	frames := []string{`{"type":"agent_start"}`}
+	for i := 0; i < 100; i++ {
+		frames = append(frames, update)
+	}
+	frames = append(frames, assistantFrame("the end"), `{"type":"agent_end","messages":[]}`)
+	p.say(strings.Join(frames, "\n"))
+	turn, err := p.c.WaitTurn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.Text != "the end" || turn.StopReason != "stop" {
+		t.Fatalf("text %q, stop reason %q", turn.Text, turn.StopReason)
+	}
+	if len(turn.Events) != 0 || len(turn.Messages) != 0 || turn.DroppedEvents != 103 || turn.DroppedMessages != 1 {
+		t.Fatalf("kept %d events, %d messages; dropped %d, %d", len(turn.Events), len(turn.Messages), turn.DroppedEvents, turn.DroppedMessages)
+	}
+
+	promptAcked(t, p, ctx, "again", nil)
+	p.say(`{"type":"agent_start"}`, `{"type":"message_update", broken`, update, assistantFrame("second"), `{"type":"agent_end","messages":[]}`)
+	if turn, err = p.c.WaitTurn(ctx); err != nil || turn.Text != "second" {
+		t.Fatalf("turn %+v, err %v", turn, err)
+	}
+	select {
+	case err := <-errs:
+		var pe *ProtocolError
+		if !errors.As(err, &pe) || pe.Op != "frame" {
+			t.Fatalf("reported %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the invalid frame was not reported")
+	}
+	// WaitTurn returns once the turn ends; the dispatcher may still be
+	// delivering: Sync waits for it.
+	if err := p.c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := updates.Load(); n != 101 {
+		t.Fatalf("listeners saw %d message_updates, want the 101 valid ones", n)
 	}
 }
 

@@ -107,7 +107,6 @@ func (c *Client) handleUIRequest(line []byte) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer c.enterCallbacks()() // a Close from the handler must not wait for it
 		defer cancel()
 		resp := Cancelled()
 		if handler != nil {

@@ -336,10 +336,10 @@ func TestRealUI_Dialogs(t *testing.T) {
 			a.tap.waitResponse(ctx, t, req.ID)
 		})
 
-		// After Close every goroutine of the client has finished: the tap
-		// holds everything it will ever write.
+		// After Close and Wait every goroutine of the client has
+		// finished: the tap holds everything it will ever write.
 		t1 := time.Now()
-		if err := a.c.Close(); err != nil {
+		if err := closeJoin(t, a.c); err != nil {
 			t.Fatalf("close: %v", err)
 		}
 		t.Logf("%s closed in %v", kind, time.Since(t1))
@@ -378,7 +378,7 @@ func TestRealUI_NoHandler(t *testing.T) {
 		}
 
 		t1 := time.Now()
-		if err := a.c.Close(); err != nil {
+		if err := closeJoin(t, a.c); err != nil {
 			t.Fatalf("close: %v", err)
 		}
 		t.Logf("%s closed in %v", kind, time.Since(t1))

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/bench"
@@ -15,14 +18,23 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	var frames, runs int
+	var asJSON bool
+	var profile string
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Time agenthost's client on a frame flood against pi's TypeScript client and a line-splitting floor",
+		Short: "Time agenthost prompt on a frame flood against pi's TypeScript client and a line-splitting floor",
 		Long: `Writes FRAMES message_update frames (about 1 KB each, the shape omp streams),
-then runs three whole processes RUNS times each on the same stream, written by
-the same small node agent: a floor that only splits lines, agenthost's RPC
-client (spawn, prompt, every event to a listener), and pi's own TypeScript
-RpcClient. Each must see every frame. Prints median wall times and ratios.`,
+then runs four whole processes RUNS times each, interleaved, on the same
+stream written by the same small node agent: a floor that only splits lines,
+agenthost prompt (custody, the RPC client, the turn), agenthost's RPC client
+alone (spawn, prompt, every event to a listener), and pi's own TypeScript
+RpcClient. Each must see every frame. Prints median wall times, median CPU
+times (user+sys of the consumer, the agent's own left out) and agenthost
+prompt's ratios to the floor and to pi's client.
+
+--cpuprofile FILE has each run of agenthost prompt write a CPU profile of its
+whole process (with several runs, FILE with the run's number before its
+extension; go tool pprof merges them).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			self, err := os.Executable()
@@ -41,23 +53,40 @@ RpcClient. Each must see every frame. Prints median wall times and ratios.`,
 			if _, err := os.Stat(piClient); err != nil {
 				return fmt.Errorf("bench: pi's RpcClient is missing (run make setup): %w", err)
 			}
-			res, size, err := bench.Run(cmd.Context(), bench.Config{Frames: frames, Runs: runs, Self: self, PiClient: piClient, Node: node})
+			if runs < 1 || frames < 1 {
+				return &exitError{2, errors.New("bench: --runs and --frames must be at least 1")}
+			}
+			if profile != "" {
+				if profile, err = filepath.Abs(profile); err != nil {
+					return err
+				}
+			}
+			res, size, err := bench.Run(cmd.Context(), bench.Config{Frames: frames, Runs: runs, Self: self, PiClient: piClient, Node: node, CPUProfile: profile})
 			if err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "flood: %d message_update frames, %.1f MB, median of %d runs (whole-process wall time)\n", frames, float64(size)/1e6, runs)
-			floor := res[0].Median()
-			for _, r := range res {
-				m := r.Median()
-				fmt.Fprintf(w, "  %-30s %8.3fs  %7.1f MB/s  %5.2fx floor  runs %v\n", r.Name, m.Seconds(), float64(size)/1e6/m.Seconds(), m.Seconds()/floor.Seconds(), r.Walls)
+			if asJSON {
+				if err := printBenchJSON(w, res, size, frames); err != nil {
+					return err
+				}
+			} else {
+				printBench(w, res, size, frames, runs)
 			}
-			fmt.Fprintf(w, "agenthost is %.2fx faster than pi's TypeScript client\n", res[2].Median().Seconds()/res[1].Median().Seconds())
+			if profile != "" {
+				var files []string
+				for i := range runs {
+					files = append(files, bench.ProfilePath(profile, i, runs))
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "profiles of agenthost prompt: go tool pprof -top %s %s\n", self, strings.Join(files, " "))
+			}
 			return nil
 		},
 	}
 	cmd.Flags().IntVar(&frames, "frames", 200000, "frames in the flood")
 	cmd.Flags().IntVar(&runs, "runs", 5, "runs of each consumer")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the timings as one JSON object")
+	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write CPU profiles of agenthost prompt's runs to `FILE`")
 
 	var floor bool
 	consume := &cobra.Command{
@@ -84,4 +113,54 @@ RpcClient. Each must see every frame. Prints median wall times and ratios.`,
 	consume.Flags().BoolVar(&floor, "floor", false, "only split lines")
 	cmd.AddCommand(consume)
 	return cmd
+}
+
+// printBench prints each arm's medians and the ratios issue tables use:
+// agenthost prompt's wall time over the floor's and over pi's client's.
+func printBench(w io.Writer, res []bench.Result, size int64, frames, runs int) {
+	fmt.Fprintf(w, "flood: %d message_update frames, %.1f MB, medians of %d interleaved runs of each whole process\n", frames, float64(size)/1e6, runs)
+	fmt.Fprintf(w, "  %-30s %8s %9s %8s %10s  %s\n", "", "wall", "MB/s", "CPU", "agent CPU", "walls")
+	for _, r := range res {
+		m := r.Median()
+		fmt.Fprintf(w, "  %-30s %7.3fs %9.1f %7.3fs %9.3fs  %v\n", r.Name, m.Seconds(), float64(size)/1e6/m.Seconds(), r.MedianCPU().Seconds(), r.MedianAgentCPU().Seconds(), roundAll(r.Walls))
+	}
+	floor, prompt, client, ts := res[bench.ArmFloor], res[bench.ArmPrompt], res[bench.ArmClient], res[bench.ArmTS]
+	ratio := func(a, b time.Duration) float64 { return a.Seconds() / b.Seconds() }
+	fmt.Fprintf(w, "agenthost prompt: wall %.2fx the floor, %.2fx pi's TypeScript client; CPU %.2fx the floor's, %.2fx pi's\n",
+		ratio(prompt.Median(), floor.Median()), ratio(prompt.Median(), ts.Median()),
+		ratio(prompt.MedianCPU(), floor.MedianCPU()), ratio(prompt.MedianCPU(), ts.MedianCPU()))
+	fmt.Fprintf(w, "agenthost rpc client alone: wall %.2fx the floor, %.2fx pi's TypeScript client\n",
+		ratio(client.Median(), floor.Median()), ratio(client.Median(), ts.Median()))
+}
+
+// printBenchJSON prints the same figures as printBench as one JSON object.
+func printBenchJSON(w io.Writer, res []bench.Result, size int64, frames int) error {
+	type row struct {
+		Name             string    `json:"name"`
+		MedianSeconds    float64   `json:"median_seconds"`
+		RunsSeconds      []float64 `json:"runs_seconds"`
+		MedianCPUSeconds float64   `json:"median_cpu_seconds"`
+		MedianAgentCPU   float64   `json:"median_agent_cpu_seconds"`
+	}
+	out := struct {
+		Frames int   `json:"frames"`
+		Bytes  int64 `json:"bytes"`
+		Rows   []row `json:"consumers"`
+	}{Frames: frames, Bytes: size}
+	for _, r := range res {
+		var runs []float64
+		for _, d := range r.Walls {
+			runs = append(runs, d.Seconds())
+		}
+		out.Rows = append(out.Rows, row{r.Name, r.Median().Seconds(), runs, r.MedianCPU().Seconds(), r.MedianAgentCPU().Seconds()})
+	}
+	return printJSON(w, out)
+}
+
+func roundAll(d []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(d))
+	for i, v := range d {
+		out[i] = v.Round(time.Millisecond)
+	}
+	return out
 }

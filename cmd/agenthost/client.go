@@ -1,42 +1,39 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/client"
 	"github.com/spf13/cobra"
 )
 
-// Client commands talk to a running `agenthost serve`.
+// The client commands talk to a running `agenthost serve` through the
+// client package.
 
 type clientFlags struct {
 	server, data string
+	json         bool
 }
 
 func (f *clientFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.server, "server", "", "the server's address (default: AGENTHOST_URL, else http://"+defaultListen+")")
-	cmd.Flags().StringVar(&f.data, "data", "", "the server's data dir, for its token (default: the per-user dir)")
+	cmd.Flags().StringVar(&f.server, "server", "", "the server's address (default: $AGENTHOST_URL, else http://"+defaultListen+")")
+	cmd.Flags().StringVar(&f.data, "data", "", "the server's data dir, for its token when $AGENTHOST_TOKEN is not set (default: $AGENTHOST_DATA, else the per-user dir)")
+	cmd.Flags().BoolVar(&f.json, "json", false, "print the result as JSON")
 }
 
-type client struct {
-	base  string // ends with "/"
-	token string
-	hc    *http.Client
-}
-
-func (f *clientFlags) client() (*client, error) {
+// client makes the command's client: the server from --server,
+// AGENTHOST_URL or the default; the token from AGENTHOST_TOKEN, the
+// address's #token= fragment (the page's address), or the data dir's file.
+// Reconnects of an event stream are told on stderr.
+func (f *clientFlags) client(stderr io.Writer) (*client.Client, error) {
 	base := f.server
 	if base == "" {
 		base = os.Getenv("AGENTHOST_URL")
@@ -47,9 +44,7 @@ func (f *clientFlags) client() (*client, error) {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	// The page's address may carry the token in its fragment.
 	base, frag, _ := strings.Cut(base, "#")
-	base = strings.TrimSuffix(base, "/") + "/"
 	tok := strings.TrimSpace(os.Getenv(tokenEnv))
 	if t, ok := strings.CutPrefix(frag, "token="); ok && tok == "" {
 		tok = t
@@ -62,353 +57,443 @@ func (f *clientFlags) client() (*client, error) {
 		if data == "" {
 			var err error
 			if data, err = defaultDataDir(); err != nil {
-				return nil, &exitError{2, err}
+				return nil, usageErr(err)
 			}
 		}
 		b, err := os.ReadFile(filepath.Join(data, tokenFile))
 		if err != nil {
-			return nil, &exitError{2, fmt.Errorf("no token: set %s or give the server's --data (%w)", tokenEnv, err)}
+			return nil, usageErr(fmt.Errorf("no token: set %s or give the server's --data (%w)", tokenEnv, err))
 		}
 		tok = strings.TrimSpace(string(b))
 	}
-	return &client{base: base, token: tok, hc: &http.Client{}}, nil
+	c, err := client.New(base, client.Options{Token: tok, OnReconnect: reconnectNotes(stderr)})
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	return c, nil
 }
 
-// apiError is an error answer of the server.
-type apiError struct {
-	status int
-	msg    string
-}
-
-func (e *apiError) Error() string { return fmt.Sprintf("server: %d %s", e.status, e.msg) }
-
-// do sends a JSON request and decodes a JSON answer into out.
-func (c *client) do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
+// reconnectNotes says on stderr that a stream reconnects, and when it did.
+func reconnectNotes(w io.Writer) func(client.Reconnect) {
+	return func(r client.Reconnect) {
+		if r.Err == nil {
+			fmt.Fprintf(w, "agenthost: reconnected to room %s's events, resuming after event %d\n", r.Room, r.After)
+			return
 		}
-		rd = bytes.NewReader(b)
+		fmt.Fprintf(w, "agenthost: room %s's events: %s; reconnecting in %s (attempt %d)\n",
+			r.Room, strings.TrimPrefix(oneLine(r.Err.Error()), "client: "), r.Delay.Round(10*time.Millisecond), r.Attempt)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return &exitError{2, err}
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	res, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("no answer from a server at %s (is agenthost serve running? --server or AGENTHOST_URL name it): %w", c.base, errors.Unwrap(err))
-	}
-	defer res.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
-	if err != nil {
+}
+
+// clientErr makes a client error the command's: a server that does not
+// answer gets a hint; the rest is the operation failing (exit 1).
+func clientErr(err error) error {
+	var ee *exitError
+	switch {
+	case err == nil || errors.As(err, &ee):
 		return err
+	case errors.Is(err, client.ErrUnreachable):
+		return &exitError{1, fmt.Errorf("%s (is agenthost serve running? --server or AGENTHOST_URL name it)", strings.TrimPrefix(err.Error(), "client: "))}
 	}
-	if res.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) != nil || e.Error == "" {
-			e.Error = http.StatusText(res.StatusCode)
-		}
-		return &apiError{res.StatusCode, e.Error}
-	}
-	if out != nil {
-		return json.Unmarshal(raw, out)
-	}
-	return nil
+	return &exitError{1, err}
 }
 
-// events reads the room's events after after and calls fn with each
-// (its type, its JSON); fn returns true to stop. Following, it resumes
-// after a dropped stream (the server cuts clients that fall behind) from
-// the last id it saw.
-func (c *client) events(ctx context.Context, room string, after int64, follow bool, fn func(typ string, data []byte) (bool, error)) error {
-	q := "?follow=0"
-	if follow {
-		q = ""
+// requestTimeout bounds a one-shot request (not a follower, which
+// --timeout bounds): a server that takes the connection but never answers
+// does not hold the command.
+const requestTimeout = 60 * time.Second
+
+// withTimeout bounds ctx by d (0: no bound).
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d <= 0 {
+		return context.WithCancel(ctx)
 	}
-	for attempt := 0; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, "GET", c.base+"v1/rooms/"+url.PathEscape(room)+"/events"+q, nil)
-		if err != nil {
-			return &exitError{2, err}
-		}
-		req.Header.Set("Authorization", "Bearer "+c.token)
-		req.Header.Set("Last-Event-ID", strconv.FormatInt(after, 10))
-		res, err := c.hc.Do(req)
-		if err != nil {
-			if ctx.Err() != nil || attempt >= 5 {
-				return err
-			}
-		} else if res.StatusCode != http.StatusOK {
-			raw, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-			res.Body.Close()
-			var e struct {
-				Error string `json:"error"`
-			}
-			_ = json.Unmarshal(raw, &e)
-			return &apiError{res.StatusCode, e.Error}
-		} else {
-			stop, err := readSSE(res.Body, func(id int64, typ string, data []byte) (bool, error) {
-				after = id
-				attempt = 0
-				return fn(typ, data)
-			})
-			res.Body.Close()
-			if stop || err != nil && !isStreamEnd(err) {
-				return err
-			}
-			if !follow {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
-		}
-	}
+	return context.WithTimeout(ctx, d)
 }
 
-func isStreamEnd(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
-// readSSE parses an event stream; an event is dispatched at its blank
-// line, so a torn last event is dropped (and read again on resume).
-func readSSE(r io.Reader, fn func(id int64, typ string, data []byte) (bool, error)) (bool, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	var id int64
-	var typ string
-	var data []byte
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if data != nil {
-				stop, err := fn(id, typ, data)
-				if stop || err != nil {
-					return stop, err
-				}
-			}
-			typ, data = "", nil
-		case strings.HasPrefix(line, "id: "):
-			n, err := strconv.ParseInt(line[4:], 10, 64)
-			if err != nil {
-				return false, fmt.Errorf("stream: bad id %q", line[4:])
-			}
-			id = n
-		case strings.HasPrefix(line, "event: "):
-			typ = line[7:]
-		case strings.HasPrefix(line, "data: "):
-			data = append(data, line[6:]...)
-		}
+// timedOut makes a follower's error after its --timeout exit 3.
+func timedOut(ctx context.Context, err error, d time.Duration, what string) error {
+	if errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &exitError{3, fmt.Errorf("timed out after %s %s", d, what)}
 	}
-	if err := sc.Err(); err != nil {
-		return false, err
-	}
-	return false, io.EOF
+	return clientErr(err)
 }
 
 func newRoomsCmd() *cobra.Command {
 	var f clientFlags
-	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "rooms",
 		Short: "List the rooms of a running server",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := f.client()
+			c, err := f.client(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			var out struct {
-				Rooms []json.RawMessage `json:"rooms"`
-			}
-			if err := c.do(cmd.Context(), "GET", "v1/rooms", nil, &out); err != nil {
-				return err
-			}
+			// A page at a time, each printed as it comes, each request
+			// within requestTimeout: a server with many rooms answers fast.
 			w := cmd.OutOrStdout()
-			for _, raw := range out.Rooms {
-				if asJSON {
-					fmt.Fprintln(w, string(raw))
-					continue
+			after, total := "", 0
+			for {
+				ctx, cancel := context.WithTimeout(cmd.Context(), requestTimeout)
+				page, err := c.RoomsPage(ctx, after, client.MaxRoomsPage)
+				if err != nil {
+					err = timedOut(ctx, err, requestTimeout, "waiting for the server's answer")
 				}
-				var r struct {
-					ID        string               `json:"id"`
-					Resident  bool                 `json:"resident"`
-					Queued    int                  `json:"queued"`
-					LastSeq   int64                `json:"last_seq"`
-					Turn      *struct{ ID string } `json:"turn"`
-					Approvals []json.RawMessage    `json:"approvals"`
-					Questions []json.RawMessage    `json:"questions"`
+				cancel()
+				if err != nil {
+					return err
 				}
-				_ = json.Unmarshal(raw, &r)
-				state := "idle"
-				if r.Turn != nil {
-					state = "working"
+				total += len(page.Rooms)
+				if err := printRooms(w, page.Rooms, f.json); err != nil {
+					return err
 				}
-				if !r.Resident && r.Turn == nil {
-					state = "released"
+				if page.Next == "" {
+					break
 				}
-				fmt.Fprintf(w, "%-24s %-8s queued %d  approvals %d  questions %d  events %d\n",
-					r.ID, state, r.Queued, len(r.Approvals), len(r.Questions), r.LastSeq)
+				if page.Next <= after {
+					return fmt.Errorf("the server's next page (after %q) does not follow %q", page.Next, after)
+				}
+				after = page.Next
+			}
+			if total == 0 && !f.json {
+				fmt.Fprintln(cmd.ErrOrStderr(), "no rooms yet")
 			}
 			return nil
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per room")
 	return cmd
+}
+
+// printRooms writes rooms as JSON lines or one line each.
+func printRooms(w io.Writer, rooms []client.Room, asJSON bool) error {
+	for _, r := range rooms {
+		if asJSON {
+			if err := printJSON(w, r); err != nil {
+				return err
+			}
+			continue
+		}
+		state := "idle"
+		switch {
+		case r.Turn != nil:
+			state = "working"
+		case !r.Resident:
+			state = "released"
+		}
+		fmt.Fprintf(w, "%-24s %-8s queued %d  approvals %d  questions %d  events %d\n",
+			r.ID, state, r.Queued, len(r.Approvals), len(r.Questions), r.LastSeq)
+	}
+	return nil
 }
 
 func newSendCmd() *cobra.Command {
 	var f clientFlags
 	var follow bool
 	var sender, delivery string
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "send ROOM MESSAGE [--follow]",
 		Short: "Send a message to a room of a running server",
 		Long: `Send a message to a room. Without --follow it prints the accepted message's
-id and sequence number as JSON. With --follow it shows progress on stderr while
-it waits, streams the answer to stdout, and exits 0 only if the turn settled
-(1 failed or cancelled, 3 timed out).`,
+id and sequence number (--json: {"id","seq"}). With --follow it shows progress
+on stderr (a question's options, an approval's decision) while it waits,
+streams the answer to stdout (--json: the room's events as JSON lines), and
+ends on the message's message.ended event: exit 0 settled or answered a
+question, 1 failed or cancelled, 3 timed out. A dropped connection (a server
+restart) is resumed with backoff, said on stderr, for as long as --timeout
+allows (default: no bound; Ctrl-C stops, exit 130, the turn goes on).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.client()
+			switch delivery {
+			case client.DeliverQueue, client.DeliverSteer, client.DeliverFollowUp:
+			default:
+				return usageErr(fmt.Errorf("send: --delivery %q: want queue, steer or follow_up", delivery))
+			}
+			c, err := f.client(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			var acc struct {
-				ID  string `json:"id"`
-				Seq int64  `json:"seq"`
+			ctx, cancel := withTimeout(cmd.Context(), timeout)
+			defer cancel()
+			bound := requestTimeout
+			if timeout > 0 && timeout < bound {
+				bound = timeout
 			}
-			body := map[string]string{"text": args[1], "sender": sender, "delivery": delivery}
-			if err := c.do(cmd.Context(), "POST", "v1/rooms/"+url.PathEscape(args[0])+"/messages", body, &acc); err != nil {
-				return err
+			pctx, pcancel := context.WithTimeout(ctx, bound)
+			acc, err := c.Send(pctx, args[0], client.NewMessage{Text: args[1], Sender: sender, Delivery: delivery})
+			pcancel()
+			if err != nil {
+				return timedOut(pctx, err, bound, "sending")
 			}
 			if !follow {
-				b, _ := json.Marshal(acc)
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				if f.json {
+					return printJSON(cmd.OutOrStdout(), acc)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %d\n", acc.ID, acc.Seq)
 				return nil
 			}
-			return followTurn(cmd.Context(), c, cmd.OutOrStdout(), cmd.ErrOrStderr(), args[0], acc.ID, acc.Seq)
+			fw := &follower{c: c, room: args[0], acc: acc, json: f.json, stdout: cmd.OutOrStdout(), stderr: cmd.ErrOrStderr()}
+			end, err := fw.run(ctx)
+			if err != nil {
+				return timedOut(ctx, err, timeout, "waiting for message "+acc.ID)
+			}
+			return outcomeErr(end)
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().BoolVar(&follow, "follow", false, "wait for the turn, streaming its answer")
-	cmd.Flags().StringVar(&sender, "sender", os.Getenv("USER"), "who sends it")
-	cmd.Flags().StringVar(&delivery, "delivery", "queue", "queue, steer or follow_up")
+	fl := cmd.Flags()
+	fl.BoolVar(&follow, "follow", false, "wait for the message's end, streaming its turn's answer")
+	fl.StringVar(&sender, "sender", os.Getenv("USER"), "who sends it")
+	fl.StringVar(&delivery, "delivery", client.DeliverQueue, "queue, steer or follow_up")
+	fl.DurationVar(&timeout, "timeout", 0, "give up after this long (exit 3; default: no bound)")
 	return cmd
 }
 
-// followTurn streams the turn of message id and judges its outcome.
-func followTurn(ctx context.Context, c *client, stdout, stderr io.Writer, room, id string, seq int64) error {
-	var turn, outcome, reason, final string
-	streamed := false
-	err := c.events(ctx, room, seq-1, true, func(typ string, data []byte) (bool, error) {
-		var d map[string]any
-		_ = json.Unmarshal(data, &d)
-		str := func(k string) string { s, _ := d[k].(string); return s }
-		mine := turn != "" && str("turn_id") == turn
-		switch typ {
-		case "message.queued":
-			if str("message_id") == id {
-				fmt.Fprintln(stderr, "queued")
+// outcomeErr is the exit of a followed message's end.
+func outcomeErr(end client.MessageEnded) error {
+	switch end.Outcome {
+	case client.OutcomeSettled, client.OutcomeAnswered:
+		return nil
+	case client.OutcomeTimedOut:
+		return &exitError{3, fmt.Errorf("message %s timed out: %s", end.MessageID, end.Reason)}
+	default:
+		return &exitError{1, fmt.Errorf("message %s %s: %s", end.MessageID, end.Outcome, end.Reason)}
+	}
+}
+
+// follower follows one accepted message to its message.ended, telling
+// what happens on stderr and streaming its turn's answer to stdout.
+type follower struct {
+	c      *client.Client
+	room   string
+	acc    client.Accepted
+	json   bool
+	stdout io.Writer
+	stderr io.Writer
+
+	turn      string          // the turn running the message
+	approvals map[string]bool // approvals asked in that turn
+	questions map[string]bool
+	streamed  bool // text deltas were printed
+	final     string
+}
+
+func (fw *follower) run(ctx context.Context) (client.MessageEnded, error) {
+	fw.approvals, fw.questions = map[string]bool{}, map[string]bool{}
+	for ev, err := range fw.c.Follow(ctx, fw.room, fw.acc.Seq-1) {
+		if err != nil {
+			return client.MessageEnded{}, err
+		}
+		if fw.json {
+			fmt.Fprintln(fw.stdout, string(ev.Data))
+		}
+		end, done, err := fw.event(ev)
+		if err != nil {
+			return client.MessageEnded{}, fmt.Errorf("event %d (%s): %w", ev.Seq, ev.Type, err)
+		}
+		if done {
+			if !fw.json {
+				if !fw.streamed && fw.final != "" {
+					fmt.Fprint(fw.stdout, fw.final)
+				}
+				if fw.streamed || fw.final != "" {
+					fmt.Fprintln(fw.stdout)
+				}
 			}
-		case "turn.started":
-			if str("message_id") == id {
-				turn = str("turn_id")
-				fmt.Fprintln(stderr, "turn started")
-			}
-		case "message.delivered":
-			if str("message_id") == id {
-				turn = str("turn_id")
-				fmt.Fprintln(stderr, "delivered into the running turn")
-			}
-		case "agent.started":
-			fmt.Fprintln(stderr, "agent started")
-		case "text.delta":
-			if mine {
-				fmt.Fprint(stdout, str("text"))
-				streamed = true
-			}
-		case "tool.started":
-			if mine {
-				fmt.Fprintf(stderr, "tool %s started\n", str("tool"))
-			}
-		case "tool.ended":
-			if mine {
-				fmt.Fprintf(stderr, "tool %s ended\n", str("tool"))
-			}
-		case "approval.requested":
-			if mine {
-				fmt.Fprintf(stderr, "approval %s requested for %s: agenthost approve %s %s allow|deny\n",
-					str("approval_id"), str("tool"), room, str("approval_id"))
-			}
-		case "question.asked":
-			if mine {
-				fmt.Fprintf(stderr, "question %s: %s (agenthost answer %s %s TEXT)\n", str("question_id"), str("title"), room, str("question_id"))
-			}
-		case "turn.ended":
-			if str("turn_id") == turn && turn != "" || str("message_id") == id {
-				outcome, reason, final = str("outcome"), str("reason"), str("text")
-				return true, nil
+			return end, nil
+		}
+	}
+	return client.MessageEnded{}, ctx.Err()
+}
+
+// event handles one event; done with the message's end.
+func (fw *follower) event(ev client.Event) (end client.MessageEnded, done bool, err error) {
+	var d struct {
+		MessageID  string   `json:"message_id"`
+		TurnID     string   `json:"turn_id"`
+		Text       string   `json:"text"`
+		Tool       string   `json:"tool"`
+		ApprovalID string   `json:"approval_id"`
+		QuestionID string   `json:"question_id"`
+		Title      string   `json:"title"`
+		Options    []string `json:"options"`
+		Decision   string   `json:"decision"`
+		By         string   `json:"by"`
+		Answer     string   `json:"answer"`
+		Outcome    string   `json:"outcome"`
+		Reason     string   `json:"reason"`
+		Slots      int      `json:"slots"`
+		Resident   int      `json:"resident"`
+		Cancelled  bool     `json:"cancelled"`
+		IsError    bool     `json:"is_error"`
+	}
+	if err := ev.Decode(&d); err != nil {
+		return end, false, err
+	}
+	mineMsg := d.MessageID == fw.acc.ID
+	mineTurn := fw.turn != "" && d.TurnID == fw.turn
+	say := func(format string, a ...any) {
+		if !fw.json {
+			fmt.Fprintf(fw.stderr, format+"\n", a...)
+		}
+	}
+	switch ev.Type {
+	case client.TypeMessageQueued:
+		if mineMsg {
+			say("queued")
+		}
+	case client.TypeTurnWaiting:
+		if mineMsg {
+			say("waiting for an agent slot (%d of %d in use)", d.Resident, d.Slots)
+		}
+	case client.TypeTurnStarted:
+		if mineMsg {
+			fw.turn = d.TurnID
+			say("turn started")
+		}
+	case client.TypeMessageDelivered:
+		if mineMsg {
+			fw.turn = d.TurnID
+			say("delivered into the running turn")
+		}
+	case client.TypeAgentStarted:
+		if fw.turn != "" {
+			say("agent started")
+		}
+	case client.TypeTextDelta:
+		if mineTurn && !fw.json {
+			fmt.Fprint(fw.stdout, d.Text)
+			fw.streamed = true
+		}
+	case client.TypeToolStarted:
+		// "called", not "started": omp reports a tool before asking for
+		// its approval, and the approval event names no call, so whether
+		// this call waits on a person is not known yet.
+		if mineTurn {
+			say("tool %s called", d.Tool)
+		}
+	case client.TypeToolEnded:
+		if mineTurn {
+			if d.IsError {
+				say("tool %s ended with an error", d.Tool)
+			} else {
+				say("tool %s ended", d.Tool)
 			}
 		}
-		return false, nil
-	})
-	if err != nil {
-		return err
+	case client.TypeApprovalRequested:
+		if mineTurn {
+			fw.approvals[d.ApprovalID] = true
+			say("approval %s requested for %s: agenthost approve %s %s allow|deny", d.ApprovalID, d.Tool, fw.room, d.ApprovalID)
+		}
+	case client.TypeApprovalResolved:
+		if fw.approvals[d.ApprovalID] {
+			switch {
+			case d.By == "deadline":
+				say("approval %s denied: nobody decided before its deadline", d.ApprovalID)
+			case d.Decision == client.DecisionAllow:
+				say("approval %s allowed (by %s)", d.ApprovalID, d.By)
+			default:
+				say("approval %s denied (by %s)", d.ApprovalID, d.By)
+			}
+		}
+	case client.TypeQuestionAsked:
+		if mineTurn {
+			fw.questions[d.QuestionID] = true
+			opts := ""
+			if len(d.Options) > 0 {
+				opts = " [" + strings.Join(d.Options, " | ") + "]"
+			}
+			say("question %s: %s%s (agenthost answer %s %s TEXT)", d.QuestionID, d.Title, opts, fw.room, d.QuestionID)
+		}
+	case client.TypeQuestionAnswered:
+		if fw.questions[d.QuestionID] {
+			if d.Cancelled {
+				say("question %s ended unanswered (by %s)", d.QuestionID, d.By)
+			} else {
+				say("question %s answered: %s", d.QuestionID, d.Answer)
+			}
+		}
+	case client.TypeTurnEnded:
+		if mineTurn {
+			fw.final = d.Text
+		}
+	case client.TypeMessageEnded:
+		if mineMsg {
+			if d.Outcome == client.OutcomeAnswered {
+				say("answered a pending question")
+			}
+			return client.MessageEnded{MessageID: d.MessageID, Outcome: d.Outcome, TurnID: d.TurnID, Reason: d.Reason}, true, nil
+		}
 	}
-	if !streamed && final != "" {
-		fmt.Fprint(stdout, final)
-	}
-	if streamed || final != "" {
-		fmt.Fprintln(stdout)
-	}
-	switch outcome {
-	case "settled":
-		return nil
-	case "timed_out":
-		return &exitError{3, fmt.Errorf("turn timed out: %s", reason)}
-	default:
-		return &exitError{1, fmt.Errorf("turn %s: %s", outcome, reason)}
-	}
+	return end, false, nil
 }
 
 func newEventsCmd() *cobra.Command {
 	var f clientFlags
 	var after int64
 	var follow bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "events ROOM [--after N] [--follow]",
 		Short: "Print a room's events as JSON lines",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print a room's events after --after as JSON lines (the only format; --json
+is accepted for uniformity). With --follow it goes on printing new events; a
+dropped connection (a server restart) is resumed with backoff and
+Last-Event-ID, said on stderr, for as long as --timeout allows (default: no
+bound; Ctrl-C stops, exit 130).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.client()
+			if after < 0 {
+				return usageErr(fmt.Errorf("events: --after %d: want 0 or more", after))
+			}
+			c, err := f.client(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
+			ctx, cancel := withTimeout(cmd.Context(), timeout)
+			defer cancel()
+			evs := c.Events
+			if follow {
+				evs = c.Follow
+			}
 			w := cmd.OutOrStdout()
-			return c.events(cmd.Context(), args[0], after, follow, func(_ string, data []byte) (bool, error) {
-				_, err := fmt.Fprintln(w, string(data))
-				return false, err
-			})
+			for ev, err := range evs(ctx, args[0], after) {
+				if err != nil {
+					return timedOut(ctx, err, timeout, "following room "+args[0])
+				}
+				if _, err := fmt.Fprintln(w, string(ev.Data)); err != nil {
+					return err
+				}
+			}
+			return nil
 		},
 	}
 	f.add(cmd)
 	cmd.Flags().Int64Var(&after, "after", 0, "start after this sequence number")
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep following new events")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long (exit 3; default: no bound)")
 	return cmd
+}
+
+// oneShot runs a client command's one request, bounded by
+// requestTimeout, and prints its answer: as JSON with --json, else by text.
+func oneShot[T any](cmd *cobra.Command, f *clientFlags, call func(context.Context, *client.Client) (T, error), text func(io.Writer, T) error) error {
+	c, err := f.client(cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), requestTimeout)
+	defer cancel()
+	v, err := call(ctx, c)
+	if err != nil {
+		return timedOut(ctx, err, requestTimeout, "waiting for the server's answer")
+	}
+	if f.json {
+		return printJSON(cmd.OutOrStdout(), v)
+	}
+	return text(cmd.OutOrStdout(), v)
 }
 
 func newApproveCmd() *cobra.Command {
@@ -418,15 +503,19 @@ func newApproveCmd() *cobra.Command {
 		Short: "Decide a pending approval",
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if args[2] != "allow" && args[2] != "deny" {
-				return &exitError{2, fmt.Errorf("approve: decision %q: want allow or deny", args[2])}
+			if args[2] != client.DecisionAllow && args[2] != client.DecisionDeny {
+				return usageErr(fmt.Errorf("approve: decision %q: want allow or deny", args[2]))
 			}
-			c, err := f.client()
-			if err != nil {
+			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Decision, error) {
+				return c.Approve(ctx, args[0], args[1], args[2] == client.DecisionAllow)
+			}, func(w io.Writer, d client.Decision) error {
+				verb := "allowed"
+				if d.Decision == client.DecisionDeny {
+					verb = "denied"
+				}
+				_, err := fmt.Fprintf(w, "approval %s in room %s: %s\n", d.ID, args[0], verb)
 				return err
-			}
-			return c.do(cmd.Context(), "POST", "v1/rooms/"+url.PathEscape(args[0])+"/approvals/"+url.PathEscape(args[1]),
-				map[string]string{"decision": args[2]}, nil)
+			})
 		},
 	}
 	f.add(cmd)
@@ -440,12 +529,67 @@ func newAnswerCmd() *cobra.Command {
 		Short: "Answer a pending question",
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := f.client()
-			if err != nil {
+			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Answered, error) {
+				return c.Answer(ctx, args[0], args[1], args[2])
+			}, func(w io.Writer, a client.Answered) error {
+				_, err := fmt.Fprintf(w, "question %s in room %s: answered %q\n", a.ID, args[0], a.Answer)
 				return err
-			}
-			return c.do(cmd.Context(), "POST", "v1/rooms/"+url.PathEscape(args[0])+"/questions/"+url.PathEscape(args[1]),
-				map[string]string{"answer": args[2]}, nil)
+			})
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func newCancelCmd() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{
+		Use:   "cancel ROOM",
+		Short: "Cancel a room's running turn",
+		Long: `Cancel the room's running turn: it ends cancelled, and its pending approvals
+are denied. Exits 1 when no turn runs.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Cancelled, error) {
+				return c.Cancel(ctx, args[0])
+			}, func(w io.Writer, r client.Cancelled) error {
+				_, err := fmt.Fprintf(w, "room %s: cancelling turn %s\n", args[0], r.TurnID)
+				return err
+			})
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func newReleaseCmd() *cobra.Command {
+	var f clientFlags
+	cmd := &cobra.Command{
+		Use:   "release ROOM",
+		Short: "Release a room's agent (the room and its history stay)",
+		Long: `Release the room's agent process and print its custody receipt's summary
+(--json: the server's answer, the receipt included). The room, its session
+and its history stay: the next message starts the agent again. Exits 1 while
+a turn runs (cancel it first).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Released, error) {
+				return c.Release(ctx, args[0])
+			}, func(w io.Writer, r client.Released) error {
+				if !r.Released {
+					_, err := fmt.Fprintf(w, "room %s: no agent was running\n", args[0])
+					return err
+				}
+				var rc struct {
+					Processes []json.RawMessage `json:"processes"`
+				}
+				_ = json.Unmarshal(r.Receipt, &rc)
+				fmt.Fprintf(w, "room %s: agent released (%s); receipt: %d process(es)\n", args[0], r.Reason, len(rc.Processes))
+				if r.Error != "" {
+					return &exitError{1, fmt.Errorf("releasing room %s's agent: %s", args[0], r.Error)}
+				}
+				return nil
+			})
 		},
 	}
 	f.add(cmd)

@@ -1,99 +1,227 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
 )
 
 func newDoctorCmd(logger func() *slog.Logger) *cobra.Command {
 	var timeout time.Duration
+	var transport string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Show what is installed and whether each agent starts",
-		Args:  cobra.NoArgs,
+		Long: `Show what is installed and whether each agent starts on the built-in model.
+The ACP agents (claude-agent-acp, codex-acp, copilot) are installed first when
+they are missing (progress on stderr); --transport rpc checks omp and pi only.
+Exits 1 when something is wrong.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDoctor(cmd.Context(), cmd.OutOrStdout(), logger(), timeout)
+			if transport != "" && transport != transportRPC && transport != transportACP {
+				return usageErr(fmt.Errorf("doctor: --transport %q: want rpc or acp (default both)", transport))
+			}
+			rep := runDoctor(cmd.Context(), cmd.ErrOrStderr(), logger(), timeout, transport)
+			if asJSON {
+				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				rep.print(cmd.OutOrStdout())
+			}
+			if rep.Problems > 0 {
+				return &exitError{1, fmt.Errorf("doctor: %d problem(s); `make setup` installs the pinned agents", rep.Problems)}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long each agent may take to start")
+	cmd.Flags().StringVar(&transport, "transport", "", "check only the agents of this transport: rpc (omp, pi) or acp")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
 }
 
-func runDoctor(ctx context.Context, w io.Writer, log *slog.Logger, timeout time.Duration) error {
-	problems := 0
-	bad := func(format string, a ...any) {
-		problems++
-		fmt.Fprintf(w, "  PROBLEM  "+format+"\n", a...)
-	}
-	ok := func(format string, a ...any) { fmt.Fprintf(w, "  ok       "+format+"\n", a...) }
+// doctorReport is what doctor found, section by section.
+type doctorReport struct {
+	Problems int           `json:"problems"`
+	Checks   []doctorCheck `json:"checks"`
+}
 
-	fmt.Fprintln(w, "runtimes:")
+type doctorCheck struct {
+	Section string `json:"section"`
+	OK      bool   `json:"ok"`
+	Detail  string `json:"detail"`
+}
+
+func (r *doctorReport) add(section string, ok bool, format string, a ...any) {
+	if !ok {
+		r.Problems++
+	}
+	r.Checks = append(r.Checks, doctorCheck{Section: section, OK: ok, Detail: fmt.Sprintf(format, a...)})
+}
+
+func (r *doctorReport) print(w io.Writer) {
+	section := ""
+	for _, c := range r.Checks {
+		if c.Section != section {
+			section = c.Section
+			fmt.Fprintln(w, section+":")
+		}
+		mark := "ok      "
+		if !c.OK {
+			mark = "PROBLEM "
+		}
+		fmt.Fprintf(w, "  %s %s\n", mark, c.Detail)
+	}
+	if r.Problems > 0 {
+		fmt.Fprintf(w, "\n%d problem(s). `make setup` installs the pinned agents.\n", r.Problems)
+		return
+	}
+	fmt.Fprintln(w, "\nall good.")
+}
+
+// runDoctor checks the runtimes and starts each agent of transport ("":
+// both); progress (an install of the ACP agents) goes to progress.
+func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeout time.Duration, transport string) *doctorReport {
+	rep := &doctorReport{}
+	const runtimes = "runtimes"
 	if out, err := exec.CommandContext(ctx, "node", "--version").Output(); err != nil {
-		bad("node is not on PATH: pi needs Node.js 20 or newer (install it, e.g. the nodejs package)")
+		rep.add(runtimes, false, "node is not on PATH: pi needs Node.js 20 or newer (install it, e.g. the nodejs package)")
 	} else {
-		ok("node %s", strings.TrimSpace(string(out)))
+		rep.add(runtimes, true, "node %s", strings.TrimSpace(string(out)))
 	}
 	in, err := agents.Find()
 	if err != nil {
-		bad("%v", err)
-		fmt.Fprintf(w, "\n%d problem(s). Run `make setup` in the agenthost checkout.\n", problems)
-		return &exitError{1, fmt.Errorf("doctor: %d problem(s)", problems)}
+		rep.add(runtimes, false, "%v", err)
+		return rep
 	}
-	fmt.Fprintf(w, "  ok       tools folder %s\n", in.Dir)
+	rep.add(runtimes, true, "tools folder %s", in.Dir)
 	if v, err := in.BunVersion(); err != nil {
-		bad("bun: %v", err)
+		rep.add(runtimes, false, "bun: %v", err)
 	} else {
-		ok("bun %s", v)
+		rep.add(runtimes, true, "bun %s", v)
 	}
 
-	fmt.Fprintln(w, "agents (spawn, then get_state answered, on the built-in model):")
-	for _, k := range []agents.Kind{agents.OMP, agents.Pi} {
-		v, err := in.Version(k)
-		if err != nil {
-			bad("%s: %v", k, err)
-			continue
-		}
-		d, proto, err := probe(ctx, log, k, timeout)
-		if err != nil {
-			bad("%s %s does not start: %v", k, v, err)
-			continue
-		}
-		ok("%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
-	}
+	// Before the agents, whose starts may take the time there is.
+	confinementReport(ctx, rep)
 
-	fmt.Fprintln(w, "ACP agents (spawn, then initialize answered, on the built-in model):")
+	if transport != transportACP {
+		const section = "agents (spawn, then get_state answered, on the built-in model)"
+		for _, k := range []agents.Kind{agents.OMP, agents.Pi} {
+			v, err := in.Version(k)
+			if err != nil {
+				rep.add(section, false, "%s: %v", k, err)
+				continue
+			}
+			d, proto, err := probe(ctx, log, k, timeout)
+			if err != nil {
+				rep.add(section, false, "%s %s does not start: %s", k, v, oneLine(err.Error()))
+				continue
+			}
+			rep.add(section, true, "%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
+		}
+	}
+	if transport == transportRPC {
+		return rep
+	}
+	const section = "ACP agents (spawn, then initialize answered, on the built-in model)"
+	if err := in.EnsureACP(ctx, progress); err != nil {
+		rep.add(section, false, "%s", oneLine(err.Error()))
+	}
 	for _, k := range acpKinds {
 		if _, ok := agents.ACPRecipes[k]; !ok {
 			continue // no recipe for it in this build
 		}
 		v, err := in.Version(k)
 		if err != nil {
-			bad("%s: %v", k, err)
+			rep.add(section, false, "%s: %v", k, err)
 			continue
 		}
 		r, err := probeACP(ctx, log, k, timeout)
 		if err != nil {
-			bad("%s %s does not start over ACP: %v", k, v, err)
+			rep.add(section, false, "%s %s does not start over ACP: %s", k, v, oneLine(err.Error()))
 			continue
 		}
-		ok("%-7s %-8s initialize answered in %v (%s); %s", k, v, r.start.Round(time.Millisecond), r.info, r.closed)
+		rep.add(section, true, "%-7s %-8s initialize answered in %v (%s); %s", k, v, r.start.Round(time.Millisecond), r.info, r.closed)
 	}
-	if problems > 0 {
-		fmt.Fprintf(w, "\n%d problem(s). `make setup` installs the pinned agents.\n", problems)
-		return &exitError{1, fmt.Errorf("doctor: %d problem(s)", problems)}
+	return rep
+}
+
+// confinementReport says what the kernel's Landlock lets --confine
+// enforce, and checks the launcher on a shell: without Landlock nothing is
+// a problem (auto runs agents unconfined).
+func confinementReport(ctx context.Context, rep *doctorReport) {
+	const section = "confinement (serve and prompt --confine; Landlock)"
+	abi := confine.KernelABI()
+	if abi < 1 {
+		rep.add(section, true, "the kernel has no Landlock: --confine auto runs agents unconfined (with a warning), --confine landlock refuses to start")
+		return
 	}
-	fmt.Fprintln(w, "\nall good.")
+	rep.add(section, true, "kernel Landlock ABI %d; agenthost enforces up to ABI %d: %s", abi, confine.MaxABI, strings.Join(confine.Enforces(abi), "; "))
+	rep.add(section, true, "--confine auto (the default) and landlock enforce this; off runs agents unconfined")
+	if err := checkLauncher(ctx); err != nil {
+		rep.add(section, false, "the confinement launcher: %s", oneLine(err.Error()))
+		return
+	}
+	rep.add(section, true, "launcher: a confined shell wrote its workspace and was denied another folder")
+}
+
+// checkLauncher runs a shell confined to a workspace: it must write there
+// and be denied a file beside it.
+func checkLauncher(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "agenthost-doctor-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ws, home, other := filepath.Join(dir, "ws"), filepath.Join(dir, "home"), filepath.Join(dir, "other")
+	for _, d := range []string{ws, home, other} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(other, "secret"), []byte("the other folder's content"), 0o600); err != nil {
+		return err
+	}
+	c, err := confine.New(confine.Options{Mode: confine.ModeLandlock})
+	if err != nil {
+		return err
+	}
+	p, err := c.Policy(confine.AgentRoom(ws, home, []string{"sh"}, nil))
+	if err != nil {
+		return err
+	}
+	argv, env, err := p.Wrap([]string{"sh", "-c", "echo ok > mine && cat ../other/secret"}, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = env, ws
+	out, err := cmd.CombinedOutput()
+	if _, werr := os.Stat(filepath.Join(ws, "mine")); werr != nil {
+		return fmt.Errorf("the shell could not write its workspace: %v %s", err, bytes.TrimSpace(out))
+	}
+	if err == nil || bytes.Contains(out, []byte("the other folder's content")) {
+		return errors.New("the shell read a file outside its workspace: the kernel does not enforce Landlock")
+	}
 	return nil
 }
 
@@ -102,7 +230,7 @@ func runDoctor(ctx context.Context, w io.Writer, log *slog.Logger, timeout time.
 func probe(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (time.Duration, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	spec, cleanup, err := agentSpec(ctx, log, string(k), "", nil)
+	spec, _, cleanup, err := agentSpec(ctx, log, string(k), "", nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -114,7 +242,9 @@ func probe(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Du
 	}
 	d := time.Since(t0)
 	proto := c.ProtocolVersion()
-	return d, proto, c.Close()
+	err = c.Close()
+	_ = c.Wait(ctx)
+	return d, proto, err
 }
 
 // acpProbe is what probeACP measured.
@@ -129,7 +259,7 @@ type acpProbe struct {
 func probeACP(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (acpProbe, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	r, cleanup, err := acpRecipe(ctx, log, string(k), "", nil)
+	r, _, cleanup, err := acpRecipe(ctx, log, string(k), "", "", nil, false)
 	if err != nil {
 		return acpProbe{}, err
 	}
@@ -157,6 +287,7 @@ func probeACP(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time
 	if err != nil {
 		return p, fmt.Errorf("closing: %w", err)
 	}
+	_ = c.Wait(ctx)
 	if cl := c.Closure(); cl.StdoutEOF {
 		p.closed = fmt.Sprintf("exited on stdin EOF in %v", cl.After.Round(time.Millisecond))
 	} else {

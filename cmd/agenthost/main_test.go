@@ -5,16 +5,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"go.uber.org/goleak"
 )
 
@@ -31,6 +31,8 @@ const serveHelperEnv = "AGENTHOST_TEST_RUN_CLI"
 const blockProcdEnv = "AGENTHOST_TEST_BLOCK_PROCD"
 
 func TestMain(m *testing.M) {
+	// The launcher of the confined agents the tests start.
+	confine.Launch()
 	if os.Getenv(fakeAgentEnv) != "" {
 		fakeAgent()
 		os.Exit(0)
@@ -43,14 +45,9 @@ func TestMain(m *testing.M) {
 				os.Exit(1)
 			}
 		}
-		// As main: SIGINT and SIGTERM end the command gracefully.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-			fmt.Fprintln(os.Stderr, "agenthost:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		// As main: SIGINT and SIGTERM end the command gracefully, and
+		// the exit code is main's.
+		os.Exit(mainRun(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -113,14 +110,9 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	var o, e bytes.Buffer
-	err := run(ctx, args, &o, &e)
-	if err != nil {
-		code = 1
-		var ee *exitError
-		if errors.As(err, &ee) {
-			code = ee.code
-		}
-		e.WriteString(err.Error())
+	code, msg := exitStatus(ctx, run(ctx, args, &o, &e))
+	if msg != "" {
+		e.WriteString("agenthost: " + msg + "\n")
 	}
 	return o.String(), e.String(), code
 }
@@ -160,6 +152,41 @@ func TestPrompt_ReceiptAndNothingLeft(t *testing.T) {
 	}
 	if pids := pgrep(t, "/bin/sleep 3998"); len(pids) > 0 {
 		t.Fatalf("left behind: %v", pids)
+	}
+}
+
+// prompt confines the agent to --cwd: its tool writes there and reads the
+// system, and is denied another folder and signalling agenthost; --confine
+// off lets the same tool call through.
+func TestPrompt_Confine(t *testing.T) {
+	ws, other := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, "secret"), []byte("the other folder's content"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := json.Marshal(map[string]string{"command": fmt.Sprintf(
+		"echo mine > own && cat own; head -c 4 /etc/passwd; echo; cat %s/secret; echo; kill -0 %d && echo signalled", other, os.Getpid())})
+	for mode, confined := range map[string]bool{"landlock": true, "off": false} {
+		out, errs, code := runCLI(t, "prompt", "--agent", "pi", "--json", "--confine", mode, "--cwd", ws, "[[tool:bash "+string(cmd)+"]]")
+		if code != 0 {
+			t.Fatalf("%s: code %d, %s", mode, code, errs)
+		}
+		var result string
+		for _, line := range strings.Split(out, "\n") {
+			var f struct {
+				Type   string
+				Result struct{ Content []struct{ Text string } }
+			}
+			if json.Unmarshal([]byte(line), &f) == nil && f.Type == "tool_execution_end" && len(f.Result.Content) > 0 {
+				result = f.Result.Content[0].Text
+			}
+		}
+		if !strings.Contains(result, "mine\nroot\n") {
+			t.Fatalf("%s: the tool did not write its folder and read the system: %q", mode, result)
+		}
+		read, signalled := strings.Contains(result, "the other folder's content"), strings.Contains(result, "signalled")
+		if confined && (read || signalled || !strings.Contains(result, "Permission denied")) || !confined && (!read || !signalled) {
+			t.Fatalf("%s: read the other folder %v, signalled agenthost %v: %q", mode, read, signalled, result)
+		}
 	}
 }
 
@@ -213,6 +240,8 @@ func TestPrompt_Errors(t *testing.T) {
 		{"custom command fails", []string{"prompt", "x", "--", "/bin/false"}, 1, "agent exited"},
 		{"custom command not JSON", []string{"prompt", "x", "--", "/bin/echo", "not json"}, 1, "not a JSON object"},
 		{"timeout", []string{"prompt", "--agent", "pi", "--timeout", "2s", "[[slow:1m]] [[big:100]]"}, 3, "timed out"},
+		{"bad confine", []string{"prompt", "--confine", "sandbox", "x", "--", "/bin/true"}, 2, "auto, landlock or off"},
+		{"bad confine-net", []string{"prompt", "--confine-net", "http", "x", "--", "/bin/true"}, 2, "TCP ports"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -282,17 +311,69 @@ func TestPrompt_JSONSlowReader(t *testing.T) {
 }
 
 func TestDoctor(t *testing.T) {
-	out, errs, code := runCLI(t, "doctor")
-	if code != 0 || !strings.Contains(out, "omp 18.2.3") || !strings.Contains(out, "pi  0.73.1") ||
-		!strings.Contains(out, "oh-my-pi 18.2.3, protocol v1, loadSession") || !strings.Contains(out, "all good") {
+	out, errs, code := runCLI(t, "doctor", "--json")
+	var rep doctorReport
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || rep.Problems != 0 {
 		t.Fatalf("code %d\n%s\n%s", code, out, errs)
 	}
+	// The text is the same report.
+	var text strings.Builder
+	rep.print(&text)
+	out = text.String()
+	if !strings.Contains(out, "  ok       omp 18.2.3") || !strings.Contains(out, "  ok       pi  0.73.1") ||
+		!strings.Contains(out, "oh-my-pi 18.2.3, protocol v1, loadSession") || !strings.HasSuffix(out, "\nall good.\n") {
+		t.Fatalf("doctor:\n%s", out)
+	}
 	// The ACP agents: installed version and initialize answered, each on the built-in model.
-	for _, want := range []string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
-		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"} {
+	confined := []string{fmt.Sprintf("kernel Landlock ABI %d", confine.KernelABI()), "launcher: a confined shell wrote its workspace and was denied another folder"}
+	if confine.KernelABI() < 1 {
+		confined = []string{"the kernel has no Landlock"}
+	}
+	for _, want := range append([]string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
+		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"}, confined...) {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, out)
 		}
+	}
+	if _, errs, code = runCLI(t, "doctor", "--transport", "ipc"); code != exitUsage || !strings.Contains(errs, `--transport "ipc"`) {
+		t.Fatalf("doctor --transport ipc: %d %q", code, errs)
+	}
+}
+
+// make run's doctor (--transport rpc) never installs the ACP agents; the
+// whole doctor does, when they are missing. (A tools folder with nothing
+// in it: every check fails fast, and npm is a fake that records its runs.)
+func TestDoctor_InstallsACPOnlyForACP(t *testing.T) {
+	tools := t.TempDir()
+	for _, dir := range []string{"node_modules", "acp"} {
+		if err := os.MkdirAll(filepath.Join(tools, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pj, err := os.ReadFile(filepath.Join("..", "..", ".tools", "acp", "package.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tools, "acp", "package.json"), pj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	log := filepath.Join(t.TempDir(), "npm.log")
+	if err := os.WriteFile(filepath.Join(bin, "npm"), []byte("#!/bin/sh\necho run >> "+log+"\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Setenv(agents.ToolsEnv, tools)
+	runs := func() int {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "run")
+	}
+	if _, errs, code := runCLI(t, "doctor", "--transport", "rpc"); code != exitFailed || runs() != 0 {
+		t.Fatalf("doctor --transport rpc: exit %d, npm ran %d times, stderr %q", code, runs(), errs)
+	}
+	out, errs, code := runCLI(t, "doctor")
+	if code != exitFailed || runs() != 1 || !strings.Contains(errs, "installing the ACP agents") || !strings.Contains(out, "PROBLEM  agents: install failed") {
+		t.Fatalf("doctor: exit %d, npm ran %d times\n%s\n%s", code, runs(), out, errs)
 	}
 }
 
@@ -300,6 +381,14 @@ func TestReap_DryRun(t *testing.T) {
 	out, errs, code := runCLI(t, "reap")
 	if code != 0 || !(strings.Contains(out, "no orphaned") || strings.Contains(out, "--kill")) {
 		t.Fatalf("code %d out %q err %q", code, out, errs)
+	}
+	out, errs, code = runCLI(t, "reap", "--json")
+	var res struct {
+		Orphans []json.RawMessage `json:"orphans"`
+		Ended   *int              `json:"ended"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Orphans == nil || res.Ended == nil || *res.Ended != 0 {
+		t.Fatalf("reap --json: code %d out %q err %q", code, out, errs)
 	}
 }
 

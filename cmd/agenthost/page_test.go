@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/chromedp/chromedp"
 )
 
@@ -139,6 +140,13 @@ func TestServePage_Chromium(t *testing.T) {
 		t.Fatal("the answer came without a text.delta: it was not streamed")
 	}
 	waitFor(t, ctx, "the room in the list", `[...document.querySelectorAll("#rooms .room-link")].some(b => b.textContent.startsWith("web"))`)
+	// The room's agent runs confined (serve's default, auto, on a kernel with Landlock), and the
+	// page says so.
+	want := `"Not confined"`
+	if confine.KernelABI() > 0 {
+		want = fmt.Sprintf(`"Confined (Landlock ABI %d)"`, min(confine.KernelABI(), confine.MaxABI))
+	}
+	waitFor(t, ctx, "the room's confinement", `!document.getElementById("room-confinement").hidden && document.getElementById("room-confinement").textContent.startsWith(`+want+`)`)
 
 	// A tool call omp asks about: allowed in the page, then run.
 	sendFromPage(t, ctx, `Run it: [[tool:bash {"command":"echo hi-from-the-page"}]]`)
@@ -207,9 +215,18 @@ func TestServePage_Chromium(t *testing.T) {
 		t.Fatal("the first answer is gone after a reload")
 	}
 
-	// Cancel ends a running turn.
-	sendFromPage(t, ctx, "[[slow:5s]]take your time")
+	// A reload while a turn runs shows it running (the stream replays it
+	// from its message) and each message and turn once; Cancel ends it.
+	sendFromPage(t, ctx, "[[slow:60s]]take your time")
 	waitFor(t, ctx, "the cancel button", `!document.getElementById("cancel").disabled && document.querySelectorAll("#log .msg.assistant").length === 5`)
+	act(t, ctx, "reloading during a turn", chromedp.Reload())
+	waitFor(t, ctx, "the running turn after a reload", `!document.getElementById("cancel").disabled && document.querySelectorAll("#log .msg.assistant").length === 5 &&
+		!document.querySelectorAll("#log .msg.assistant")[4].dataset.outcome && document.getElementById("status").dataset.state === "live"`)
+	running := eval[string](t, ctx, counts)
+	users, turns, _ = strings.Cut(running, "|")
+	if u, tu := strings.Split(users, ","), strings.Split(turns, ","); len(u) != 5 || len(tu) != 5 || hasDup(u) || hasDup(tu) || !strings.HasPrefix(running, before[:strings.Index(before, "|")]) {
+		t.Fatalf("messages|turns on the page during a turn: %s (before it: %s)", running, before)
+	}
 	act(t, ctx, "cancelling", chromedp.Click(chromedp.CSS("#cancel")))
 	waitFor(t, ctx, "the cancelled turn", `document.querySelectorAll("#log .msg.assistant")[4].dataset.outcome === "cancelled" && document.getElementById("cancel").disabled`)
 }

@@ -36,7 +36,12 @@ func newProcdCmd(verbose func() bool) *cobra.Command {
 
 The daemon starts and reaps processes for agenthost serve --daemon and agenthost
 proc, so they outlive a restart of the server. The proc commands and the server
-start it on demand; one runs per data dir.`,
+start it on demand; one runs per data dir.
+
+It is not a service to keep running: with no owner (agenthost serve --daemon),
+no process and no client it exits 0 after 5s (--idle-exit). A process that
+exited keeps its record, and the daemon alive, until proc kill removes it or
+nobody has asked about it for the --unattended time.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			data, err := procData(f.data)
@@ -73,6 +78,13 @@ start it on demand; one runs per data dir.`,
 				ctx, stop = signal.NotifyContext(ctx, hangup...)
 				defer stop()
 			}
+			idle := f.idle
+			if idle <= 0 {
+				idle = procd.DefaultIdleExit
+			}
+			// Said at start: a daemon that quietly exits looks like a crash to
+			// someone who started it in a terminal.
+			log.Info("procd: exits when idle: no owner, process or client", "after", idle)
 			err = procd.Run(ctx, procd.Options{DataDir: data, Unattended: f.unattended, IdleExit: f.idle, Logger: log})
 			if errors.Is(err, procd.ErrRunning) {
 				return &exitError{1, fmt.Errorf("procd: a daemon already runs for %s", data)}
@@ -121,14 +133,6 @@ ended after the daemon's --unattended bound while no server owns the daemon.`,
 			return nil, err
 		}
 		return procd.Connect(ctx, d, &procd.ClientOptions{DaemonEnv: procDaemonEnv})
-	}
-	printJSON := func(w io.Writer, v any) error {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
 	}
 
 	var run struct {
@@ -320,9 +324,10 @@ DIR/procd/out); a --pty process keeps 2 MiB of replay for attach.`,
 	return cmd
 }
 
-// usageIfInvalid makes a refused request a usage error (exit 2).
+// usageIfInvalid makes a request the daemon refused as invalid a usage
+// error (exit 2); an unknown process is the operation failing (exit 1).
 func usageIfInvalid(err error) error {
-	if errors.Is(err, procd.ErrInvalid) || errors.Is(err, procd.ErrNotFound) {
+	if errors.Is(err, procd.ErrInvalid) {
 		return &exitError{2, err}
 	}
 	return err

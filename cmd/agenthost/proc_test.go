@@ -84,7 +84,8 @@ func TestProc_Commands(t *testing.T) {
 	if err != nil || !strings.Contains(got, `"processes"`) {
 		t.Fatalf("kill: %q %v", got, err)
 	}
-	if _, err := cli("get", "--data", data, strings.TrimSpace(id3)); !errors.As(err, &ee) || ee.code != 2 {
+	// Not found is the operation failing (1), not a usage error.
+	if _, err := cli("get", "--data", data, strings.TrimSpace(id3)); !errors.Is(err, procd.ErrNotFound) || exitCode(err) != exitFailed {
 		t.Fatalf("get after kill: %v", err)
 	}
 	got, err = cli("shutdown", "--data", data)
@@ -151,8 +152,9 @@ func TestProc_Attach(t *testing.T) {
 	}
 }
 
-// TestProcd_ForegroundHangup: agenthost procd in the foreground ends every
-// process and exits 0 on SIGHUP (its terminal closing), as on SIGTERM.
+// TestProcd_ForegroundHangup: agenthost procd in the foreground says at
+// start that it exits when idle, and ends every process and exits 0 on
+// SIGHUP (its terminal closing), as on SIGTERM.
 func TestProcd_ForegroundHangup(t *testing.T) {
 	data := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -160,6 +162,8 @@ func TestProcd_ForegroundHangup(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "procd", "--data", data)
 	cmd.Env = append(os.Environ(), serveHelperEnv+"=1")
 	cmd.WaitDelay = 10 * time.Second
+	var stderr syncBuf
+	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +199,10 @@ func TestProcd_ForegroundHangup(t *testing.T) {
 	waited = true
 	if err != nil {
 		t.Fatalf("procd after SIGHUP: %v", err)
+	}
+	// In the foreground it says at start that it exits when idle.
+	if !strings.Contains(stderr.String(), `msg="procd: exits when idle: no owner, process or client" after=5s`) {
+		t.Errorf("procd's stderr does not say it exits when idle:\n%s", stderr.String())
 	}
 	if err := syscall.Kill(info.PID, 0); err == nil {
 		t.Fatalf("process %d outlived the daemon", info.PID)

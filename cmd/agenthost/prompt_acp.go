@@ -35,32 +35,46 @@ func checkACPKind(agent string) error {
 	return nil
 }
 
-// acpRecipe resolves what to run over ACP: custom verbatim, or agent's
-// recipe with a throwaway home on the built-in model (unless model names
-// one); cleanup stops the model and removes the home.
-func acpRecipe(ctx context.Context, log *slog.Logger, agent, model string, custom []string) (agents.ACPRecipe, func(), error) {
-	noop := func() {}
-	if len(custom) > 0 {
-		return agents.ACPRecipe{Argv: custom, Env: os.Environ()}, noop, nil
-	}
-	if err := checkACPKind(agent); err != nil {
-		return agents.ACPRecipe{}, noop, err
+// ensureACPAgent installs the ACP-only agents on first need (agent is one
+// of them and they are missing), with progress on w. Ctrl-C bounds it, not
+// --timeout, which is the turn's.
+func ensureACPAgent(ctx context.Context, agent string, custom []string, w io.Writer) error {
+	if len(custom) > 0 || !agents.ACPOnly(agents.Kind(agent)) {
+		return nil
 	}
 	in, err := agents.Find()
 	if err != nil {
-		return agents.ACPRecipe{}, noop, err
+		return err
+	}
+	return in.EnsureACP(ctx, w)
+}
+
+// acpRecipe resolves what to run over ACP: custom verbatim, or agent's
+// recipe with a throwaway home on the built-in model (unless model names
+// one); cleanup stops the model and removes the home.
+func acpRecipe(ctx context.Context, log *slog.Logger, agent, model, cwd string, custom []string, confined bool) (agents.ACPRecipe, agentWhere, func(), error) {
+	noop := func() {}
+	if len(custom) > 0 {
+		return agents.ACPRecipe{Argv: custom, Env: os.Environ()}, agentWhere{}, noop, nil
+	}
+	if err := checkACPKind(agent); err != nil {
+		return agents.ACPRecipe{}, agentWhere{}, noop, err
+	}
+	in, err := agents.Find()
+	if err != nil {
+		return agents.ACPRecipe{}, agentWhere{}, noop, err
 	}
 	home, err := os.MkdirTemp("", "agenthost-home-")
 	if err != nil {
-		return agents.ACPRecipe{}, noop, err
+		return agents.ACPRecipe{}, agentWhere{}, noop, err
 	}
 	cleanup := func() { os.RemoveAll(home) }
-	opts := agents.ACPOptions{Home: home}
+	opts := agents.ACPOptions{Home: home, Workspace: cwd, Confined: confined}
 	if model == "" {
 		sim := modelsim.New(modelsim.Options{Logger: log})
 		if err := sim.Start(ctx); err != nil {
 			cleanup()
-			return agents.ACPRecipe{}, noop, fmt.Errorf("starting the built-in model: %w", err)
+			return agents.ACPRecipe{}, agentWhere{}, noop, fmt.Errorf("starting the built-in model: %w", err)
 		}
 		cleanup = func() {
 			sim.Close()
@@ -71,24 +85,22 @@ func acpRecipe(ctx context.Context, log *slog.Logger, agent, model string, custo
 	r, err := in.ACP(agents.Kind(agent), opts)
 	if err != nil {
 		cleanup()
-		return agents.ACPRecipe{}, noop, err
+		return agents.ACPRecipe{}, agentWhere{}, noop, err
 	}
 	if model != "" {
 		r.Model = model
 	}
-	return r, cleanup, nil
+	return r, agentWhere{tools: in.Dir, home: home, modelURL: opts.ModelURL}, cleanup, nil
 }
 
 // runPromptACP is runPrompt over ACP: one session, one prompt. A
 // permission request is denied (nobody is there to answer it).
 func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, f promptFlags, msg string, custom []string) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, f.timeout)
-	defer cancel()
-	r, cleanup, err := acpRecipe(ctx, log, f.agent, f.model, custom)
-	if err != nil {
+	if err := ensureACPAgent(ctx, f.agent, custom, stderr); err != nil {
 		return err
 	}
-	defer cleanup()
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
 	cwd := f.cwd
 	if cwd == "" {
 		if cwd, err = os.Getwd(); err != nil {
@@ -98,6 +110,16 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 	if cwd, err = filepath.Abs(cwd); err != nil {
 		return err
 	}
+	r, where, cleanup, err := acpRecipe(ctx, log, f.agent, f.model, cwd, custom, f.confine.enforced())
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	unconfine, err := f.confine.wrap(log, where, cwd, &r.Argv, &r.Env)
+	if err != nil {
+		return err
+	}
+	defer unconfine()
 	cust, err := custody.New(custody.Options{Logger: log})
 	if err != nil {
 		return err
@@ -131,6 +153,9 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 	// Close before printing: the receipt exists, every event was written.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	rc, cerr := c.Close(cctx)
+	if cerr == nil {
+		_ = c.Wait(cctx)
+	}
 	ccancel()
 	if cerr != nil {
 		log.Warn("closing the agent", "err", cerr)

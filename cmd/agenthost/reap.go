@@ -9,9 +9,9 @@ import (
 )
 
 func newReapCmd() *cobra.Command {
-	var kill bool
+	var kill, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "reap [--kill]",
+		Use:   "reap [--kill] [--json]",
 		Short: "Find (and with --kill end) processes an agenthost that crashed left behind",
 		Long: `Lists this user's processes whose agenthost is proven gone (after a crash
 or kill -9): those carrying an agenthost custody marker whose agenthost no
@@ -28,6 +28,25 @@ users, of a running agenthost, or whose agenthost cannot be checked from here
 			orphans, err := custody.FindOrphans()
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				// {"orphans": [...], "ended": N}: what was found, and
+				// how many --kill ended.
+				res := struct {
+					Orphans []custody.Orphan `json:"orphans"`
+					Ended   int              `json:"ended"`
+				}{Orphans: orphans}
+				if res.Orphans == nil {
+					res.Orphans = []custody.Orphan{}
+				}
+				if kill {
+					left, err := custody.KillOrphans(cmd.Context(), orphans, time.Second)
+					if err != nil {
+						return &exitError{1, fmt.Errorf("reap: %w (still running: %v)", err, left)}
+					}
+					res.Ended = len(orphans)
+				}
+				return printJSON(w, res)
 			}
 			for _, o := range orphans {
 				how := ""
@@ -59,5 +78,6 @@ users, of a running agenthost, or whose agenthost cannot be checked from here
 		},
 	}
 	cmd.Flags().BoolVar(&kill, "kill", false, "end the orphans (default: only list them)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print {"orphans": [...], "ended": N} as JSON`)
 	return cmd
 }

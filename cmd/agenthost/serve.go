@@ -22,9 +22,12 @@ import (
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/natsroom"
+	"github.com/agenthost/agenthost/internal/roomsnap"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
 	"github.com/agenthost/agenthost/internal/server"
+	"github.com/agenthost/agenthost/internal/snapshot"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
@@ -53,11 +56,16 @@ type serveFlags struct {
 	idleAfter, turnTimeout, approvalTimeout time.Duration
 	approvalMode, config                    string
 	daemon                                  bool
+	snapshots                               bool
+	snapshotMaxFile                         int64
 	// NATS modes
 	node, natsListen, natsClusterListen, role string
+	natsClusterAdvertise                      string
 	nats, natsRoutes                          []string
 	natsEmbedded                              bool
 	natsReplicas                              int
+	confine                                   confineFlags
+	natsSecretFile, natsTLS, natsCreds        string
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -66,6 +74,7 @@ var serveEnv = map[string]string{
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
+	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -86,6 +95,13 @@ start into a file in the data dir (mode 0600). The start line prints the
 address to open. Settings come from flags, then AGENTHOST_* environment
 variables (AGENTHOST_LISTEN, AGENTHOST_DATA, ...), then --config FILE (YAML,
 or TOML for a .toml file, with the flags' names as keys), then defaults.
+
+Each room's agent and everything it starts are confined with Landlock where
+the kernel has it (--confine auto, the default; landlock refuses to start
+without it; off): they read and write only the room's workspace, the agent's
+home and a temporary folder of their own, read the system and the installed
+agents, and cannot signal the server or other rooms. --confine-net PORTS
+limits their TCP connects to those ports (and the built-in model's).
 
 One server per data dir: a second one refuses to start.
 
@@ -114,7 +130,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 				level = slog.LevelDebug
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			return runServe(cmd.Context(), cmd.OutOrStdout(), log, f, custom)
+			return runServe(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), log, f, custom)
 		},
 	}
 	fl := cmd.Flags()
@@ -130,6 +146,8 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
+	fl.BoolVar(&f.snapshots, "snapshots", true, "snapshot each room's workspace before and after every turn (diff and revert)")
+	fl.Int64Var(&f.snapshotMaxFile, "snapshot-max-file", snapshot.DefaultMaxFileSize, "files over this many bytes are left out of snapshots")
 	fl.BoolVar(&f.daemon, "daemon", false, "run the agents in the process daemon; SIGUSR2 restarts the server and keeps them running")
 	fl.StringVar(&f.node, "node", "", "this node's name in a NATS cluster (needed with --nats or --nats-embedded)")
 	fl.StringSliceVar(&f.nats, "nats", nil, "external JetStream: server URL(s), comma-separated")
@@ -139,7 +157,32 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.StringSliceVar(&f.natsRoutes, "nats-routes", nil, "the other embedded nodes' route URLs (nats://host:port), comma-separated")
 	fl.StringVar(&f.role, "role", natsroom.RoleBoth, "in a NATS cluster: both, frontend (API only) or worker (runs agents only)")
 	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
+	addConfineFlags(fl, &f.confine)
+	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
+	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
+	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
+	fl.StringVar(&f.natsCreds, "nats-creds", "", "credentials for the --nats servers: a .creds file (user JWT and seed) or a file holding an nkey seed")
 	return cmd
+}
+
+// natsSecretFile is the generated cluster secret's file in the data dir.
+const natsSecretFile = "nats-secret"
+
+// fuseCmd is the hidden command that runs custody's fuse (see serve's
+// cluster mode): the agents of rooms whose lease this host stops renewing
+// are frozen by it, even while this host is paused.
+const fuseCmd = "lease-fuse"
+
+func newFuseCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    fuseCmd,
+		Short:  "Hold a serve process's agents to their rooms' leases (started by serve)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return custody.RunFuse(cmd.InOrStdin())
+		},
+	}
 }
 
 // applyOverrides fills the flags not given on the command line from the
@@ -154,11 +197,20 @@ func applyOverrides(fl *pflag.FlagSet, configPath string) error {
 		if file, err = readConfig(configPath); err != nil {
 			return err
 		}
-		for k := range file {
-			if _, ok := serveEnv[k]; !ok {
+		named := map[string]string{}
+		for k, v := range file {
+			// Keys are the flags' names; underscores for dashes too
+			// (confine_net).
+			name := strings.ReplaceAll(k, "_", "-")
+			if _, ok := serveEnv[name]; !ok {
 				return fmt.Errorf("config %s: unknown setting %q", filepath.Base(configPath), k)
 			}
+			if _, dup := named[name]; dup {
+				return fmt.Errorf("config %s: %q is set twice", filepath.Base(configPath), name)
+			}
+			named[name] = v
 		}
+		file = named
 	}
 	for name, env := range serveEnv {
 		if fl.Changed(name) {
@@ -225,9 +277,12 @@ func loadToken(data string) (tok, path string, created bool, err error) {
 	return tok, path, true, nil
 }
 
-func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFlags, custom []string) (err error) {
+func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger, f serveFlags, custom []string) (err error) {
 	if f.approvalMode != room.ApprovalAsk && f.approvalMode != room.ApprovalYolo {
 		return &exitError{2, fmt.Errorf("serve: --approval-mode %q: want always-ask or yolo", f.approvalMode)}
+	}
+	if err := f.confine.check(); err != nil {
+		return err
 	}
 	kind := agents.Kind(f.agent)
 	switch {
@@ -296,7 +351,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 				err = cerr
 			}
 		}()
-		rstore = room.SQLite(db)
+		rstore = roomsqlite.New(db)
 	}
 	tok, tokPath, created, err := loadToken(f.data)
 	if err != nil {
@@ -316,7 +371,20 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		log.Debug("looking for orphans of dead hosts", "err", ferr) // not on this platform
 	}
 
-	cust, err := custody.New(custody.Options{Logger: log})
+	var fuse *custody.Fuse
+	if clustered {
+		// Before custody, and closed after it: every agent of this host
+		// is held to its room's lease by a process this one's pause or
+		// death does not stop.
+		if fuse, err = startFuse(); errors.Is(err, custody.ErrNoFreeze) {
+			log.Warn("serve: this platform cannot freeze processes: a paused host's agents are not held to their rooms' leases")
+		} else if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		} else {
+			defer fuse.Close()
+		}
+	}
+	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -361,6 +429,12 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		if install, err = agents.Find(); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
+		if f.transport == transportACP && agents.ACPOnly(kind) {
+			// Installed on first need (progress on stderr).
+			if err := install.EnsureACP(ctx, progress); err != nil {
+				return fmt.Errorf("serve: %w", err)
+			}
+		}
 		if f.model == "" && pd != nil {
 			// In the daemon, so a turn streaming from it goes on across
 			// a planned restart; supervised, on one address for good.
@@ -379,11 +453,19 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 			modelURL = sim.URL()
 		}
 	}
+	tools := ""
+	if install != nil {
+		tools = install.Dir
+	}
+	cf, err := f.confine.confiner(log, tools, modelURL)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	var tr room.Transport
 	if f.transport == transportACP {
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Logger: log})
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Logger: log})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -396,6 +478,16 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	}
 	if cl != nil {
 		ropts.Cluster = cl
+	}
+	if f.snapshots {
+		snaps := roomsnap.New(roomsnap.Options{Repo: snapshot.Options{MaxFileSize: f.snapshotMaxFile}})
+		// After the manager (deferred later, so closed first).
+		defer func() {
+			if cerr := snaps.Close(); cerr != nil {
+				log.Warn("closing the rooms' snapshots", "err", cerr)
+			}
+		}()
+		ropts.Snapshots = snaps
 	}
 	m, err := room.New(ropts)
 	if err != nil {
@@ -412,15 +504,14 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 			// shutdown; the leases go after (the deferred stop).
 			cl.Stop()
 		}
-		if cerr := m.Close(); cerr != nil && !errors.Is(cerr, room.ErrClosed) && err == nil {
+		if cerr := closeRooms(m); cerr != nil && err == nil {
 			err = cerr
 		}
 	}()
 	if cl != nil {
-		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		err := cl.Start(sctx, m)
-		cancel()
-		if err != nil {
+		// Until the cluster's JetStream answers (the other nodes may start
+		// later), or SIGTERM; a configuration it refuses fails at once.
+		if err := cl.Start(ctx, m); err != nil {
 			return fmt.Errorf("serve: joining the cluster: %w", err)
 		}
 		log.Info("in the cluster", "node", f.node, "role", f.role)
@@ -429,6 +520,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		// A worker serves no API: it runs rooms until told to stop.
 		fmt.Fprintf(stdout, "agenthost: node %s running rooms (worker)\n", f.node)
 		printGaps(stdout, f, kind, custom)
+		fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 		<-ctx.Done()
 		log.Info("shutting down")
 		return nil
@@ -458,6 +550,7 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 		fmt.Fprintf(stdout, "agenthost: serving rooms at %s (token from %s)\n", addr, tokenEnv)
 	}
 	printGaps(stdout, f, kind, custom)
+	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that
@@ -508,10 +601,32 @@ func runServe(ctx context.Context, stdout io.Writer, log *slog.Logger, f serveFl
 	if restart {
 		if derr := m.Detach(); derr != nil {
 			log.Warn("letting go of the rooms", "err", derr)
+		} else if derr := waitRooms(m); derr != nil {
+			log.Warn("letting go of the rooms", "err", derr)
 		}
 		fmt.Fprintf(stdout, "agenthost: restarting: the agents run on; start agenthost serve --daemon on %s within %s\n", f.data, procd.HandoffTTL)
 	}
 	return err
+}
+
+// roomsBudget bounds waiting for the rooms' end (Manager.Wait): their
+// turns get room.DefaultShutdownBudget, and their agents as long again.
+const roomsBudget = 3 * room.DefaultShutdownBudget
+
+// closeRooms closes the rooms and waits for their end (after Detach,
+// Close only returns Detach's result).
+func closeRooms(m *room.Manager) error {
+	if err := m.Close(); err != nil && !errors.Is(err, room.ErrClosed) {
+		return err
+	}
+	return waitRooms(m)
+}
+
+// waitRooms waits for the end Close or Detach began.
+func waitRooms(m *room.Manager) error {
+	ctx, cancel := context.WithTimeout(context.Background(), roomsBudget)
+	defer cancel()
+	return m.Wait(ctx)
 }
 
 // handOver prepares the process daemon's handoff for a planned restart;
@@ -532,18 +647,23 @@ func handOver(pd *procd.Client, log *slog.Logger) bool {
 func checkClusterFlags(f serveFlags, clustered bool) error {
 	switch {
 	case !clustered:
-		if f.node != "" || f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0 || f.role != natsroom.RoleBoth {
-			return errors.New("serve: --node, --nats-listen, --nats-cluster-listen, --nats-routes and --role need --nats or --nats-embedded")
+		if f.node != "" || f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0 || f.role != natsroom.RoleBoth ||
+			f.natsClusterAdvertise != "" || f.natsSecretFile != "" || f.natsTLS != "" || f.natsCreds != "" {
+			return errors.New("serve: --node, --role and the --nats-* flags need --nats or --nats-embedded")
 		}
 		return nil
 	case f.natsEmbedded && len(f.nats) > 0:
 		return errors.New("serve: give either --nats (external) or --nats-embedded, not both")
 	case f.node == "":
 		return errors.New("serve: --node NAME is required with --nats or --nats-embedded")
-	case len(f.nats) > 0 && (f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0):
-		return errors.New("serve: --nats-listen, --nats-cluster-listen and --nats-routes are for --nats-embedded")
+	case len(f.nats) > 0 && (f.natsListen != "" || f.natsClusterListen != "" || len(f.natsRoutes) > 0 || f.natsClusterAdvertise != "" || f.natsSecretFile != ""):
+		return errors.New("serve: --nats-listen, --nats-cluster-listen, --nats-cluster-advertise, --nats-routes and --nats-secret-file are for --nats-embedded")
+	case f.natsEmbedded && f.natsCreds != "":
+		return errors.New("serve: --nats-creds is for --nats (an embedded node signs in with the cluster's secret)")
 	case len(f.natsRoutes) > 0 && f.natsClusterListen == "":
 		return errors.New("serve: --nats-routes needs --nats-cluster-listen")
+	case f.natsClusterAdvertise != "" && f.natsClusterListen == "":
+		return errors.New("serve: --nats-cluster-advertise needs --nats-cluster-listen")
 	}
 	switch f.role {
 	case natsroom.RoleBoth, natsroom.RoleFrontend, natsroom.RoleWorker:
@@ -556,16 +676,84 @@ func checkClusterFlags(f serveFlags, clustered bool) error {
 	return nil
 }
 
+// startFuse starts custody's fuse as this binary's hidden command.
+func startFuse() (*custody.Fuse, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("starting the lease fuse: %w", err)
+	}
+	return custody.StartFuse([]string{exe, fuseCmd})
+}
+
+// loadSecret returns the cluster secret in path, making it on first use
+// (every node that shares the data dir then reads the same one).
+func loadSecret(path string) (string, error) {
+	read := func() (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", err
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "" {
+			return "", fmt.Errorf("the cluster secret %s is empty", path)
+		}
+		return s, nil
+	}
+	s, err := read()
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return s, err
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	// Written whole under another name, then linked into place: a node
+	// reading it at the same moment sees all of it or none, and of two
+	// nodes making one at once, one wins and both use it.
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".nats-secret-*")
+	if err != nil {
+		return "", fmt.Errorf("writing the cluster secret: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(hex.EncodeToString(b[:]) + "\n")
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o600)
+	}
+	if err != nil {
+		return "", fmt.Errorf("writing the cluster secret: %w", err)
+	}
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("writing the cluster secret: %w", err)
+	}
+	return read()
+}
+
 // startCluster starts the embedded node (if any), connects, and returns
 // the cluster; stop closes it, the connection and the node, in order.
 func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), error) {
 	var node *natsroom.Node
 	var nc *nats.Conn
 	var err error
+	var tlsFiles *natsroom.TLSFiles
+	if f.natsTLS != "" {
+		tlsFiles = natsroom.TLSDir(f.natsTLS)
+	}
 	replicas := f.natsReplicas
 	if f.natsEmbedded {
+		secretPath := f.natsSecretFile
+		if secretPath == "" {
+			secretPath = filepath.Join(f.data, natsSecretFile)
+		}
+		secret, serr := loadSecret(secretPath)
+		if serr != nil {
+			return nil, nil, serr
+		}
 		node, err = natsroom.StartNode(natsroom.NodeConfig{Name: f.node, StoreDir: filepath.Join(f.data, "nats", f.node),
-			Listen: f.natsListen, ClusterListen: f.natsClusterListen, Routes: f.natsRoutes, Logger: log})
+			Listen: f.natsListen, ClusterListen: f.natsClusterListen, ClusterAdvertise: f.natsClusterAdvertise, Routes: f.natsRoutes,
+			Secret: secret, TLS: tlsFiles, Logger: log})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -577,7 +765,7 @@ func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), er
 			}
 		}
 	} else {
-		nc, err = natsroom.Dial(f.nats, "agenthost "+f.node)
+		nc, err = natsroom.Dial(f.nats, "agenthost "+f.node, natsroom.DialOptions{Creds: f.natsCreds, TLS: tlsFiles})
 		if replicas == 0 {
 			replicas = 3
 		}

@@ -5,8 +5,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/client"
 	"github.com/agenthost/agenthost/procd"
 )
 
@@ -115,7 +114,7 @@ func TestServeDaemon_DaemonKilled(t *testing.T) {
 	s.post("r", "[[slow:500ms]] [[say:a b c d e f g h i j k l]]")
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	if _, err := follow(ctx, s.url, s.token, "r", func(ev sseEvent) bool { return ev.typ == "text.delta" }); err != nil {
+	if _, err := follow(ctx, s.url, s.token, "r", deltaOfTurn(2)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(block, nil, 0o600); err != nil {
@@ -268,24 +267,20 @@ func countEvents(t *testing.T, s *daemonServer, room string) (starts, attaches i
 
 // followOnce reads a room's stored events (no follow).
 func followOnce(ctx context.Context, s *daemonServer, room string) ([]sseEvent, error) {
-	req, _ := http.NewRequestWithContext(ctx, "GET", s.url+"v1/rooms/"+room+"/events?follow=0", nil)
-	req.Header.Set("Authorization", "Bearer "+s.token)
-	res, err := http.DefaultClient.Do(req)
+	c, err := client.New(s.url, client.Options{Token: s.token})
 	if err != nil {
 		return nil, err
 	}
-	defer res.Body.Close()
 	var evs []sseEvent
-	_, err = readSSE(res.Body, func(id int64, typ string, raw []byte) (bool, error) {
-		ev := sseEvent{id: id, typ: typ}
-		_ = json.Unmarshal(raw, &ev.data)
+	for e, err := range c.Events(ctx, room, 0) {
+		if err != nil {
+			return evs, err
+		}
+		ev := sseEvent{id: e.Seq, typ: e.Type}
+		_ = json.Unmarshal(e.Data, &ev.data)
 		evs = append(evs, ev)
-		return false, nil
-	})
-	if errors.Is(err, io.EOF) {
-		err = nil // the stored events end the stream
 	}
-	return evs, err
+	return evs, nil
 }
 
 // A planned restart onto other settings does not keep the agents started

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/client"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/store"
 )
 
@@ -145,37 +147,39 @@ type sseEvent struct {
 }
 
 // follow reads the room's stream from url as an SSE client does across a
-// server restart: when the stream ends it reconnects with Last-Event-ID
-// (retrying while no server answers) until until says stop.
-func follow(ctx context.Context, url, token, room string, until func(sseEvent) bool) ([]sseEvent, error) {
-	var got []sseEvent
-	var last int64
-	for {
-		req, _ := http.NewRequestWithContext(ctx, "GET", url+"v1/rooms/"+room+"/events", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Last-Event-ID", strconv.FormatInt(last, 10))
-		res, err := http.DefaultClient.Do(req)
-		if err == nil && res.StatusCode == 200 {
-			done, _ := readSSE(res.Body, func(id int64, typ string, raw []byte) (bool, error) {
-				ev := sseEvent{id: id, typ: typ}
-				_ = json.Unmarshal(raw, &ev.data)
-				got = append(got, ev)
-				last = id
-				return until(ev), nil
-			})
-			res.Body.Close()
-			if done {
-				return got, nil
-			}
-		} else if err == nil {
-			res.Body.Close()
+// server restart (the client package's Follow: it reconnects with
+// Last-Event-ID while no server answers) until until says stop.
+// deltaOfTurn is true at the first text.delta of the room's n-th turn:
+// the agent is streaming that turn (the log also holds earlier turns'
+// deltas, which say nothing of it).
+func deltaOfTurn(n int) func(sseEvent) bool {
+	started := 0
+	return func(ev sseEvent) bool {
+		if ev.typ == "turn.started" {
+			started++
 		}
-		select {
-		case <-ctx.Done():
-			return got, fmt.Errorf("following %s: %w (%d events)", room, ctx.Err(), len(got))
-		case <-time.After(50 * time.Millisecond): // the next server is starting: retry, bounded by ctx
+		return ev.typ == "text.delta" && started == n
+	}
+}
+
+func follow(ctx context.Context, url, token, room string, until func(sseEvent) bool) ([]sseEvent, error) {
+	c, err := client.New(url, client.Options{Token: token, MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	var got []sseEvent
+	for ev, err := range c.Follow(ctx, room, 0) {
+		if err != nil {
+			return got, fmt.Errorf("following %s: %w (%d events)", room, err, len(got))
+		}
+		e := sseEvent{id: ev.Seq, typ: ev.Type}
+		_ = json.Unmarshal(ev.Data, &e.data)
+		got = append(got, e)
+		if until(e) {
+			return got, nil
 		}
 	}
+	return got, ctx.Err()
 }
 
 // A planned restart mid-turn (SIGUSR2, then serve --daemon again on the
@@ -243,6 +247,10 @@ func TestServeDaemon_RestartMidTurn(t *testing.T) {
 			text.WriteString(ev.data["text"].(string))
 		case "agent.started":
 			starts++
+			// serve's default (auto) confines the agent the daemon starts.
+			if c, _ := ev.data["confinement"].(map[string]any); confine.KernelABI() > 0 && (c == nil || c["mode"] != "landlock") {
+				t.Fatalf("agent.started %v: the daemon's agent is not confined", ev.data)
+			}
 		case "agent.attached":
 			attaches++
 		case "turn.ended":
@@ -334,7 +342,7 @@ func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	s1.post("r", "[[slow:500ms]] [[say:a b c d e f g h i j]]")
-	if _, err := follow(ctx, s1.url, s1.token, "r", func(ev sseEvent) bool { return ev.typ == "text.delta" }); err != nil {
+	if _, err := follow(ctx, s1.url, s1.token, "r", deltaOfTurn(2)); err != nil {
 		t.Fatal(err)
 	}
 	s1.stop(syscall.SIGUSR2)

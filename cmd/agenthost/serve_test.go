@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/roomtest"
 )
 
 // lines hands out what is written to it, line by line.
@@ -226,65 +231,99 @@ func TestServe_ConfigEnvAndFlags(t *testing.T) {
 	if rc != 2 || !strings.Contains(errs, "approval-mode") {
 		t.Fatalf("bad approval mode: %d %q", rc, errs)
 	}
+	// The confinement's keys, confine_net as the issue spells it.
+	_ = os.WriteFile(yml, []byte("confine: \"off\"\nconfine_net: 443,80\n"), 0o600)
+	cmd = newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), yml); err != nil {
+		t.Fatal(err)
+	}
+	if get := cmd.Flags().Lookup; get("confine").Value.String() != "off" || get("confine-net").Value.String() != "443,80" {
+		t.Fatalf("confine %s, confine-net %s", get("confine").Value, get("confine-net").Value)
+	}
+	_ = os.WriteFile(yml, []byte("confine_net: 443\nconfine-net: 80\n"), 0o600)
+	if err := applyOverrides(newServeCmd(func() bool { return false }).Flags(), yml); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("a key given twice: %v", err)
+	}
+	t.Setenv("AGENTHOST_CONFINE", "landlock")
+	cmd = newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), ""); err != nil || cmd.Flags().Lookup("confine").Value.String() != "landlock" {
+		t.Fatalf("AGENTHOST_CONFINE: %v %s", err, cmd.Flags().Lookup("confine").Value)
+	}
+	for _, bad := range [][]string{{"--confine", "sandbox"}, {"--confine-net", "http"}} {
+		_, errs, rc := runCLI(t, append([]string{"serve", "--data", dir}, bad...)...)
+		if rc != 2 || !strings.Contains(errs, "confine") {
+			t.Fatalf("%v: %d %q", bad, rc, errs)
+		}
+	}
 }
 
-func TestClientCommands(t *testing.T) {
+// serve --confine landlock --confine-net PORTS: the room's agent (pi) and
+// its tools reach only the room's own folders and the listed ports plus the
+// built-in model's; the room's state and agent.started say so.
+func TestServe_Confinement(t *testing.T) {
 	data := t.TempDir()
-	t.Setenv("AGENTHOST_TOKEN", "")
-	url, _, _ := startServe(t, "--data", data)
-	t.Setenv("AGENTHOST_URL", url)
-	cli := func(args ...string) (string, string, int) {
-		return runCLI(t, append(args, "--data", data)...)
+	url, token, _ := startServe(t, "--data", data, "--agent", "pi", "--approval-mode", "yolo", "--confine", "landlock", "--confine-net", "1")
+	if code, body := call(t, "POST", url+"v1/rooms/a/messages", token, `{"text":"hello"}`); code != 202 {
+		t.Fatalf("post: %d %s", code, body)
 	}
-	out, errs, code := cli("send", "demo", "hello client", "--follow")
-	if code != 0 || out != "ok: hello client\n" || !strings.Contains(errs, "turn started") {
-		t.Fatalf("send --follow: code %d out %q err %q", code, out, errs)
+	if ev := waitTurnEnded(t, url, token, "a"); ev["outcome"] != "settled" {
+		t.Fatalf("turn ended: %v", ev)
 	}
-	out, errs, code = cli("send", "demo", "Run it: "+`[[tool:bash {"command":"echo approved-by-cli"}]]`)
-	if code != 0 || !strings.Contains(out, `"seq":`) {
-		t.Fatalf("send: code %d out %q err %q", code, out, errs)
+	ws, _ := filepath.Glob(filepath.Join(data, "workspaces", "a-*"))
+	if len(ws) != 1 {
+		t.Fatalf("room a's workspace: %v", ws)
 	}
-	// Find the approval in the room's events and allow it.
-	var approval string
-	for approval == "" {
-		out, errs, code = cli("events", "demo")
-		if code != 0 {
-			t.Fatalf("events: %d %q", code, errs)
+	other := filepath.Join(data, "workspaces", "b-0000")
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("room b's secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: filepath.Join(data, "agenthost.db"), PID: os.Getpid(),
+		Port: ln.Addr().(*net.TCPAddr).Port}
+	probe.WriteProbe(t, ws[0])
+	body, _ := json.Marshal(map[string]string{"text": "Probe: " + roomtest.BashCall("bash "+roomtest.ProbeScript)})
+	if code, b := call(t, "POST", url+"v1/rooms/a/messages", token, string(body)); code != 202 {
+		t.Fatalf("post: %d %s", code, b)
+	}
+	var started, state struct{ Confinement json.RawMessage }
+	var output, outcome string
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	c := newTestClient(t, url, token)
+	err = c.events(ctx, "a", 0, true, func(typ string, data []byte) (bool, error) {
+		var ev struct {
+			Output, Outcome string
 		}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			var ev map[string]any
-			if err := json.Unmarshal([]byte(line), &ev); err != nil {
-				t.Fatalf("events line %q: %v", line, err)
-			}
-			if ev["type"] == "approval.requested" {
-				approval = ev["approval_id"].(string)
-			}
+		_ = json.Unmarshal(data, &ev)
+		switch {
+		case typ == "agent.started":
+			_ = json.Unmarshal(data, &started)
+		case typ == "tool.ended" && strings.Contains(ev.Output, "own="):
+			output = ev.Output
+		case typ == "turn.ended" && output != "":
+			outcome = ev.Outcome
 		}
-		if approval == "" {
-			// Wait for the next event rather than poll.
-			last := strings.Count(out, "\n")
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			c, _ := (&clientFlags{server: url, data: data}).client()
-			_ = c.events(ctx, "demo", int64(last), true, func(string, []byte) (bool, error) { return true, nil })
-			cancel()
-		}
+		return outcome != "", nil
+	})
+	if err != nil || outcome != "settled" {
+		t.Fatalf("the probe's turn ended %q: %v", outcome, err)
 	}
-	if _, errs, code = cli("approve", "demo", approval, "allow"); code != 0 {
-		t.Fatalf("approve: %d %q", code, errs)
+	roomtest.CheckConfined(t, roomtest.ParseProbe(output), true)
+	code, b := call(t, "GET", url+"v1/rooms/a", token, "")
+	if code != 200 || json.Unmarshal(b, &state) != nil {
+		t.Fatalf("room: %d %s", code, b)
 	}
-	if _, errs, code = cli("approve", "demo", approval, "deny"); code == 0 || !strings.Contains(errs, "409") {
-		t.Fatalf("approve twice: %d %q", code, errs)
-	}
-	out, errs, code = cli("rooms")
-	if code != 0 || !strings.HasPrefix(out, "demo ") {
-		t.Fatalf("rooms: %d %q %q", code, out, errs)
-	}
-	if _, errs, code = cli("answer", "demo", "q_nope", "x"); code == 0 || !strings.Contains(errs, "404") {
-		t.Fatalf("answer unknown: %d %q", code, errs)
-	}
-	out, errs, code = cli("send", "demo", "[[status:400 x50]] fail please", "--follow")
-	if code == 0 {
-		t.Fatalf("a failing turn exited 0: %q %q", out, errs)
+	abi := min(confine.KernelABI(), confine.MaxABI)
+	want := fmt.Sprintf(`{"mode":"landlock","abi":%d,"signals":%v,"net":[1,`, abi, abi >= 6)
+	if !strings.HasPrefix(string(state.Confinement), want) || string(started.Confinement) != string(state.Confinement) {
+		t.Fatalf("the room's confinement %s, agent.started's %s, want %s<the model's port>]}", state.Confinement, started.Confinement, want)
 	}
 }
 
@@ -342,7 +381,7 @@ func TestServe_KilledMidTurnEveryMessageEnds(t *testing.T) {
 	// Kill once the answer streams.
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c := &client{base: url, token: token, hc: http.DefaultClient}
+	c := newTestClient(t, url, token)
 	err = c.events(ctx, "k", 0, true, func(typ string, _ []byte) (bool, error) { return typ == "text.delta", nil })
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +396,7 @@ func TestServe_KilledMidTurnEveryMessageEnds(t *testing.T) {
 	if token2 != token {
 		t.Fatal("the token changed")
 	}
-	c.base = url
+	c = newTestClient(t, url, token)
 	var ended map[string]any
 	err = c.events(ctx, "k", 0, true, func(typ string, raw []byte) (bool, error) {
 		var d map[string]any

@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +25,7 @@ import (
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/room"
 	sdk "github.com/coder/acp-go-sdk"
@@ -65,13 +68,18 @@ type Options struct {
 	// CloseGrace is how long Close waits for the agent to exit on stdin
 	// EOF before custody ends it (0: acp's default, 5 s).
 	CloseGrace time.Duration
-	Logger     *slog.Logger
+	// Confine, if set, confines each agent to its room (nil: unconfined).
+	Confine *confine.Confiner
+	Logger  *slog.Logger
 }
 
 // Transport implements room.Transport over ACP.
 type Transport struct{ opts Options }
 
-var _ room.Transport = (*Transport)(nil)
+var (
+	_ room.Transport  = (*Transport)(nil)
+	_ room.LeaseBound = (*agent)(nil)
+)
 
 // New returns a Transport.
 func New(opts Options) (*Transport, error) {
@@ -90,7 +98,7 @@ func New(opts Options) (*Transport, error) {
 // ErrNoSteer: ACP has no way to deliver text into a running turn.
 var ErrNoSteer = errors.New("acpagent: ACP agents take no text during a turn (steer and follow-up queue as the next message)")
 
-func (t *Transport) recipe(spec room.AgentSpec) (Recipe, error) {
+func (t *Transport) recipe(spec room.AgentSpec, ws string) (Recipe, error) {
 	cfg := spec.Config
 	if len(cfg.Command) > 0 {
 		return Recipe{Argv: cfg.Command, Env: append(os.Environ(), cfg.Env...)}, nil
@@ -100,7 +108,7 @@ func (t *Transport) recipe(spec room.AgentSpec) (Recipe, error) {
 		kind = agents.OMP
 	}
 	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo,
-		Instructions: cfg.Instructions}
+		Instructions: cfg.Instructions, Workspace: ws, Confined: t.opts.Confine.Enforced()}
 	var r Recipe
 	var err error
 	switch {
@@ -120,28 +128,50 @@ func (t *Transport) recipe(spec room.AgentSpec) (Recipe, error) {
 
 // Start implements room.Transport.
 func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
+	a, err := t.start(ctx, spec)
+	if err != nil {
+		// The agent's stderr or error messages may be in it.
+		return nil, redactedErr{err}
+	}
+	return a, nil
+}
+
+func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
 	if err := os.MkdirAll(spec.Home, 0o700); err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
-	r, err := t.recipe(spec)
-	if err != nil {
-		return nil, err
-	}
 	ws, err := filepath.Abs(spec.Workspace)
 	if err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
+	r, err := t.recipe(spec, ws)
+	if err != nil {
+		return nil, err
+	}
 	a := &agent{h: spec.Handler, log: t.opts.Logger}
 	a.loading.Store(true)
+	// The room's tools are served before the agent starts: a confined
+	// agent may connect to their port only.
+	var ports []uint16
+	if len(spec.Tools) > 0 {
+		if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
+			return nil, err
+		}
+		ports = append(ports, a.tools.port())
+	}
+	argv, env, err := t.confine(spec, ws, r, ports, a)
+	if err != nil {
+		return nil, errors.Join(err, a.tools.close())
+	}
 	// The room's deadlines decide; acp's is a backstop after the later.
 	approval := max(cfg.ApprovalTimeout, cfg.QuestionTimeout)
 	if approval <= 0 {
 		approval = acp.DefaultPermissionTimeout
 	}
-	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: ws, Env: r.Env}, acp.Options{
+	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: ws, Env: env}, acp.Options{
 		Custodian:         t.opts.Custodian,
 		FSRoot:            ws,
 		Events:            a.event,
@@ -154,13 +184,14 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Logger:            t.opts.Logger,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: starting the agent: %w", err)
+		return nil, errors.Join(fmt.Errorf("acpagent: starting the agent: %w", err), a.tools.close())
 	}
 	a.c = c
 	fail := func(err error) (room.Agent, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, cerr := c.Close(cctx)
+		_ = c.Wait(cctx)
 		return nil, errors.Join(err, cerr, a.tools.close())
 	}
 	caps := c.Initialize().AgentCapabilities.McpCapabilities
@@ -168,11 +199,8 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if err != nil {
 		return fail(err)
 	}
-	if len(spec.Tools) > 0 {
+	if a.tools != nil {
 		if caps.Http {
-			if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
-				return fail(err)
-			}
 			mcp = append(mcp, a.tools.server())
 		} else {
 			// A named gap: such an agent gets no room tools.
@@ -206,6 +234,31 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	a.loading.Store(false)
 	return a, nil
 }
+
+// confine wraps the recipe's command in the room's confinement (as given
+// when unconfined), and records it on a.
+func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent) ([]string, []string, error) {
+	exec := []string{r.Argv[0]}
+	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
+		if s := spec.MCP[name]; len(s.Command) > 0 {
+			exec = append(exec, s.Command[0])
+		}
+	}
+	pol, err := t.opts.Confine.Policy(confine.AgentRoom(ws, spec.Home, exec, ports))
+	if err != nil {
+		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+	}
+	argv, env, err := pol.Wrap(r.Argv, r.Env)
+	if err != nil {
+		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+	}
+	a.confined = room.Confinement(pol.Report())
+	return argv, env, nil
+}
+
+// Confinement implements room.Confined: what confines the agents this
+// Transport starts.
+func (t *Transport) Confinement() room.Confinement { return room.Confinement(t.opts.Confine.Report()) }
 
 func cmpOr[T comparable](a, b T) T {
 	var zero T
@@ -278,6 +331,10 @@ func sortedKeys(m map[string]string) []string {
 	return ks
 }
 
+// maxCalls bounds the tool calls of a turn whose names are kept until they
+// end; past it, a call's end names the kind it reports, or none.
+const maxCalls = 1024
+
 // agent is one running ACP agent with its session.
 type agent struct {
 	c       *acp.Client
@@ -286,27 +343,31 @@ type agent struct {
 	session string
 	loading atomic.Bool
 
+	// confined is what confines the agent (room.Confined).
+	confined room.Confinement
+
 	tools *toolServer // the room's tools over MCP (nil: none)
 
 	mu        sync.Mutex
 	denied    bool              // a permission was denied in the running turn
-	calls     map[string]string // running tool calls' names by id
+	calls     map[string]string // the turn's running tool calls' short names by id (at most maxCalls)
 	malformed int               // malformed lines since the turn began
 	unshown   int               // of those, the ones past maxMalformedPerTurn
 }
 
 func (a *agent) SessionID() string { return a.session }
 
+// Confinement implements room.Confined.
+func (a *agent) Confinement() room.Confinement { return a.confined }
+
 func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	a.flushMalformed() // lines between turns
 	defer a.flushMalformed()
-	a.mu.Lock()
-	a.denied = false
-	a.mu.Unlock()
+	a.beginTurn()
 	res, err := a.c.Prompt(ctx, a.session, text)
 	if err != nil {
 		// A ctx that ended was sent session/cancel, bounded, by Prompt.
-		return room.TurnResult{}, err
+		return room.TurnResult{}, redactedErr{err}
 	}
 	switch res.StopReason {
 	case sdk.StopReasonCancelled:
@@ -324,13 +385,50 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	return room.TurnResult{Text: res.Text}, nil
 }
 
+// beginTurn forgets the last turn's denial and its tool calls: calls an
+// earlier turn never ended (cancelled, or an agent that never completes
+// them) are not kept for the agent's life.
+func (a *agent) beginTurn() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.denied = false
+	a.calls = nil
+}
+
+// redactedErr is an error whose text may carry what the agent wrote (its
+// stderr's last line, an error message): the room records it redacted and
+// bounded; errors.Is and As see the original.
+type redactedErr struct{ err error }
+
+func (e redactedErr) Error() string { return detail.Text(e.err.Error(), MaxDetail) }
+func (e redactedErr) Unwrap() error { return e.err }
+
 func (a *agent) Steer(context.Context, string) error    { return ErrNoSteer }
 func (a *agent) FollowUp(context.Context, string) error { return ErrNoSteer }
 
 func (a *agent) Done() <-chan struct{} { return a.c.Done() }
 
+// handlersWait bounds how long Close waits for the agent's requests still
+// being handled once the agent is gone (their contexts have ended).
+const handlersWait = 5 * time.Second
+
+// HoldUntil implements room.LeaseBound: the agent's custody scope is
+// frozen at deadline (a cluster's lease).
+func (a *agent) HoldUntil(deadline time.Time) error { return a.c.HoldUntil(deadline) }
+
+// Kill implements room.LeaseBound.
+func (a *agent) Kill() error { return a.c.Kill() }
+
 func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	r, err := a.c.Close(ctx)
+	if err == nil {
+		// Nothing of the agent reaches the room after its release; but a
+		// request handler that ignores its ended context must not hold
+		// the release past handlersWait (the agent is gone by now).
+		wctx, cancel := context.WithTimeout(ctx, handlersWait)
+		_ = a.c.Wait(wctx)
+		cancel()
+	}
 	err = errors.Join(err, a.tools.close())
 	var raw json.RawMessage
 	if r != nil {
@@ -339,7 +437,9 @@ func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	return raw, err
 }
 
-// event maps the agent's updates to room events.
+// event maps the agent's updates to room events. Every string the agent
+// chose is redacted and bounded on its way (detail): a tool's title carries
+// its command line, credentials included.
 func (a *agent) event(ev acp.Event) {
 	if ev.Type == acp.TypeMalformed {
 		// Not history even during a load: the agent sent it now.
@@ -358,22 +458,29 @@ func (a *agent) event(ev acp.Event) {
 		}
 	case u.ToolCall != nil:
 		tc := u.ToolCall
-		name := toolName(tc.Title, string(tc.Kind))
+		id := callID(string(tc.ToolCallId))
+		name := toolName(string(tc.Kind))
 		a.mu.Lock()
 		if a.calls == nil {
 			a.calls = map[string]string{}
 		}
-		a.calls[string(tc.ToolCallId)] = name
+		if _, known := a.calls[id]; known || len(a.calls) < maxCalls {
+			a.calls[id] = name
+		}
 		a.mu.Unlock()
-		a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: name, CallID: string(tc.ToolCallId), Input: bound(redact(jsonText(tc.RawInput)))})
+		a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: name, CallID: id, Input: input(tc.RawInput, tc.Title)})
 		if tc.Status == sdk.ToolCallStatusCompleted || tc.Status == sdk.ToolCallStatusFailed {
-			a.toolEnded(string(tc.ToolCallId), tc.Content, tc.RawOutput, tc.Status == sdk.ToolCallStatusFailed)
+			a.toolEnded(id, string(tc.Kind), tc.Content, tc.RawOutput, tc.Status == sdk.ToolCallStatusFailed)
 		}
 		return
 	case u.ToolCallUpdate != nil:
 		tu := u.ToolCallUpdate
 		if tu.Status != nil && (*tu.Status == sdk.ToolCallStatusCompleted || *tu.Status == sdk.ToolCallStatusFailed) {
-			a.toolEnded(string(tu.ToolCallId), tu.Content, tu.RawOutput, *tu.Status == sdk.ToolCallStatusFailed)
+			kind := ""
+			if tu.Kind != nil {
+				kind = string(*tu.Kind)
+			}
+			a.toolEnded(callID(string(tu.ToolCallId)), kind, tu.Content, tu.RawOutput, *tu.Status == sdk.ToolCallStatusFailed)
 			return
 		}
 	}
@@ -398,7 +505,7 @@ func (a *agent) malformedLine(err error) {
 		a.h.Event(room.AgentEvent{Kind: room.KindActivity})
 		return
 	}
-	a.h.Event(room.AgentEvent{Kind: room.KindMalformed, Line: le.Line, Length: le.Len, Reason: bound(le.Reason)})
+	a.h.Event(room.AgentEvent{Kind: room.KindMalformed, Line: le.Line, Length: le.Len, Reason: text(le.Reason)})
 }
 
 // flushMalformed reports how many malformed lines had no event of their
@@ -413,30 +520,55 @@ func (a *agent) flushMalformed() {
 	}
 }
 
-func (a *agent) toolEnded(id string, content []sdk.ToolCallContent, raw any, failed bool) {
+func (a *agent) toolEnded(id, kind string, content []sdk.ToolCallContent, raw any, failed bool) {
 	a.mu.Lock()
-	name := a.calls[id]
+	name, known := a.calls[id]
 	delete(a.calls, id)
 	a.mu.Unlock()
+	if !known {
+		name = toolName(kind)
+	}
 	var out strings.Builder
 	for _, c := range content {
 		if c.Content != nil && c.Content.Content.Text != nil {
+			if out.Len() > maxScan {
+				break // bounded below; no need to gather megabytes first
+			}
 			out.WriteString(c.Content.Content.Text.Text)
 		}
 	}
-	text := out.String()
-	if text == "" && raw != nil {
-		text = jsonText(raw)
+	s := out.String()
+	if s == "" && raw != nil {
+		s = jsonText(raw)
 	}
-	a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: name, CallID: id, Output: bound(text), IsError: failed})
+	a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: name, CallID: id, Output: text(s), IsError: failed})
 }
 
-func toolName(title, kind string) string {
-	if title != "" {
-		return title
+// maxScan bounds what toolEnded gathers of an output before bounding it.
+const maxScan = 4 * MaxDetail
+
+// toolName is the short name a room records for a tool call: its ACP kind
+// ("execute", "edit", ...), never its title, which is a sentence or a
+// command line of the agent's choosing (see input).
+func toolName(kind string) string {
+	if kind == "" {
+		return "tool"
 	}
-	return kind
+	return detail.Name(kind)
 }
+
+// input is a tool call's input for the room: its raw input, else its title
+// (the command line, for agents that send no raw input), redacted and
+// bounded.
+func input(raw any, title string) string {
+	if raw != nil {
+		return text(jsonText(raw))
+	}
+	return text(title)
+}
+
+// callID bounds an id the agent chose (it reaches the log as call_id).
+func callID(id string) string { return detail.Name(id) }
 
 func jsonText(v any) string {
 	if v == nil {
@@ -451,17 +583,27 @@ func jsonText(v any) string {
 
 // permission makes the agent's permission request a room approval.
 func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool {
-	names := make([]string, 0, len(req.Options))
+	labels := make([]string, 0, len(req.Options))
 	for _, o := range req.Options {
-		names = append(names, o.Name)
+		labels = append(labels, o.Name)
 	}
-	tool := toolName(req.Title, req.Kind)
+	tool := toolName(req.Kind)
+	id := callID(req.ToolCallID)
 	a.mu.Lock()
-	if n := a.calls[req.ToolCallID]; n != "" && tool == "" {
+	if n := a.calls[id]; n != "" && req.Kind == "" {
 		tool = n
 	}
 	a.mu.Unlock()
-	ok := a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(string(req.RawInput))), Options: names})
+	in := text(string(req.RawInput))
+	if len(req.RawInput) == 0 {
+		in = text(req.Title)
+	}
+	return a.approve(ctx, room.ApprovalRequest{Tool: tool, Input: in, Options: names(labels)})
+}
+
+// approve asks the room, noting a denial (see Run).
+func (a *agent) approve(ctx context.Context, req room.ApprovalRequest) bool {
+	ok := a.h.Approve(ctx, req)
 	if !ok {
 		a.mu.Lock()
 		a.denied = true
@@ -470,13 +612,36 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 	return ok
 }
 
+// ompApprovalPrefix and ompApprovalOptions are omp's own permission prompt,
+// which omp acp sends as an elicitation form when the client takes forms
+// (for its write and edit tools; bash comes as session/request_permission):
+// a choice titled "Allow tool: <tool>\n<details>" of exactly Approve and
+// Deny. It is an approval, not a question (as over RPC).
+const ompApprovalPrefix = "Allow tool: "
+
+var ompApprovalOptions = []string{"Approve", "Deny"}
+
 // ask makes a field of the agent's elicitation form (omp's ask tool) a
-// room question.
+// room question, and omp's permission prompt a room approval.
 func (a *agent) ask(ctx context.Context, q acp.Question) (string, bool) {
-	return a.h.Ask(ctx, room.QuestionRequest{Title: q.Title, Options: q.Options})
+	if rest, ok := strings.CutPrefix(q.Title, ompApprovalPrefix); ok && slices.Equal(q.Options, ompApprovalOptions) {
+		tool, details, _ := strings.Cut(rest, "\n")
+		if a.approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: q.Options}) {
+			return "Approve", true
+		}
+		return "Deny", true
+	}
+	shown := names(q.Options)
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: text(q.Title), Options: shown})
+	// An option the room showed redacted or cut goes back as the agent's.
+	if i := slices.Index(shown, strings.TrimSpace(ans)); ok && i >= 0 {
+		ans = q.Options[i]
+	}
+	return ans, ok
 }
 
-func redact(s string) string { return detail.Redact(s) }
+// text redacts and bounds what the agent says for the room's record.
+func text(s string) string { return detail.Text(s, MaxDetail) }
 
-// bound cuts s to MaxDetail bytes on a rune boundary.
-func bound(s string) string { return detail.Bound(s, MaxDetail) }
+// names redacts and bounds the labels of options.
+func names(ss []string) []string { return detail.Names(ss) }

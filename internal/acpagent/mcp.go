@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -92,6 +94,16 @@ func serveTools(tools []room.Tool, log *slog.Logger) (*toolServer, error) {
 func (ts *toolServer) server() sdk.McpServer {
 	return sdk.McpServer{Http: &sdk.McpServerHttpInline{Type: "http", Name: toolServerName, Url: ts.url,
 		Headers: []sdk.HttpHeader{{Name: "Authorization", Value: "Bearer " + ts.token}}}}
+}
+
+// port is the server's TCP port.
+func (ts *toolServer) port() uint16 {
+	u, err := url.Parse(ts.url)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(u.Port(), 10, 16)
+	return uint16(n)
 }
 
 // close stops the server; calls still running are cut off (the agent is

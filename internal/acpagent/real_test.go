@@ -3,6 +3,7 @@ package acpagent
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
@@ -23,6 +25,8 @@ import (
 // on the scripted model. They fail (never skip) when omp is missing.
 
 func TestMain(m *testing.M) {
+	// The launcher of the confined agents the tests start.
+	confine.Launch()
 	if os.Getenv(fakePeerEnv) != "" {
 		os.Exit(fakePeer())
 	}
@@ -103,6 +107,22 @@ func TestRealACPApprovalsAllowDenyDeadline(t *testing.T) {
 			t.Fatalf("case %d: the command ran: %v, want %v", i, err == nil, tc.ran)
 		}
 	}
+	// omp acp's own default lets workspace writes through: the room's
+	// always-ask holds for them too (as over RPC).
+	note := filepath.Join(dir, "notes.txt")
+	call, _ := json.Marshal(map[string]string{"path": note, "content": "hello"})
+	acc := h.Submit("r", "Write it: [[tool:write "+string(call)+"]]")
+	ev := h.WaitFirst("r", acc.Seq, "approval.requested", "turn.ended")
+	if ev.Type != "approval.requested" {
+		t.Fatalf("the write was not asked about: %s", ev.Data)
+	}
+	if err := h.M.Approve(t.Context(), "r", roomtest.Field(ev.Data, "approval_id"), false); err != nil {
+		t.Fatal(err)
+	}
+	h.Settled("r", acc)
+	if _, err := os.Stat(note); err == nil {
+		t.Fatal("the denied write was written")
+	}
 	h.CheckTurnEvents("r")
 }
 
@@ -139,6 +159,27 @@ func TestRealACPResumeAfterRestart(t *testing.T) {
 	}
 	if !saw {
 		t.Fatal("the resumed session lost the first turn")
+	}
+
+	// A session the agent no longer has (omp answers its load with an
+	// internal error whose data says "session not found") starts fresh,
+	// context.lost; it is not taken for a failure that lasts.
+	h2.Close()
+	var removed int
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.Contains(d.Name(), st.SessionID) && os.Remove(p) == nil {
+			removed++
+		}
+		return nil
+	})
+	if removed == 0 {
+		t.Fatalf("no file of session %s to remove", st.SessionID)
+	}
+	h3 := startHost(t, dir, sim, room.Options{})
+	a3 := h3.Submit("r", "after the loss")
+	h3.Settled("r", a3) // its text: the transcript that went with it
+	if h3.Count("r", "context.lost") != 1 || !h3.ModelSaw("after the loss") {
+		t.Fatal("a lost session gave no context.lost, or the turn never reached the model")
 	}
 }
 
@@ -292,4 +333,43 @@ func TestRealACPQuestions(t *testing.T) {
 		t.Fatalf("answered: %v", ans)
 	}
 	h.Settled("deadline", late)
+}
+
+// TestRealACPSecretsRedacted: omp acp's tool titles carry the command line;
+// no credential in it reaches the room's log, its approvals or its state,
+// whatever field the agent put it in (title, input, output).
+func TestRealACPSecretsRedacted(t *testing.T) {
+	t.Parallel()
+	h := startHost(t, "", nil, room.Options{})
+	const secret = "sk-live-0123456789abcdefXYZ"
+	acc := h.Submit("r", "Run it: "+roomtest.BashCall("echo 'Authorization: Bearer "+secret+"'"))
+	_, req := h.Wait("r", acc.Seq, "approval.requested", nil)
+	st, err := h.M.State(t.Context(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, _ := json.Marshal(st)
+	aps, err := h.DB.Approvals(t.Context(), "r", true)
+	if err != nil || len(aps) != 1 {
+		t.Fatalf("pending approvals %v, %v", aps, err)
+	}
+	if err := h.M.Approve(t.Context(), "r", req["approval_id"].(string), true); err != nil {
+		t.Fatal(err)
+	}
+	h.Settled("r", acc)
+	all := []string{string(pending), fmt.Sprint(aps)}
+	for _, ev := range h.Events("r") {
+		// The person's own message carries it; what the agent said may not.
+		if ev.Type != "message.accepted" {
+			all = append(all, string(ev.Data))
+		}
+	}
+	for _, s := range all {
+		if strings.Contains(s, secret) {
+			t.Fatalf("the credential reached the room: %s", s)
+		}
+	}
+	if req["tool"] != "execute" || !strings.Contains(req["input"].(string), "Bearer [redacted]") {
+		t.Fatalf("approval.requested %v: want the short kind as tool, the redacted command as input", req)
+	}
 }

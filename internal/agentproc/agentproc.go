@@ -6,6 +6,7 @@ package agentproc
 import (
 	"context"
 	"os/exec"
+	"time"
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/rpc"
@@ -43,6 +44,23 @@ func (p Process) Stop(ctx context.Context) error {
 func Receipt(c *rpc.Client) *custody.Receipt {
 	if p, ok := c.Process().(Process); ok {
 		return p.Receipt()
+	}
+	return nil
+}
+
+// HoldUntil holds the agent's scope to deadline (see custody's
+// Scope.HoldUntil); an agent not started here is not held.
+func HoldUntil(c *rpc.Client, deadline time.Time) error {
+	if p, ok := c.Process().(Process); ok {
+		return p.HoldUntil(deadline)
+	}
+	return nil
+}
+
+// Kill ends the agent's processes at once (custody's Scope.Kill).
+func Kill(c *rpc.Client) error {
+	if p, ok := c.Process().(Process); ok {
+		return p.Kill()
 	}
 	return nil
 }

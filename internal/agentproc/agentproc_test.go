@@ -78,6 +78,9 @@ func TestRealAgents_BackgroundChildrenReaped(t *testing.T) {
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
 			}
+			if err := c.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
 			r := agentproc.Receipt(c)
 			if r == nil {
 				t.Fatal("no receipt")

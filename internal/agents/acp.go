@@ -34,10 +34,22 @@ type ACPOptions struct {
 	// Instructions are appended to the agent's system prompt; a recipe
 	// that cannot do that fails with ErrUnsupported when they are set.
 	Instructions string
+	// Workspace is the directory the agent will work in, if known: a recipe
+	// whose agent would run what the workspace configures, unasked, refuses
+	// it with ErrWorkspaceConfig.
+	Workspace string
+	// Confined: agenthost confines the agent (Landlock), inside which an
+	// agent's own sandbox may not start (codex's bubblewrap).
+	Confined bool
 }
 
 // ErrUnsupported means the agent cannot do what ACPOptions ask over ACP.
 var ErrUnsupported = errors.New("agents: not supported by this agent")
+
+// ErrWorkspaceConfig means the workspace carries configuration the agent
+// would act on without asking (commands it runs by itself), which its recipe
+// cannot switch off: the agent is not started there.
+var ErrWorkspaceConfig = errors.New("agents: the workspace configures commands the agent would run unasked")
 
 // ACPRecipe is how to run one agent over ACP.
 type ACPRecipe struct {
@@ -78,7 +90,12 @@ func (in *Install) ACP(k Kind, opts ACPOptions) (ACPRecipe, error) {
 }
 
 // ompACP runs `omp acp`, its home pointed at the scripted model when there
-// is one, asking permission for every tool call unless yolo.
+// is one. The room's approval mode is pinned on the command line (always-ask
+// unless yolo: omp acp's own default auto-approves workspace writes, and a
+// workspace's .omp/config.yml could set yolo), and the workspace's MCP files,
+// extension modules, hooks and custom tool modules are switched off (see
+// OMPWorkspaceArgs and WriteOMPOverlay): code a repository would run at start
+// with no approval.
 func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	argv, err := in.Argv(OMP)
 	if err != nil {
@@ -93,9 +110,17 @@ func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	} else if r.Env, err = plainHome(opts.Home); err != nil {
 		return ACPRecipe{}, err
 	}
-	if opts.Yolo {
-		r.Argv = append(r.Argv, "--approval-mode", "yolo")
+	// Room tools and MCP servers come in session/new, not from the home: omp's own provider goes
+	// too, and with it the workspace's .omp/tools modules.
+	overlay, err := WriteOMPOverlay(opts.Home, OMPOverlay{BuiltinModel: opts.ModelURL != "", NoNative: true})
+	if err != nil {
+		return ACPRecipe{}, err
 	}
+	mode := "always-ask"
+	if opts.Yolo {
+		mode = "yolo"
+	}
+	r.Argv = append(r.Argv, OMPWorkspaceArgs(mode, overlay)...)
 	if opts.Instructions != "" {
 		r.Argv = append(r.Argv, "--append-system-prompt", opts.Instructions)
 	}

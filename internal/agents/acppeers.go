@@ -1,10 +1,16 @@
 package agents
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // The recipes of the three ACP agents besides omp (claude-agent-acp, codex-acp, copilot --acp).
@@ -31,7 +37,12 @@ func (in *Install) CacheDir() string { return filepath.Join(in.Dir, "cache") }
 const acpKey = "modelsim-no-key"
 
 // claudeACP runs claude-agent-acp (the Claude Code CLI as its child) on Node. Its settings ask
-// permission for tools (its default mode otherwise never asks) or, for yolo, bypass them.
+// permission for tools (its default mode otherwise never asks) or, for yolo, bypass them, and turn
+// hooks off. Claude Code reads only those settings: the adapter starts it with the user, project
+// and local setting sources, and a workspace's .claude/settings.json (or settings.local.json)
+// could then bypass permissions, pre-allow tools or run hooks; the session's _meta narrows it to
+// the throwaway home's ("user"), and the mode is set again with session/set_mode after every
+// session/new and session/load, over whatever the workspace's settings name.
 func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	argv, err := in.nodeScript(Claude, filepath.Join("dist", "index.js"))
 	if err != nil {
@@ -45,13 +56,16 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err != nil {
 		return ACPRecipe{}, err
 	}
-	settings := map[string]any{"permissions": map[string]any{"defaultMode": mode}}
+	// No prompt suggestions: each would be one more model request after every turn, in the
+	// background, which the turn's usage does not count but the provider bills.
+	settings := map[string]any{"permissions": map[string]any{"defaultMode": mode}, "disableAllHooks": true,
+		"promptSuggestionEnabled": false}
 	if err := writeJSON(filepath.Join(home, ".claude", "settings.json"), settings); err != nil {
 		return ACPRecipe{}, err
 	}
 	env = append(env,
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_TELEMETRY=1", "DISABLE_AUTOUPDATER=1",
-		"DISABLE_ERROR_REPORTING=1")
+		"DISABLE_ERROR_REPORTING=1", "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION=false")
 	if os.Geteuid() == 0 {
 		// Claude Code refuses to run as root (session/new fails) unless told it is sandboxed.
 		env = append(env, "IS_SANDBOX=1")
@@ -63,8 +77,13 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	}
 	// Claude Code would also start the MCP servers of the workspace's own .mcp.json: a repository
 	// could inject servers into the room. Strict MCP config takes only session/new's.
-	meta := map[string]any{"claudeCode": map[string]any{"options": map[string]any{"strictMcpConfig": true}}}
-	return ACPRecipe{Argv: argv, Env: env, SessionMeta: meta}, nil
+	options := map[string]any{"strictMcpConfig": true, "settingSources": []string{"user"}}
+	if !opts.Yolo {
+		// Bypass mode is then not offered at all, whoever asks for it.
+		options["allowDangerouslySkipPermissions"] = false
+	}
+	meta := map[string]any{"claudeCode": map[string]any{"options": options}}
+	return ACPRecipe{Argv: argv, Env: env, Mode: mode, SessionMeta: meta}, nil
 }
 
 // codexACP runs codex-acp (with the codex binary) on Node. CODEX_HOME holds a config.toml whose
@@ -81,15 +100,23 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 		return ACPRecipe{}, err
 	}
 	codexHome := filepath.Join(home, ".codex")
-	approval := "on-request"
+	approval, sandbox, mode := "on-request", "workspace-write", "workspace-write"
 	if opts.Yolo {
 		approval = "never"
+	}
+	if opts.Yolo && opts.Confined {
+		// codex's bubblewrap cannot start inside Landlock (no mounts, no
+		// uid map): with no approvals to ask, its commands run without its
+		// sandbox, in agenthost's. Asking rooms keep it: a command it
+		// would sandbox fails, one the model asks to run escalated (an
+		// approval) runs.
+		sandbox, mode = "danger-full-access", "agent-full-access"
 	}
 	var b strings.Builder
 	if opts.ModelURL != "" {
 		fmt.Fprintf(&b, "model = %q\nmodel_provider = %q\n", modelName, providerName)
 	}
-	fmt.Fprintf(&b, "approval_policy = %q\nsandbox_mode = \"workspace-write\"\ncheck_for_update_on_startup = false\n\n", approval)
+	fmt.Fprintf(&b, "approval_policy = %q\nsandbox_mode = %q\ncheck_for_update_on_startup = false\n\n", approval, sandbox)
 	if opts.ModelURL != "" {
 		fmt.Fprintf(&b, "[model_providers.%s]\nname = \"modelsim\"\nbase_url = %q\nenv_key = \"FAKE_OPENAI_KEY\"\nwire_api = \"responses\"\n\n",
 			providerName, opts.ModelURL)
@@ -100,7 +127,7 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err := writeFile(filepath.Join(codexHome, "config.toml"), []byte(b.String())); err != nil {
 		return ACPRecipe{}, err
 	}
-	env = append(env, "CODEX_HOME="+codexHome, "INITIAL_AGENT_MODE=workspace-write")
+	env = append(env, "CODEX_HOME="+codexHome, "INITIAL_AGENT_MODE="+mode)
 	if opts.ModelURL != "" {
 		env = append(env, "FAKE_OPENAI_KEY="+acpKey)
 	}
@@ -108,7 +135,8 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 }
 
 // copilotACP runs `copilot --acp` (its native binary). With a model URL it uses the scripted
-// model as a custom OpenAI provider and needs no GitHub login.
+// model as a custom OpenAI provider and needs no GitHub login. It is not started in a workspace
+// that carries repository hooks (see checkCopilotHooks).
 func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	pkg, err := in.pkgDir(Copilot)
 	if err != nil {
@@ -125,6 +153,9 @@ func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if bin == "" {
 		return ACPRecipe{}, fmt.Errorf("%w: copilot's native binary (@github/copilot-linux-x64) next to %s; run `make setup`", ErrNotFound, pkg)
 	}
+	if err := checkCopilotHooks(opts.Workspace); err != nil {
+		return ACPRecipe{}, err
+	}
 	home, env, err := acpHome(opts)
 	if err != nil {
 		return ACPRecipe{}, err
@@ -133,13 +164,49 @@ func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if opts.Yolo {
 		argv = append(argv, "--allow-all-tools")
 	}
-	env = append(env, "COPILOT_HOME="+filepath.Join(home, ".copilot"), "COPILOT_AUTO_UPDATE=false",
+	copilotHome := filepath.Join(home, ".copilot")
+	env = append(env, "COPILOT_HOME="+copilotHome, "COPILOT_AUTO_UPDATE=false",
 		"XDG_CACHE_HOME="+in.CacheDir())
 	if opts.ModelURL != "" {
 		env = append(env, "COPILOT_PROVIDER_BASE_URL="+opts.ModelURL, "COPILOT_PROVIDER_TYPE=openai",
 			"COPILOT_PROVIDER_API_KEY="+acpKey, "COPILOT_MODEL="+modelName, "COPILOT_OFFLINE=true")
 	}
+	if opts.Confined {
+		if err := warmCopilot(in, bin, env); err != nil {
+			return ACPRecipe{}, err
+		}
+	}
 	return ACPRecipe{Argv: argv, Env: env}, nil
+}
+
+// copilotWarmTimeout bounds unpacking copilot into the cache (9 s on an idle two-core machine).
+const copilotWarmTimeout = 3 * time.Minute
+
+// warmCopilot unpacks copilot into the shared cache unless it is there (its first start does, ~235
+// MB): a confined copilot may read the cache but not write it, since a cache every room's agent
+// could write would carry code from one room into another.
+func warmCopilot(in *Install, bin string, env []string) error {
+	v, err := in.Version(Copilot)
+	if err != nil {
+		return err
+	}
+	pkg := filepath.Join(in.CacheDir(), "copilot", "pkg", "linux-x64", v)
+	if isDir(pkg) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), copilotWarmTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--version", "--no-auto-update")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err == nil && !isDir(pkg) {
+		err = errors.New("it unpacked nothing there")
+	}
+	if err != nil {
+		return fmt.Errorf("agents: unpacking copilot %s into %s before its first confined start: %w (%s)", v, in.CacheDir(), err,
+			strings.TrimSpace(string(out[max(0, len(out)-300):])))
+	}
+	return nil
 }
 
 // acpHome creates opts.Home and returns its absolute path and the agent's environment: with a
@@ -190,6 +257,44 @@ func writeFile(path string, data []byte) error {
 	}
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return fmt.Errorf("agents: %w", err)
+	}
+	return nil
+}
+
+// checkCopilotHooks refuses a workspace whose repository hooks copilot would run: every
+// .github/hooks/*.json of the workspace, or of the git repository it is in, runs shell commands at
+// session start, at each prompt and before each tool, asked about by nobody. Measured with copilot
+// 1.0.102 over ACP: they run, and nothing in the agent's home switches them off (disableAllHooks,
+// in its settings.json or in a hooks file of its own, covers only the home's hooks). "" checks
+// nothing.
+func checkCopilotHooks(workspace string) error {
+	if workspace == "" {
+		return nil
+	}
+	dir, err := filepath.Abs(workspace)
+	if err != nil {
+		return fmt.Errorf("agents: workspace: %w", err)
+	}
+	// copilot reads the hooks of the git root the workspace is in, else the workspace's own.
+	dirs := []string{dir}
+	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
+		if _, err := os.Lstat(filepath.Join(d, ".git")); err == nil {
+			if d != dir {
+				dirs = append(dirs, d)
+			}
+			break
+		}
+	}
+	for _, d := range dirs {
+		hooks := filepath.Join(d, ".github", "hooks")
+		ents, err := os.ReadDir(hooks)
+		switch {
+		case err == nil && len(ents) > 0:
+			return fmt.Errorf("%w: copilot runs the repository hooks in %s (%d entries) without asking; remove them to run copilot here",
+				ErrWorkspaceConfig, hooks, len(ents))
+		case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
+			return fmt.Errorf("%w: cannot tell whether %s holds repository hooks: %v", ErrWorkspaceConfig, hooks, err)
+		}
 	}
 	return nil
 }

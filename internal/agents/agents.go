@@ -149,11 +149,21 @@ func (in *Install) BunVersion() (string, error) {
 // included), failing with [ErrNotFound] when it is not installed.
 func (in *Install) PackageDir(k Kind) (string, error) { return in.pkgDir(k) }
 
+// pkgDir returns the package folder of agent k. The ACP-only agents live
+// in the acp project (see EnsureACP); a tools folder from before that split
+// has them in its own node_modules, which is looked at second.
 func (in *Install) pkgDir(k Kind) (string, error) {
-	rel, ok := packages[k]
-	if !ok {
-		rel, ok = acpPackages[k]
+	if rel, ok := acpPackages[k]; ok {
+		dir := filepath.Join(in.ACPDir(), "node_modules", rel)
+		if isDir(dir) {
+			return dir, nil
+		}
+		if old := filepath.Join(in.Dir, "node_modules", rel); isDir(old) {
+			return old, nil
+		}
+		return "", fmt.Errorf("%w: %s package at %s; run `make setup-acp`", ErrNotFound, k, dir)
 	}
+	rel, ok := packages[k]
 	if !ok {
 		return "", fmt.Errorf("%w: %q", ErrKind, k)
 	}

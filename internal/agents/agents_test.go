@@ -218,6 +218,17 @@ func TestHome(t *testing.T) {
 			if len(models) != 1 || models[0].(map[string]any)["id"] != "fake-model" {
 				t.Errorf("models = %v", models)
 			}
+			// The model is priced, so the agents report a cost above zero.
+			if len(models) == 1 {
+				cost, _ := models[0].(map[string]any)["cost"].(map[string]any)
+				want := map[string]any{"input": agents.PriceInput, "output": agents.PriceOutput,
+					"cacheRead": agents.PriceCacheRead, "cacheWrite": agents.PriceCacheWrite}
+				for k, v := range want {
+					if cost[k] != v || v.(float64) <= 0 {
+						t.Errorf("cost[%s] = %v, want %v", k, cost[k], v)
+					}
+				}
+			}
 			if agents.ModelID != "fake/fake-model" {
 				t.Errorf("ModelID = %q", agents.ModelID)
 			}

@@ -22,6 +22,23 @@ const (
 	piAPIKey = "modelsim-no-key"
 )
 
+// The scripted model's price in dollars per million tokens, registered with every agent whose
+// model registration takes a price (omp's and pi's homes), so that their usage reports carry a
+// cost above zero. The figures are Claude Sonnet's list prices; the model costs nothing to run.
+const (
+	PriceInput      = 3.0
+	PriceOutput     = 15.0
+	PriceCacheRead  = 0.30
+	PriceCacheWrite = 3.75
+)
+
+// Cost is what the given token counts cost, in dollars, at the scripted model's price: what omp
+// and pi compute for one assistant message (each bucket priced per million tokens, then summed).
+func Cost(input, output, cacheRead, cacheWrite int64) float64 {
+	return PriceInput/1e6*float64(input) + PriceOutput/1e6*float64(output) +
+		PriceCacheRead/1e6*float64(cacheRead) + PriceCacheWrite/1e6*float64(cacheWrite)
+}
+
 // The wire APIs a Home can point an agent at.
 const (
 	APICompletions = "openai-completions"
@@ -46,7 +63,7 @@ func Home(dir string, k Kind, modelURL string) ([]string, error) {
 }
 
 // HomeWith is [Home] with options. It creates dir if needed and writes, for OMP,
-// .omp/agent/models.yml (auth none) and .omp/agent/config.yml (no update checks, no plugin
+// .omp/agent/models.yml (auth none, the model priced at PriceInput etc.) and .omp/agent/config.yml (no update checks, no plugin
 // auto-update, no local model server probes, no auto-QA); for Pi, .pi/agent/models.json (with a
 // placeholder apiKey, which pi requires).
 //
@@ -73,7 +90,9 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 	model := map[string]any{
 		"id": modelName, "name": "Scripted model (modelsim)", "reasoning": false, "input": []string{"text"},
 		"contextWindow": 1000000, "maxTokens": 4096,
-		"cost": map[string]int{"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+		"cost": map[string]float64{
+			"input": PriceInput, "output": PriceOutput, "cacheRead": PriceCacheRead, "cacheWrite": PriceCacheWrite,
+		},
 	}
 	provider := map[string]any{"baseUrl": modelURL, "api": api, "models": []any{model}}
 	models := map[string]any{"providers": map[string]any{providerName: provider}}

@@ -101,25 +101,69 @@ type Config struct {
 	Self     string // this executable, run as the agenthost and floor consumers
 	PiClient string // pi's dist/modes/rpc/rpc-client.js
 	Node     string
-	Out      io.Writer
+	// CPUProfile, when set, is where each run of the agenthost prompt
+	// consumer writes a CPU profile of its whole process: FILE for one
+	// run, FILE with the run's number before its extension for several
+	// (go tool pprof merges them).
+	CPUProfile string
 }
 
-// Result is one consumer's figures.
+// Arms, in the order Run returns them.
+const (
+	ArmFloor = iota
+	ArmPrompt
+	ArmClient
+	ArmTS
+)
+
+// Result is one consumer's figures, one entry per run.
 type Result struct {
-	Name    string
-	Walls   []time.Duration
-	Updates int
+	Name  string
+	Walls []time.Duration
+	// CPUs is the consumer's own CPU time (user+sys of its process and of
+	// what it waited for, less the flood agent's own).
+	CPUs []time.Duration
+	// AgentCPUs is the flood agent's CPU time in the same run, the same
+	// work for every consumer.
+	AgentCPUs []time.Duration
+	Updates   int
 }
 
 // Median wall time.
-func (r Result) Median() time.Duration {
-	s := slices.Clone(r.Walls)
+func (r Result) Median() time.Duration { return median(r.Walls) }
+
+// MedianCPU is the median of the consumer's own CPU time.
+func (r Result) MedianCPU() time.Duration { return median(r.CPUs) }
+
+// MedianAgentCPU is the median of the flood agent's CPU time.
+func (r Result) MedianAgentCPU() time.Duration { return median(r.AgentCPUs) }
+
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
 }
 
+// ProfilePath is the profile file of run (0-based) of runs.
+func ProfilePath(file string, run, runs int) string {
+	if runs <= 1 {
+		return file
+	}
+	ext := filepath.Ext(file)
+	return fmt.Sprintf("%s.%d%s", strings.TrimSuffix(file, ext), run+1, ext)
+}
+
+// endText is the final assistant text the flood agent ends with: the
+// prompt consumer must print it.
+const endText = "done"
+
 // Run writes the frames and the node scripts to a temporary folder, then
-// times each consumer Runs times, interleaved.
+// times each consumer Runs times, interleaved: the floor, agenthost prompt
+// (the whole CLI: custody, the client, the turn), the agenthost RPC client
+// alone (a listener counting events) and pi's TypeScript RpcClient.
 func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 	dir, err := os.MkdirTemp("", "agenthost-bench-")
 	if err != nil {
@@ -146,14 +190,26 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 	if err := os.WriteFile(pic, piClientJS, 0o644); err != nil {
 		return nil, 0, err
 	}
-	env := append(os.Environ(), FloodEnv+"="+framesPath)
-	consumers := []struct {
+	agentCPU := filepath.Join(dir, "agent-cpu.json")
+	env := append(os.Environ(), FloodEnv+"="+framesPath, FloodCPUEnv+"="+agentCPU)
+	type consumer struct {
 		name string
-		argv []string
-	}{
-		{"floor (split lines only, Go)", []string{cfg.Self, "bench", "consume", "--floor", "--", cfg.Node, flood}},
-		{"agenthost rpc client", []string{cfg.Self, "bench", "consume", "--", cfg.Node, flood}},
-		{"pi TypeScript RpcClient", []string{cfg.Node, pic, cfg.PiClient, flood}},
+		argv func(run int) []string
+	}
+	fixed := func(argv ...string) func(int) []string { return func(int) []string { return argv } }
+	consumers := []consumer{
+		ArmFloor: {"floor (split lines only, Go)", fixed(cfg.Self, "bench", "consume", "--floor", "--", cfg.Node, flood)},
+		ArmPrompt: {"agenthost prompt", func(run int) []string {
+			argv := []string{cfg.Self}
+			if cfg.CPUProfile != "" {
+				argv = append(argv, "--cpuprofile", ProfilePath(cfg.CPUProfile, run, cfg.Runs))
+			}
+			// The agent runs confined (Landlock, prompt's default) to
+			// its working directory: the bench's folder holds its frames.
+			return append(argv, "prompt", "--cwd", dir, "go", "--", cfg.Node, flood)
+		}},
+		ArmClient: {"agenthost rpc client alone", fixed(cfg.Self, "bench", "consume", "--", cfg.Node, flood)},
+		ArmTS:     {"pi TypeScript RpcClient", fixed(cfg.Node, pic, cfg.PiClient, flood)},
 	}
 	results := make([]Result, len(consumers))
 	for i, c := range consumers {
@@ -161,7 +217,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 	}
 	for run := 0; run < cfg.Runs; run++ {
 		for i, c := range consumers {
-			cmd := exec.CommandContext(ctx, c.argv[0], c.argv[1:]...)
+			argv := c.argv(run)
+			_ = os.Remove(agentCPU)
+			cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 			cmd.Env = env
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
@@ -171,20 +229,56 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 			if err != nil {
 				return nil, size, fmt.Errorf("bench: %s: %w: %s", c.name, err, lastLine(errb.String()))
 			}
-			var got struct {
-				Updates int `json:"updates"`
+			if i == ArmPrompt {
+				// prompt prints the final text, which the agent writes
+				// after every frame; it exits 0 only for a turn that
+				// settled with every frame read in order.
+				if got := strings.TrimSpace(out.String()); got != endText {
+					return nil, size, fmt.Errorf("bench: %s printed %q, want %q", c.name, got, endText)
+				}
+			} else {
+				var got struct {
+					Updates int `json:"updates"`
+				}
+				if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &got); err != nil {
+					return nil, size, fmt.Errorf("bench: %s printed no count: %q", c.name, out.String())
+				}
+				if got.Updates != cfg.Frames {
+					return nil, size, fmt.Errorf("bench: %s saw %d of %d frames", c.name, got.Updates, cfg.Frames)
+				}
+				results[i].Updates = got.Updates
 			}
-			if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &got); err != nil {
-				return nil, size, fmt.Errorf("bench: %s printed no count: %q", c.name, out.String())
+			agent, err := readAgentCPU(agentCPU)
+			if err != nil {
+				return nil, size, fmt.Errorf("bench: %s: the flood agent's CPU time: %w", c.name, err)
 			}
-			if got.Updates != cfg.Frames {
-				return nil, size, fmt.Errorf("bench: %s saw %d of %d frames", c.name, got.Updates, cfg.Frames)
-			}
+			tree := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 			results[i].Walls = append(results[i].Walls, wall)
-			results[i].Updates = got.Updates
+			results[i].CPUs = append(results[i].CPUs, max(tree-agent, 0))
+			results[i].AgentCPUs = append(results[i].AgentCPUs, agent)
 		}
 	}
 	return results, size, nil
+}
+
+// FloodCPUEnv names the file the flood agent writes its own CPU time to
+// as it exits, so a consumer's figure can leave it out.
+const FloodCPUEnv = "FLOOD_CPU_FILE"
+
+// readAgentCPU reads the flood agent's process.cpuUsage() (microseconds).
+func readAgentCPU(path string) (time.Duration, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var u struct {
+		User   int64 `json:"user"`
+		System int64 `json:"system"`
+	}
+	if err := json.Unmarshal(b, &u); err != nil {
+		return 0, err
+	}
+	return time.Duration(u.User+u.System) * time.Microsecond, nil
 }
 
 func lastLine(s string) string {
@@ -211,7 +305,10 @@ func ConsumeClient(ctx context.Context, argv []string) (int, error) {
 	if err := c.Close(); err != nil {
 		return 0, err
 	}
-	return updates, nil // Close joined the dispatcher: every listener call is done
+	if err := c.Wait(ctx); err != nil {
+		return 0, err
+	}
+	return updates, nil // Wait joined the dispatcher: every listener call is done
 }
 
 // ConsumeFloor is the floor: it starts the agent, sends the prompt, and only

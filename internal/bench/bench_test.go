@@ -36,7 +36,8 @@ func TestWriteFrames(t *testing.T) {
 	}
 }
 
-// Both Go consumers see every frame the node flood agent writes.
+// Both Go consumers see every frame the node flood agent writes, and the
+// agent leaves its CPU time for the bench as it exits.
 func TestConsumers(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -57,12 +58,18 @@ func TestConsumers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(FloodEnv, frames)
+	cpu := filepath.Join(dir, "cpu.json")
+	t.Setenv(FloodCPUEnv, cpu)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for name, consume := range map[string]func(context.Context, []string) (int, error){"floor": ConsumeFloor, "client": ConsumeClient} {
+		os.Remove(cpu)
 		n, err := consume(ctx, []string{node, flood})
 		if err != nil || n != 3000 {
 			t.Fatalf("%s: %d frames, %v", name, n, err)
+		}
+		if d, err := readAgentCPU(cpu); err != nil || d <= 0 {
+			t.Fatalf("%s: the agent's CPU time: %v, %v", name, d, err)
 		}
 	}
 }

@@ -2,7 +2,9 @@
 // frames in $FLOOD_FILE (message_update frames of about 1 KB, the shape omp
 // streams, written by agenthost bench), a message_end and an agent_end, as
 // fast as the pipe takes them. Reading the file is outside the timed part
-// only in the sense that every client pays it alike.
+// only in the sense that every client pays it alike. As it exits (stdin's
+// end, or SIGTERM from pi's client) it writes its own CPU time to
+// $FLOOD_CPU_FILE, so the bench can leave it out of the consumer's.
 "use strict";
 const fs = require("node:fs");
 const flood = fs.readFileSync(process.env.FLOOD_FILE);
@@ -32,4 +34,9 @@ process.stdin.on("data", (d) => {
     }
   }
 });
-process.stdin.on("end", () => process.exit(0));
+function exit() {
+  if (process.env.FLOOD_CPU_FILE) fs.writeFileSync(process.env.FLOOD_CPU_FILE, JSON.stringify(process.cpuUsage()));
+  process.exit(0);
+}
+process.stdin.on("end", exit);
+process.on("SIGTERM", exit);

@@ -64,6 +64,9 @@ type Handle struct {
 	// Starter.Fingerprint): a later host attaches it only if it would
 	// launch the same. "" (a handle of an older version) matches nothing.
 	Launch string `json:"launch,omitempty"`
+	// Confinement is what confines the process, as its starter reported
+	// it (JSON, kept for a later host; daemonproc does not read it).
+	Confinement string `json:"confinement,omitempty"`
 }
 
 // String is the handle as recorded.

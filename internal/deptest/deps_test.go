@@ -17,6 +17,11 @@ var allowed = map[string][]string{
 	// Custody: standard library, x/sys and the pipe helper.
 	module + "/custody":         {"golang.org/x/sys/", module + "/internal/procio"},
 	module + "/internal/procio": nil,
+	// The HTTP API's Go client is for programs outside the module: the
+	// standard library only, and none of our types in its API.
+	module + "/client": nil,
+	// The tests' fake room transport: rooms only.
+	module + "/internal/roomfake": append([]string{module + "/room", module + "/internal/store", module + "/record"}, sqliteDeps...),
 	// The process daemon and its client: custody, the pipe helper, x/sys
 	// and the pty library; never rooms, the store or the server (those
 	// drive it through its client).
@@ -27,8 +32,11 @@ var allowed = map[string][]string{
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", "golang.org/x/sys/",
-		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, mcpDeps...)...),
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/internal/confine", "golang.org/x/sys/",
+		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
+	// Confinement (the policy and the Landlock launcher) stands alone: the
+	// launcher runs in every binary that starts agents, before anything else.
+	module + "/internal/confine": landlockDeps,
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/detail":   nil,
@@ -37,9 +45,14 @@ var allowed = map[string][]string{
 	// The transports' test host: rooms, their store, custody, the agents'
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
-	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/custody",
+	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/roomsqlite", module + "/custody",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
 	module + "/internal/agents": nil,
+	// Git workspaces: the standard library and the git program only.
+	module + "/internal/gitws": nil,
+	// Usage normalisation: the standard library only, so every agent path (rpc, acp) and
+	// rooms can use it.
+	module + "/internal/usage": nil,
 	// agenthost's pi extension and its wire: the standard library only.
 	module + "/internal/rpcagent/piext": nil,
 	// The claims table lives in its tests; the package itself is a doc.
@@ -47,12 +60,22 @@ var allowed = map[string][]string{
 	// Workspace snapshots: the standard library and the system git binary;
 	// rooms will call it, it knows nothing of them.
 	module + "/internal/snapshot": nil,
-	// The store is SQLite and nothing of ours: rooms own the interface
-	// they need from it, so it can be swapped for another engine.
-	module + "/internal/store": sqliteDeps,
-	// Rooms know their store and nothing of the agents, the transports or
-	// the server: transports plug in through room.Transport.
-	module + "/room": append([]string{module + "/internal/store"}, sqliteDeps...),
+	// Rooms' per-turn snapshots: the engine, and rooms (whose interface it
+	// implements); never the server, a transport or an agent.
+	module + "/internal/roomsnap": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/snapshot"},
+		sqliteDeps...),
+	// The store is SQLite and the public record types: rooms own the
+	// interface they need from it, so it can be swapped for another engine.
+	module + "/internal/store": append([]string{module + "/record"}, sqliteDeps...),
+	// The records rooms store: the standard library only, so that a store
+	// in another module can use them.
+	module + "/record": nil,
+	// Rooms know their records and nothing else of ours: the store plugs
+	// in through room.Store, transports through room.Transport (a program
+	// outside this module can bring both).
+	module + "/room": {module + "/record"},
+	// The SQLite store as a room.Store.
+	module + "/internal/roomsqlite": append([]string{module + "/room", module + "/internal/store", module + "/record"}, sqliteDeps...),
 	// Agents as processes of the daemon: the daemon's client, the
 	// protocol client and custody's receipts; never rooms.
 	module + "/internal/daemonproc": {module + "/procd", module + "/rpc", module + "/custody", module + "/internal/procio",
@@ -62,11 +85,16 @@ var allowed = map[string][]string{
 	// Rooms over NATS JetStream: rooms (whose interfaces it implements),
 	// their store's record types and the NATS server and client; never
 	// the HTTP server, a transport or an agent.
-	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store"},
+	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store", module + "/record"},
 		append(sqliteDeps, natsDeps...)...),
-	module + "/internal/server": append([]string{module + "/room", module + "/internal/store"},
+	module + "/internal/server": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/buildinfo"},
 		append(sqliteDeps, prometheusDeps...)...),
+	// The build's name: the standard library only.
+	module + "/internal/buildinfo": nil,
 }
+
+// landlockDeps are go-landlock and its own dependencies.
+var landlockDeps = []string{"github.com/landlock-lsm/go-landlock/", "kernel.org/pub/linux/libs/security/libcap/psx", "golang.org/x/sys/"}
 
 // mcpDeps are the official MCP SDK and its own dependencies.
 var mcpDeps = []string{

@@ -13,23 +13,24 @@ import (
 
 // handleChat serves POST /v1/chat/completions.
 func (s *Server) handleChat(w *statusWriter, r *http.Request) int64 {
-	return s.serveAPI(w, r, parseChat, s.writeChat, writeError)
+	return s.serveAPI(w, r, parseChat, s.writeChat, writeError, false)
 }
 
 // handleResponses serves POST /v1/responses.
 func (s *Server) handleResponses(w *statusWriter, r *http.Request) int64 {
-	return s.serveAPI(w, r, parseResponses, s.writeResponses, writeError)
+	return s.serveAPI(w, r, parseResponses, s.writeResponses, writeError, false)
 }
 
 // errorWriter writes an error in one API's shape.
 type errorWriter func(w http.ResponseWriter, code int, typ, msg string)
 
-// serveAPI is the flow shared by every API: read, parse, log, decide, answer. fail writes errors
-// in the API's own shape. It returns the body size for the log line.
+// serveAPI is the flow shared by every API: read, parse, decide, log, answer. fail writes errors
+// in the API's own shape; cacheWrite says whether the API reports cache writes (see [Usage]). It
+// returns the body size for the log line.
 func (s *Server) serveAPI(w *statusWriter, r *http.Request,
 	parse func([]byte) (Request, bool, error),
 	answer func(ctx context.Context, w http.ResponseWriter, req Request, p plan, stream bool),
-	fail errorWriter,
+	fail errorWriter, cacheWrite bool,
 ) int64 {
 	body, ok := readBody(w, r)
 	if !ok {
@@ -37,40 +38,26 @@ func (s *Server) serveAPI(w *statusWriter, r *http.Request,
 	}
 	req, stream, err := parse(body)
 	req.Path, req.Raw = r.URL.Path, capRaw(body)
-	s.record(req)
 	if err != nil {
+		s.record(req)
 		fail(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return int64(len(body))
 	}
 	p, err := s.decide(req)
 	if err != nil {
+		s.record(req)
 		fail(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return int64(len(body))
 	}
 	if p.status != 0 {
+		s.record(req)
 		writeStatus(w, p.status, fail)
 		return int64(len(body))
 	}
+	req.Usage = answerUsage(req, p, cacheWrite)
+	s.record(req)
 	answer(r.Context(), w, req, p, stream)
 	return int64(len(body))
-}
-
-// usage holds the deterministic token counts: a token is 4 bytes, at least 1 each way.
-type usage struct{ prompt, completion int }
-
-func countUsage(req Request, p plan) usage {
-	in := 0
-	for _, m := range req.Messages {
-		in += len(m.Content)
-		for _, c := range m.ToolCalls {
-			in += len(c.Name) + len(c.Arguments)
-		}
-	}
-	out := len(p.text)
-	for _, c := range p.calls {
-		out += len(c.name) + len(c.args)
-	}
-	return usage{prompt: max(in/4, 1), completion: max(out/4, 1)}
 }
 
 // sse writes server-sent events, pausing between them, until the client goes away or the
@@ -180,9 +167,10 @@ type (
 		Arguments string `json:"arguments"`
 	}
 	chatUsage struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-		TotalTokens      int `json:"total_tokens"`
+		PromptTokens        int            `json:"prompt_tokens"`
+		CompletionTokens    int            `json:"completion_tokens"`
+		TotalTokens         int            `json:"total_tokens"`
+		PromptTokensDetails map[string]int `json:"prompt_tokens_details"`
 	}
 )
 
@@ -198,8 +186,9 @@ func (s *Server) writeChat(ctx context.Context, w http.ResponseWriter, req Reque
 	if len(p.calls) > 0 {
 		finish = "tool_calls"
 	}
-	u := countUsage(req, p)
-	cu := &chatUsage{PromptTokens: u.prompt, CompletionTokens: u.completion, TotalTokens: u.prompt + u.completion}
+	u := req.Usage
+	cu := &chatUsage{PromptTokens: u.Prompt(), CompletionTokens: u.Output, TotalTokens: u.Prompt() + u.Output,
+		PromptTokensDetails: map[string]int{"cached_tokens": u.CacheRead}}
 	callID := func(i int) string { return fmt.Sprintf("call_%d_%d", seq, i) }
 
 	if !stream {
@@ -286,7 +275,7 @@ type (
 // the whole response with usage. Every event has a sequence_number.
 func (s *Server) writeResponses(ctx context.Context, w http.ResponseWriter, req Request, p plan, stream bool) {
 	seq := s.nextID()
-	u := countUsage(req, p)
+	u := req.Usage
 	resp := respObject{
 		ID: fmt.Sprintf("resp_%d", seq), Object: "response", CreatedAt: time.Now().Unix(),
 		Status: "in_progress", Model: cmp.Or(req.Model, modelName), Output: []any{},
@@ -321,9 +310,9 @@ func (s *Server) writeResponses(ctx context.Context, w http.ResponseWriter, req 
 	completed.Status = "completed"
 	completed.Output = final
 	completed.Usage = &respUsage{
-		InputTokens: u.prompt, InputTokensDetails: map[string]int{"cached_tokens": 0},
-		OutputTokens: u.completion, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
-		TotalTokens: u.prompt + u.completion,
+		InputTokens: u.Prompt(), InputTokensDetails: map[string]int{"cached_tokens": u.CacheRead},
+		OutputTokens: u.Output, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
+		TotalTokens: u.Prompt() + u.Output,
 	}
 	if !stream {
 		writeJSON(w, http.StatusOK, completed)

@@ -140,11 +140,11 @@ func anthropicText(raw json.RawMessage) (string, error) {
 
 // handleMessages serves POST /v1/messages.
 func (s *Server) handleMessages(w *statusWriter, r *http.Request) int64 {
-	return s.serveAPI(w, r, parseAnthropic, s.writeAnthropic, writeAnthropicError)
+	return s.serveAPI(w, r, parseAnthropic, s.writeAnthropic, writeAnthropicError, true)
 }
 
-// handleCountTokens serves POST /v1/messages/count_tokens with the same deterministic count the
-// answers report (a token is 4 bytes).
+// handleCountTokens serves POST /v1/messages/count_tokens with the prompt tokens T of the formula
+// the answers report (see [Usage]).
 func (s *Server) handleCountTokens(w *statusWriter, r *http.Request) int64 {
 	body, ok := readBody(w, r)
 	if !ok {
@@ -157,7 +157,7 @@ func (s *Server) handleCountTokens(w *statusWriter, r *http.Request) int64 {
 		writeAnthropicError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return int64(len(body))
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": countUsage(req, plan{}).prompt})
+	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": promptTokens(req)})
 	return int64(len(body))
 }
 
@@ -167,7 +167,7 @@ func (s *Server) handleCountTokens(w *statusWriter, r *http.Request) int64 {
 // message_stop.
 func (s *Server) writeAnthropic(ctx context.Context, w http.ResponseWriter, req Request, p plan, stream bool) {
 	seq := s.nextID()
-	u := countUsage(req, p)
+	u := req.Usage
 	stop := "end_turn"
 	if len(p.calls) > 0 {
 		stop = "tool_use"
@@ -186,7 +186,7 @@ func (s *Server) writeAnthropic(ctx context.Context, w http.ResponseWriter, req 
 		"id": fmt.Sprintf("msg_%d", seq), "type": "message", "role": "assistant",
 		"model": cmp.Or(req.Model, modelName), "content": content,
 		"stop_reason": stop, "stop_sequence": nil,
-		"usage": map[string]int{"input_tokens": u.prompt, "output_tokens": u.completion},
+		"usage": anthropicUsage(u, u.Output),
 	}
 	if !stream {
 		writeJSON(w, http.StatusOK, msg)
@@ -201,7 +201,7 @@ func (s *Server) writeAnthropic(ctx context.Context, w http.ResponseWriter, req 
 	start := maps.Clone(msg)
 	start["content"] = []any{}
 	start["stop_reason"] = nil
-	start["usage"] = map[string]int{"input_tokens": u.prompt, "output_tokens": 1}
+	start["usage"] = anthropicUsage(u, 1)
 	if !send("message_start", map[string]any{"message": start}) {
 		return
 	}
@@ -237,11 +237,19 @@ func (s *Server) writeAnthropic(ctx context.Context, w http.ResponseWriter, req 
 	}
 	if !send("message_delta", map[string]any{
 		"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil},
-		"usage": map[string]int{"output_tokens": u.completion},
+		"usage": map[string]int{"output_tokens": u.Output},
 	}) {
 		return
 	}
 	send("message_stop", map[string]any{})
+}
+
+// anthropicUsage is u in the Messages API's shape, with output as its output_tokens.
+func anthropicUsage(u Usage, output int) map[string]int {
+	return map[string]int{
+		"input_tokens": u.Input, "cache_read_input_tokens": u.CacheRead,
+		"cache_creation_input_tokens": u.CacheWrite, "output_tokens": output,
+	}
 }
 
 // writeAnthropicError writes the Messages API's error shape: {"type":"error","error":{"type","message"}}.

@@ -141,9 +141,9 @@ type chatStream struct {
 	text         string
 	calls        map[int]*reassembled
 	finishReason string
-	usage        map[string]int
-	done         bool // [DONE] was the last event
-	usageLast    bool // the usage chunk came right before [DONE] and had no choices
+	usage        map[string]int // the usage chunk's counts; prompt_tokens_details' as "cached_tokens"
+	done         bool           // [DONE] was the last event
+	usageLast    bool           // the usage chunk came right before [DONE] and had no choices
 }
 
 type reassembled struct {
@@ -187,7 +187,12 @@ func readChatStream(t *testing.T, resp *http.Response) chatStream {
 				} `json:"delta"`
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage map[string]int `json:"usage"`
+			Usage *struct {
+				PromptTokens        int            `json:"prompt_tokens"`
+				CompletionTokens    int            `json:"completion_tokens"`
+				TotalTokens         int            `json:"total_tokens"`
+				PromptTokensDetails map[string]int `json:"prompt_tokens_details"`
+			} `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(ev.data), &chunk); err != nil {
 			t.Fatalf("chunk %d: %v: %s", i, err, ev.data)
@@ -196,7 +201,9 @@ func readChatStream(t *testing.T, resp *http.Response) chatStream {
 			t.Errorf("chunk %d object = %q", i, chunk.Object)
 		}
 		if chunk.Usage != nil {
-			cs.usage = chunk.Usage
+			u := chunk.Usage
+			cs.usage = map[string]int{"prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens,
+				"total_tokens": u.TotalTokens, "cached_tokens": u.PromptTokensDetails["cached_tokens"]}
 			cs.usageLast = len(chunk.Choices) == 0 && i == len(evs)-2
 		}
 		for _, ch := range chunk.Choices {
@@ -246,7 +253,7 @@ func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
 func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
 func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
-	b.WriteString(r.Message)
+	b.WriteString(r.Level.String() + " " + r.Message)
 	r.Attrs(func(a slog.Attr) bool {
 		b.WriteString(" " + a.Key + "=" + a.Value.String())
 		return true

@@ -28,6 +28,10 @@ type Request struct {
 	Tools []string
 	// Raw is the body, cut at 1 MiB.
 	Raw []byte
+	// Usage is the usage the answer reported (see [Usage] for the formula); zero when the
+	// request got an error (a malformed request or directive, a scripted [[status]]) and for
+	// GET /v1/models and /v1/messages/count_tokens.
+	Usage Usage
 
 	// namespaced maps the Responses API's namespaced tools, listed in Tools as NAMESPACE__NAME,
 	// to their namespace and name: a call of one must name both.

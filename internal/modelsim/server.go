@@ -84,6 +84,9 @@ type Options struct {
 // "The last user message" is the text of the last message with role user, without the
 // <system-reminder> blocks omp puts in front of it. A malformed directive gets a 400 whose
 // message names it; text like [[foo]] that is no directive is left alone.
+//
+// Every answer reports token usage computed from the request and the answer by the formula
+// [Usage] documents, so tests can assert exact counts.
 type Server struct {
 	opts Options
 	log  *slog.Logger
@@ -301,7 +304,9 @@ func (s *Server) track(h func(w *statusWriter, r *http.Request) int64) http.Hand
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		in := h(sw, r)
-		s.log.Info("modelsim: request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+		// Debug: a server on the built-in model would log every turn's
+		// requests, which says nothing a person needs by default.
+		s.log.Debug("modelsim: request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
 			"bytes_in", in, "bytes_out", sw.bytes, "duration", time.Since(start))
 	}
 }

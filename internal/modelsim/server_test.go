@@ -577,6 +577,18 @@ func TestServer_LogsCarryNoPayload(t *testing.T) {
 	}
 }
 
+// TestServer_RequestLogAtDebug checks the per-request line is at debug level, so a server's
+// default (info) log stays quiet while agents talk to the built-in model.
+func TestServer_RequestLogAtDebug(t *testing.T) {
+	t.Parallel()
+	logs := newLogRecorder()
+	s := start(t, modelsim.Options{Logger: slog.New(logs)})
+	readChatStream(t, post(t, s.URL()+"/chat/completions", chat(true, nil, user("hello"))))
+	if rec := logs.waitFor(t, "modelsim: request", "status=200"); !strings.HasPrefix(rec, "DEBUG ") {
+		t.Errorf("request line %q: want it at debug level", rec)
+	}
+}
+
 func TestServer_Lifecycle(t *testing.T) {
 	t.Parallel()
 	s := modelsim.New(modelsim.Options{})

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -142,4 +145,59 @@ func TestBench_Cluster(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	t.Logf("memory per idle room (3 nodes in one process, leases held, logs cached): %.1f KiB heap",
 		float64(after.HeapAlloc-before.HeapAlloc)/idle/1024)
+}
+
+// BenchmarkStore_WriteInLongRoom: one write (an event and a message
+// record, as an acceptance is) into a room that already has n messages;
+// the cost must not grow with n (each write copied the room's records).
+func BenchmarkStore_WriteInLongRoom(b *testing.B) {
+	for _, n := range []int{100, 10000, 100000} {
+		b.Run(fmt.Sprintf("messages=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			node, err := StartNode(NodeConfig{Name: "n1", StoreDir: b.TempDir()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer node.Close()
+			nc, err := node.Connect("bench")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			if err := Setup(ctx, js, 1, 3*time.Second, nil); err != nil {
+				b.Fatal(err)
+			}
+			s := newStore(nc, js, "n1")
+			if err := s.takeover(ctx, "r", 1, func() time.Time { return time.Now().Add(time.Hour) }); err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < n; i += 2000 {
+				err := s.Write(ctx, func(tx room.Tx) error {
+					for j := i; j < min(n, i+2000); j++ {
+						if err := tx.PutMessage(store.Message{ID: fmt.Sprintf("old%d", j), Room: "r", Seq: int64(j), Status: store.MessageEnded}); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				err := s.Write(ctx, func(tx room.Tx) error {
+					ev, err := tx.Append("r", "message.accepted", map[string]string{"message_id": fmt.Sprintf("new%d", i)})
+					if err != nil {
+						return err
+					}
+					return tx.PutMessage(store.Message{ID: fmt.Sprintf("new%d", i), Room: "r", Seq: ev.Seq, Status: store.MessageQueued})
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -71,9 +71,10 @@ type Cluster struct {
 	js    jetstream.JetStream
 	st    *Store
 	log   *slog.Logger
-	m     *room.Manager
+	m     room.Hosted
 	lease jetstream.KeyValue
 	load  jetstream.KeyValue
+	work  jetstream.KeyValue
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -81,6 +82,7 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	started bool
+	stopped bool // Stop: the Manager closes the rooms; none is taken or dropped
 	closed  bool
 	held    map[string]*held
 	subs    []*nats.Subscription
@@ -102,6 +104,7 @@ type held struct {
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	done     chan struct{}
+	marked   bool // the room's work mark is put (inbox reader only)
 }
 
 func (h *held) until() time.Time {
@@ -143,22 +146,35 @@ func New(cfg Config) (*Cluster, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	c := &Cluster{cfg: cfg, nc: cfg.Conn, js: js, log: cfg.Logger, ctx: ctx, cancel: cancel, held: map[string]*held{}, retryWake: map[string]bool{}, loads: map[string]workerLoad{}}
 	c.st = newStore(cfg.Conn, js, cfg.Node)
-	c.st.fence = c.fenced
+	c.st.fence, c.st.logger = c.fenced, cfg.Logger
 	return c, nil
 }
 
 // Store is the room.Store to give the Manager.
 func (c *Cluster) Store() *Store { return c.st }
 
+// ErrConfig is returned (wrapped, with what to change) by Setup for a
+// JetStream that cannot serve the cluster as configured: retrying would
+// not help.
+var ErrConfig = errors.New("natsroom: JetStream cannot serve this configuration")
+
 // Setup creates the streams, buckets and the dispatch consumer (or
 // checks them), retrying until ctx ends while a new cluster elects its
-// JetStream leader.
-func Setup(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration) error {
+// JetStream leader (waiting reports the error each try meets, so a node
+// whose peers are late can say so); a configuration JetStream refuses
+// (more replicas than servers) fails at once with ErrConfig.
+func Setup(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration, waiting func(error)) error {
 	var last error
 	for {
 		last = setupOnce(ctx, js, replicas, leaseTTL)
 		if last == nil {
 			return nil
+		}
+		if errors.Is(last, ErrConfig) {
+			return last
+		}
+		if waiting != nil {
+			waiting(last)
 		}
 		select {
 		case <-ctx.Done():
@@ -167,6 +183,31 @@ func Setup(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL t
 		}
 	}
 }
+
+// configErr turns JetStream's refusals of a configuration into ErrConfig
+// with what to change.
+func configErr(replicas int, err error) error {
+	var ae *jetstream.APIError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	switch ae.ErrorCode {
+	case 10074: // replicas > 1 not supported in non-clustered mode
+		return fmt.Errorf("%w: the NATS server is not clustered, so it keeps 1 replica, not %d: give --nats-replicas 1 (%v)", ErrConfig, replicas, err)
+	case 10005: // no suitable peers: fewer servers than replicas (or too little storage on them)
+		if strings.Contains(ae.Description, "insufficient resources") || strings.Contains(ae.Description, "no suitable peers") {
+			return fmt.Errorf("natsroom: JetStream has no %d servers able to hold a replica yet (give --nats-replicas at most the number of servers): %w", replicas, err)
+		}
+	}
+	return err
+}
+
+// Storage of the buckets and streams: the lease and load buckets and the
+// wake-ups live only while their holders do (seconds), so they are kept
+// in memory: a node whose disk filled up still renews the leases of the
+// rooms it holds (and a restart of the whole cluster forgets them, as it
+// should). The log, the inboxes and the work marks are on disk.
+const ephemeral = jetstream.MemoryStorage
 
 func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration) error {
 	// A JetStream request finds no meta leader before the cluster elects
@@ -179,30 +220,41 @@ func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseT
 	}
 	octx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if _, err := js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{
-		Bucket: BucketLease, LimitMarkerTTL: leaseTTL, Replicas: replicas,
+	if err := kvBucket(octx, js, jetstream.KeyValueConfig{
+		Bucket: BucketLease, LimitMarkerTTL: leaseTTL, Replicas: replicas, Storage: ephemeral,
 	}); err != nil {
-		return fmt.Errorf("lease bucket: %w", err)
+		return fmt.Errorf("lease bucket: %w", configErr(replicas, err))
 	}
 	// Worker loads: each worker puts its free slots every second; the
 	// bucket's age limit forgets a dead worker.
-	if _, err := js.CreateOrUpdateKeyValue(octx, jetstream.KeyValueConfig{
-		Bucket: BucketLoad, TTL: 5 * time.Second, Replicas: replicas,
+	if err := kvBucket(octx, js, jetstream.KeyValueConfig{
+		Bucket: BucketLoad, TTL: 5 * time.Second, Replicas: replicas, Storage: ephemeral,
 	}); err != nil {
-		return err
+		return fmt.Errorf("load bucket: %w", configErr(replicas, err))
 	}
+	// Work marks: a room is marked from its holder's first take until it
+	// goes idle, so that rooms with work left are found again after the
+	// whole cluster stopped (no lease, no watcher, no wake-up survives).
+	if err := kvBucket(octx, js, jetstream.KeyValueConfig{
+		Bucket: BucketWork, Replicas: replicas, LimitMarkerTTL: workMarkerTTL,
+	}); err != nil {
+		return fmt.Errorf("work bucket: %w", configErr(replicas, err))
+	}
+	// Direct gets: any replica answers a read, so that a room's log
+	// replays through any node while the stream elects a leader.
 	if _, err := js.CreateOrUpdateStream(octx, jetstream.StreamConfig{
 		Name: StreamRooms, Subjects: []string{"rooms.*.ev", "rooms.*.in"}, Replicas: replicas,
-		Duplicates: 30 * time.Second, MaxMsgSize: maxBatchLen + 4096,
+		Duplicates: 30 * time.Second, MaxMsgSize: maxBatchLen + 4096, AllowDirect: true,
 	}); err != nil {
-		return err
+		return fmt.Errorf("rooms stream: %w", configErr(replicas, err))
 	}
-	st, err := js.CreateOrUpdateStream(octx, jetstream.StreamConfig{
+	st, err := stream(octx, js, jetstream.StreamConfig{
 		Name: StreamWake, Subjects: []string{"wake.*"}, Retention: jetstream.WorkQueuePolicy,
 		MaxMsgsPerSubject: 1, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true, Replicas: replicas,
+		Storage: ephemeral,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("wake stream: %w", configErr(replicas, err))
 	}
 	_, err = st.CreateOrUpdateConsumer(octx, jetstream.ConsumerConfig{
 		Durable: Dispatch, AckPolicy: jetstream.AckExplicitPolicy, AckWait: dispatchAckWait, MaxAckPending: 1000,
@@ -210,11 +262,36 @@ func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseT
 	return err
 }
 
+// kvBucket creates or updates a bucket; one an older version made on disk
+// stays there (a stream's storage cannot change).
+func kvBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+	_, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil && cfg.Storage == jetstream.MemoryStorage && storageChange(err) {
+		cfg.Storage = jetstream.FileStorage
+		_, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
+	return err
+}
+
+// stream is kvBucket for a stream.
+func stream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil && cfg.Storage == jetstream.MemoryStorage && storageChange(err) {
+		cfg.Storage = jetstream.FileStorage
+		st, err = js.CreateOrUpdateStream(ctx, cfg)
+	}
+	return st, err
+}
+
+func storageChange(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "storage type")
+}
+
 // Start sets up JetStream (waiting for a cluster's leader within ctx) and
 // starts the lease renewals, the control responder, the lease watcher
 // and, on a worker, the dispatcher. m must have this Cluster as its
 // Options.Cluster and Store() as its store.
-func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
+func (c *Cluster) Start(ctx context.Context, m room.Hosted) error {
 	c.mu.Lock()
 	if c.started || c.closed {
 		c.mu.Unlock()
@@ -222,7 +299,14 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 	}
 	c.started, c.m = true, m
 	c.mu.Unlock()
-	if err := Setup(ctx, c.js, c.cfg.Replicas, c.cfg.LeaseTTL); err != nil {
+	var reported time.Time
+	waiting := func(err error) {
+		if time.Since(reported) >= 10*time.Second {
+			reported = time.Now()
+			c.log.Warn("natsroom: waiting for the cluster's JetStream (are the other nodes up, and reachable on their routes?)", "err", err)
+		}
+	}
+	if err := Setup(ctx, c.js, c.cfg.Replicas, c.cfg.LeaseTTL, waiting); err != nil {
 		return err
 	}
 	var err error
@@ -230,6 +314,9 @@ func (c *Cluster) Start(ctx context.Context, m *room.Manager) error {
 		return err
 	}
 	if c.load, err = c.js.KeyValue(ctx, BucketLoad); err != nil {
+		return err
+	}
+	if c.work, err = c.js.KeyValue(ctx, BucketWork); err != nil {
 		return err
 	}
 	ctl, err := c.nc.Subscribe(ctlSubject(c.cfg.Node), c.serveControl)
@@ -268,6 +355,7 @@ func (c *Cluster) goRun(fn func()) {
 // kept (so the Manager can record its shutdown) until Close.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
+	c.stopped = true
 	subs := c.subs
 	c.subs = nil
 	var hs []*held
@@ -333,7 +421,9 @@ func (c *Cluster) Holder(ctx context.Context, rm string) string {
 	if c.lease == nil {
 		return ""
 	}
-	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	// Briefly: it informs (a replica that does not answer is a paused
+	// node, and the room's state should not wait for it).
+	ctx, cancel := context.WithTimeout(ctx, directWait)
 	defer cancel()
 	e, err := c.lease.Get(ctx, token(rm))
 	if err != nil {
@@ -377,11 +467,8 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 	}
 	watch, unwatch := c.st.Watch(rm)
 	defer unwatch()
-	pctx, pcancel := context.WithTimeout(ctx, reqTimeout)
-	_, err = c.js.PublishMsg(pctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id))
-	pcancel()
-	if err != nil {
-		return room.Accepted{}, fmt.Errorf("natsroom: queueing the message: %w", err)
+	if err := c.publishInbox(ctx, rm, id, data); err != nil {
+		return room.Accepted{}, err
 	}
 	_ = c.nc.Publish(inSignal(rm), nil)
 	c.wakeRoom(ctx, rm)
@@ -391,14 +478,11 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		msgs, err := c.st.Messages(wctx, rm, 0, 0)
-		if err == nil {
-			for _, m := range msgs {
-				if m.ID == id {
-					acc.Seq = m.Seq
-					return acc, nil
-				}
-			}
+		// One lookup by id in the room's records (folded once, then
+		// only what the log gained).
+		if m, err := c.st.Message(wctx, rm, id); err == nil {
+			acc.Seq = m.Seq
+			return acc, nil
 		}
 		select {
 		case <-wctx.Done():
@@ -408,6 +492,37 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 		}
 	}
 }
+
+// publishInbox makes the entry durable in the room's inbox. An attempt
+// not answered (the stream electing a leader) is sent again under the same
+// id, which JetStream takes once, until one is answered or ctx ends.
+func (c *Cluster) publishInbox(ctx context.Context, rm, id string, data []byte) error {
+	var err error
+	for attempt := 0; attempt < inboxAttempts; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		_, err = c.js.PublishMsg(pctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id))
+		cancel()
+		var ae *jetstream.APIError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &ae) && storageFull(ae):
+			return fmt.Errorf("%w: the cluster's storage is full (%s); nothing was stored", room.ErrUnavailable, ae.Description)
+		case errors.As(err, &ae):
+			return fmt.Errorf("natsroom: queueing the message: %w", err)
+		case ctx.Err() != nil:
+			return fmt.Errorf("natsroom: queueing the message: %w", ctx.Err())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%w: the cluster's log did not answer (a leader election?); the message may have been stored: %v", room.ErrUnavailable, err)
+}
+
+// inboxAttempts bounds the attempts of publishInbox.
+const inboxAttempts = 3
 
 // wakeRoom asks the workers to place the room (coalesced: one wake per
 // room waits at a time).
@@ -575,11 +690,19 @@ func (c *Cluster) heldCount() int {
 	return len(c.held)
 }
 
+// TakeoverWait is how long a new holder waits, after it took over the log
+// of a room whose lease expired, before it runs the room: the old holder's
+// agent is frozen by its fuse at the old holder's own deadline, LeaseTTL -
+// 0.5 s after its last renewal, and the lease expires 0.5 s after that;
+// this wait covers the fuse's own delay on a loaded machine.
+const TakeoverWait = time.Second
+
 // acquire takes the room's lease if it is free, takes the log over and
-// adopts the room. ok is false when another host holds it.
-func (c *Cluster) acquire(ctx context.Context, rm string) (bool, error) {
+// adopts the room (after TakeoverWait when settle: the lease had expired).
+// ok is false when another host holds it.
+func (c *Cluster) acquire(ctx context.Context, rm string, settle bool) (bool, error) {
 	c.mu.Lock()
-	if c.held[rm] != nil || c.closed {
+	if c.held[rm] != nil || c.stopped {
 		c.mu.Unlock()
 		return c.held[rm] != nil, nil
 	}
@@ -604,20 +727,39 @@ func (c *Cluster) acquire(ctx context.Context, rm string) (bool, error) {
 	c.held[rm] = h
 	c.mu.Unlock()
 	if err := c.st.takeover(ctx, rm, h.epoch, h.until); err != nil {
+		close(h.done) // no inbox reader runs
 		c.forget(h, "takeover failed")
 		return false, err
 	}
-	if err := c.m.Adopt(ctx, rm, "worker lost"); err != nil {
-		c.log.Error("natsroom: adopting a room", "room", rm, "err", err)
-	}
+	// The room runs from here on its own goroutine: a wait below would
+	// otherwise hold the dispatcher, and a dead node's rooms would move
+	// one TakeoverWait after another.
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		defer close(h.done)
+		if settle {
+			// The log is fenced (the old holder's writes fail from now
+			// on); its agent's side effects are not, until its fuse fires.
+			select {
+			case <-hctx.Done():
+				return
+			case <-time.After(TakeoverWait):
+			}
+		}
+		actx, cancel := context.WithTimeout(hctx, adoptBudget)
+		if err := c.m.Adopt(actx, rm, "worker lost"); err != nil {
+			c.log.Error("natsroom: adopting a room", "room", rm, "err", err)
+		}
+		cancel()
+		c.leaseRenewed(h)
 		c.readInbox(hctx, h)
 	}()
 	return true, nil
 }
+
+// adoptBudget bounds recording a taken room's recovery (Adopt).
+const adoptBudget = 30 * time.Second
 
 // forget drops a held room: its turn ends, its agent is released, and
 // the lease is left to expire (or deleted when still ours).
@@ -628,10 +770,16 @@ func (c *Cluster) forget(h *held, reason string) {
 		return
 	}
 	delete(c.held, h.room)
+	stopped := c.stopped
 	c.mu.Unlock()
 	h.cancel()
 	c.st.disown(h.room)
-	if c.m != nil {
+	// The inbox reader may be in an Accept: it ends on the cancel (its
+	// write is refused, the room being disowned), before the Manager
+	// forgets the room (an Accept after that would make it anew).
+	<-h.done
+	if c.m != nil && !stopped {
+		// (After Stop the Manager is closing every room itself.)
 		c.m.Drop(h.room, reason)
 	}
 	h.mu.Lock()
@@ -676,9 +824,20 @@ func (c *Cluster) renewLoop() {
 			hs = append(hs, h)
 		}
 		c.mu.Unlock()
+		// All at once, bounded: one after another, a round of many
+		// rooms on a slow stream outlasted the deadline of the last
+		// ones (each waits up to TTL/3), and they moved without a fault.
+		sem := make(chan struct{}, renewInFlight)
+		var wg sync.WaitGroup
 		for _, h := range hs {
-			c.renew(h)
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				c.renew(h)
+			}()
 		}
+		wg.Wait()
 		c.releaseIdle(hs)
 		c.advertise()
 	})
@@ -733,6 +892,9 @@ func (c *Cluster) evictLoop() {
 	})
 }
 
+// renewInFlight bounds the renewals one round has in flight.
+const renewInFlight = 64
+
 // deadlineCheck is how often the local lease deadlines are checked: well
 // inside leaseMargin, so a holder stops before the lease can expire.
 const deadlineCheck = 100 * time.Millisecond
@@ -740,17 +902,34 @@ const deadlineCheck = 100 * time.Millisecond
 func (c *Cluster) renew(h *held) {
 	if !time.Now().Before(h.until()) {
 		c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
-		c.forget(h, "lease lost: no renewal before its deadline")
+		c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
 		return
 	}
 	h.mu.Lock()
 	rev := h.rev
 	h.mu.Unlock()
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
 	defer cancel()
-	sent := time.Now()
-	ack, err := c.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + BucketLease + "." + token(h.room), Data: []byte(c.cfg.Node)},
-		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(c.cfg.LeaseTTL))
+	ack, err := c.publishLease(ctx, h.room, rev)
+	if err != nil && isWrongLastSeq(err) {
+		// A renewal that timed out may have landed after all (a stall
+		// of the lease stream longer than its wait): the lease then
+		// names this node at a later revision. Go on from it.
+		l, rerr := c.leaseEntry(ctx, h.room)
+		if rerr == nil && l.live && l.node == c.cfg.Node && l.rev > rev {
+			c.log.Debug("natsroom: a renewal whose answer was lost had landed", "room", h.room, "rev", l.rev)
+			h.mu.Lock()
+			h.rev = l.rev
+			h.mu.Unlock()
+			rev = l.rev
+			sent = time.Now()
+			ack, err = c.publishLease(ctx, h.room, rev)
+		} else if rerr != nil {
+			err = rerr // cannot tell: as a timeout, the deadline decides
+		}
+	}
+	var ae *jetstream.APIError
 	switch {
 	case err == nil:
 		c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
@@ -758,17 +937,29 @@ func (c *Cluster) renew(h *held) {
 		h.rev = ack.Sequence
 		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
 		h.mu.Unlock()
-	case isWrongLastSeq(err):
-		// 10164 can be our own renewal still in flight on R3: only the
-		// deadline decides then; 10071 after expiry means lost, and the
-		// log fence or the deadline ends the room.
-		var ae *jetstream.APIError
-		if errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-			c.forget(h, "lease lost: it expired and was taken")
-		}
+		c.leaseRenewed(h)
+	case errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+		// Not ours (above): it expired and was taken, or given up.
+		c.goRun(func() { c.forget(h, "lease lost: it expired and was taken") })
 	default:
+		// A timeout, or 10164 (on R3, a renewal of ours still in
+		// flight): keep acting until the local deadline.
 		c.log.Debug("natsroom: renew failed", "room", h.room, "err", err)
-		// A timeout: keep acting until the local deadline.
+	}
+}
+
+// publishLease renews the room's lease over revision rev, with its TTL.
+func (c *Cluster) publishLease(ctx context.Context, rm string, rev uint64) (*jetstream.PubAck, error) {
+	return c.js.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + BucketLease + "." + token(rm), Data: []byte(c.cfg.Node)},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(c.cfg.LeaseTTL))
+}
+
+// leaseRenewed holds the room's agent (the one running, and any it
+// starts) to the lease's new local deadline: past it, the agent is frozen
+// even if this host is paused by then.
+func (c *Cluster) leaseRenewed(h *held) {
+	if c.m != nil {
+		c.m.HoldUntil(h.room, h.until())
 	}
 }
 
@@ -861,14 +1052,18 @@ func (c *Cluster) retry(what string, try func() error) bool {
 // watchLeases wakes a room whose lease expired or was deleted, so that a
 // worker resumes it (its holder died or gave it up).
 func (c *Cluster) watchLeases() {
+	// The watch starts with every lease's last entry: a room whose lease
+	// expired before this node watched (the whole cluster stopped, or
+	// this node started late) is woken from that snapshot.
 	var w jetstream.KeyWatcher
 	if !c.retry("watching leases", func() (err error) {
-		w, err = c.lease.WatchAll(c.ctx, jetstream.UpdatesOnly())
+		w, err = c.lease.WatchAll(c.ctx)
 		return err
 	}) {
 		return
 	}
 	defer func() { _ = w.Stop() }()
+	// (w may be replaced below: the deferred Stop reads it then.)
 	// The watch's consumer may sit on a node a partition cut off, and
 	// miss an expiry: a listing of the held leases every few seconds
 	// wakes the rooms whose leases vanished since the last one.
@@ -879,17 +1074,29 @@ func (c *Cluster) watchLeases() {
 	// sweeps, its expiry missed by a watch cut off, left its room unowned).
 	last := map[string]bool{}
 	updates := w.Updates()
+	// Rooms with work left and no lease (the whole cluster stopped with
+	// them mid-turn or queued): woken now, and on every sweep.
+	last = c.sweepLeases(last)
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
 		case <-sweep.C:
+			c.ensureSetup()
 			last = c.sweepLeases(last)
+			if updates == nil {
+				// Watch again (the sweep covered meanwhile).
+				if nw, err := c.lease.WatchAll(c.ctx); err == nil {
+					_ = w.Stop()
+					w, updates = nw, nw.Updates()
+				}
+			}
 		case e, ok := <-updates:
 			if !ok {
 				// The watch ended without a cancel (its subscription
-				// closed): the sweep goes on waking rooms.
-				c.log.Warn("natsroom: the lease watch ended; sweeping only")
+				// closed, its stream gone): the sweep goes on waking
+				// rooms, and the next one watches again.
+				c.log.Warn("natsroom: the lease watch ended; sweeping until it is made again")
 				updates = nil
 				continue
 			}
@@ -931,9 +1138,20 @@ func (c *Cluster) dispatch() {
 	}) {
 		return
 	}
+	failures := 0
 	for c.ctx.Err() == nil {
+		if failures >= 8 {
+			// The consumer may be gone with its stream (an external
+			// server restarted: the wake stream lives in memory), and
+			// made again: look it up again.
+			if x, err := c.js.Consumer(c.ctx, StreamWake, Dispatch); err == nil {
+				cons = x
+			}
+			failures = 0
+		}
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
+			failures++
 			select {
 			case <-c.ctx.Done():
 				return
@@ -948,13 +1166,38 @@ func (c *Cluster) dispatch() {
 		}
 		if n == 0 && batch.Error() != nil {
 			// No consumer leader (an election, a partition): back off.
+			failures++
 			select {
 			case <-c.ctx.Done():
 				return
 			case <-time.After(250 * time.Millisecond):
 			}
+		} else {
+			failures = 0
 		}
 	}
+}
+
+// ensureSetup makes the streams and buckets again when JetStream lost
+// them: the ones kept in memory are gone after an external server's
+// restart (or a whole cluster's).
+func (c *Cluster) ensureSetup() {
+	ctx, cancel := context.WithTimeout(c.ctx, reqTimeout)
+	defer cancel()
+	missing := false
+	for _, name := range []string{"KV_" + BucketLease, "KV_" + BucketLoad, StreamWake} {
+		if _, err := c.js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			missing = true
+		}
+	}
+	if !missing {
+		return
+	}
+	if err := setupOnce(ctx, c.js, c.cfg.Replicas, c.cfg.LeaseTTL); err != nil {
+		c.log.Warn("natsroom: JetStream lost the cluster's in-memory buckets (a restart?); making them again failed", "err", err)
+		return
+	}
+	c.log.Warn("natsroom: JetStream lost the cluster's in-memory buckets (a restart?); made them again")
 }
 
 // dispatchAckWait is how long a wake-up delivered to a worker stays its
@@ -998,12 +1241,12 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	// by a replica that has not applied the expiry yet, and a wake-up
 	// acked on such a stale "held" was the room's last one: after a
 	// partition the room then stayed unowned.
-	held, err := c.leaseHeld(ctx, rm)
+	lease, err := c.leaseEntry(ctx, rm)
 	if err != nil {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	if held {
+	if lease.live {
 		_ = msg.Ack() // its expiry wakes the room again
 		return
 	}
@@ -1016,7 +1259,10 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		}
 	}
 	_ = msg.InProgress()
-	ok, err = c.acquire(ctx, rm)
+	// A lease that expired (not given up) may have a holder that is
+	// paused, or cut off, with its agent still running until its fuse
+	// stops it: the new holder lets that bound pass before it runs one.
+	ok, err = c.acquire(ctx, rm, lease.expired)
 	c.log.Debug("natsroom: acquire", "room", rm, "ok", ok, "err", err)
 	if err != nil {
 		c.log.Warn("natsroom: placing a room", "room", rm, "err", err)
@@ -1036,64 +1282,67 @@ func (c *Cluster) place(msg jetstream.Msg) {
 // replica may serve) whether the room's lease is live: its last entry is
 // a value, not a delete, a purge or an expiry marker.
 func (c *Cluster) leaseHeld(ctx context.Context, rm string) (bool, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + BucketLease + "." + token(rm)})
-	rctx, cancel := context.WithTimeout(ctx, reqTimeout)
-	defer cancel()
-	resp, err := c.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.KV_"+BucketLease, req)
+	l, err := c.leaseEntry(ctx, rm)
+	return l.live, err
+}
+
+// leaseState is a room's lease as the lease stream's leader has it.
+type leaseState struct {
+	rev     uint64
+	node    string // the holder a live lease names
+	live    bool
+	expired bool // its last entry is an expiry: its holder did not give it up
+}
+
+// leaseEntry reads the room's lease from the lease stream's leader.
+func (c *Cluster) leaseEntry(ctx context.Context, rm string) (leaseState, error) {
+	m, err := leaderGet(ctx, c.nc, "KV_"+BucketLease, msgGetReq{LastBySubj: "$KV." + BucketLease + "." + token(rm)})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return leaseState{}, nil
+	}
 	if err != nil {
-		return false, err
+		return leaseState{}, fmt.Errorf("natsroom: reading the lease: %w", err)
 	}
-	var r struct {
-		Message *struct {
-			Hdrs []byte `json:"hdrs"`
-		} `json:"message"`
-		Error *struct {
-			ErrCode int    `json:"err_code"`
-			Desc    string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return false, err
-	}
+	l := leaseState{rev: m.Sequence}
 	switch {
-	case r.Error != nil && r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		return false, nil
-	case r.Error != nil:
-		return false, fmt.Errorf("natsroom: reading the lease: %s (%d)", r.Error.Desc, r.Error.ErrCode)
-	case r.Message == nil:
-		return false, errors.New("natsroom: reading the lease: empty answer")
+	case m.Header.Get("Nats-Marker-Reason") != "":
+		l.expired = true
+	case m.Header.Get("KV-Operation") == "":
+		l.live, l.node = true, string(m.Data)
 	}
-	if len(r.Message.Hdrs) == 0 {
-		return true, nil
-	}
-	h, err := nats.DecodeHeadersMsg(r.Message.Hdrs)
-	if err != nil {
-		return false, err
-	}
-	return h.Get("KV-Operation") == "" && h.Get("Nats-Marker-Reason") == "", nil
+	return l, nil
 }
 
 // readInbox moves the room's inbox into its log, in order: each entry is
-// accepted by the Manager, with the inbox cursor recorded in the same
-// fenced append; taken entries are purged.
+// accepted (or refused with an outcome) by the Manager, with the inbox
+// cursor recorded in the same fenced append; taken entries are purged.
 func (c *Cluster) readInbox(ctx context.Context, h *held) {
 	subj := inSubject(h.room)
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for ctx.Err() == nil {
 		cur := c.st.inboxCursor(h.room)
-		m, err := c.st.getMsg(ctx, cur+1, jetstream.WithGetMsgSubject(subj))
+		// From the leader: the nearest replica may not have an entry
+		// whose front end signalled it yet.
+		m, err := c.st.getLeader(ctx, msgGetReq{Seq: cur + 1, NextBySubj: subj})
+		if err == nil && !h.marked {
+			// Before the entry leaves the inbox, the room is marked as
+			// having work: a stop of the whole cluster must find it.
+			if err = c.markWork(ctx, h.room); err == nil {
+				h.marked = true
+			}
+		}
 		if err == nil {
 			if !c.take(ctx, h, m) {
 				select {
 				case <-ctx.Done():
 					return
-				case <-poll.C: // queue full or a store error: try again
+				case <-poll.C: // a store error: try again
 				}
 			}
 			continue
 		}
-		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if !errors.Is(err, jetstream.ErrMsgNotFound) && ctx.Err() == nil {
 			c.log.Warn("natsroom: reading the inbox", "room", h.room, "err", err)
 		}
 		select {
@@ -1105,22 +1354,36 @@ func (c *Cluster) readInbox(ctx context.Context, h *held) {
 	}
 }
 
+// take moves one inbox entry into the room's log: the write that accepts
+// it, or refuses it with an outcome, carries the cursor past it; until one
+// lands the entry stays next.
 func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) bool {
 	var e inboxEntry
 	if len(m.Data) > maxInboxEntry || json.Unmarshal(m.Data, &e) != nil || e.ID == "" {
+		// Not a front end's entry (each has an id, within the size):
+		// nobody was answered for it.
 		c.log.Error("natsroom: skipping an unreadable inbox entry", "room", h.room, "seq", m.Sequence)
-		c.st.takeInbox(h.room, m.Sequence)
-		return c.recordCursor(ctx, h.room)
+		return c.recordCursor(ctx, h.room, m.Sequence)
 	}
-	c.st.takeInbox(h.room, m.Sequence)
-	_, err := c.m.Accept(ctx, h.room, e.ID, room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery})
-	switch {
-	case errors.Is(err, room.ErrBadMessage):
-		c.log.Warn("natsroom: refusing an inbox entry", "room", h.room, "err", err)
-	case err != nil:
+	wctx := withInbox(ctx, h.room, m.Sequence)
+	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery}
+	_, err := c.m.Accept(wctx, h.room, e.ID, msg)
+	if errors.Is(err, room.ErrQueueFull) || errors.Is(err, room.ErrBadMessage) {
+		// Answered 202 by a front end already: the sender gets an
+		// outcome, not silence.
+		c.log.Warn("natsroom: refusing an inbox entry", "room", h.room, "message_id", e.ID, "err", err)
+		reason := "refused by the room's holder: " + strings.TrimPrefix(err.Error(), "room: ")
+		_, err = c.m.Refuse(wctx, h.room, e.ID, msg, reason)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("natsroom: taking an inbox entry failed; retrying", "room", h.room, "seq", m.Sequence, "err", err)
+		}
 		return false
 	}
-	if !c.recordCursor(ctx, h.room) {
+	// A message accepted before (an entry read twice across a takeover)
+	// wrote nothing: its cursor goes alone.
+	if !c.recordCursor(ctx, h.room, m.Sequence) {
 		return false
 	}
 	if st, err := c.st.roomsStream(ctx); err == nil {
@@ -1131,16 +1394,16 @@ func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) 
 	return true
 }
 
-// recordCursor writes the inbox cursor when no accepted message carried it
-// (a duplicate, or a refused entry).
-func (c *Cluster) recordCursor(ctx context.Context, rm string) bool {
+// recordCursor writes the inbox cursor seq when no write carried it (an
+// entry accepted before, or unreadable).
+func (c *Cluster) recordCursor(ctx context.Context, rm string, seq uint64) bool {
 	l := c.st.log(rm)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.inboxAt <= l.f.inbox {
+	if seq <= l.f.inbox {
 		return true
 	}
-	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node}) == nil
+	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node, Ops: []op{{K: opInboxCur, Inbox: seq}}}) == nil
 }
 
 // releaseIdle gives up the leases of held rooms with nothing to do (no
@@ -1151,18 +1414,9 @@ func (c *Cluster) releaseIdle(hs []*held) {
 		if c.ctx.Err() != nil {
 			return
 		}
-		idle := false
 		l := c.st.log(h.room)
 		l.mu.Lock()
-		if l.owned && !l.f.resident && l.inboxAt <= l.f.inbox {
-			idle = true
-			for _, t := range l.f.turns {
-				idle = idle && !t.Ended.IsZero()
-			}
-			for _, m := range l.f.msgs {
-				idle = idle && m.Status == store.MessageEnded
-			}
-		}
+		idle := l.owned && !l.f.resident && l.f.idle()
 		l.mu.Unlock()
 		if !idle || time.Since(h.since) < c.cfg.LeaseTTL {
 			continue
@@ -1183,6 +1437,14 @@ func (c *Cluster) releaseIdle(hs []*held) {
 		rev := h.rev
 		h.mu.Unlock()
 		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+		// Taken entries whose purge failed go now (the cursor is past
+		// them), then the work mark: the room has nothing left to do.
+		if st, err := c.st.roomsStream(ctx); err == nil {
+			_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
+		}
+		if err := c.unmarkWork(ctx, h.room); err != nil {
+			c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
+		}
 		_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
 		// A message that came in while the lease was given up found the
 		// room held and its wake-up was dropped: wake the room again.
@@ -1200,15 +1462,12 @@ func (c *Cluster) releaseIdle(hs []*held) {
 func (c *Cluster) needsWake(ctx context.Context, rm string) bool {
 	l := c.st.log(rm)
 	l.mu.Lock()
-	cursor, open := l.f.inbox, false
-	for _, m := range l.f.msgs {
-		open = open || m.Status != store.MessageEnded
-	}
+	cursor, open := l.f.inbox, l.f.nOpen > 0
 	l.mu.Unlock()
 	if open {
 		return true
 	}
-	_, err := c.st.getMsg(ctx, cursor+1, jetstream.WithGetMsgSubject(inSubject(rm)))
+	_, err := c.st.getMsg(ctx, msgGetReq{Seq: cursor + 1, NextBySubj: inSubject(rm)})
 	// An error other than not-found cannot tell: a spare wake-up costs
 	// one placement check.
 	return !errors.Is(err, jetstream.ErrMsgNotFound)
@@ -1241,5 +1500,55 @@ func (c *Cluster) sweepLeases(prev map[string]bool) map[string]bool {
 			c.wakeRoom(ctx, rm)
 		}
 	}
+	c.sweepWork(ctx, now)
 	return now
 }
+
+// sweepWork wakes the rooms that have work left and no live lease (held:
+// the live leases' keys): those with a work mark, and those whose inbox
+// holds entries. Only a whole cluster's stop leaves such rooms: a holder
+// that dies leaves a lease whose expiry wakes its rooms.
+func (c *Cluster) sweepWork(ctx context.Context, held map[string]bool) {
+	wake := map[string]bool{}
+	if keys, err := c.work.ListKeys(ctx); err == nil {
+		for k := range keys.Keys() {
+			wake[k] = true
+		}
+	} else if !errors.Is(err, jetstream.ErrNoKeysFound) {
+		c.log.Debug("natsroom: listing the work marks failed", "err", err)
+	}
+	if st, err := c.st.roomsStream(ctx); err == nil {
+		if info, err := st.Info(ctx, jetstream.WithSubjectFilter("rooms.*.in")); err == nil {
+			for subj, n := range info.State.Subjects {
+				if n > 0 && len(subj) > len("rooms.")+len(".in") {
+					wake[subj[len("rooms."):len(subj)-len(".in")]] = true
+				}
+			}
+		}
+	}
+	for k := range wake {
+		if held[k] {
+			continue
+		}
+		if rm, ok := untoken(k); ok {
+			c.log.Debug("natsroom: room with work left and no lease; waking it", "room", rm)
+			c.wakeRoom(ctx, rm)
+		}
+	}
+}
+
+// markWork puts the room's work mark (see Setup).
+func (c *Cluster) markWork(ctx context.Context, rm string) error {
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	_, err := c.work.Put(ctx, token(rm), []byte(c.cfg.Node))
+	return err
+}
+
+// unmarkWork takes an idle room's work mark away (its marker expires).
+func (c *Cluster) unmarkWork(ctx context.Context, rm string) error {
+	return c.work.Purge(ctx, token(rm), jetstream.PurgeTTL(workMarkerTTL))
+}
+
+// workMarkerTTL is how long the marker of a taken-away work mark lives.
+const workMarkerTTL = time.Minute

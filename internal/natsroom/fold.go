@@ -12,6 +12,9 @@ import (
 // one store write, published with one fenced append, so that a write is
 // atomic.
 type batch struct {
+	// V is the format (format.go); 0, in entries written before it was
+	// recorded, is format 1.
+	V      int     `json:"v,omitempty"`
 	Epoch  uint64  `json:"epoch"`
 	Node   string  `json:"node"`
 	Events []evRec `json:"events,omitempty"`
@@ -27,21 +30,21 @@ type evRec struct {
 
 // op is one record change; K says which.
 type op struct {
-	K        string          `json:"k"`
-	Message  *store.Message  `json:"message,omitempty"`
-	Turn     *store.Turn     `json:"turn,omitempty"`
-	Approval *store.Approval `json:"approval,omitempty"`
-	Question *store.Question `json:"question,omitempty"`
-	ID       string          `json:"id,omitempty"`
-	Status   string          `json:"status,omitempty"`
-	TurnID   string          `json:"turn_id,omitempty"`
-	Outcome  string          `json:"outcome,omitempty"`
-	Reason   string          `json:"reason,omitempty"`
-	Text     string          `json:"text,omitempty"`
-	By       string          `json:"by,omitempty"`
-	Agent    string          `json:"agent,omitempty"`
-	Inbox    uint64          `json:"inbox,omitempty"`
-	Time     int64           `json:"time,omitempty"`
+	K        string       `json:"k"`
+	Message  *msgRec      `json:"message,omitempty"`
+	Turn     *turnRec     `json:"turn,omitempty"`
+	Approval *approvalRec `json:"approval,omitempty"`
+	Question *questionRec `json:"question,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Status   string       `json:"status,omitempty"`
+	TurnID   string       `json:"turn_id,omitempty"`
+	Outcome  string       `json:"outcome,omitempty"`
+	Reason   string       `json:"reason,omitempty"`
+	Text     string       `json:"text,omitempty"`
+	By       string       `json:"by,omitempty"`
+	Agent    string       `json:"agent,omitempty"`
+	Inbox    uint64       `json:"inbox,omitempty"`
+	Time     int64        `json:"time,omitempty"`
 }
 
 // Kinds of op.
@@ -72,49 +75,126 @@ type fold struct {
 	receipts  int
 	resident  bool
 	inbox     uint64 // the last inbox sequence taken into the log
+
+	// Kept as records change, so that a question asked per message (is
+	// the queue full? is the room idle?) costs the same in a room of ten
+	// messages as in one of a million.
+	nQueued  int          // messages queued for a turn
+	nOpen    int          // messages not ended
+	openTurn map[int]bool // indexes of the turns not ended
+
+	// undo, during a write, keeps what rollback needs to put the fold
+	// back as it was (a write changes the fold in place: a copy of it
+	// per write cost as much as the room's history).
+	undo *foldMark
+}
+
+// foldMark is a fold's state at the start of a write: its scalars, the
+// lengths of its lists, and the old values of the entries changed since.
+type foldMark struct {
+	room                           store.Room
+	exists, resident               bool
+	receipts, nQueued, nOpen       int
+	inbox                          uint64
+	msgs, turns, approvals, quests int
+	oldMsgs                        map[int]store.Message
+	oldTurns                       map[int]store.Turn
+	oldAppr                        map[int]store.Approval
+	oldQ                           map[int]store.Question
+}
+
+// begin starts a write: changes from here on can be rolled back.
+func (f *fold) begin() {
+	f.undo = &foldMark{room: f.room, exists: f.exists, resident: f.resident, receipts: f.receipts, nQueued: f.nQueued,
+		nOpen: f.nOpen, inbox: f.inbox, msgs: len(f.msgs), turns: len(f.turns), approvals: len(f.approvals), quests: len(f.questions),
+		oldMsgs: map[int]store.Message{}, oldTurns: map[int]store.Turn{}, oldAppr: map[int]store.Approval{}, oldQ: map[int]store.Question{}}
+}
+
+// commit keeps the write's changes.
+func (f *fold) commit() { f.undo = nil }
+
+// rollback puts the fold back as it was at begin.
+func (f *fold) rollback() {
+	u := f.undo
+	if u == nil {
+		return
+	}
+	f.undo = nil
+	for i, m := range u.oldMsgs {
+		if i < u.msgs {
+			f.msgs[i] = m
+		}
+	}
+	for _, m := range f.msgs[u.msgs:] {
+		delete(f.msgIdx, m.ID)
+	}
+	f.msgs = f.msgs[:u.msgs]
+	for i, t := range u.oldTurns {
+		if i < u.turns {
+			f.turns[i] = t
+			if t.Ended.IsZero() {
+				f.openTurn[i] = true
+			}
+		}
+	}
+	for i, t := range f.turns[u.turns:] {
+		delete(f.turnIdx, t.ID)
+		delete(f.openTurn, u.turns+i)
+	}
+	f.turns = f.turns[:u.turns]
+	for i, a := range u.oldAppr {
+		if i < u.approvals {
+			f.approvals[i] = a
+		}
+	}
+	f.approvals = f.approvals[:u.approvals]
+	for i, q := range u.oldQ {
+		if i < u.quests {
+			f.questions[i] = q
+		}
+	}
+	f.questions = f.questions[:u.quests]
+	f.room, f.exists, f.resident, f.receipts = u.room, u.exists, u.resident, u.receipts
+	f.nQueued, f.nOpen, f.inbox = u.nQueued, u.nOpen, u.inbox
+}
+
+// keep records an entry's old value before a write changes it in place.
+func keep[V any](old map[int]V, i int, v V) {
+	if _, ok := old[i]; !ok {
+		old[i] = v
+	}
 }
 
 func newFold(room string) *fold {
-	return &fold{room: store.Room{ID: room}, msgIdx: map[string]int{}, turnIdx: map[string]int{}}
+	return &fold{room: store.Room{ID: room}, msgIdx: map[string]int{}, turnIdx: map[string]int{}, openTurn: map[int]bool{}}
 }
 
-// running is the turn not ended yet (nil: none).
+// running is the turn not ended yet (the latest, if several; nil: none).
 func (f *fold) running() *store.Turn {
-	var open *store.Turn
-	for i := range f.turns {
-		if f.turns[i].Ended.IsZero() {
-			open = &f.turns[i]
-		}
+	last := -1
+	for i := range f.openTurn {
+		last = max(last, i)
 	}
-	return open
+	if last < 0 {
+		return nil
+	}
+	return &f.turns[last]
 }
 
 // queued is how many messages wait for a turn.
-func (f *fold) queued() int {
-	n := 0
-	for _, m := range f.msgs {
-		if m.Status == store.MessageQueued {
-			n++
-		}
-	}
-	return n
-}
+func (f *fold) queued() int { return f.nQueued }
 
-func (f *fold) clone() *fold {
-	c := *f
-	c.msgs = append([]store.Message(nil), f.msgs...)
-	c.turns = append([]store.Turn(nil), f.turns...)
-	c.approvals = append([]store.Approval(nil), f.approvals...)
-	c.questions = append([]store.Question(nil), f.questions...)
-	c.msgIdx = make(map[string]int, len(f.msgIdx))
-	for k, v := range f.msgIdx {
-		c.msgIdx[k] = v
+// idle: no turn runs and every message ended.
+func (f *fold) idle() bool { return f.nOpen == 0 && len(f.openTurn) == 0 }
+
+// count adds d to the counters of a message in status.
+func (f *fold) count(status string, d int) {
+	if status == store.MessageQueued {
+		f.nQueued += d
 	}
-	c.turnIdx = make(map[string]int, len(f.turnIdx))
-	for k, v := range f.turnIdx {
-		c.turnIdx[k] = v
+	if status != store.MessageEnded {
+		f.nOpen += d
 	}
-	return &c
 }
 
 // event applies an event to the fold (its sequence and the residency it
@@ -128,7 +208,9 @@ func (f *fold) event(e evRec) {
 	switch e.Type {
 	case "agent.started":
 		f.resident = true
-	case "agent.released":
+	case "agent.released", evTakeover:
+		// A new holder runs no agent yet; the old holder's is gone
+		// (released, or ended with the lease).
 		f.resident = false
 	}
 }
@@ -146,13 +228,19 @@ func (f *fold) apply(o op) error {
 		}
 		f.exists = true
 		f.msgIdx[o.Message.ID] = len(f.msgs)
-		f.msgs = append(f.msgs, *o.Message)
+		f.msgs = append(f.msgs, o.Message.record())
+		f.count(o.Message.Status, 1)
 	case opMsg:
 		i, ok := f.msgIdx[o.ID]
 		if !ok {
 			return fmt.Errorf("store: update message: %w", store.ErrNotFound)
 		}
 		m := &f.msgs[i]
+		if f.undo != nil {
+			keep(f.undo.oldMsgs, i, *m)
+		}
+		f.count(m.Status, -1)
+		f.count(o.Status, 1)
 		m.Status = o.Status
 		switch o.Status {
 		case store.MessageStarted:
@@ -165,7 +253,10 @@ func (f *fold) apply(o op) error {
 		}
 	case opPutTurn:
 		f.turnIdx[o.Turn.ID] = len(f.turns)
-		f.turns = append(f.turns, *o.Turn)
+		if o.Turn.Ended.IsZero() {
+			f.openTurn[len(f.turns)] = true
+		}
+		f.turns = append(f.turns, o.Turn.record())
 	case opEndTurn:
 		i, ok := f.turnIdx[o.ID]
 		if !ok {
@@ -175,9 +266,13 @@ func (f *fold) apply(o op) error {
 		if !tr.Ended.IsZero() {
 			return fmt.Errorf("store: end turn: %w", store.ErrConflict)
 		}
+		if f.undo != nil {
+			keep(f.undo.oldTurns, i, *tr)
+		}
 		tr.Outcome, tr.Reason, tr.Text, tr.Ended = o.Outcome, o.Reason, o.Text, t
+		delete(f.openTurn, i)
 	case opPutAppr:
-		f.approvals = append(f.approvals, *o.Approval)
+		f.approvals = append(f.approvals, o.Approval.record())
 	case opResolve:
 		for i := range f.approvals {
 			a := &f.approvals[i]
@@ -185,19 +280,25 @@ func (f *fold) apply(o op) error {
 				if a.Decision != "" {
 					return fmt.Errorf("store: resolve approval: %w", store.ErrConflict)
 				}
+				if f.undo != nil {
+					keep(f.undo.oldAppr, i, *a)
+				}
 				a.Decision, a.By, a.Resolved = o.Status, o.By, t
 				return nil
 			}
 		}
 		return fmt.Errorf("store: resolve approval: %w", store.ErrNotFound)
 	case opPutQ:
-		f.questions = append(f.questions, *o.Question)
+		f.questions = append(f.questions, o.Question.record())
 	case opAnswer:
 		for i := range f.questions {
 			q := &f.questions[i]
 			if q.ID == o.ID {
 				if q.By != "" {
 					return fmt.Errorf("store: answer question: %w", store.ErrConflict)
+				}
+				if f.undo != nil {
+					keep(f.undo.oldQ, i, *q)
 				}
 				q.Answer, q.By, q.Answered = o.Text, o.By, t
 				return nil

@@ -1,6 +1,7 @@
 package natsroom
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,7 @@ type host struct {
 	c       *Cluster
 	m       *room.Manager
 	tr      *fakeTransport
+	link    *latencyProxy // with hostOpts.slowLink
 	stopped bool
 }
 
@@ -43,17 +45,31 @@ type hostOpts struct {
 	worker                                   bool
 	journal                                  string
 	queueLimit                               int
+	slots                                    int
+	// slowLink puts the host's client connection on a link whose latency
+	// the test sets (host.link).
+	slowLink bool
 }
 
 func startHost(t *testing.T, o hostOpts) *host {
 	t.Helper()
+	listen := ""
+	if o.slowLink {
+		listen = "127.0.0.1:0"
+	}
 	node, err := StartNode(NodeConfig{Name: o.name, StoreDir: o.storeDir, ClusterListen: o.clusterListen,
-		ClusterAdvertise: o.advertise, Routes: o.routes})
+		ClusterAdvertise: o.advertise, Routes: o.routes, Listen: listen})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &host{t: t, name: o.name, node: node}
-	if h.nc, err = node.Connect(o.name); err != nil {
+	if o.slowLink {
+		h.link = newLatencyProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
+		h.nc, err = nats.Connect("nats://"+h.link.addr(), nats.Name(o.name), nats.MaxReconnects(-1))
+	} else {
+		h.nc, err = node.Connect(o.name)
+	}
+	if err != nil {
 		node.Close()
 		t.Fatal(err)
 	}
@@ -61,7 +77,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	if os.Getenv("NATSROOM_DEBUG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
 	}
-	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: 8, AcceptWait: 20 * time.Second, Logger: lg})
+	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +110,9 @@ func (h *host) stop() {
 	h.stopped = true
 	h.c.Stop()
 	_ = h.m.Close()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	_ = h.m.Wait(wctx)
+	cancel()
 	h.c.Close()
 	h.nc.Close()
 	h.node.Close()
@@ -107,6 +126,9 @@ func (h *host) kill() {
 	h.node.Close()
 	h.c.Stop()
 	_ = h.m.Close()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	_ = h.m.Wait(wctx)
+	cancel()
 	h.c.Close()
 }
 
@@ -222,20 +244,7 @@ func TestCluster_SingleNodeRunsRoomFromInbox(t *testing.T) {
 func TestStore_OldHolderFenced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	nc, err := node.Connect("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := Setup(ctx, js, 1, 3*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := singleNode(t, ctx)
 	forever := func() time.Time { return time.Now().Add(time.Hour) }
 	a, b := newStore(nc, js, "a"), newStore(nc, js, "b")
 	var fencedRoom string
@@ -255,7 +264,7 @@ func TestStore_OldHolderFenced(t *testing.T) {
 	if err := b.takeover(ctx, "r", 2, forever); err != nil {
 		t.Fatal(err)
 	}
-	err = appendEv(a, "late")
+	err := appendEv(a, "late")
 	if !errors.Is(err, ErrFenced) || !errors.Is(err, room.ErrNotHeld) {
 		t.Fatalf("late append by the old holder: %v, want ErrFenced", err)
 	}
@@ -289,6 +298,28 @@ func TestStore_OldHolderFenced(t *testing.T) {
 	if err := appendEv2(ctx, c, "r2"); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("append after the deadline: %v, want ErrLeaseExpired", err)
 	}
+}
+
+// singleNode starts one node with the rooms' streams set up (one
+// replica), and returns a connection to it and its JetStream; both end
+// with the test.
+func singleNode(t *testing.T, ctx context.Context) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	nc, err := node.Connect("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if err := Setup(ctx, js, 1, 3*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
 
 func appendEv2(ctx context.Context, s *Store, rm string) error {
@@ -348,20 +379,7 @@ func TestCluster_IdleRoomGivesUpItsLease(t *testing.T) {
 func TestStore_WritesAndScansDoNotDeadlock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	nc, err := node.Connect("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := Setup(ctx, js, 1, 3*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	nc, js := singleNode(t, ctx)
 	s := newStore(nc, js, "a")
 	forever := func() time.Time { return time.Now().Add(time.Hour) }
 	for _, rm := range []string{"a", "b"} {
@@ -492,10 +510,13 @@ func TestCluster_FullQueueRefusedAtTheFrontEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEvent(ctx, t, h, rm, 0, "turn.started", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+	var waiting []string
 	for i := range 2 {
-		if _, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("wait %d", i)}); err != nil {
+		acc, err := h.m.Submit(ctx, rm, room.Message{Text: fmt.Sprintf("wait %d", i)})
+		if err != nil {
 			t.Fatalf("message %d of the queue's 2: %v", i, err)
 		}
+		waiting = append(waiting, acc.ID)
 	}
 	if _, err := h.m.Submit(ctx, rm, room.Message{Text: "one too many"}); !errors.Is(err, room.ErrQueueFull) {
 		t.Fatalf("a third waiting message: %v, want room.ErrQueueFull", err)
@@ -504,6 +525,10 @@ func TestCluster_FullQueueRefusedAtTheFrontEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == hung.ID })
+	// The two waiting ones run (until then the queue is still full).
+	for _, id := range waiting {
+		waitEvent(ctx, t, h, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == id })
+	}
 	// Once the queue moves, messages are taken again.
 	acc, err := h.m.Submit(ctx, rm, room.Message{Text: "later"})
 	if err != nil {
@@ -513,5 +538,63 @@ func TestCluster_FullQueueRefusedAtTheFrontEnd(t *testing.T) {
 	msgs, err := h.m.Messages(ctx, rm, 0, 0)
 	if err != nil || len(msgs) != 4 {
 		t.Fatalf("%d messages in the room (%v), want 4: the refused one is not among them", len(msgs), err)
+	}
+}
+
+// TestStore_Turns: the room's turns in order of the message each consumed,
+// with their final text, from a given message on (room.Store.Turns, as
+// the SQLite store answers it).
+func TestStore_Turns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, js := singleNode(t, ctx)
+	s := newStore(nc, js, "a")
+	if err := s.takeover(ctx, "r", 1, func() time.Time { return time.Now().Add(time.Hour) }); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var seqs []int64
+	err := s.Write(ctx, func(tx room.Tx) error {
+		for i := range 3 {
+			id := fmt.Sprintf("m%d", i)
+			ev, err := tx.Append("r", "message.accepted", map[string]string{"message_id": id})
+			if err != nil {
+				return err
+			}
+			seqs = append(seqs, ev.Seq)
+			if err := tx.PutMessage(store.Message{ID: id, Room: "r", Seq: ev.Seq, Text: id, Status: store.MessageQueued, Accepted: now}); err != nil {
+				return err
+			}
+		}
+		// Turns start out of their messages' order: the order is the messages'.
+		for _, i := range []int{2, 0, 1} {
+			if err := tx.PutTurn(store.Turn{ID: fmt.Sprintf("t%d", i), Room: "r", MessageID: fmt.Sprintf("m%d", i), Started: now}); err != nil {
+				return err
+			}
+		}
+		return tx.EndTurn("t0", "settled", "", "answer 0")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(after int64, limit int) string {
+		ts, err := s.Turns(ctx, "r", after, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tr := range ts {
+			out = append(out, tr.ID+":"+tr.Outcome+":"+tr.Text)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := ids(0, 0); got != "t0:settled:answer 0 t1:: t2::" {
+		t.Fatalf("turns: %s", got)
+	}
+	if got := ids(seqs[0], 1); got != "t1::" {
+		t.Fatalf("turns after the first message, one: %s", got)
+	}
+	if got := ids(seqs[2], 0); got != "" {
+		t.Fatalf("turns after the last message: %s", got)
 	}
 }

@@ -5,17 +5,25 @@
 package natsroom
 
 import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // NodeConfig configures an embedded JetStream node.
@@ -25,51 +33,131 @@ type NodeConfig struct {
 	// StoreDir holds the node's JetStream data.
 	StoreDir string
 	// Listen is the client address (host:port; port 0 picks one); ""
-	// serves in-process clients only.
+	// serves in-process clients only on a single node, and a loopback
+	// port of the system's choosing on a clustered one (the server needs
+	// one to route).
 	Listen string
 	// ClusterListen is the route address; "" runs a single node.
 	ClusterListen string
 	// ClusterAdvertise, if set, is the route address told to peers
-	// (tests set a dead port so that peers reach a node only through the
-	// routes given, which they can cut).
+	// (behind NAT; tests set a dead port so that peers reach a node only
+	// through the routes given, which they can cut).
 	ClusterAdvertise string
 	// Routes are the other nodes' route URLs (nats://host:port).
 	Routes []string
 	// ClusterName defaults to "agenthost".
 	ClusterName string
-	Logger      *slog.Logger
+	// Secret is the cluster's shared secret: a client must sign in with
+	// the key derived from it (Auth), and a route with the password
+	// derived from it, or be refused. Empty leaves both listeners open
+	// (in-process tests only: serve always gives one).
+	Secret string
+	// TLS, when set, encrypts the routes with mutual TLS (each node's
+	// certificate signed by TLS.CA, verified both ways) and the client
+	// listener (clients verify the node against TLS.CA).
+	TLS    *TLSFiles
+	Logger *slog.Logger
+}
+
+// TLSFiles are PEM files: the CA that signs every node's certificate, and
+// this node's certificate and key (for a client of an external server,
+// the certificate and key are optional: a client certificate).
+type TLSFiles struct {
+	CA, Cert, Key string
+}
+
+// TLSDir is the TLSFiles of a directory holding ca.pem, cert.pem and
+// key.pem (serve's --nats-tls).
+func TLSDir(dir string) *TLSFiles {
+	return &TLSFiles{CA: dir + "/ca.pem", Cert: dir + "/cert.pem", Key: dir + "/key.pem"}
 }
 
 // Node is an embedded JetStream server. Create it with StartNode and
 // Close it last.
 type Node struct {
-	ns *server.Server
+	ns     *server.Server
+	secret string
+}
+
+// routeUser is the user name every route signs in with (the password is
+// derived from the cluster's secret).
+const routeUser = "agenthost-route"
+
+// derive is an HMAC of the cluster's secret for one purpose.
+func derive(secret, purpose string) []byte {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte("agenthost nats " + purpose))
+	return m.Sum(nil)
+}
+
+// clientKey is the nkey clients sign in with (the server knows only its
+// public half, and no secret crosses the wire).
+func clientKey(secret string) (nkeys.KeyPair, error) {
+	return nkeys.FromRawSeed(nkeys.PrefixByteUser, derive(secret, "client")[:32])
+}
+
+func routePassword(secret string) string { return hex.EncodeToString(derive(secret, "route")) }
+
+// Auth is the client option that signs in to a node secured with secret.
+func Auth(secret string) (nats.Option, error) {
+	kp, err := clientKey(secret)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	return nats.Nkey(pub, kp.Sign), nil
 }
 
 // StartNode starts an embedded JetStream node and waits until it accepts
 // clients (a cluster's JetStream may need a few more seconds to elect its
-// meta leader: Setup waits for that).
+// meta leader: Setup waits for that). A listener that cannot bind fails it
+// at once, naming the address and the reason.
 func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Name == "" || cfg.StoreDir == "" {
 		return nil, errors.New("natsroom: node name and store dir are required")
+	}
+	if cfg.Listen == "" && cfg.ClusterListen != "" {
+		// The server starts its routes only once a client listener is
+		// up: a clustered node has one, on loopback, signed in to like
+		// any other (its own host connects in-process all the same).
+		cfg.Listen = "127.0.0.1:0"
 	}
 	opts := &server.Options{
 		ServerName: cfg.Name, JetStream: true, StoreDir: cfg.StoreDir,
 		NoSigs: true, NoLog: true, DontListen: cfg.Listen == "",
 	}
-	if cfg.Listen == "" && cfg.ClusterListen != "" {
-		// A clustered node is not ready without a client listener.
-		cfg.Listen = "127.0.0.1:0"
-	}
 	if cfg.Listen != "" {
-		opts.DontListen = false
 		h, p, err := splitHostPort(cfg.Listen)
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: --nats-listen: %w", err)
 		}
+		if err := canListen("--nats-listen", h, p); err != nil {
+			return nil, err
+		}
 		opts.Host, opts.Port = h, p
 		if p == 0 {
 			opts.Port = server.RANDOM_PORT
+		}
+	}
+	if cfg.Secret != "" {
+		kp, err := clientKey(cfg.Secret)
+		if err != nil {
+			return nil, err
+		}
+		pub, _ := kp.PublicKey()
+		opts.Nkeys = []*server.NkeyUser{{Nkey: pub}}
+	}
+	var tlsConf *tls.Config
+	if cfg.TLS != nil {
+		var err error
+		if tlsConf, err = server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cfg.TLS.Cert, KeyFile: cfg.TLS.Key, CaFile: cfg.TLS.CA}); err != nil {
+			return nil, fmt.Errorf("natsroom: --nats-tls: %w", err)
+		}
+		if cfg.Listen != "" {
+			opts.TLSConfig, opts.TLS, opts.TLSTimeout = tlsConf.Clone(), true, 5
 		}
 	}
 	if cfg.ClusterListen != "" {
@@ -77,15 +165,32 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: --nats-cluster-listen: %w", err)
 		}
+		if err := canListen("--nats-cluster-listen", h, p); err != nil {
+			return nil, err
+		}
 		name := cfg.ClusterName
 		if name == "" {
 			name = "agenthost"
 		}
 		opts.Cluster = server.ClusterOpts{Name: name, Host: h, Port: p, Advertise: cfg.ClusterAdvertise}
+		var user *url.Userinfo
+		if cfg.Secret != "" {
+			opts.Cluster.Username, opts.Cluster.Password = routeUser, routePassword(cfg.Secret)
+			user = url.UserPassword(routeUser, opts.Cluster.Password)
+		}
+		if tlsConf != nil {
+			// Routes verify each other: both ends are client and server.
+			rt := tlsConf.Clone()
+			rt.ClientAuth, rt.RootCAs = tls.RequireAndVerifyClientCert, rt.ClientCAs
+			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = rt, 5
+		}
 		for _, r := range cfg.Routes {
 			u, err := url.Parse(strings.TrimSpace(r))
 			if err != nil || u.Host == "" {
 				return nil, fmt.Errorf("natsroom: route %q is not a nats://host:port URL", r)
+			}
+			if user != nil {
+				u.User = user
 			}
 			opts.Routes = append(opts.Routes, u)
 		}
@@ -94,21 +199,46 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsroom: %w", err)
 	}
-	if cfg.Logger != nil {
-		ns.SetLoggerV2(&logger{cfg.Logger}, false, false, false)
-	}
+	lg := &logger{l: cfg.Logger}
+	ns.SetLoggerV2(lg, false, false, false)
 	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		return nil, errors.New("natsroom: embedded node not ready after 10s")
+	for deadline := time.Now().Add(10 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
+		if why := lg.fatal(); why != "" {
+			ns.Shutdown()
+			return nil, fmt.Errorf("natsroom: the embedded node did not start: %s", why)
+		}
+		if time.Now().After(deadline) {
+			ns.Shutdown()
+			return nil, errors.New("natsroom: embedded node not ready after 10s")
+		}
 	}
-	return &Node{ns: ns}, nil
+	return &Node{ns: ns, secret: cfg.Secret}, nil
 }
 
-// Connect returns a client connection to the node (in-process when it
-// serves no client port).
+// canListen fails with the address and the reason when addr cannot be
+// bound now (the server would only log it, then time out).
+func canListen(flag, host string, port int) error {
+	if port == 0 {
+		return nil
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("natsroom: %s %s: cannot listen there (%w); is another node or program using the port?", flag, net.JoinHostPort(host, strconv.Itoa(port)), err)
+	}
+	return l.Close()
+}
+
+// Connect returns an in-process client connection to the node, signed in.
 func (n *Node) Connect(name string) (*nats.Conn, error) {
-	return nats.Connect("", nats.InProcessServer(n.ns), nats.Name(name), nats.MaxReconnects(-1))
+	opts := []nats.Option{nats.InProcessServer(n.ns), nats.Name(name), nats.MaxReconnects(-1)}
+	if n.secret != "" {
+		auth, err := Auth(n.secret)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, auth)
+	}
+	return nats.Connect("", opts...)
 }
 
 // ClientURL is the node's client URL ("" when it listens for none).
@@ -127,15 +257,51 @@ func (n *Node) ClusterAddr() string {
 	return ""
 }
 
+// NumRoutes is how many routes the node has to other nodes now.
+func (n *Node) NumRoutes() int { return n.ns.NumRoutes() }
+
 // Close shuts the node down and waits for it.
 func (n *Node) Close() {
 	n.ns.Shutdown()
 	n.ns.WaitForShutdown()
 }
 
+// DialOptions are how Dial signs in to external servers: a credentials
+// file (a .creds file with a user JWT, or a file holding an nkey seed) and
+// TLS (the CA the servers' certificates are signed with, and optionally
+// a client certificate).
+type DialOptions struct {
+	Creds string
+	TLS   *TLSFiles
+}
+
 // Dial connects to external NATS servers (comma-separated URLs allowed).
-func Dial(urls []string, name string) (*nats.Conn, error) {
-	return nats.Connect(strings.Join(urls, ","), nats.Name(name), nats.MaxReconnects(-1))
+func Dial(urls []string, name string, do DialOptions) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	if do.Creds != "" {
+		b, err := os.ReadFile(do.Creds)
+		if err != nil {
+			return nil, fmt.Errorf("natsroom: --nats-creds: %w", err)
+		}
+		if _, err := nkeys.ParseDecoratedJWT(b); err == nil && strings.Contains(string(b), "BEGIN NATS USER JWT") {
+			opts = append(opts, nats.UserCredentials(do.Creds))
+		} else {
+			o, err := nats.NkeyOptionFromSeed(do.Creds)
+			if err != nil {
+				return nil, fmt.Errorf("natsroom: --nats-creds %s: neither a user JWT nor an nkey seed: %w", do.Creds, err)
+			}
+			opts = append(opts, o)
+		}
+	}
+	if do.TLS != nil {
+		if do.TLS.CA != "" {
+			opts = append(opts, nats.RootCAs(do.TLS.CA))
+		}
+		if _, err := os.Stat(do.TLS.Cert); err == nil {
+			opts = append(opts, nats.ClientCert(do.TLS.Cert, do.TLS.Key))
+		}
+	}
+	return nats.Connect(strings.Join(urls, ","), opts...)
 }
 
 func splitHostPort(addr string) (string, int, error) {
@@ -153,14 +319,50 @@ func splitHostPort(addr string) (string, int, error) {
 	return h, port, nil
 }
 
-// logger routes the server's log lines to slog (warnings and errors).
-type logger struct{ l *slog.Logger }
-
-func (l *logger) Noticef(string, ...any) {}
-func (l *logger) Warnf(f string, a ...any) {
-	l.l.Warn("nats: " + fmt.Sprintf(f, a...))
+// logger routes the server's log lines to slog (warnings and errors) and
+// keeps its first fatal error (a listener that could not bind) for
+// StartNode to report.
+type logger struct {
+	l     *slog.Logger
+	mu    sync.Mutex
+	first string
 }
-func (l *logger) Fatalf(f string, a ...any) { l.l.Error("nats: " + fmt.Sprintf(f, a...)) }
-func (l *logger) Errorf(f string, a ...any) { l.l.Error("nats: " + fmt.Sprintf(f, a...)) }
-func (l *logger) Debugf(string, ...any)     {}
-func (l *logger) Tracef(string, ...any)     {}
+
+func (l *logger) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.first
+}
+
+func (l *logger) log(level slog.Level, f string, a ...any) {
+	if l.l != nil {
+		l.l.Log(context.Background(), level, "nats: "+fmt.Sprintf(f, a...))
+	}
+}
+
+func (l *logger) Noticef(string, ...any)    {}
+func (l *logger) Warnf(f string, a ...any)  { l.log(slog.LevelWarn, f, a...) }
+func (l *logger) Errorf(f string, a ...any) { l.log(errorLevel(f), f, a...) }
+
+// routeRetryFormat is the NATS server's line for a route it could not dial
+// yet (its first attempt, then every so often): at a cluster's start, peers
+// not up yet; later, a peer that is down. Both are the cluster waiting, not
+// a failure of this node, so they are warnings.
+const routeRetryFormat = "Error trying to connect to route (attempt %v): %v"
+
+func errorLevel(format string) slog.Level {
+	if format == routeRetryFormat {
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+func (l *logger) Debugf(string, ...any) {}
+func (l *logger) Tracef(string, ...any) {}
+func (l *logger) Fatalf(f string, a ...any) {
+	l.mu.Lock()
+	if l.first == "" {
+		l.first = fmt.Sprintf(f, a...)
+	}
+	l.mu.Unlock()
+	l.log(slog.LevelError, f, a...)
+}

@@ -1,15 +1,21 @@
 package natsroom
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,6 +31,7 @@ const (
 	StreamWake  = "WAKE"  // wake.<id>, coalescing work queue
 	BucketLease = "room_lease"
 	BucketLoad  = "room_workers"
+	BucketWork  = "room_work"
 	Dispatch    = "dispatch"
 
 	hdrRoomSeq  = "Room-Seq"
@@ -90,6 +97,10 @@ type Store struct {
 	// msgRoom and turnRoom find the room of a message or turn id (the
 	// Tx updates them by id alone).
 	msgRoom, turnRoom map[string]string
+	// unclear counts appends whose first answer was lost and which the
+	// log then showed stored.
+	unclear atomic.Int64
+	logger  *slog.Logger
 }
 
 // reqTimeout bounds one JetStream request: a request sent to a stream
@@ -117,15 +128,184 @@ func (s *Store) roomsStream(ctx context.Context) (jetstream.Stream, error) {
 	return st, nil
 }
 
-// getMsg is one bounded read of the ROOMS stream.
-func (s *Store) getMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+// getMsg is one bounded read of the ROOMS stream from the nearest replica
+// (a direct get: any replica answers, so reads go on while the stream
+// elects a leader, but one may lag the leader by a few writes). A read no
+// replica answers within directWait (the nearest one paused, its routes
+// still up) goes to the leader.
+func (s *Store) getMsg(ctx context.Context, req msgGetReq) (*jetstream.RawStreamMsg, error) {
 	st, err := s.roomsStream(ctx)
 	if err != nil {
 		return nil, err
 	}
+	dctx, cancel := context.WithTimeout(ctx, directWait)
+	defer cancel()
+	var m *jetstream.RawStreamMsg
+	if req.NextBySubj != "" {
+		m, err = st.GetMsg(dctx, req.Seq, jetstream.WithGetMsgSubject(req.NextBySubj))
+	} else {
+		m, err = st.GetMsg(dctx, req.Seq)
+	}
+	if ctx.Err() == nil && unanswered(err) {
+		return s.getLeader(ctx, req)
+	}
+	return m, err
+}
+
+// unanswered: a direct read no replica answered.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
+// directWait bounds a direct read's wait for the nearest replica.
+const directWait = 2 * time.Second
+
+// getRun reads up to batchRead entries of subj from seq on, in one
+// request to the nearest replica (a room's history is folded a run at a
+// time, not an entry per request); one no replica answers goes to the
+// leader, for one entry. No entry: jetstream.ErrMsgNotFound.
+func (s *Store) getRun(ctx context.Context, seq uint64, subj string) ([]*jetstream.RawStreamMsg, error) {
+	ms, err := s.directRun(ctx, seq, subj)
+	if ctx.Err() == nil && unanswered(err) {
+		m, err := s.getLeader(ctx, msgGetReq{Seq: seq, NextBySubj: subj})
+		if err != nil {
+			return nil, err
+		}
+		return []*jetstream.RawStreamMsg{m}, nil
+	}
+	return ms, err
+}
+
+// batchRead bounds one run of getRun (and batchBytes its size).
+const (
+	batchRead  = 256
+	batchBytes = 8 << 20
+)
+
+// directRun is a batched direct get: the replica answers with each entry,
+// then an end-of-batch status.
+func (s *Store) directRun(ctx context.Context, seq uint64, subj string) ([]*jetstream.RawStreamMsg, error) {
+	inbox := s.nc.NewRespInbox()
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, _ := json.Marshal(map[string]any{"seq": seq, "next_by_subj": subj, "batch": batchRead, "max_bytes": batchBytes})
+	if err := s.nc.PublishRequest("$JS.API.DIRECT.GET."+StreamRooms, inbox, body); err != nil {
+		return nil, err
+	}
+	var out []*jetstream.RawStreamMsg
+	for {
+		// The first answer within directWait; the rest follow at once.
+		wait := directWait
+		if len(out) > 0 {
+			wait = reqTimeout
+		}
+		mctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := sub.NextMsgWithContext(mctx)
+		cancel()
+		if err != nil {
+			if len(out) > 0 && ctx.Err() == nil {
+				return out, nil // the rest: the next run
+			}
+			return nil, err
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+			switch m.Header.Get("Status") {
+			case "204": // end of batch
+				return out, nil
+			case "404":
+				if len(out) > 0 {
+					return out, nil
+				}
+				return nil, jetstream.ErrMsgNotFound
+			case "503":
+				return nil, nats.ErrNoResponders
+			default:
+				return nil, fmt.Errorf("natsroom: reading the log: %s %s", m.Header.Get("Status"), m.Header.Get("Description"))
+			}
+		}
+		sq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("natsroom: reading the log: an entry without its sequence")
+		}
+		out = append(out, &jetstream.RawStreamMsg{Subject: m.Header.Get(jetstream.SubjectHeader), Sequence: sq, Header: m.Header, Data: m.Data})
+	}
+}
+
+// msgGetReq is JetStream's message get request.
+type msgGetReq struct {
+	Seq        uint64 `json:"seq,omitempty"`
+	LastBySubj string `json:"last_by_subj,omitempty"`
+	NextBySubj string `json:"next_by_subj,omitempty"`
+}
+
+// getLeader is one bounded read of the ROOMS stream from its leader, which
+// has every acknowledged write (a writer resolving its own append, a new
+// holder taking the log over, the holder reading its inbox).
+func (s *Store) getLeader(ctx context.Context, req msgGetReq) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, s.nc, StreamRooms, req)
+}
+
+// leaderGet reads one message of stream from its leader.
+func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req msgGetReq) (*jetstream.RawStreamMsg, error) {
+	body, _ := json.Marshal(req)
 	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
 	defer cancel()
-	return st.GetMsg(ctx, seq, opts...)
+	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("natsroom: reading %s: %w", stream, err)
+	}
+	switch {
+	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case r.Error != nil:
+		return nil, r.Error
+	case r.Message == nil:
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Time: r.Message.Time}
+	if len(r.Message.Hdrs) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Hdrs); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// readErr is a failed read of a room's log: the caller's own end as is,
+// anything else (no replica and no leader answered: an election, a node
+// paused) room.ErrUnavailable.
+func readErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("natsroom: reading the log: %w", err)
+	}
+	return fmt.Errorf("%w: the room's log cannot be read now (a leader election?): %v", room.ErrUnavailable, err)
+}
+
+// getBatch reads the log entry at seq, which this node folded: from the
+// nearest replica, else (a replica behind the leader this node read it
+// from) from the leader.
+func (s *Store) getBatch(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+	m, err := s.getMsg(ctx, msgGetReq{Seq: seq})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return s.getLeader(ctx, msgGetReq{Seq: seq})
+	}
+	return m, err
 }
 
 type roomLog struct {
@@ -133,12 +313,15 @@ type roomLog struct {
 	f     *fold
 	last  uint64     // stream sequence of the last batch folded
 	index []batchRef // batches with events, in order
+	// heard is the highest stream sequence this node heard was appended
+	// to the room's log (the holder's signal): a replica that answers
+	// with less is behind, and a read goes on from the leader.
+	heard atomic.Uint64
 
 	// owner side
 	owned    bool
 	epoch    uint64
 	deadline func() time.Time // the lease's local deadline
-	inboxAt  uint64           // an inbox cursor to record with the next batch
 
 	used time.Time // last asked for (under Store.mu): see evictIdle
 }
@@ -149,7 +332,8 @@ type batchRef struct {
 }
 
 func newStore(nc *nats.Conn, js jetstream.JetStream, node string) *Store {
-	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}, msgRoom: map[string]string{}, turnRoom: map[string]string{}}
+	return &Store{nc: nc, js: js, node: node, rooms: map[string]*roomLog{}, msgRoom: map[string]string{}, turnRoom: map[string]string{},
+		logger: slog.New(slog.DiscardHandler)}
 }
 
 func (s *Store) log(room string) *roomLog {
@@ -184,7 +368,7 @@ func (s *Store) evictIdle(idle time.Duration) int {
 		// Lock order: the room's, then the store's. A log() that handed
 		// l out since renewed its use, and l stays.
 		l.mu.Lock()
-		if !l.owned && l.inboxAt == 0 {
+		if !l.owned {
 			rm := l.f.room.ID
 			s.mu.Lock()
 			if s.rooms[rm] == l && l.used.Before(cutoff) {
@@ -221,30 +405,73 @@ func decode(m *jetstream.RawStreamMsg) (*batch, error) {
 	if err := json.Unmarshal(m.Data, &b); err != nil {
 		return nil, fmt.Errorf("natsroom: log entry %d: %w", m.Sequence, err)
 	}
+	if err := checkFormat(&b, m.Sequence); err != nil {
+		return nil, err
+	}
 	return &b, nil
 }
 
 // syncLocked folds the room's log entries after l.last (the owner's own
-// fold is always current).
+// fold is always current), read from the nearest replica.
 func (s *Store) syncLocked(ctx context.Context, room string, l *roomLog) error {
 	if l.owned {
 		return nil
 	}
+	return s.foldLocked(ctx, room, l, l.heard.Load(), false)
+}
+
+// replicaCatchUp bounds how long a read waits for a replica that is
+// behind what this node heard was stored before it asks the leader.
+const replicaCatchUp = 300 * time.Millisecond
+
+// foldLocked folds the room's log after l.last up to at least upTo (when
+// the log has it): from the nearest replica, which answers even while the
+// stream has no leader; a replica behind upTo is asked again for a moment,
+// then the leader is. Unless strict (a takeover must have it all), a room
+// this node folded before stays as folded when neither answers: a reader
+// then sees the log a few writes behind (the next write signals it again)
+// rather than an error.
+func (s *Store) foldLocked(ctx context.Context, room string, l *roomLog, upTo uint64, strict bool) error {
 	subj := evSubject(room)
+	wait := 5 * time.Millisecond
+	var waited time.Duration
 	for {
-		m, err := s.getMsg(ctx, l.last+1, jetstream.WithGetMsgSubject(subj))
+		ms, err := s.getRun(ctx, l.last+1, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) && l.last < upTo {
+			if waited < replicaCatchUp {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+				waited += wait
+				wait *= 2
+				continue
+			}
+			var m *jetstream.RawStreamMsg
+			m, err = s.getLeader(ctx, msgGetReq{Seq: l.last + 1, NextBySubj: subj})
+			ms = []*jetstream.RawStreamMsg{m}
+		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
-		if err != nil {
-			return fmt.Errorf("natsroom: reading the log: %w", err)
+		if err != nil && !strict && l.last > 0 && ctx.Err() == nil {
+			return nil // what this node folded before, a few writes behind
 		}
-		b, err := decode(m)
 		if err != nil {
-			return err
+			return readErr(ctx, err)
 		}
-		l.addLocked(b, m.Sequence)
-		s.index(room, b)
+		for _, m := range ms {
+			if m.Sequence <= l.last {
+				continue
+			}
+			b, err := decode(m)
+			if err != nil {
+				return err
+			}
+			l.addLocked(b, m.Sequence)
+			s.index(room, b)
+		}
 	}
 }
 
@@ -264,6 +491,11 @@ func (s *Store) index(rm string, b *batch) {
 
 func (l *roomLog) addLocked(b *batch, seq uint64) {
 	l.f.add(b)
+	l.indexLocked(b, seq)
+}
+
+// indexLocked records a stored batch whose changes the fold has.
+func (l *roomLog) indexLocked(b *batch, seq uint64) {
 	if n := len(b.Events); n > 0 {
 		l.index = append(l.index, batchRef{first: b.Events[0].Seq, last: b.Events[n-1].Seq, seq: seq})
 	}
@@ -301,10 +533,24 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 		return nil, nil
 	}
 	var out []store.Event
+	// The batches come a run at a time (refs are in the order of the
+	// log); one the run does not have is read alone.
+	var run map[uint64]*jetstream.RawStreamMsg
 	for _, r := range refs {
-		m, err := s.getMsg(ctx, r.seq)
-		if err != nil {
-			return nil, fmt.Errorf("natsroom: reading the log: %w", err)
+		m := run[r.seq]
+		if m == nil {
+			// A run that fails leaves the batch to the read below.
+			ms, _ := s.getRun(ctx, r.seq, evSubject(room))
+			run = map[uint64]*jetstream.RawStreamMsg{}
+			for _, x := range ms {
+				run[x.Sequence] = x
+			}
+			if m = run[r.seq]; m == nil {
+				var err error
+				if m, err = s.getBatch(ctx, r.seq); err != nil {
+					return nil, readErr(ctx, err)
+				}
+			}
 		}
 		b, err := decode(m)
 		if err != nil {
@@ -326,7 +572,18 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 // Watch implements room.Store: a signal per append to the room's log.
 func (s *Store) Watch(room string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
-	sub, err := s.nc.Subscribe(evSignal(room), func(*nats.Msg) {
+	sub, err := s.nc.Subscribe(evSignal(room), func(m *nats.Msg) {
+		// The signal carries the append's stream sequence: a read
+		// after it goes on until it has that much (see foldLocked).
+		if seq, err := strconv.ParseUint(string(m.Data), 10, 64); err == nil {
+			l := s.log(room)
+			for {
+				old := l.heard.Load()
+				if seq <= old || l.heard.CompareAndSwap(old, seq) {
+					break
+				}
+			}
+		}
 		select {
 		case ch <- struct{}{}:
 		default:
@@ -385,12 +642,52 @@ func (s *Store) Messages(ctx context.Context, room string, after int64, limit in
 	}
 	var out []store.Message
 	err := s.read(ctx, room, func(f *fold) {
-		for _, m := range f.msgs {
-			if m.Seq > after && len(out) < limit {
-				out = append(out, m)
+		// In order of acceptance, so of sequence.
+		i := sort.Search(len(f.msgs), func(i int) bool { return f.msgs[i].Seq > after })
+		out = slices.Clone(f.msgs[i:min(len(f.msgs), i+limit)])
+	})
+	return out, err
+}
+
+// Message finds one of the room's messages by id (room's messageFinder).
+func (s *Store) Message(ctx context.Context, room, id string) (store.Message, error) {
+	var m store.Message
+	found := false
+	err := s.read(ctx, room, func(f *fold) {
+		if i, ok := f.msgIdx[id]; ok {
+			m, found = f.msgs[i], true
+		}
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("store: message %q: %w", id, store.ErrNotFound)
+	}
+	return m, err
+}
+
+// Turns implements room.Store.
+func (s *Store) Turns(ctx context.Context, room string, after int64, limit int) ([]store.Turn, error) {
+	if limit <= 0 || limit > store.MaxEventsPage {
+		limit = store.MaxEventsPage
+	}
+	type keyed struct {
+		seq int64
+		t   store.Turn
+	}
+	var ts []keyed
+	err := s.read(ctx, room, func(f *fold) {
+		for _, t := range f.turns {
+			if i, ok := f.msgIdx[t.MessageID]; ok && f.msgs[i].Seq > after {
+				ts = append(ts, keyed{f.msgs[i].Seq, t})
 			}
 		}
 	})
+	// Turns fold in order of start; a stable sort keeps it among the
+	// turns of one message.
+	slices.SortStableFunc(ts, func(a, b keyed) int { return cmp.Compare(a.seq, b.seq) })
+	out := make([]store.Turn, 0, min(len(ts), limit))
+	for _, k := range ts[:min(len(ts), limit)] {
+		out = append(out, k.t)
+	}
 	return out, err
 }
 
@@ -524,7 +821,7 @@ func (s *Store) inboxCursor(room string) uint64 {
 	l := s.log(room)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return max(l.f.inbox, l.inboxAt)
+	return l.f.inbox
 }
 
 // inboxPending counts the room's inbox entries past cursor: none when the
@@ -554,31 +851,49 @@ func (s *Store) inboxPending(ctx context.Context, rm string, cursor uint64) (int
 	return int(info.State.Subjects[inSubject(rm)]), nil
 }
 
-// takeInbox records seq as taken with the room's next write.
-func (s *Store) takeInbox(room string, seq uint64) {
-	l := s.log(room)
-	l.mu.Lock()
-	l.inboxAt = max(l.inboxAt, seq)
-	l.mu.Unlock()
+// inboxKey carries, in a Write's context, the inbox entry the write
+// accounts for: the cursor moves past it with that write's batch and no
+// other (a turn's write in between took it past an entry the Manager then
+// refused, and the entry was lost).
+type inboxKey struct{}
+
+type inboxTake struct {
+	room string
+	seq  uint64
+}
+
+// withInbox is ctx for the write that accepts (or refuses) the room's
+// inbox entry seq.
+func withInbox(ctx context.Context, room string, seq uint64) context.Context {
+	return context.WithValue(ctx, inboxKey{}, inboxTake{room, seq})
 }
 
 // takeover makes this host the room's writer for epoch: it folds the
-// whole log and appends takeover{epoch, node} over the last entry, so
-// that any later append of the previous holder fails.
+// whole log (up to what the stream's leader has) and appends
+// takeover{epoch, node} over the last entry, so that any later append of
+// the previous holder fails.
 func (s *Store) takeover(ctx context.Context, rm string, epoch uint64, deadline func() time.Time) error {
 	l := s.log(rm)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.owned = false
 	for attempt := 0; ; attempt++ {
-		if err := s.syncLocked(ctx, rm, l); err != nil {
+		last, err := s.getLeader(ctx, msgGetReq{LastBySubj: evSubject(rm)})
+		var upTo uint64
+		switch {
+		case err == nil:
+			upTo = last.Sequence
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return fmt.Errorf("natsroom: reading the log: %w", err)
+		}
+		if err := s.foldLocked(ctx, rm, l, upTo, true); err != nil {
 			return err
 		}
 		l.epoch, l.deadline, l.owned = epoch, deadline, true
 		b := &batch{Epoch: epoch, Node: s.node}
 		data, _ := json.Marshal(map[string]any{"epoch": epoch, "node": s.node})
 		b.Events = []evRec{{Seq: l.f.room.LastSeq + 1, Type: evTakeover, Time: time.Now().UnixNano(), Data: data}}
-		err := s.appendLocked(ctx, rm, l, b)
+		err = s.appendLocked(ctx, rm, l, b)
 		if err == nil {
 			return nil
 		}
@@ -586,8 +901,8 @@ func (s *Store) takeover(ctx context.Context, rm string, epoch uint64, deadline 
 		if !errors.Is(err, ErrFenced) || attempt == 3 {
 			return err
 		}
-		// A stale read or a concurrent writer: read again. The lease
-		// keeps a second taker out; a zombie writer loses the next CAS.
+		// A concurrent writer: read again. The lease keeps a second
+		// taker out; a zombie writer loses the next CAS.
 	}
 }
 
@@ -596,7 +911,6 @@ func (s *Store) disown(room string) {
 	l := s.log(room)
 	l.mu.Lock()
 	l.owned = false
-	l.inboxAt = 0
 	l.mu.Unlock()
 }
 
@@ -607,18 +921,50 @@ func (s *Store) holds(room string) bool {
 	return l.owned
 }
 
+// Bounds of one log append: each attempt waits appendAttempt for the
+// stream's answer; an attempt not answered is sent again (the same
+// message) until one is, or the lease's deadline passes.
+const (
+	appendAttempt = time.Second
+	appendBackoff = 100 * time.Millisecond
+)
+
+// errAppendUnresolved: no attempt of an append was answered before the
+// lease's deadline; the write may or may not be in the log, and this host
+// no longer holds the room (the next holder folds whatever the log has).
+var errAppendUnresolved = errors.New("natsroom: the log did not answer before the lease's deadline (the write may have landed; the room moves)")
+
 // appendLocked publishes b as the room's next log entry, fenced by the
 // last sequence this host folded; on success it folds b.
+//
+// Each batch has its own message id, and an attempt whose answer is lost
+// (a timeout: the write may have landed) is followed by the same message
+// again, never by another: JetStream then answers for the first one (a
+// duplicate within the window, or, on one replica, a wrong last sequence
+// over our own id), so the batch is in the log exactly once and this host
+// knows it before it folds anything or writes again. The caller's ctx
+// only stops an append none of whose attempts may have landed.
 func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batch) error {
+	return s.appendBatch(ctx, rm, l, b, false)
+}
+
+// appendBatch is appendLocked; applied says the fold has b's changes
+// already (a Write made them in place).
+func (s *Store) appendBatch(ctx context.Context, rm string, l *roomLog, b *batch, applied bool) error {
 	if !l.owned {
 		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
 	}
-	if l.deadline != nil && !time.Now().Before(l.deadline()) {
+	until := time.Now().Add(3 * reqTimeout)
+	if l.deadline != nil {
+		until = l.deadline()
+	}
+	if !time.Now().Before(until) {
 		return fmt.Errorf("%w: %w", room.ErrNotHeld, ErrLeaseExpired)
 	}
-	if l.inboxAt > l.f.inbox {
-		b.Ops = append(b.Ops, op{K: opInboxCur, Inbox: l.inboxAt})
+	if t, ok := ctx.Value(inboxKey{}).(inboxTake); ok && t.room == rm && t.seq > l.f.inbox {
+		b.Ops = append(b.Ops, op{K: opInboxCur, Inbox: t.seq})
 	}
+	b.V = logFormat
 	data, err := json.Marshal(b)
 	if err != nil {
 		return err
@@ -633,53 +979,122 @@ func (s *Store) appendLocked(ctx context.Context, rm string, l *roomLog, b *batc
 	msg := &nats.Msg{Subject: evSubject(rm), Data: data, Header: nats.Header{}}
 	msg.Header.Set(hdrRoomSeq, strconv.FormatInt(lastSeq, 10))
 	msg.Header.Set(hdrEpoch, strconv.FormatUint(l.epoch, 10))
-	msgID := fmt.Sprintf("%s.%d.%d", token(rm), l.epoch, l.last)
-	var ack *jetstream.PubAck
-	for attempt := 0; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
-		ack, err = s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
-		cancel()
-		if err == nil {
-			break
-		}
-		if isWrongLastSeq(err) {
-			// A retry of our own append that landed (R1 checks the
-			// expected sequence before the duplicate window) is a success.
-			if m, gerr := s.lastMsg(ctx, rm); gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID {
-				ack = &jetstream.PubAck{Sequence: m.Sequence}
-				break
-			}
-			l.owned = false
-			if s.fence != nil {
-				s.fence(rm, err)
-			}
-			return fmt.Errorf("%w: %w: %w", room.ErrNotHeld, ErrFenced, err)
-		}
-		if attempt == 2 || ctx.Err() != nil {
-			return fmt.Errorf("natsroom: appending to the log: %w", err)
-		}
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	msgID := fmt.Sprintf("%s.%d.%d.%s", token(rm), l.epoch, l.last, hex.EncodeToString(nonce[:]))
+	seq, err := s.publish(ctx, rm, l, msg, msgID, until)
+	if err != nil {
+		return err
 	}
-	l.addLocked(b, ack.Sequence)
+	if applied {
+		// The Write's own changes are in the fold; the cursor it
+		// carries is added here.
+		for _, o := range b.Ops {
+			if o.K == opInboxCur {
+				_ = l.f.apply(o)
+			}
+		}
+		l.indexLocked(b, seq)
+	} else {
+		l.addLocked(b, seq)
+	}
 	s.index(rm, b)
-	l.inboxAt = 0
 	// Watchers hear of the append only once it is stored (a subscriber
-	// to the log subject itself may hear it before a read finds it).
-	_ = s.nc.Publish(evSignal(rm), nil)
+	// to the log subject itself may hear it before a read finds it), with
+	// its sequence (a replica behind it is not the end of the log).
+	_ = s.nc.Publish(evSignal(rm), []byte(strconv.FormatUint(seq, 10)))
 	return nil
 }
 
-func (s *Store) lastMsg(ctx context.Context, rm string) (*jetstream.RawStreamMsg, error) {
-	st, err := s.roomsStream(ctx)
-	if err != nil {
-		return nil, err
+// publish sends msg until JetStream answers for it (see appendLocked) and
+// returns its stream sequence.
+func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Msg, msgID string, until time.Time) (uint64, error) {
+	unclear := false // an attempt may have landed
+	for {
+		if !unclear && ctx.Err() != nil {
+			return 0, fmt.Errorf("natsroom: appending to the log: %w", ctx.Err())
+		}
+		pctx, cancel := context.WithTimeout(context.Background(), min(appendAttempt, max(time.Until(until), time.Millisecond)))
+		ack, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
+		cancel()
+		var ae *jetstream.APIError
+		switch {
+		case err == nil:
+			if unclear {
+				s.resolved(rm, ack.Sequence)
+			}
+			return ack.Sequence, nil
+		case errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			// 10164: a write to the subject is in flight (on R3, maybe
+			// our own attempt before): ask again.
+			unclear = true
+		case errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+			// 10071: the log moved past l.last. Our own attempt that
+			// landed (one replica checks the sequence before the
+			// duplicate window) is a success; anything else is another
+			// writer's.
+			m, gerr := s.getLeader(context.Background(), msgGetReq{LastBySubj: evSubject(rm)})
+			if gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID {
+				s.resolved(rm, m.Sequence)
+				return m.Sequence, nil
+			}
+			if gerr == nil {
+				l.owned = false
+				return 0, fmt.Errorf("%w: %w: %w", room.ErrNotHeld, ErrFenced, err)
+			}
+			unclear = true
+		case errors.Is(err, nats.ErrConnectionClosed) && !unclear:
+			// Never sent: nothing landed.
+			return 0, fmt.Errorf("natsroom: appending to the log: %w", err)
+		case errors.Is(err, jetstream.ErrNoStreamResponse):
+			// Nobody took this attempt (the stream has no leader, an
+			// election): it landed nowhere; ask again until the
+			// deadline.
+		case errors.As(err, &ae) && storageFull(ae):
+			if !unclear {
+				return 0, fmt.Errorf("%w: %w", room.ErrUnavailable, err)
+			}
+		default:
+			unclear = true
+		}
+		if !time.Now().Before(until) {
+			if !unclear {
+				// Nothing landed: a clean failure (the deadline ends
+				// the room soon enough).
+				return 0, fmt.Errorf("%w: the room's log took no write before the lease's deadline (a leader election?): %v", room.ErrUnavailable, err)
+			}
+			l.owned = false
+			return 0, fmt.Errorf("%w: %w", room.ErrNotHeld, errAppendUnresolved)
+		}
+		if d := min(appendBackoff, time.Until(until)); d > 0 {
+			time.Sleep(d) // a backoff between attempts, bounded by the deadline
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
-	defer cancel()
-	return st.GetLastMsgForSubject(ctx, evSubject(rm))
+}
+
+// resolved counts (and says) an append whose first answer was lost and
+// which the log showed stored.
+func (s *Store) resolved(rm string, seq uint64) {
+	s.unclear.Add(1)
+	s.logger.Warn("natsroom: an append's answer was lost; the log has it, once", "room", rm, "seq", seq)
+}
+
+// storageFull reports a JetStream refusal for want of storage: nothing was
+// stored, and nothing will be until an operator frees or adds some.
+func storageFull(ae *jetstream.APIError) bool {
+	switch ae.ErrorCode {
+	case 10023, 10028, 10047: // insufficient (memory or storage) resources
+		return true
+	case 10077: // a store failure: the stream's own byte limit
+		return strings.Contains(ae.Description, "maximum bytes")
+	}
+	return false
 }
 
 // Write implements room.Store: fn's changes to each room become one
-// fenced log append (a write touching two rooms is two appends).
+// fenced log append (a write touching two rooms is two appends). The
+// changes are made in the room's fold as fn makes them, and rolled back
+// if fn or the append fails.
 func (s *Store) Write(ctx context.Context, fn func(tx room.Tx) error) error {
 	t := &tx{s: s, rooms: map[string]*txRoom{}}
 	defer t.unlock()
@@ -691,9 +1106,15 @@ func (s *Store) Write(ctx context.Context, fn func(tx room.Tx) error) error {
 		if len(r.b.Events) == 0 && len(r.b.Ops) == 0 {
 			continue
 		}
-		if err := s.appendLocked(ctx, rm, r.l, r.b); err != nil {
+		if err := s.appendBatch(ctx, rm, r.l, r.b, true); err != nil {
+			if !r.l.owned && s.fence != nil {
+				// Fenced, or not answered before the deadline: the room
+				// is another host's (or nobody's) now.
+				s.fence(rm, err)
+			}
 			return err
 		}
+		r.l.f.commit()
 	}
 	return nil
 }
@@ -712,8 +1133,10 @@ type txRoom struct {
 	b *batch
 }
 
+// unlock rolls back what was not committed and releases the rooms.
 func (t *tx) unlock() {
 	for _, r := range t.rooms {
+		r.l.f.rollback()
 		r.l.mu.Unlock()
 	}
 }
@@ -728,7 +1151,8 @@ func (t *tx) room(rm string) (*txRoom, error) {
 		l.mu.Unlock()
 		return nil, fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
 	}
-	r := &txRoom{l: l, f: l.f.clone(), b: &batch{Epoch: l.epoch, Node: t.s.node}}
+	l.f.begin()
+	r := &txRoom{l: l, f: l.f, b: &batch{Epoch: l.epoch, Node: t.s.node}}
 	t.rooms[rm] = r
 	t.order = append(t.order, rm)
 	return r, nil
@@ -766,7 +1190,9 @@ func (t *tx) SetSession(rm, agent, sessionID string) error {
 	return t.op(rm, op{K: opSession, Agent: agent, ID: sessionID})
 }
 
-func (t *tx) PutMessage(m store.Message) error { return t.op(m.Room, op{K: opPutMsg, Message: &m}) }
+func (t *tx) PutMessage(m store.Message) error {
+	return t.op(m.Room, op{K: opPutMsg, Message: toMsgRec(m)})
+}
 
 func (t *tx) UpdateMessage(id, status, turnID, outcome, reason string) error {
 	// The message's room is found among the rooms this write touches or
@@ -778,7 +1204,9 @@ func (t *tx) UpdateMessage(id, status, turnID, outcome, reason string) error {
 	return t.op(rm, op{K: opMsg, ID: id, Status: status, TurnID: turnID, Outcome: outcome, Reason: reason})
 }
 
-func (t *tx) PutTurn(tr store.Turn) error { return t.op(tr.Room, op{K: opPutTurn, Turn: &tr}) }
+func (t *tx) PutTurn(tr store.Turn) error {
+	return t.op(tr.Room, op{K: opPutTurn, Turn: toTurnRec(tr)})
+}
 
 func (t *tx) EndTurn(id, outcome, reason, text string) error {
 	rm := t.s.roomOfTurn(t, id)
@@ -788,13 +1216,17 @@ func (t *tx) EndTurn(id, outcome, reason, text string) error {
 	return t.op(rm, op{K: opEndTurn, ID: id, Outcome: outcome, Reason: reason, Text: text})
 }
 
-func (t *tx) PutApproval(a store.Approval) error { return t.op(a.Room, op{K: opPutAppr, Approval: &a}) }
+func (t *tx) PutApproval(a store.Approval) error {
+	return t.op(a.Room, op{K: opPutAppr, Approval: toApprovalRec(a)})
+}
 
 func (t *tx) ResolveApproval(rm, id, decision, by string) error {
 	return t.op(rm, op{K: opResolve, ID: id, Status: decision, By: by})
 }
 
-func (t *tx) PutQuestion(q store.Question) error { return t.op(q.Room, op{K: opPutQ, Question: &q}) }
+func (t *tx) PutQuestion(q store.Question) error {
+	return t.op(q.Room, op{K: opPutQ, Question: toQuestionRec(q)})
+}
 
 func (t *tx) AnswerQuestion(rm, id, answer, by string) error {
 	return t.op(rm, op{K: opAnswer, ID: id, Text: answer, By: by})

@@ -7,8 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,8 +22,10 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/mcpprobe"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -35,6 +37,8 @@ import (
 const mcpHelperEnv = "ROOMCLAIMS_TEST_MCP"
 
 func TestMain(m *testing.M) {
+	// The launcher of the confined agents the tests start.
+	confine.Launch()
 	if os.Getenv(mcpHelperEnv) != "" {
 		os.Exit(mcpHelper())
 	}
@@ -121,7 +125,8 @@ func newPathRun(t *testing.T, in *agents.Install, p path) *pathRun {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.sim.Close() })
-	r.mcp = filepath.Join(r.dir, "probe-started")
+	// In the room's home: a confined MCP server writes nowhere else.
+	r.mcp = filepath.Join(r.homeOf(roomMain), "probe-started")
 	r.plantMCP(t)
 	r.h = r.startHost()
 	return r
@@ -130,10 +135,7 @@ func newPathRun(t *testing.T, in *agents.Install, p path) *pathRun {
 // plantMCP writes MCP configurations into the main room's workspace before its agent first starts,
 // as a repository could: none of their servers may reach the agent (claimMCP checks).
 func (r *pathRun) plantMCP(t *testing.T) {
-	// The room's workspace folder: its id, a dash and the first 10 bytes of its SHA-256 in hex
-	// (room's own naming; claims fail at once if it changes, as workspace() finds no folder).
-	sum := sha256.Sum256([]byte(roomMain))
-	ws := filepath.Join(r.dir, "ws", roomMain+"-"+hex.EncodeToString(sum[:10]))
+	ws := r.workspaceOf(roomMain)
 	evil, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"injected": map[string]any{
 		"command": os.Args[0], "args": []string{"-test.run=^$"}, "env": map[string]string{mcpHelperEnv: r.injected()},
 	}}})
@@ -147,11 +149,25 @@ func (r *pathRun) plantMCP(t *testing.T) {
 	}
 }
 
+// workspaceOf is the room's workspace folder, whether or not it exists yet: its id, a dash and the
+// first 10 bytes of its SHA-256 in hex (room's own naming; claims fail at once if it changes, as
+// workspace() finds no folder).
+func (r *pathRun) workspaceOf(roomID string) string {
+	sum := sha256.Sum256([]byte(roomID))
+	return filepath.Join(r.dir, "ws", roomID+"-"+hex.EncodeToString(sum[:10]))
+}
+
+// homeOf is the room's agent home, named as its workspace.
+func (r *pathRun) homeOf(roomID string) string {
+	return filepath.Join(r.dir, "rooms", filepath.Base(r.workspaceOf(roomID)), "home")
+}
+
 // plantedMCP are the workspace files agents read MCP servers from (omp reads both, claude the first).
 var plantedMCP = []string{".mcp.json", "mcp.json"}
 
 // injected is the file a planted MCP server creates when an agent starts it.
-func (r *pathRun) injected() string { return filepath.Join(r.dir, "injected-started") }
+// It is in the room's home, where a confined server could write it.
+func (r *pathRun) injected() string { return filepath.Join(r.homeOf(roomMain), "injected-started") }
 
 // host is a room manager on the path's transport, its store and custody.
 type host struct {
@@ -174,12 +190,18 @@ func (r *pathRun) startHost() *host {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every claim runs confined, the network limited to the model's port
+	// and the room tools'.
+	cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{r.simPort()}, Tools: r.in.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var tr room.Transport
 	switch r.p.transport {
 	case "rpc":
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL()})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL(), Confine: cf})
 	case "acp":
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL()})
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL(), Confine: cf})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +214,7 @@ func (r *pathRun) startHost() *host {
 		probe = nil
 	}
 	m, err := room.New(room.Options{
-		Store: room.SQLite(db), Transport: tr,
+		Store: roomsqlite.New(db), Transport: tr,
 		Root: filepath.Join(r.dir, "rooms"), Workspaces: filepath.Join(r.dir, "ws"),
 		Config: room.Config{Agent: string(r.p.kind), MCP: probe, ApprovalTimeout: 3 * time.Second},
 		RoomConfig: func(id string) room.Config {
@@ -224,9 +246,25 @@ func (r *pathRun) startHost() *host {
 	return h
 }
 
+// simPort is the scripted model's TCP port.
+func (r *pathRun) simPort() uint16 {
+	u, err := url.Parse(r.sim.URL())
+	if err != nil {
+		r.top.Fatal(err)
+	}
+	n, err := strconv.ParseUint(u.Port(), 10, 16)
+	if err != nil {
+		r.top.Fatal(err)
+	}
+	return uint16(n)
+}
+
 func (h *host) close() {
 	h.once.Do(func() {
-		if err := h.m.Close(); err != nil && !errors.Is(err, room.ErrClosed) {
+		_ = h.m.Close()
+		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := h.m.Wait(wctx); err != nil {
 			h.r.top.Errorf("closing the rooms: %v", err)
 		}
 		if err := h.cust.Close(); err != nil {
@@ -367,13 +405,17 @@ func mcpHelper() int { return mcpprobe.Serve(os.Stdin, os.Stdout, os.Getenv(mcpH
 // pinnedVersions reads the versions setup installs, from the tools folder's package.json.
 func pinnedVersions(t testing.TB) map[agents.Kind]string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", ".tools", "package.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// omp's and pi's pins are the tools folder's own project's, the ACP
+	// agents' their project's (acp/).
 	var pj struct{ Dependencies map[string]string }
-	if err := json.Unmarshal(data, &pj); err != nil {
-		t.Fatal(err)
+	for _, dir := range []string{".", "acp"} {
+		data, err := os.ReadFile(filepath.Join("..", "..", ".tools", dir, "package.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &pj); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return map[agents.Kind]string{
 		agents.OMP:     pj.Dependencies["@oh-my-pi/pi-coding-agent"],

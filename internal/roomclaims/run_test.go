@@ -4,12 +4,15 @@ package roomclaims
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -145,6 +148,42 @@ func claimWorkspace(r *pathRun) {
 	}
 }
 
+// roomOther is a room whose workspace holds a file the main room's agent must not read.
+const roomOther = "other"
+
+func claimConfinement(r *pathRun) {
+	other := r.workspaceOf(roomOther)
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		r.t.Fatal(err)
+	}
+	secret := filepath.Join(other, "secret.txt")
+	if err := os.WriteFile(secret, []byte("the other room's secret"), 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer ln.Close()
+	ws := r.workspace(roomMain)
+	probe := roomtest.Probe{Other: secret, Store: filepath.Join(r.dir, "agenthost.db"), PID: os.Getpid(),
+		Port: ln.Addr().(*net.TCPAddr).Port}
+	probe.WriteProbe(r.t, ws)
+	defer roomtest.RemoveProbe(ws)
+	acc := r.submit(roomMain, "Probe: "+r.p.shell("bash "+roomtest.ProbeScript))
+	r.settled(roomMain, acc)
+	roomtest.CheckConfined(r.t, roomtest.ProbeResults(r.sim), true)
+	// The room says how its agent is confined.
+	st, err := r.h.m.State(r.t.Context(), roomMain)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if c := st.Confinement; c == nil || c.Mode != "landlock" || c.ABI != min(confine.KernelABI(), confine.MaxABI) ||
+		c.Signals != (c.ABI >= 6) || c.Net == nil {
+		r.t.Fatalf("the room's confinement: %+v", st.Confinement)
+	}
+}
+
 func claimMCP(r *pathRun) {
 	acc := r.submit(roomMain, `[[tool:`+r.p.mcpName("probe", "echo_upper")+` {"text":"hi"}]]`)
 	r.settled(roomMain, acc)
@@ -263,11 +302,16 @@ func claimQuestions(r *pathRun) {
 func claimModel(r *pathRun) {
 	acc := r.submit(roomModel, "which model?")
 	r.settled(roomModel, acc)
+	// The turn's request is the first to carry the message: an agent may
+	// send it again later in a side request of its own on another model
+	// (codex titles a thread on a small one, when its turn is over).
 	var seen string
+requests:
 	for _, q := range r.sim.Requests() {
 		for _, m := range q.Messages {
 			if m.Role == "user" && strings.Contains(m.Content, "which model?") {
 				seen = q.Model
+				break requests
 			}
 		}
 	}

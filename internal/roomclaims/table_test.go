@@ -50,7 +50,9 @@ const (
 	cAllow      = "approval-allow"
 	cDeny       = "approval-deny"
 	cDeadline   = "approval-deadline"
+	cConfig     = "workspace-config"
 	cWorkspace  = "workspace"
+	cConfined   = "confinement"
 	cMCP        = "mcp"
 	cMultiTurn  = "multi-turn"
 	cResume     = "resume"
@@ -86,10 +88,20 @@ var claims = []claim{
 		"rpc": "the room answers `Deny` at the deadline",
 		"acp": "the room answers `reject_once` at the deadline",
 	}, claimDeadline},
+	{cConfig, "Workspace config: a workspace carrying the agent's own project config still asks: its approval mode, " +
+		"permissions and hooks neither loosen the room's approvals nor run anything unasked", map[string]string{
+		"rpc": "`--approval-mode` on the command line (over every settings layer), a `--config` overlay (the workspace's MCP files, " +
+			"per-tool policies and `.claude`/`.codex` tool modules off) and `--no-extensions` (its extension and hook modules)",
+		"acp": "each recipe pins the room's approval mode and keeps the agent to its throwaway home's configuration",
+	}, claimWorkspaceConfig},
 	{cWorkspace, "Workspace: the agent's tools run in the room's own workspace, apart from its home", map[string]string{
 		"rpc": "the agent's cwd is the workspace, its home a separate folder",
 		"acp": "`session/new` cwd is the workspace; `fs/*` requests confined to it",
 	}, claimWorkspace},
+	{cConfined, "Confinement: the agent and everything it starts reach only the room's own workspace, home and TMPDIR, the system read-only, and the ports allowed (Landlock)", map[string]string{
+		"rpc": "agenthost's launcher restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets), then executes the agent; a denial is the tool's error and the turn settles",
+		"acp": "agenthost's launcher restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets), then executes the agent; a denial is the tool's error and the turn settles",
+	}, claimConfinement},
 	{cMCP, "Room-scoped MCP: the room's MCP servers, and only those, reach the agent", map[string]string{
 		"rpc": "written into the room's own agent home (`--plugin-dir`), project files ignored",
 		"acp": "`mcpServers` of `session/new` (stdio)",
@@ -164,6 +176,11 @@ var paths = []path{
 		mcpName: ompMCP,
 		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
+		how: map[string]string{
+			cConfig: "tested with `.omp/config.yml` and `.omp/settings.json` (`approvalMode: yolo`, `bash`/`write` allowed), extension, " +
+				"hook and `.claude`/`.codex` tool modules; the workspace's `.omp/tools` modules still load (omp's own provider, which " +
+				"reads them, also reads the room's MCP file in the home)",
+		},
 	},
 	{
 		id: "pi rpc", transport: "rpc", kind: agents.Pi,
@@ -177,6 +194,8 @@ var paths = []path{
 			cDeny:      "`Deny` answer; the extension blocks the call and pi reports the denial to the model",
 			cResume:    "`--session` of the room's session file (a torn last line repaired first)",
 			cQuestions: "the extension's `ask` tool (omp's schema) → RPC select or input dialogs → `question.asked`, answered by API or the next message",
+			cConfig: "agenthost's pi extension asks by the room's mode, and pi reads no project folder (`PI_PACKAGE_DIR` names a copy of " +
+				"its manifest whose project folder nobody has); tested with `.pi/settings.json` (a shell command prefix) and `.pi/extensions` modules",
 		},
 		gaps: piGaps(),
 	},
@@ -186,6 +205,12 @@ var paths = []path{
 		mcpName: ompMCP,
 		ask:     ompAsk,
 		model:   agents.ModelID, modelSeen: "fake-model",
+		how: map[string]string{
+			cConfig: "`--approval-mode always-ask` (omp acp's own default lets writes through), the `--config` overlay (the workspace's " +
+				"MCP files and per-tool policies off, omp's own and the `.claude`/`.codex` tool providers off) and `--no-extensions`; " +
+				"tested with `.omp/config.yml` and `.omp/settings.json` (`approvalMode: yolo`, `bash`/`write` allowed), extension, hook " +
+				"and `.omp`/`.claude`/`.codex` tool modules",
+		},
 	},
 	{
 		id: "claude", transport: "acp", kind: agents.Claude,
@@ -194,7 +219,10 @@ var paths = []path{
 		ask:     claudeAsk,
 		model:   "haiku", modelSeen: "claude-haiku-5-5",
 		how: map[string]string{
-			cAllow:     "settings `defaultMode: default` (its default mode never asks)",
+			cAllow: "settings `defaultMode: default` (its default mode never asks)",
+			cConfig: "`_meta.claudeCode.options.settingSources: [\"user\"]` (the adapter also loads project and local settings), " +
+				"bypass mode not offered, `session/set_mode default`, hooks off; tested with `.claude/settings.json` and " +
+				"`settings.local.json` (`bypassPermissions`, `Bash` allowed, `SessionStart`, `UserPromptSubmit` and `PreToolUse` hooks)",
 			cMCP:       "`_meta.claudeCode.options.strictMcpConfig` in `session/new` and `session/load`: Claude Code ignores the workspace's own `.mcp.json`",
 			cCleanup:   "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
 			cQuestions: "here the form is claude's `AskUserQuestion`: one room question per choice field (its header on a second line), its optional `_custom` free-text field taking an answer outside the options",
@@ -213,8 +241,11 @@ var paths = []path{
 			cAllow:     "asks only for a command that requests escalation out of its workspace-write sandbox",
 			cDeny:      "codex ends a turn whose tool was denied as `cancelled`; the room counts it settled",
 			cWorkspace: "plus its own workspace-write sandbox",
-			cMCP:       "codex offers each server's tools in a Responses API namespace",
-			cCleanup:   "codex also ends its whole tree itself on stdin EOF",
+			cConfig:    "codex ignores an untrusted project's `.codex/config.toml`; tested with `approval_policy = \"never\"`, `danger-full-access` and a `notify` command",
+			cConfined: "codex's own bubblewrap sandbox cannot start inside Landlock (no mounts, no uid map): a command codex would sandbox fails, " +
+				"and only commands asked to run escalated (an approval) run; a yolo room's codex runs without its sandbox, inside agenthost's",
+			cMCP:     "codex offers each server's tools in a Responses API namespace",
+			cCleanup: "codex also ends its whole tree itself on stdin EOF",
 		},
 		gaps: map[string]string{
 			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
@@ -227,6 +258,9 @@ var paths = []path{
 		mcpName: dashMCP,
 		how: map[string]string{
 			cCleanup: "its tool shells run in sessions of their own: the custody sweep ends them",
+			cConfig: "tested with a `.github/copilot/settings.json` carrying hooks (not run); copilot runs a repository's " +
+				"`.github/hooks` whatever its home says (`disableAllHooks` there covers only the home's own), so it is not started in " +
+				"a workspace (or git repository) that has them: the turn fails naming them, and no hook runs",
 		},
 		gaps: map[string]string{
 			cQuestions: "copilot offers the model no question tool in ACP mode",

@@ -8,7 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -65,7 +69,7 @@ func Start(t *testing.T, dir string, sim *modelsim.Server, opts room.Options, tr
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Store, opts.Transport, opts.Root = room.SQLite(db), transport, filepath.Join(dir, "rooms")
+	opts.Store, opts.Transport, opts.Root = roomsqlite.New(db), transport, filepath.Join(dir, "rooms")
 	m, err := room.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +102,9 @@ func (h *Host) Close() {
 	if err := h.M.Close(); err != nil && !errors.Is(err, room.ErrClosed) {
 		h.T.Errorf("closing the rooms: %v", err)
 	}
+	if err := h.waitRooms(); err != nil {
+		h.T.Errorf("closing the rooms: %v", err)
+	}
 	h.closeRest()
 }
 
@@ -107,7 +114,17 @@ func (h *Host) Detach() {
 	if err := h.M.Detach(); err != nil {
 		h.T.Fatalf("detaching the rooms: %v", err)
 	}
+	if err := h.waitRooms(); err != nil {
+		h.T.Fatalf("detaching the rooms: %v", err)
+	}
 	h.closeRest()
+}
+
+// waitRooms waits for the shutdown Close or Detach began.
+func (h *Host) waitRooms() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return h.M.Wait(ctx)
 }
 
 func (h *Host) closeRest() {
@@ -138,6 +155,29 @@ func (h *Host) SubmitAs(roomID, text, delivery string) room.Accepted {
 // match accepts (nil: any), failing the test after 120 s.
 func (h *Host) Wait(roomID string, after int64, typ string, match func(map[string]any) bool) (store.Event, map[string]any) {
 	h.T.Helper()
+	var d map[string]any
+	ev := h.waitFor(roomID, after, typ, func(ev store.Event) bool {
+		if ev.Type != typ {
+			return false
+		}
+		d = nil
+		_ = json.Unmarshal(ev.Data, &d)
+		return match == nil || match(d)
+	})
+	return ev, d
+}
+
+// WaitFirst returns the room's first event after seq of any of types (an
+// approval.requested, or the turn.ended that says none came), failing the
+// test after 120 s.
+func (h *Host) WaitFirst(roomID string, after int64, types ...string) store.Event {
+	h.T.Helper()
+	return h.waitFor(roomID, after, strings.Join(types, " or "), func(ev store.Event) bool { return slices.Contains(types, ev.Type) })
+}
+
+// waitFor returns the room's first event after seq that ok accepts.
+func (h *Host) waitFor(roomID string, after int64, what string, ok func(store.Event) bool) store.Event {
+	h.T.Helper()
 	watch, stop := h.DB.Watch(roomID)
 	defer stop()
 	deadline := time.NewTimer(120 * time.Second)
@@ -149,19 +189,14 @@ func (h *Host) Wait(roomID string, after int64, typ string, match func(map[strin
 		}
 		for _, ev := range evs {
 			after = ev.Seq
-			if ev.Type != typ {
-				continue
-			}
-			var d map[string]any
-			_ = json.Unmarshal(ev.Data, &d)
-			if match == nil || match(d) {
-				return ev, d
+			if ok(ev) {
+				return ev
 			}
 		}
 		select {
 		case <-watch:
 		case <-deadline.C:
-			h.T.Fatalf("room %q: no %s event after seq %d", roomID, typ, after)
+			h.T.Fatalf("room %q: no %s event after seq %d", roomID, what, after)
 		}
 	}
 }
@@ -250,3 +285,126 @@ func BashCall(cmd string) string {
 	b, _ := json.Marshal(map[string]string{"command": cmd})
 	return "[[tool:bash " + string(b) + "]]"
 }
+
+// Probe is the confinement probe: a script an agent's shell tool runs in
+// room a's workspace (one tool call, written there by WriteProbe) that
+// writes and reads its own workspace, reads a system file, another room's
+// file, the store and a symlink planted in the workspace that points into
+// the other room, signals the server, connects to a TCP port and binds one.
+// Each prints one line: NAME=read:FIRST BYTES or NAME=denied:ERROR, and
+// signal=, connect=, bind= sent/ok or denied.
+type Probe struct {
+	// Other is a file of another room; Store the server's store; PID the
+	// server's; Port a TCP port something listens on.
+	Other, Store string
+	PID          int
+	Port         int
+}
+
+// ProbeScript is the file WriteProbe writes into the workspace.
+const ProbeScript = "confine-probe.sh"
+
+// ProbeLink is the symlink WriteProbe plants in the workspace.
+const ProbeLink = "into-other-room"
+
+// WriteProbe writes the probe's script and symlink into workspace; the
+// tool then runs `bash confine-probe.sh`.
+func (p Probe) WriteProbe(t testing.TB, workspace string) {
+	t.Helper()
+	script := `read1() { if out=$(head -c 16 "$2" 2>&1); then echo "$1=read:$out"; else echo "$1=denied:$out"; fi; }
+echo confined-probe > own.txt
+read1 own own.txt
+read1 system /etc/passwd
+read1 other ` + shellQuote(p.Other) + `
+read1 store ` + shellQuote(p.Store) + `
+read1 link ` + ProbeLink + `
+if out=$(kill -0 ` + strconv.Itoa(p.PID) + ` 2>&1); then echo signal=sent; else echo "signal=denied:$out"; fi
+if out=$( (exec 3<>/dev/tcp/127.0.0.1/` + strconv.Itoa(p.Port) + `) 2>&1); then echo connect=ok; else echo "connect=denied:$out"; fi
+if out=$(perl -MIO::Socket::INET -e 'IO::Socket::INET->new(Listen=>1,LocalAddr=>"127.0.0.1",LocalPort=>0) or die "$!\n"' 2>&1); then echo bind=ok; else echo "bind=denied:$out"; fi
+`
+	if err := os.WriteFile(filepath.Join(workspace, ProbeScript), []byte(script), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(filepath.Join(workspace, ProbeLink))
+	if err := os.Symlink(p.Other, filepath.Join(workspace, ProbeLink)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// RemoveProbe removes what WriteProbe and the probe wrote.
+func RemoveProbe(workspace string) {
+	for _, n := range []string{ProbeScript, ProbeLink, "own.txt"} {
+		_ = os.Remove(filepath.Join(workspace, n))
+	}
+}
+
+// ProbeResults finds the probe's output in what the agents sent the model
+// (a tool result) and parses it (ParseProbe); nil when no tool result
+// carries it.
+func ProbeResults(sim *modelsim.Server) map[string]string {
+	for _, r := range sim.Requests() {
+		for _, m := range r.Messages {
+			if res := ParseProbe(m.Content); res != nil {
+				return res
+			}
+		}
+	}
+	return nil
+}
+
+// ParseProbe returns each probe's result in s ("read:...", "denied:...",
+// "sent", "ok"), nil when s is not the probe's output.
+func ParseProbe(s string) map[string]string {
+	i := strings.Index(s, "own=")
+	if i < 0 || !strings.Contains(s, "bind=") {
+		return nil
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(s[i:], "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && out[k] == "" {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// CheckConfined fails the test unless the probe's results show a confined
+// agent: its own workspace written and read, a system file read; the other
+// room's file, the store and the link denied (permission denied), the
+// server not signalled; with net, the connect and the bind denied.
+func CheckConfined(t testing.TB, res map[string]string, net bool) {
+	t.Helper()
+	want := map[string]string{"own": "read:confined-probe", "system": "read:", "other": "denied:", "store": "denied:",
+		"link": "denied:", "signal": "denied", "connect": "ok", "bind": "ok"}
+	if net {
+		want["connect"], want["bind"] = "denied", "denied"
+	}
+	checkProbe(t, res, want)
+	for _, k := range []string{"other", "store", "link"} {
+		if !strings.Contains(strings.ToLower(res[k]), "permission denied") {
+			t.Errorf("probe %s: %q does not say permission denied", k, res[k])
+		}
+	}
+}
+
+// CheckUnconfined fails the test unless every probe succeeded.
+func CheckUnconfined(t testing.TB, res map[string]string) {
+	t.Helper()
+	checkProbe(t, res, map[string]string{"own": "read:confined-probe", "system": "read:", "other": "read:", "store": "read:SQLite",
+		"link": "read:", "signal": "sent", "connect": "ok", "bind": "ok"})
+}
+
+func checkProbe(t testing.TB, res map[string]string, want map[string]string) {
+	t.Helper()
+	if res == nil {
+		t.Fatal("no tool result carries the probe's output")
+	}
+	t.Logf("probe: %q", res)
+	for k, prefix := range want {
+		if !strings.HasPrefix(res[k], prefix) {
+			t.Errorf("probe %s: %q, want %q…", k, res[k], prefix)
+		}
+	}
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -104,7 +105,7 @@ func newBenchHost(b *testing.B, rooms int) *benchHost {
 	}
 	// GORACE: a race-enabled agent would otherwise sleep 1 s at exit.
 	cfg := room.Config{Command: []string{exe, "-test.run=^$"}, Env: []string{benchAgentEnv + "=1", "GORACE=atexit_sleep_ms=0"}}
-	h.m, err = room.New(room.Options{Store: room.SQLite(h.db), Transport: tr, Root: filepath.Join(dir, "rooms"),
+	h.m, err = room.New(room.Options{Store: roomsqlite.New(h.db), Transport: tr, Root: filepath.Join(dir, "rooms"),
 		Config: cfg, MaxResident: rooms})
 	if err != nil {
 		b.Fatal(err)
@@ -120,7 +121,10 @@ func (h *benchHost) close(b *testing.B) {
 	if h.m == nil {
 		return
 	}
-	if err := h.m.Close(); err != nil {
+	_ = h.m.Close()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.m.Wait(wctx); err != nil {
 		b.Errorf("closing the rooms: %v", err)
 	}
 	if err := h.cust.Close(); err != nil {

@@ -3,6 +3,8 @@ package rpcagent
 import (
 	"context"
 	"encoding/json"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
@@ -56,7 +59,8 @@ func startDaemon(t *testing.T, dir string) *procd.Client {
 }
 
 // startDaemonHost is startHost with every agent in the daemon d (through
-// a Runner of its own, as each host process has).
+// a Runner of its own, as each host process has), confined (the daemon
+// runs the launcher, as under serve --daemon).
 func startDaemonHost(t *testing.T, dir string, sim *modelsim.Server, d *procd.Client, opts room.Options) *host {
 	t.Helper()
 	r, err := daemonproc.NewRunner(d)
@@ -65,7 +69,11 @@ func startDaemonHost(t *testing.T, dir string, sim *modelsim.Server, d *procd.Cl
 	}
 	t.Cleanup(func() { r.Close() }) // registered first: runs after the host's cleanup
 	return roomtest.Start(t, dir, sim, opts, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
-		return New(Options{Custodian: cust, Install: in, ModelURL: url, Daemon: r})
+		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Tools: in.Dir})
+		if err != nil {
+			return nil, err
+		}
+		return New(Options{Custodian: cust, Install: in, ModelURL: url, Daemon: r, Confine: cf})
 	})
 }
 
@@ -87,7 +95,8 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 		t.Fatalf("after the host let go: %+v %v", procs, err)
 	}
 
-	h2 := startDaemonHost(t, dir, sim, d, room.Options{})
+	// The next host allows the probe's tool call below.
+	h2 := startDaemonHost(t, dir, sim, d, room.Options{Policy: func(string, room.ApprovalRequest) room.Decision { return room.Allow }})
 	text := h2.Settled("r", acc)
 	if text != words {
 		t.Fatalf("the turn's answer %q", text)
@@ -110,11 +119,34 @@ func TestRealDaemonRestartMidTurn(t *testing.T) {
 	if starts != 1 || attaches != 1 {
 		t.Fatalf("agent.started %d, agent.attached %d: want 1 and 1 (no second start)", starts, attaches)
 	}
-	// The room goes on on the same agent.
-	acc2 := h2.Submit("r", "[[say:still here]]")
-	if got := h2.Settled("r", acc2); got != "still here" {
-		t.Fatalf("second turn %q", got)
+	// The room goes on on the same agent, which the daemon started
+	// confined: the attached room says so, and the agent's tools reach
+	// only the room.
+	st, err := h2.M.State(t.Context(), "r")
+	if err != nil || st.Confinement == nil || st.Confinement.Mode != "landlock" {
+		t.Fatalf("the attached room's confinement: %+v %v", st.Confinement, err)
 	}
+	ws, _ := filepath.Glob(filepath.Join(h2.Root, "r-*", "workspace"))
+	if len(ws) != 1 {
+		t.Fatalf("the room's workspace: %v", ws)
+	}
+	other := filepath.Join(dir, "another-room")
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: filepath.Join(dir, "agenthost.db"), PID: os.Getpid(),
+		Port: ln.Addr().(*net.TCPAddr).Port}
+	probe.WriteProbe(t, ws[0])
+	h2.Settled("r", h2.Submit("r", "Probe: "+roomtest.BashCall("bash "+roomtest.ProbeScript)))
+	roomtest.CheckConfined(t, roomtest.ProbeResults(sim), false)
 	// Closing the host (not a restart) ends the agent with a receipt.
 	h2.Close()
 	procs, err = d.List(t.Context(), procd.ModePipe)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -53,12 +54,16 @@ func hostHelper() int {
 	if err != nil {
 		return fail(err)
 	}
+	// The background sleep leaves omp's process group (setsid): omp ends
+	// its shell's group itself when its host dies, and which of omp and
+	// the test's look came first was the scheduler's choice. A process
+	// that escaped the group is what only custody's marker finds.
 	cfg, texts, ready := room.Config{ApprovalMode: room.ApprovalYolo},
-		[]string{"Run it: " + roomtest.BashCall("/bin/sleep 3600 & sleep 3600"), "queued one", "queued two"}, "tool.started"
+		[]string{"Run it: " + roomtest.BashCall("setsid /bin/sleep 3600 & sleep 3600"), "queued one", "queued two"}, "tool.started"
 	if pi {
 		cfg, texts, ready = room.Config{Agent: "pi"}, []string{"Run it: " + roomtest.BashCall("echo ran > killed.txt")}, "approval.requested"
 	}
-	m, err := room.New(room.Options{Store: room.SQLite(db), Transport: tr, Root: filepath.Join(dir, "rooms"), Config: cfg})
+	m, err := room.New(room.Options{Store: roomsqlite.New(db), Transport: tr, Root: filepath.Join(dir, "rooms"), Config: cfg})
 	if err != nil {
 		return fail(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/internal/store"
@@ -25,6 +26,8 @@ import (
 // are missing.
 
 func TestMain(m *testing.M) {
+	// The launcher of the confined agents the tests start.
+	confine.Launch()
 	if os.Getenv(hostHelperEnv) != "" {
 		os.Exit(hostHelper())
 	}
@@ -79,7 +82,9 @@ func TestRealApprovalsAllowDenyExpire(t *testing.T) {
 		{func(id string) { _ = h.M.Approve(t.Context(), "r", id, false) }, "denied by user", "person"},
 		{nil, "denied by user", "deadline"},
 	} {
-		acc := h.Submit("r", "Run it: "+roomtest.BashCall("echo approved-run"))
+		// The credential in the command must reach neither the input nor
+		// the output in the room's log (see the end).
+		acc := h.Submit("r", "Run it: "+roomtest.BashCall("echo approved-run 'Authorization: Bearer "+secretInCommand+"'"))
 		ev, req := h.Wait("r", acc.Seq, "approval.requested", nil)
 		if req["tool"] != "bash" || !strings.Contains(req["input"].(string), "echo approved-run") {
 			t.Fatalf("approval: %v", req)
@@ -100,7 +105,16 @@ func TestRealApprovalsAllowDenyExpire(t *testing.T) {
 		}
 	}
 	h.CheckTurnEvents("r")
+	for _, ev := range h.Events("r") {
+		// The person's own message carries it; what the agent said may not.
+		if ev.Type != "message.accepted" && strings.Contains(string(ev.Data), secretInCommand) {
+			t.Fatalf("the credential reached the room's log: %s %s", ev.Type, ev.Data)
+		}
+	}
 }
+
+// secretInCommand is a credential a tool call carries.
+const secretInCommand = "sk-live-0123456789abcdefXYZ"
 
 func TestRealQuestionsByAPIAndByNextMessage(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{})

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
@@ -58,7 +60,9 @@ type Options struct {
 	StartTimeout, RefreshTimeout time.Duration
 	// MaxLineBytes caps one line from the agent (0: rpc's default).
 	MaxLineBytes int
-	Logger       *slog.Logger
+	// Confine, if set, confines each agent to its room (nil: unconfined).
+	Confine *confine.Confiner
+	Logger  *slog.Logger
 }
 
 // ErrNoMCP: the room configures MCP servers and its agent has no MCP
@@ -91,10 +95,6 @@ func New(opts Options) (*Transport, error) {
 // maxWaitRuns bounds how many runs the agent started by itself a turn
 // waits out before its prompt.
 const maxWaitRuns = 8
-
-// mcpOverlay keeps omp from loading MCP servers from the workspace, so a
-// repository cannot inject its own.
-const mcpOverlay = "mcp:\n  enableProjectConfig: false\n"
 
 // launch is how the transport starts spec's agent, the session to resume
 // aside: the command, and the settings the agent reads from files at its
@@ -166,12 +166,16 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	if kind == agents.OMP {
 		// rpc-ui offers omp's ask tool; approvals as configured.
 		rs.Mode = "rpc-ui"
-		overlay := filepath.Join(spec.Home, "agenthost-overlay.yml")
-		if err := os.WriteFile(overlay, []byte(mcpOverlay), 0o600); err != nil {
+		// The workspace's own omp config (approvals, MCP files, extension, hook and
+		// foreign tool modules) is not the room's: see agents.OMPWorkspaceArgs. omp's own
+		// provider stays on, for the room's MCP file in the home.
+		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != ""}
+		overlay, err := agents.WriteOMPOverlay(spec.Home, o)
+		if err != nil {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
-		settings.Overlay = mcpOverlay
-		rs.ExtraArgs = append(rs.ExtraArgs, "--approval-mode", cfg.ApprovalMode, "--config", overlay)
+		settings.Overlay = agents.OMPOverlayText(o)
+		rs.ExtraArgs = append(rs.ExtraArgs, agents.OMPWorkspaceArgs(cfg.ApprovalMode, overlay)...)
 	}
 	rs.Dir = spec.Workspace
 	return rs, kind, settings, nil
@@ -220,6 +224,11 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
 	}
+	pol, err := t.confine(spec, &rs, true)
+	if err != nil {
+		return nil, err
+	}
+	a.confined = room.Confinement(pol.Report())
 	opts := rpc.SpawnOptions{
 		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
@@ -239,6 +248,8 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		h := p.Handle()
 		h.V2 = c.ProtocolVersion() == 2
 		h.Ready = c.Ready() != nil
+		b, _ := json.Marshal(a.confined)
+		h.Confinement = string(b)
 		a.proc, a.handle = p, h.String()
 	}
 	a.unsub = c.On("", a.event)
@@ -281,7 +292,8 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	if kind == "" {
 		kind = agents.OMP
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen}
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen,
+		confined: attachedConfinement(h)}
 	if kind == agents.Pi && len(cfg.Command) == 0 {
 		// The extension loaded at its start calls the room's tools.
 		a.piext, a.tools = true, spec.Tools
@@ -315,6 +327,10 @@ func (t *Transport) attachProc(ctx context.Context, spec room.AgentSpec, h daemo
 	if err != nil {
 		return nil, err
 	}
+	// The running agent's TMPDIR is kept: it is not started again.
+	if _, err := t.confine(spec, &rs, false); err != nil {
+		return nil, err
+	}
 	st := &daemonproc.Starter{Runner: t.opts.Daemon, Dir: spec.Home, Settings: settings}
 	want, err := st.Fingerprint(rs.Command())
 	if err != nil {
@@ -332,19 +348,19 @@ func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, m
 	cfg := spec.Config
 	st, err := c.GetState(ctx)
 	if err != nil {
-		_ = c.Close()
+		discard(c)
 		return fmt.Errorf("rpcagent: reading the agent's state: %w", err)
 	}
 	a.session = st.SessionID
 	if err := verifySelection(ctx, c, st, model, cfg.Thinking); err != nil {
-		_ = c.Close()
+		discard(c)
 		return err
 	}
 	// Host tools are omp's (pi gets the room's tools from its extension);
 	// a custom command may have none.
 	if len(spec.Tools) > 0 && hostTools {
 		if err := c.SetHostTools(ctx, toHostTools(spec.Tools)); err != nil {
-			_ = c.Close()
+			discard(c)
 			return fmt.Errorf("rpcagent: registering the room's tools: %w", err)
 		}
 	}
@@ -505,6 +521,46 @@ func verifySelection(ctx context.Context, c *rpc.Client, st *rpc.State, model, t
 	return nil
 }
 
+// Confinement implements room.Confined: what confines the agents this
+// Transport starts.
+func (t *Transport) Confinement() room.Confinement { return room.Confinement(t.opts.Confine.Report()) }
+
+// confine wraps rs's command in the room's confinement (as it is when
+// agents run unconfined): what the agent may use (see confine.AgentRoom),
+// its own command and its MCP servers' commands run; fresh empties its
+// TMPDIR (a start), else it is kept (the launch an attached agent is
+// compared with, which must be the same as at its start).
+func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool) (*confine.Policy, error) {
+	exec := []string{rs.Argv[0]}
+	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
+		if s := spec.MCP[name]; len(s.Command) > 0 {
+			exec = append(exec, s.Command[0])
+		}
+	}
+	r := confine.AgentRoom(spec.Workspace, spec.Home, exec, nil)
+	r.FreshTmp = fresh
+	pol, err := t.opts.Confine.Policy(r)
+	if err == nil {
+		rs.Argv, rs.Env, err = pol.Wrap(rs.Argv, rs.Env)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rpcagent: confining the agent: %w", err)
+	}
+	return pol, nil
+}
+
+// attachedConfinement is the confinement the agent was started with, as
+// its handle records it (that of the host that started it).
+func attachedConfinement(h daemonproc.Handle) room.Confinement {
+	var c room.Confinement
+	if json.Unmarshal([]byte(h.Confinement), &c) != nil {
+		// Recorded by a host before confinement: it ran unconfined.
+		var none *confine.Policy
+		return room.Confinement(none.Report())
+	}
+	return c
+}
+
 // agent is one running RPC agent.
 type agent struct {
 	c       *rpc.Client
@@ -522,6 +578,9 @@ type agent struct {
 	mu      sync.Mutex
 	acked   chan struct{} // closed once the current turn's prompt was answered
 
+	// confined is what confines the agent (room.Confined).
+	confined room.Confinement
+
 	// An agent in the process daemon: its process, handle (recorded by
 	// the room), whether it was attached mid-run, whether it was let go
 	// of; read is the output position past the last frame the listeners
@@ -536,7 +595,11 @@ type agent struct {
 var (
 	_ room.Detachable = (*agent)(nil)
 	_ room.Committer  = (*agent)(nil)
+	_ room.LeaseBound = (*agent)(nil)
 )
+
+// Confinement implements room.Confined.
+func (a *agent) Confinement() room.Confinement { return a.confined }
 
 // Handle implements room.Detachable ("" for an agent in custody here).
 func (a *agent) Handle() string { return a.handle }
@@ -556,9 +619,23 @@ func (a *agent) Detach() error {
 	}
 	a.detached.Store(true)
 	a.proc.Detach()
-	_ = a.c.Close()
+	discard(a.c)
 	a.unsub()
 	return nil
+}
+
+// joinWait bounds joining the callbacks of a client closed without a
+// context of the caller's (the room's handlers return once their
+// contexts end).
+const joinWait = 10 * time.Second
+
+// discard closes c and joins its callbacks: after it no listener of c
+// reports anything more to the room.
+func discard(c *rpc.Client) {
+	_ = c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), joinWait)
+	defer cancel()
+	_ = c.Wait(ctx)
 }
 
 // Continue implements room.Detachable: it waits for the run that was in
@@ -676,8 +753,19 @@ func (a *agent) waitPrompted(ctx context.Context) error {
 
 func (a *agent) Done() <-chan struct{} { return a.c.Done() }
 
+// HoldUntil implements room.LeaseBound: the agent's custody scope is
+// frozen at deadline (a cluster's lease).
+func (a *agent) HoldUntil(deadline time.Time) error { return agentproc.HoldUntil(a.c, deadline) }
+
+// Kill implements room.LeaseBound.
+func (a *agent) Kill() error { return agentproc.Kill(a.c) }
+
 func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 	err := a.c.Close()
+	// Nothing of the agent reaches the room after its release.
+	if werr := a.c.Wait(ctx); err == nil {
+		err = werr
+	}
 	a.unsub()
 	var raw json.RawMessage
 	if r := agentproc.Receipt(a.c); r != nil {
@@ -717,7 +805,8 @@ func (a *agent) event(ev rpc.Event) {
 	case rpc.EventToolExecutionStart:
 		var s rpc.ToolExecutionStartEvent
 		if ev.Decode(&s) == nil {
-			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: s.ToolName, CallID: s.ToolCallID, Input: bound(string(s.Args)), Offset: a.offset(end)})
+			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: detail.Name(s.ToolName), CallID: detail.Name(s.ToolCallID),
+				Input: text(string(s.Args)), Offset: a.offset(end)})
 			return
 		}
 	case rpc.EventToolExecutionEnd:
@@ -727,7 +816,8 @@ func (a *agent) event(ev rpc.Event) {
 			if r, err := e.DecodeResult(); err == nil {
 				out = r.Text()
 			}
-			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: e.ToolName, CallID: e.ToolCallID, Output: bound(out), IsError: e.IsError, Offset: a.offset(end)})
+			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: detail.Name(e.ToolName), CallID: detail.Name(e.ToolCallID),
+				Output: text(out), IsError: e.IsError, Offset: a.offset(end)})
 			return
 		}
 	}
@@ -788,8 +878,8 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 		}
 	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
-		tool, detail, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
-		if a.h.Approve(ctx, room.ApprovalRequest{Tool: tool, Input: bound(redact(detail)), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
+		tool, details, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
+		if a.h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
@@ -806,7 +896,13 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	case "confirm":
 		options = []string{"yes", "no"}
 	}
-	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: title, Options: options, Start: a.offset(req.Start), Offset: a.offset(req.End)})
+	// What the agent says is recorded redacted and bounded; an option the
+	// room showed that way goes back as the agent's.
+	shown := detail.Names(options)
+	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: text(title), Options: shown, Start: a.offset(req.Start), Offset: a.offset(req.End)})
+	if i := slices.Index(shown, strings.TrimSpace(ans)); ok && i >= 0 {
+		ans = options[i]
+	}
 	switch {
 	case !ok:
 		return rpc.Cancelled()
@@ -816,10 +912,8 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	return rpc.Value(ans)
 }
 
-func redact(s string) string { return detail.Redact(s) }
-
-// bound cuts s to MaxDetail bytes on a rune boundary.
-func bound(s string) string { return detail.Bound(s, MaxDetail) }
+// text redacts and bounds what the agent says for the room's record.
+func text(s string) string { return detail.Text(s, MaxDetail) }
 
 func firstLine(s string) string {
 	sc := bufio.NewScanner(strings.NewReader(s))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -44,7 +45,7 @@ func TestStreamingTurnSurvivesASlowStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := room.New(room.Options{Store: slowStore{room.SQLite(db)}, Transport: tr, Root: filepath.Join(dir, "rooms"),
+	m, err := room.New(room.Options{Store: slowStore{roomsqlite.New(db)}, Transport: tr, Root: filepath.Join(dir, "rooms"),
 		Config: room.Config{Command: []string{exe, "-test.run=^$"}, Env: []string{benchAgentEnv + "=1", "GORACE=atexit_sleep_ms=0"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,12 @@ func TestStreamingTurnSurvivesASlowStore(t *testing.T) {
 	if err := m.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	defer func() {
+		_ = m.Close()
+		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = m.Wait(wctx)
+		cancel()
+	}()
 	h := &benchHost{db: db, cust: cust, m: m}
 	if err := h.turn("r", "stream:600"); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/agenthost/agenthost/internal/mcpprobe"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -86,13 +87,13 @@ func TestRealRoomToolsAndMCP(t *testing.T) {
 
 func TestRoomMCPNamesAreChecked(t *testing.T) {
 	for _, name := range []string{"agenthost", "AgentHost", "bad name", ""} {
-		_, err := room.New(room.Options{Store: room.SQLite(nil), Transport: &Transport{}, Root: t.TempDir(),
+		_, err := room.New(room.Options{Store: roomsqlite.New(nil), Transport: &Transport{}, Root: t.TempDir(),
 			Config: room.Config{MCP: map[string]room.MCPServer{name: {URL: "http://127.0.0.1:1/mcp"}}}})
 		if err == nil {
 			t.Errorf("MCP server name %q accepted", name)
 		}
 	}
-	_, err := room.New(room.Options{Store: room.SQLite(nil), Transport: &Transport{}, Root: t.TempDir(),
+	_, err := room.New(room.Options{Store: roomsqlite.New(nil), Transport: &Transport{}, Root: t.TempDir(),
 		Tools: []room.Tool{{Name: "room_post", Run: func(context.Context, room.ToolCall) (string, error) { return "", nil }}}})
 	if err == nil {
 		t.Error("a tool named like a built-in was accepted")

@@ -3,7 +3,10 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agenthost/agenthost/internal/store"
@@ -25,6 +28,9 @@ type roomView struct {
 	// Node holds the room's lease in a cluster ("" when none does, and
 	// on one machine).
 	Node string `json:"node"`
+	// Confinement is what confines the room's agent (absent when the
+	// transport does not say).
+	Confinement *room.Confinement `json:"confinement,omitempty"`
 }
 
 type approvalView struct {
@@ -61,6 +67,16 @@ type messageView struct {
 	Ended    *time.Time `json:"ended,omitempty"`
 }
 
+type turnView struct {
+	ID        string     `json:"id"`
+	MessageID string     `json:"message_id"`
+	Outcome   string     `json:"outcome,omitempty"`
+	Reason    string     `json:"reason,omitempty"`
+	Text      string     `json:"text"`
+	Started   time.Time  `json:"started"`
+	Ended     *time.Time `json:"ended,omitempty"`
+}
+
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -77,7 +93,8 @@ func nonNil(s []string) []string {
 
 func viewRoom(st room.State) roomView {
 	v := roomView{ID: st.ID, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
-		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node}
+		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node,
+		Confinement: st.Confinement}
 	for _, a := range st.Approvals {
 		v.Approvals = append(v.Approvals, approvalView{ID: a.ID, TurnID: a.TurnID, Tool: a.Tool, Input: a.Input,
 			Options: nonNil(a.Options), Created: a.Created.UTC(), Deadline: a.Deadline.UTC()})
@@ -95,25 +112,49 @@ func viewMessage(m store.Message) messageView {
 		Started: timePtr(m.Started), Ended: timePtr(m.Ended)}
 }
 
+// Room listing pages: DefaultRoomsPage rooms unless ?limit= says, at
+// most MaxRoomsPage.
+const (
+	DefaultRoomsPage = 100
+	MaxRoomsPage     = store.MaxRoomsPage
+)
+
+// listRooms answers a page of rooms in order of id: ?after= (a room id,
+// the previous page's next) and ?limit=. The answer keeps the unpaged
+// route's shape, {"rooms": [...]}, with the number of rooms in total and,
+// when more follow, next: the after of the next page.
 func (s *Server) listRooms(w http.ResponseWriter, r *http.Request) {
-	ids, err := s.m.Rooms(r.Context())
+	q := r.URL.Query()
+	limit := DefaultRoomsPage
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxRoomsPage {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be a whole number from 1 to %d", MaxRoomsPage))
+			return
+		}
+		limit = n
+	}
+	after := q.Get("after")
+	if after != "" {
+		if err := room.ValidateID(after); err != nil {
+			writeError(w, http.StatusBadRequest, "after must be a room id (the next of the previous page): "+trimPrefix(err))
+			return
+		}
+	}
+	page, err := s.m.RoomPage(r.Context(), after, limit)
 	if err != nil {
 		s.fail(w, r, err, "rooms")
 		return
 	}
-	out := make([]roomView, 0, len(ids))
-	for _, id := range ids {
-		st, err := s.m.State(r.Context(), id)
-		if err != nil {
-			if errors.Is(err, room.ErrNotFound) || errors.Is(err, room.ErrBadID) {
-				continue
-			}
-			s.fail(w, r, err, "rooms")
-			return
-		}
+	out := make([]roomView, 0, len(page.Rooms))
+	for _, st := range page.Rooms {
 		out = append(out, viewRoom(st))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"rooms": out})
+	body := map[string]any{"rooms": out, "total": page.Total}
+	if page.More && len(out) > 0 {
+		body["next"] = out[len(out)-1].ID
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *Server) getRoom(w http.ResponseWriter, r *http.Request) {
@@ -247,6 +288,35 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"messages": out})
 }
 
+// listTurns serves the turns' outcomes and final texts: with the
+// messages, a client (the page) shows a long room's conversation without
+// replaying its event log.
+func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
+	_, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	after, ok := afterParam(w, r)
+	if !ok {
+		return
+	}
+	limit, ok := limitParam(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	turns, err := s.m.Turns(r.Context(), id, after, limit)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	out := make([]turnView, 0, len(turns))
+	for _, t := range turns {
+		out = append(out, turnView{ID: t.ID, MessageID: t.MessageID, Outcome: t.Outcome, Reason: t.Reason, Text: t.Text,
+			Started: t.Started.UTC(), Ended: timePtr(t.Ended.UTC())})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"turns": out})
+}
+
 func (s *Server) cancelTurn(w http.ResponseWriter, r *http.Request) {
 	st, id, ok := s.knownRoom(w, r)
 	if !ok {
@@ -317,4 +387,71 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": qid, "answer": *b.Answer})
+}
+
+// turnParam reads the {turn} path value (400 when malformed).
+func turnParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("turn")
+	if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, "turn id must be 1 to 128 printable ASCII characters")
+		return "", false
+	}
+	return id, true
+}
+
+// turnDiff answers what a turn changed in the room's workspace.
+func (s *Server) turnDiff(w http.ResponseWriter, r *http.Request) {
+	_, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	turn, ok := turnParam(w, r)
+	if !ok {
+		return
+	}
+	d, err := s.m.TurnDiff(r.Context(), id, turn)
+	if err != nil {
+		s.failSnapshot(w, r, err, turn)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// revertTurn restores the room's workspace to its state before a turn.
+func (s *Server) revertTurn(w http.ResponseWriter, r *http.Request) {
+	_, id, ok := s.knownRoom(w, r)
+	if !ok {
+		return
+	}
+	turn, ok := turnParam(w, r)
+	if !ok {
+		return
+	}
+	res, err := s.m.Revert(r.Context(), id, turn)
+	if err != nil {
+		s.failSnapshot(w, r, err, turn)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"reverted": true, "turn_id": turn, "files": nonNil(res.Files),
+		"kept": nonNil(res.Kept)})
+}
+
+// failSnapshot maps a diff's or revert's error, saying why a turn is not
+// found or the room busy.
+func (s *Server) failSnapshot(w http.ResponseWriter, r *http.Request, err error, turn string) {
+	switch {
+	case errors.Is(err, room.ErrBusy):
+		writeError(w, http.StatusConflict, "a turn is running in this room: wait for it to end (or cancel it)")
+	case errors.Is(err, room.ErrNotFound):
+		// The reason follows the sentinel: unknown, from another room, or
+		// run with snapshots off.
+		_, why, _ := strings.Cut(err.Error(), room.ErrNotFound.Error()+": ")
+		msg := "turn " + turn + ": not found"
+		if why != "" {
+			msg += " (" + why + ")"
+		}
+		writeError(w, http.StatusNotFound, msg)
+	default:
+		s.fail(w, r, err, "turn "+turn)
+	}
 }

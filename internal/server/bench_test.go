@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -243,7 +244,7 @@ func newBenchHarness(b *testing.B) *benchHarness {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := room.New(room.Options{Store: room.SQLite(db), Transport: newFakeTransport(), Root: dir + "/rooms",
+	m, err := room.New(room.Options{Store: roomsqlite.New(db), Transport: newFakeTransport(), Root: dir + "/rooms",
 		QueueLimit: 100000, MaxResident: 100})
 	if err != nil {
 		b.Fatal(err)
@@ -260,6 +261,9 @@ func newBenchHarness(b *testing.B) *benchHarness {
 		s.Close()
 		srv.Close()
 		_ = m.Close()
+		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = m.Wait(wctx)
+		cancel()
 		_ = db.Close()
 	})
 	return &benchHarness{db: db, url: srv.URL}
@@ -271,4 +275,99 @@ func newScanner(r io.Reader) *bufio.Scanner {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	return sc
+}
+
+// manyRooms is the room count of the listing and scrape benchmarks.
+const manyRooms = 20000
+
+// seedRooms writes n rooms into h's store, each with a settled exchange
+// (a message, its turn, five events), as a server that ran for a while
+// would hold them; the first pending rooms also keep an approval waiting.
+func seedRooms(b *testing.B, h *benchHarness, n, pending int) {
+	b.Helper()
+	ctx := context.Background()
+	const batch = 500
+	for i := 0; i < n; i += batch {
+		err := h.db.Write(ctx, func(w *store.Writer) error {
+			for j := i; j < min(i+batch, n); j++ {
+				id := fmt.Sprintf("room-%06d", j)
+				mid, tid := fmt.Sprintf("m%d", j), fmt.Sprintf("t%d", j)
+				now := time.Now()
+				for _, typ := range []string{"message.accepted", "turn.started", "text.delta", "turn.ended", "message.ended"} {
+					if _, err := w.Append(id, typ, map[string]string{"message_id": mid, "turn_id": tid, "outcome": "settled", "text": "ok"}); err != nil {
+						return err
+					}
+				}
+				if err := w.PutMessage(store.Message{ID: mid, Room: id, Seq: 1, Sender: "bench", Text: "hello", Delivery: "queue",
+					Status: "ended", Outcome: "settled", TurnID: tid, Accepted: now, Started: now, Ended: now}); err != nil {
+					return err
+				}
+				if err := w.PutTurn(store.Turn{ID: tid, Room: id, MessageID: mid, Started: now}); err != nil {
+					return err
+				}
+				if err := w.EndTurn(tid, "settled", "", "ok"); err != nil {
+					return err
+				}
+				if j < pending {
+					if err := w.PutApproval(store.Approval{ID: "a" + mid, Room: id, TurnID: tid, Tool: "bash", Input: "ls",
+						Options: []string{"allow", "deny"}, Created: now, Deadline: now.Add(time.Hour)}); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchGet(b *testing.B, url string) int {
+	b.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer res.Body.Close()
+	n, _ := io.Copy(io.Discard, res.Body)
+	if res.StatusCode != http.StatusOK {
+		b.Fatalf("GET %s: %d", url, res.StatusCode)
+	}
+	return int(n)
+}
+
+// BenchmarkListRooms20k: GET /v1/rooms on a store of 20,000 rooms: its
+// first page (what a client without paging gets), a page deep in the
+// list and a page of the largest size; reports the bytes of one answer.
+//
+//	BENCH_NOSYNC=1 go test ./internal/server -run '^$' -bench 'ListRooms20k|Metrics20k' -benchtime 20x
+func BenchmarkListRooms20k(b *testing.B) {
+	h := newBenchHarness(b)
+	seedRooms(b, h, manyRooms, 10)
+	for _, c := range []struct{ name, query string }{
+		{"first", ""},
+		{"after-19000", "?after=room-019000"},
+		{"limit-1000", "?limit=1000&after=room-010000"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var n int
+			for range b.N {
+				n = benchGet(b, h.url+"/v1/rooms"+c.query)
+			}
+			b.ReportMetric(float64(n), "bytes/page")
+		})
+	}
+}
+
+// BenchmarkMetrics20k: one /metrics scrape on a store of 20,000 rooms.
+func BenchmarkMetrics20k(b *testing.B) {
+	h := newBenchHarness(b)
+	seedRooms(b, h, manyRooms, 10)
+	b.ResetTimer()
+	for range b.N {
+		benchGet(b, h.url+"/metrics")
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -19,6 +21,7 @@ import (
 //	fail          the turn fails
 //	approve:TOOL  ask for approval, answer "allowed" or "denied"
 //	ask:TITLE     ask a question, answer "answer: <text>" or "no answer"
+//	write:NAME    write NAME in the workspace, answer "wrote NAME"
 //	anything else answered "ok: <text>", with one text delta
 type fakeTransport struct {
 	mu       sync.Mutex
@@ -91,6 +94,13 @@ func (a *fakeAgent) Run(ctx context.Context, text string) (room.TurnResult, erro
 		}
 	case text == "fail":
 		return room.TurnResult{}, errors.New("the model failed")
+	case strings.HasPrefix(text, "write:"):
+		// A file in the workspace, as a turn's edit.
+		name := strings.TrimPrefix(text, "write:")
+		if err := os.WriteFile(filepath.Join(a.spec.Workspace, name), []byte("hello\n"), 0o600); err != nil {
+			return room.TurnResult{}, err
+		}
+		return room.TurnResult{Text: "wrote " + name}, nil
 	case strings.HasPrefix(text, "approve:"):
 		tool := strings.TrimPrefix(text, "approve:")
 		h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: tool, CallID: "c1", Input: "ls"})
@@ -140,3 +150,18 @@ func (a *fakeAgent) Close(ctx context.Context) (json.RawMessage, error) {
 }
 
 func (a *fakeAgent) Done() <-chan struct{} { return a.done }
+
+func (f *fakeTransport) lastPrompt() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.prompts) == 0 {
+		return ""
+	}
+	return f.prompts[len(f.prompts)-1]
+}
+
+func (f *fakeTransport) lastSpec() room.AgentSpec {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.starts[len(f.starts)-1]
+}

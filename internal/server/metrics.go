@@ -7,17 +7,20 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// metrics are the server's Prometheus metrics. The Manager has no hooks
-// for counters, so they are derived from the rooms' event logs: each
-// scrape first reads what the logs gained since the last one (counting
-// what was written while this server runs), which costs nothing between
-// scrapes. Resident rooms, queued messages and pending approvals are read
-// from the Manager's state at each scrape.
+// metrics are the server's Prometheus metrics. The counters are derived
+// from the events written to the rooms' logs while this server runs. With
+// a store that reports its commits (the SQLite one, room.EventTapper)
+// each event is counted as it is committed, so a scrape costs the same
+// whatever the number of rooms; with another store each scrape first
+// reads what every room's log gained since the last one. The gauges
+// (rooms, resident agents, queued messages, running turns, what waits on
+// people) are the Manager's Gauges at each scrape.
 type metrics struct {
 	s   *Server
 	reg *prometheus.Registry
@@ -31,8 +34,10 @@ type metrics struct {
 	receipts      *prometheus.CounterVec
 	approvals     *prometheus.CounterVec
 
-	mu      sync.Mutex           // serialises catching up
-	cursor  map[string]int64     // per room, the last seq counted
+	mu      sync.Mutex           // serialises counting
+	tapped  bool                 // events are counted as committed
+	untap   func()               // stops that
+	cursor  map[string]int64     // per room, the last seq counted (not tapped)
 	started map[string]time.Time // running turns' starts, by turn id
 }
 
@@ -65,6 +70,16 @@ func newMetrics(s *Server) *metrics {
 	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
+	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
+		mt.mu.Lock()
+		defer mt.mu.Unlock()
+		for _, ev := range evs {
+			mt.count(ev.Type, ev.Time, ev.Data)
+		}
+	})
+	if mt.tapped {
+		return mt
+	}
 	// Rooms present now count from their current end; rooms made later
 	// from their start.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -87,8 +102,15 @@ func (mt *metrics) serve(w http.ResponseWriter, r *http.Request) {
 	mt.h.ServeHTTP(w, r)
 }
 
-// catchUp counts the events written since the last scrape.
+// close stops counting committed events.
+func (mt *metrics) close() { mt.untap() }
+
+// catchUp counts the events written since the last scrape, unless they
+// are counted as committed.
 func (mt *metrics) catchUp(ctx context.Context) error {
+	if mt.tapped {
+		return nil
+	}
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	ids, err := mt.s.m.Rooms(ctx)
@@ -170,8 +192,7 @@ func receiptOutcome(errText string, raw json.RawMessage) string {
 	return "clean"
 }
 
-// stateCollector reads resident rooms, queued messages and pending
-// approvals and questions from the Manager at scrape time.
+// stateCollector reads the Manager's Gauges at scrape time.
 type stateCollector struct{ s *Server }
 
 var (
@@ -193,30 +214,14 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(c.s.ctx, 10*time.Second)
 	defer cancel()
-	ids, err := c.s.m.Rooms(ctx)
+	g, err := c.s.m.Gauges(ctx)
 	if err != nil {
 		return
 	}
-	var resident, queued, running, approvals, questions int
-	for _, id := range ids {
-		st, err := c.s.m.State(ctx, id)
-		if err != nil {
-			continue
-		}
-		if st.Resident {
-			resident++
-		}
-		if st.Turn != nil {
-			running++
-		}
-		queued += st.Queued
-		approvals += len(st.Approvals)
-		questions += len(st.Questions)
-	}
-	ch <- prometheus.MustNewConstMetric(residentDesc, prometheus.GaugeValue, float64(resident))
-	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(len(ids)))
-	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(queued))
-	ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(running))
-	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(approvals), "approval")
-	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(questions), "question")
+	ch <- prometheus.MustNewConstMetric(residentDesc, prometheus.GaugeValue, float64(g.Resident))
+	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(g.Rooms))
+	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(g.Queued))
+	ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(g.Running))
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(g.Approvals), "approval")
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(g.Questions), "question")
 }

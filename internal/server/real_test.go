@@ -13,6 +13,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -54,7 +55,7 @@ func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}}
-	ropts.Store, ropts.Transport, ropts.Root = room.SQLite(db), tr, filepath.Join(dir, "rooms")
+	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), tr, filepath.Join(dir, "rooms")
 	h.m, err = room.New(ropts)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +70,10 @@ func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
 	t.Cleanup(func() {
 		h.s.Close()
 		h.ts.Close()
-		if err := h.m.Close(); err != nil {
+		_ = h.m.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := h.m.Wait(ctx); err != nil {
 			t.Errorf("closing the rooms: %v", err)
 		}
 		if err := cust.Close(); err != nil {

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/buildinfo"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -77,6 +78,9 @@ type Options struct {
 	// with the error as the reason (a part the host needs is down).
 	Health func() error
 	Logger *slog.Logger
+	// Version names the build in /healthz and the OpenAPI document's
+	// info.version (default: buildinfo.Version()).
+	Version string
 }
 
 // Server is the HTTP API. Create it with New, serve Handler, Close it
@@ -88,6 +92,7 @@ type Server struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	hubs    *hubs
+	openapi []byte // the OpenAPI document with info.version set
 
 	ctx    context.Context // ends open streams at Close
 	cancel context.CancelFunc
@@ -133,8 +138,15 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Version == "" {
+		opts.Version = buildinfo.Version()
+	}
+	doc, err := openAPIDoc(opts.Version)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux()}
+	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux(), openapi: doc}
 	s.hubs = newHubs(s)
 	s.metrics = newMetrics(s)
 	for _, rt := range s.routes() {
@@ -159,6 +171,7 @@ func (s *Server) Close() {
 	s.cancel()
 	s.hubs.mu.Unlock()
 	s.wg.Wait()
+	s.metrics.close()
 }
 
 type route struct {
@@ -173,16 +186,19 @@ func (s *Server) routes() []route {
 		{pattern: "GET /{$}", handler: s.index, open: true},
 		{pattern: "GET /healthz", handler: s.healthz, open: true},
 		{pattern: "GET /metrics", handler: s.metrics.serve},
-		{pattern: "GET /v1/openapi.json", handler: serveOpenAPI},
+		{pattern: "GET /v1/openapi.json", handler: s.serveOpenAPI},
 		{pattern: "GET /v1/rooms", handler: s.listRooms},
 		{pattern: "GET /v1/rooms/{room}", handler: s.getRoom},
 		{pattern: "DELETE /v1/rooms/{room}", handler: s.releaseRoom},
 		{pattern: "POST /v1/rooms/{room}/messages", handler: s.postMessage},
 		{pattern: "GET /v1/rooms/{room}/messages", handler: s.listMessages},
+		{pattern: "GET /v1/rooms/{room}/turns", handler: s.listTurns},
 		{pattern: "POST /v1/rooms/{room}/cancel", handler: s.cancelTurn},
 		{pattern: "POST /v1/rooms/{room}/approvals/{id}", handler: s.approve},
 		{pattern: "POST /v1/rooms/{room}/questions/{id}", handler: s.answer},
 		{pattern: "GET /v1/rooms/{room}/events", handler: s.events},
+		{pattern: "GET /v1/rooms/{room}/turns/{turn}/diff", handler: s.turnDiff},
+		{pattern: "POST /v1/rooms/{room}/turns/{turn}/revert", handler: s.revertTurn},
 	}
 }
 
@@ -305,6 +321,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 		status, msg = http.StatusConflict, "no turn is running in this room"
 	case errors.Is(err, room.ErrClosed), errors.Is(err, room.ErrNotStarted), errors.Is(err, store.ErrClosed):
 		status, msg = http.StatusServiceUnavailable, "the server is shutting down"
+	case errors.Is(err, room.ErrUnavailable):
+		status, msg = http.StatusServiceUnavailable, trimPrefix(err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		status, msg = http.StatusServiceUnavailable, what+": request ended before it completed"
 	default:
@@ -400,11 +418,11 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if h := s.opts.Health; h != nil {
 		if err := h(); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": err.Error()})
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": err.Error(), "version": s.opts.Version})
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.opts.Version})
 }
 
 // afterParam parses ?after=N (0 when absent).

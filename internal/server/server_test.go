@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 	"go.uber.org/goleak"
@@ -62,7 +63,7 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, db: db, f: newFakeTransport(), seen: &observed{m: map[string]map[int]bool{}}}
-	ropts.Store, ropts.Transport, ropts.Root = room.SQLite(db), h.f, filepath.Join(dir, "rooms")
+	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), h.f, filepath.Join(dir, "rooms")
 	if h.m, err = room.New(ropts); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +80,9 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 		h.s.Close() // ends the streams, so the test server can close
 		h.ts.Close()
 		_ = h.m.Close()
+		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = h.m.Wait(wctx)
+		cancel()
 		_ = db.Close()
 	})
 	return h
@@ -398,6 +402,18 @@ func turnAndStream(t *testing.T, h *harness) {
 	if len(msgs) != 1 || msgs[0].(map[string]any)["outcome"] != "settled" || msgs[0].(map[string]any)["status"] != "ended" {
 		t.Fatalf("messages: %v", msgs)
 	}
+	// The turn with its final text: what the page shows without the log.
+	turns := h.do("GET", "/v1/rooms/r1/turns", nil).json(t)["turns"].([]any)
+	if len(turns) != 1 {
+		t.Fatalf("turns: %v", turns)
+	}
+	if tr := turns[0].(map[string]any); tr["message_id"] != msgs[0].(map[string]any)["id"] || tr["id"] != msgs[0].(map[string]any)["turn_id"] ||
+		tr["outcome"] != "settled" || tr["text"] != "ok: hello" || tr["ended"] == nil {
+		t.Fatalf("turn: %v", tr)
+	}
+	if rest := h.do("GET", "/v1/rooms/r1/turns?after="+fmt.Sprint(msgs[0].(map[string]any)["seq"]), nil).json(t)["turns"].([]any); len(rest) != 0 {
+		t.Fatalf("turns after the only message's: %v", rest)
+	}
 	list := h.do("GET", "/v1/rooms", nil).json(t)["rooms"].([]any)
 	if !slices.ContainsFunc(list, func(r any) bool { return r.(map[string]any)["id"] == "r1" }) {
 		t.Fatalf("rooms: %v", list)
@@ -530,6 +546,9 @@ func badCases() []badCase {
 		{"room id too long", "POST", "/v1/rooms/" + strings.Repeat("a", 129) + "/messages", `{"text":"a"}`, nil, 400, "invalid room id: longer than 128"},
 		{"room id with a slash", "POST", "/v1/rooms/a%2Fb/messages", `{"text":"a"}`, nil, 400, "invalid room id"},
 		{"room id dot-dot", "GET", "/v1/rooms/%2E%2E", nil, nil, 400, "invalid room id"},
+		{"rooms limit zero", "GET", "/v1/rooms?limit=0", nil, nil, 400, "limit must be a whole number from 1 to 1000"},
+		{"rooms limit not a number", "GET", "/v1/rooms?limit=ten", nil, nil, 400, "limit must be"},
+		{"rooms after a bad id", "GET", "/v1/rooms?after=a%2Fb", nil, nil, 400, "after must be a room id"},
 		{"room id with a control character", "GET", "/v1/rooms/a%01b", nil, nil, 400, "invalid room id"},
 		{"room id not UTF-8", "GET", "/v1/rooms/a%ffb", nil, nil, 400, "not UTF-8"},
 		{"room id with a space at the end", "GET", "/v1/rooms/a%20", nil, nil, 400, "leading or trailing space"},
@@ -538,13 +557,21 @@ func badCases() []badCase {
 		{"unknown room", "GET", "/v1/rooms/nope", nil, nil, 404, "not found"},
 		{"unknown room's messages", "GET", "/v1/rooms/nope/messages", nil, nil, 404, "not found"},
 		{"unknown room's events", "GET", "/v1/rooms/nope/events", nil, nil, 404, "not found"},
+		{"unknown room's turns", "GET", "/v1/rooms/nope/turns", nil, nil, 404, "not found"},
 		{"release an unknown room", "DELETE", "/v1/rooms/nope", nil, nil, 404, "not found"},
 		{"cancel in an unknown room", "POST", "/v1/rooms/nope/cancel", nil, nil, 404, "not found"},
 		{"bad after", "GET", "/v1/rooms/known/events?after=x", nil, nil, 400, "after must be"},
 		{"negative after", "GET", "/v1/rooms/known/messages?after=-1", nil, nil, 400, "after must be"},
+		{"turns: negative after", "GET", "/v1/rooms/known/turns?after=-1", nil, nil, 400, "after must be"},
 		{"bad limit", "GET", "/v1/rooms/known/messages?limit=0", nil, nil, 400, "limit must be"},
 		{"bad Last-Event-ID", "GET", "/v1/rooms/known/events", nil, []string{"Last-Event-ID", "abc"}, 400, "Last-Event-ID"},
 		{"bad follow", "GET", "/v1/rooms/known/events?follow=maybe", nil, nil, 400, "follow must be"},
+		{"unknown turn's diff", "GET", "/v1/rooms/known/turns/t_nope/diff", nil, nil, 404, "turn t_nope: not found"},
+		{"revert an unknown turn", "POST", "/v1/rooms/known/turns/t_nope/revert", nil, nil, 404, "turn t_nope: not found"},
+		{"diff of a bad turn id", "GET", "/v1/rooms/known/turns/a%20b/diff", nil, nil, 400, "turn id must be"},
+		{"revert a bad turn id", "POST", "/v1/rooms/known/turns/a%01b/revert", nil, nil, 400, "turn id must be"},
+		{"diff in an unknown room", "GET", "/v1/rooms/nope/turns/t_x/diff", nil, nil, 404, "not found"},
+		{"revert in a bad room id", "POST", "/v1/rooms/a%5Cb/turns/t_x/revert", nil, nil, 400, "invalid room id"},
 		{"unknown approval", "POST", "/v1/rooms/known/approvals/a_nope", `{"decision":"allow"}`, nil, 404, "approval a_nope: not found"},
 		{"bad decision", "POST", "/v1/rooms/known/approvals/a_nope", `{"decision":"yes"}`, nil, 400, `decision must be "allow" or "deny"`},
 		{"no decision", "POST", "/v1/rooms/known/approvals/a_nope", `{}`, nil, 400, "decision must be"},
@@ -829,7 +856,7 @@ func cutCount(h *harness) float64 {
 // package is documented for its route (and every documented one was
 // seen, but 503, which needs a shutdown mid-request).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
-	h := newHarness(t, room.Options{QueueLimit: 1}, Options{BodyTimeout: time.Second})
+	h := newHarness(t, room.Options{QueueLimit: 1, Snapshots: snapshots(t)}, Options{BodyTimeout: time.Second})
 	var doc struct {
 		OpenAPI string                                `json:"openapi"`
 		Paths   map[string]map[string]json.RawMessage `json:"paths"`
@@ -878,6 +905,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	turnAndStream(t, h)
 	approvalsQuestionsAndCancel(t, h)
 	queueFull(t, h)
+	diffAndRevert(t, h)
 	known := h.post("known", "hello")
 	h.ended("known", known)
 	runBadCases(t, h)
@@ -887,7 +915,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	for _, rt := range h.s.routes() {
 		method, path, _ := strings.Cut(rt.pattern, " ")
-		path = strings.NewReplacer("{$}", "", "{room}", "known", "{id}", "x").Replace(path)
+		path = strings.NewReplacer("{$}", "", "{room}", "known", "{id}", "x", "{turn}", "x").Replace(path)
 		h.do(method, path, nil, "Authorization", "Bearer wrong")
 	}
 	var slow sync.WaitGroup

@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/agenthost/agenthost/record"
 )
 
 func isNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
 
-// MaxEventsPage bounds one Events call.
-const MaxEventsPage = 10000
+// MaxEventsPage bounds one Events call (record.MaxPage).
+const MaxEventsPage = record.MaxPage
 
 // Events returns up to limit of the room's events after sequence number
 // after, in order (limit <= 0 or over MaxEventsPage means MaxEventsPage).
@@ -82,6 +84,46 @@ func (db *DB) AgentRooms(ctx context.Context) ([]Room, error) {
 		out = append(out, r)
 	}
 	return out, wrap("agent rooms", rows.Err())
+}
+
+// MaxRoomsPage is the largest page of rooms a caller should list.
+const MaxRoomsPage = 1000
+
+// RoomPage returns up to limit rooms whose id sorts after after, in order
+// of id, each with its last sequence number. limit <= 0 means
+// MaxRoomsPage; it is at most MaxRoomsPage+1, so that a caller can read
+// its page and one more room to learn whether more follow. One query,
+// whatever the room count.
+func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, error) {
+	if limit <= 0 {
+		limit = MaxRoomsPage
+	}
+	limit = min(limit, MaxRoomsPage+1)
+	rows, err := db.rdb.QueryContext(ctx, `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
+	if err != nil {
+		return nil, wrap("rooms", err)
+	}
+	defer rows.Close()
+	var out []Room
+	for rows.Next() {
+		var r Room
+		var created int64
+		var cfg []byte
+		if err := rows.Scan(&r.ID, &created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen, &r.LastSeq); err != nil {
+			return nil, wrap("rooms", err)
+		}
+		r.Created, r.Config = fromNS(created), cfg
+		out = append(out, r)
+	}
+	return out, wrap("rooms", rows.Err())
+}
+
+// RoomCount is the number of rooms the store holds.
+func (db *DB) RoomCount(ctx context.Context) (int, error) {
+	var n int
+	err := db.rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM rooms").Scan(&n)
+	return n, wrap("rooms", err)
 }
 
 // RoomIDs lists the rooms' ids in order.
@@ -172,6 +214,17 @@ func scanTurns(rows *sql.Rows, err error) ([]Turn, error) {
 	return out, wrap("turns", rows.Err())
 }
 
+// Turns returns up to limit of the room's turns, in order of the message
+// each consumed first, for the messages accepted after seq after: with
+// Messages, the room's conversation without its event log.
+func (db *DB) Turns(ctx context.Context, room string, after int64, limit int) ([]Turn, error) {
+	if limit <= 0 || limit > MaxEventsPage {
+		limit = MaxEventsPage
+	}
+	return scanTurns(db.rdb.QueryContext(ctx, `SELECT t.id, t.room, t.message_id, t.outcome, t.reason, t.text, t.started_ns, t.ended_ns
+		FROM turns t JOIN messages m ON m.id = t.message_id WHERE t.room = ? AND m.seq > ? ORDER BY m.seq, t.started_ns LIMIT ?`, room, after, limit))
+}
+
 // OpenTurns returns the turns that started and never ended, in every room.
 func (db *DB) OpenTurns(ctx context.Context) ([]Turn, error) {
 	return scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE ended_ns = 0 ORDER BY room, started_ns"))
@@ -180,11 +233,18 @@ func (db *DB) OpenTurns(ctx context.Context) ([]Turn, error) {
 // Approvals returns the room's approvals in order of creation (all rooms
 // for room ""), only the pending ones if pending is set.
 func (db *DB) Approvals(ctx context.Context, room string, pending bool) ([]Approval, error) {
-	q := "SELECT id, room, turn_id, tool, input, options, created_ns, deadline_ns, decision, by, resolved_ns FROM approvals WHERE (? = '' OR room = ?)"
+	// Two shapes of query rather than one "(? = '' OR room = ?)", which
+	// SQLite cannot answer from an index.
+	q := "SELECT id, room, turn_id, tool, input, options, created_ns, deadline_ns, decision, by, resolved_ns FROM approvals WHERE 1"
+	var args []any
+	if room != "" {
+		q += " AND room = ?"
+		args = append(args, room)
+	}
 	if pending {
 		q += " AND decision = ''"
 	}
-	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", room, room)
+	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", args...)
 	if err != nil {
 		return nil, wrap("approvals", err)
 	}
@@ -209,11 +269,16 @@ func (db *DB) Approvals(ctx context.Context, room string, pending bool) ([]Appro
 // Questions returns the room's questions in order of creation (all rooms
 // for room ""), only the pending ones if pending is set.
 func (db *DB) Questions(ctx context.Context, room string, pending bool) ([]Question, error) {
-	q := "SELECT id, room, turn_id, title, options, created_ns, deadline_ns, answer, by, answered_ns FROM questions WHERE (? = '' OR room = ?)"
+	q := "SELECT id, room, turn_id, title, options, created_ns, deadline_ns, answer, by, answered_ns FROM questions WHERE 1"
+	var args []any
+	if room != "" {
+		q += " AND room = ?"
+		args = append(args, room)
+	}
 	if pending {
 		q += " AND by = ''"
 	}
-	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", room, room)
+	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", args...)
 	if err != nil {
 		return nil, wrap("questions", err)
 	}
@@ -254,11 +319,6 @@ func (db *DB) Receipts(ctx context.Context, room string) ([]Receipt, error) {
 		out = append(out, r)
 	}
 	return out, wrap("receipts", rows.Err())
-}
-
-// Exchange is a message and the final text of its turn.
-type Exchange struct {
-	Sender, Text, Answer string
 }
 
 // Exchanges returns up to limit of the room's messages accepted before

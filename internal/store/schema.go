@@ -99,6 +99,12 @@ ALTER TABLE rooms ADD COLUMN agent_proc TEXT NOT NULL DEFAULT '';
 ALTER TABLE rooms ADD COLUMN agent_offset INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rooms ADD COLUMN agent_seen INTEGER NOT NULL DEFAULT 0;
 `,
+	// 3: the approvals and questions still waiting on a person, read at
+	// every listing and scrape, without a walk of all that were resolved.
+	`
+CREATE INDEX approvals_pending ON approvals (room, created_ns) WHERE decision = '';
+CREATE INDEX questions_pending ON questions (room, created_ns) WHERE by = '';
+`,
 }
 
 // SchemaVersion is the schema version this agenthost writes.

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agenthost/agenthost/record"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -49,17 +50,17 @@ const (
 
 var (
 	// ErrClosed is returned by calls after Close.
-	ErrClosed = errors.New("store: closed")
+	ErrClosed = record.ErrClosed
 	// ErrLocked is returned by Open when another process holds the store.
 	ErrLocked = errors.New("store: in use by another process")
 	// ErrNotFound is returned for an unknown room, message, approval...
-	ErrNotFound = errors.New("store: not found")
+	ErrNotFound = record.ErrNotFound
 	// ErrNewerSchema is returned by Open for a store written by a newer
 	// agenthost, which this one must not touch.
 	ErrNewerSchema = errors.New("store: schema is newer than this agenthost")
 	// ErrConflict is returned when a write finds the row in a state that
 	// forbids it (an approval already resolved).
-	ErrConflict = errors.New("store: conflict")
+	ErrConflict = record.ErrConflict
 )
 
 // Options configure a store. The zero value is usable.
@@ -105,6 +106,7 @@ type DB struct {
 	mu    sync.Mutex
 	shut  bool
 	watch map[string]map[chan struct{}]struct{}
+	taps  map[*tap]struct{}
 	// seqs caches each room's last sequence number; only the writer
 	// goroutine touches it.
 	seqs map[string]int64
@@ -128,6 +130,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		quit:  make(chan struct{}),
 		done:  make(chan struct{}),
 		watch: map[string]map[chan struct{}]struct{}{},
+		taps:  map[*tap]struct{}{},
 		seqs:  map[string]int64{},
 	}
 	sync := "FULL"
@@ -217,6 +220,43 @@ func (db *DB) Watch(room string) (<-chan struct{}, func()) {
 			}
 		}
 	}
+}
+
+type tap struct{ fn func([]Event) }
+
+// Tap calls fn after each commit that appended events, in any room, with
+// those events in the order they were appended (their Data shared: fn
+// must not change it), until stop is called. fn runs on the writer's
+// goroutine, between one commit and the next: it must be quick and must
+// not call Write. A store-wide count of what is written (metrics) then
+// costs nothing per room.
+func (db *DB) Tap(fn func([]Event)) (stop func()) {
+	t := &tap{fn: fn}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.shut {
+		return func() {}
+	}
+	db.taps[t] = struct{}{}
+	return func() {
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		delete(db.taps, t)
+	}
+}
+
+// tapsNow returns the taps set now (nil for none).
+func (db *DB) tapsNow() []*tap {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if len(db.taps) == 0 {
+		return nil
+	}
+	out := make([]*tap, 0, len(db.taps))
+	for t := range db.taps {
+		out = append(out, t)
+	}
+	return out
 }
 
 func (db *DB) notify(rooms map[string]struct{}) {
@@ -350,9 +390,13 @@ func (db *DB) commit(batch []*writeReq) {
 		return
 	}
 	touched := map[string]struct{}{}
-	w := &Writer{tx: tx, db: db}
+	// A tap set while the batch runs sees the next one.
+	taps := db.tapsNow()
+	w := &Writer{tx: tx, db: db, tapped: taps != nil}
 	for _, r := range live {
+		mark := len(w.appended)
 		if err := db.runOne(ctx, w, r); err != nil {
+			w.appended = w.appended[:mark]
 			r.err = err
 			continue
 		}
@@ -367,6 +411,14 @@ func (db *DB) commit(batch []*writeReq) {
 		finish(fmt.Errorf("store: commit: %w", err))
 		return
 	}
+	// The taps see the batch before anyone learns of its commit, so a
+	// count read after a Write returns (or after a watcher wakes)
+	// includes it.
+	if len(w.appended) > 0 {
+		for _, t := range taps {
+			t.fn(w.appended)
+		}
+	}
 	finish(nil)
 	if len(touched) > 0 {
 		db.notify(touched)
@@ -376,7 +428,7 @@ func (db *DB) commit(batch []*writeReq) {
 // runOne runs one write under a savepoint; on failure its changes, and
 // the sequence numbers it took, are undone.
 func (db *DB) runOne(ctx context.Context, w *Writer, r *writeReq) (err error) {
-	if _, err := w.tx.ExecContext(ctx, "SAVEPOINT w"); err != nil {
+	if _, err := w.exec("SAVEPOINT w"); err != nil {
 		return fmt.Errorf("store: savepoint: %w", err)
 	}
 	w.rooms = map[string]struct{}{}
@@ -399,7 +451,7 @@ func (db *DB) runOne(ctx context.Context, w *Writer, r *writeReq) (err error) {
 			}
 			return
 		}
-		if _, rerr := w.tx.ExecContext(ctx, "RELEASE w"); rerr != nil {
+		if _, rerr := w.exec("RELEASE w"); rerr != nil {
 			err = fmt.Errorf("store: release: %w", rerr)
 		}
 	}()

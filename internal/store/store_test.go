@@ -637,3 +637,136 @@ func TestAgentProcAndOffset(t *testing.T) {
 		t.Fatalf("agent rooms after clearing: %+v %v", rs, err)
 	}
 }
+
+// Turns lists a room's turns in order of the message each consumed, with
+// their final text, from a given message on: what the page shows instead
+// of replaying the log.
+func TestTurnsInOrderOfTheirMessages(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	now := time.Now()
+	var seqs []int64
+	err := db.Write(ctx, func(w *Writer) error {
+		for i, room := range []string{"r", "r", "r", "other"} {
+			id := fmt.Sprintf("m%d", i)
+			ev, err := w.Append(room, "message.accepted", map[string]string{"message_id": id})
+			if err != nil {
+				return err
+			}
+			seqs = append(seqs, ev.Seq)
+			if err := w.PutMessage(Message{ID: id, Room: room, Seq: ev.Seq, Text: id, Status: MessageQueued, Accepted: now}); err != nil {
+				return err
+			}
+			// Later messages' turns start earlier: the order is the messages'.
+			if err := w.PutTurn(Turn{ID: fmt.Sprintf("t%d", i), Room: room, MessageID: id, Started: now.Add(-time.Duration(i) * time.Second)}); err != nil {
+				return err
+			}
+		}
+		return w.EndTurn("t0", "settled", "", "answer 0")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(after int64, limit int) string {
+		ts, err := db.Turns(ctx, "r", after, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tr := range ts {
+			out = append(out, tr.ID+":"+tr.Outcome+":"+tr.Text)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := ids(0, 0); got != "t0:settled:answer 0 t1:: t2::" {
+		t.Fatalf("turns: %s", got)
+	}
+	if got := ids(seqs[0], 1); got != "t1::" {
+		t.Fatalf("turns after the first message, one: %s", got)
+	}
+	if got := ids(seqs[2], 0); got != "" {
+		t.Fatalf("turns after the last message: %s", got)
+	}
+}
+
+// TestMigrate_FromEveryEarlierVersion: a database an older agenthost left
+// at each earlier schema version, with a room mid-turn in it, opens,
+// migrates to the current version, and reads and writes as before.
+func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
+	ctx := t.Context()
+	for v := 1; v < SchemaVersion; v++ {
+		t.Run(fmt.Sprintf("from%d", v), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "agenthost.db")
+			raw, err := sql.Open("sqlite", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range migrations[:v] {
+				if _, err := raw.Exec(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Rows as version 1 wrote them (every later migration only
+			// adds columns with defaults, or indexes).
+			for _, q := range []string{
+				fmt.Sprintf("PRAGMA user_version = %d", v),
+				`INSERT INTO rooms (id, created_ns, agent, session_id) VALUES ('r', 1, 'omp', 's1')`,
+				`INSERT INTO events (room, seq, type, time_ns, data) VALUES ('r', 1, 'message.accepted', 2, '{}'), ('r', 2, 'turn.started', 3, '{}')`,
+				`INSERT INTO messages (id, room, seq, sender, text, delivery, status, turn_id, accepted_ns, started_ns) VALUES ('m1', 'r', 1, 'ann', 'hi', 'queue', 'started', 't1', 2, 3)`,
+				`INSERT INTO turns (id, room, message_id, started_ns) VALUES ('t1', 'r', 'm1', 3)`,
+				`INSERT INTO approvals (id, room, turn_id, tool, input, options, created_ns, deadline_ns) VALUES ('a1', 'r', 't1', 'bash', 'ls', '["allow","deny"]', 4, 5)`,
+				`INSERT INTO questions (id, room, turn_id, title, options, created_ns, deadline_ns) VALUES ('q1', 'r', 't1', 'which?', '["a","b"]', 4, 5)`,
+			} {
+				if _, err := raw.Exec(q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			_ = raw.Close()
+
+			db, err := Open(ctx, path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			r, err := db.Room(ctx, "r")
+			if err != nil || r.Agent != "omp" || r.SessionID != "s1" || r.LastSeq != 2 || r.AgentProc != "" {
+				t.Fatalf("room %+v, %v", r, err)
+			}
+			open, err := db.OpenTurns(ctx)
+			if err != nil || len(open) != 1 || open[0].ID != "t1" {
+				t.Fatalf("open turns %+v, %v", open, err)
+			}
+			appr, err := db.Approvals(ctx, "r", true)
+			if err != nil || len(appr) != 1 || appr[0].Tool != "bash" || len(appr[0].Options) != 2 {
+				t.Fatalf("pending approvals %+v, %v", appr, err)
+			}
+			qs, err := db.Questions(ctx, "r", true)
+			if err != nil || len(qs) != 1 || qs[0].Title != "which?" {
+				t.Fatalf("pending questions %+v, %v", qs, err)
+			}
+			err = db.Write(ctx, func(w *Writer) error {
+				if err := w.SetAgentProc("r", "procd:1"); err != nil {
+					return err
+				}
+				if err := w.ResolveApproval("r", "a1", "allow", "ann"); err != nil {
+					return err
+				}
+				_, err := w.Append("r", "approval.resolved", nil)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if appr, err = db.Approvals(ctx, "r", true); err != nil || len(appr) != 0 {
+				t.Fatalf("pending approvals after the decision %+v, %v", appr, err)
+			}
+			if r, err = db.Room(ctx, "r"); err != nil || r.AgentProc != "procd:1" || r.LastSeq != 3 {
+				t.Fatalf("room after a write %+v, %v", r, err)
+			}
+			var got int
+			if err := db.wdb.QueryRowContext(ctx, "PRAGMA user_version").Scan(&got); err != nil || got != SchemaVersion {
+				t.Fatalf("schema version %d, %v; want %d", got, err, SchemaVersion)
+			}
+		})
+	}
+}

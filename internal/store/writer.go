@@ -19,10 +19,48 @@ type Writer struct {
 	// cached), to undo on rollback.
 	rooms map[string]struct{}
 	taken map[string]int64
+	// appended holds the batch's events for the taps (see DB.Tap), kept
+	// only while a tap is set.
+	appended []Event
+	tapped   bool
+	stmts    map[string]*sql.Stmt // prepared in this batch's transaction
 }
 
 func (w *Writer) exec(query string, args ...any) (sql.Result, error) {
-	return w.tx.ExecContext(context.Background(), query, args...)
+	st, err := w.stmt(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.Exec(args...)
+}
+
+// queryRow is QueryRow with the batch's prepared statement for query.
+func (w *Writer) queryRow(query string, args ...any) *sql.Row {
+	st, err := w.stmt(query)
+	if err != nil {
+		// A Row carrying the error: Scan returns it.
+		return w.tx.QueryRowContext(context.Background(), query, args...)
+	}
+	return st.QueryRow(args...)
+}
+
+// stmt is the batch's prepared statement for query: SQLite otherwise
+// parses a statement at every exec, and a batch under load runs the same
+// few statements many times. They close with the transaction. The
+// queries are the writer's own constants: a few dozen at most.
+func (w *Writer) stmt(query string) (*sql.Stmt, error) {
+	if st, ok := w.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := w.tx.PrepareContext(context.Background(), query)
+	if err != nil {
+		return nil, err
+	}
+	if w.stmts == nil {
+		w.stmts = map[string]*sql.Stmt{}
+	}
+	w.stmts[query] = st
+	return st, nil
 }
 
 // EnsureRoom creates the room if it does not exist.
@@ -41,7 +79,7 @@ func (w *Writer) seq(room string) (int64, error) {
 		return 0, fmt.Errorf("store: room: %w", err)
 	}
 	var s int64
-	err := w.tx.QueryRowContext(context.Background(), "SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = ?", room).Scan(&s)
+	err := w.queryRow("SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = ?", room).Scan(&s)
 	if err != nil {
 		return 0, fmt.Errorf("store: room: %w", err)
 	}
@@ -74,6 +112,9 @@ func (w *Writer) Append(room, typ string, data any) (Event, error) {
 	}
 	w.db.seqs[room] = ev.Seq
 	w.rooms[room] = struct{}{}
+	if w.tapped {
+		w.appended = append(w.appended, ev)
+	}
 	return ev, nil
 }
 
@@ -227,7 +268,7 @@ func affectedOrConflict(op string, res sql.Result, err error, w *Writer, exists 
 		return err
 	}
 	var one int
-	if err := w.tx.QueryRowContext(context.Background(), exists, args...).Scan(&one); err == sql.ErrNoRows {
+	if err := w.queryRow(exists, args...).Scan(&one); err == sql.ErrNoRows {
 		return fmt.Errorf("store: %s: %w", op, ErrNotFound)
 	} else if err != nil {
 		return wrap(op, err)

@@ -68,28 +68,59 @@ function roomPath(id) {
 
 // ---- rooms list
 
+// The list shows rooms a page at a time, in order of id: "More rooms"
+// reads the next page; a refresh reads again as many as are shown.
+const ROOMS_PAGE = 100;
+let roomsShown = ROOMS_PAGE;
+let roomsNext = "";
+
+function roomItem(r) {
+  const li = el("li");
+  const b = el("button", "room-link", r.id);
+  b.type = "button";
+  if (current && current.id === r.id) b.setAttribute("aria-current", "true");
+  const waiting = r.approvals.length + r.questions.length;
+  if (r.turn) b.append(el("span", "badge", "busy"));
+  if (waiting) b.append(el("span", "badge warn", waiting + " waiting"));
+  b.addEventListener("click", () => openRoom(r.id));
+  li.append(b);
+  return li;
+}
+
+function showRoomsMore(shown, total) {
+  const more = $("more-rooms");
+  more.hidden = !roomsNext;
+  more.textContent = "More rooms (" + shown + " of " + total + ")";
+}
+
 async function refreshRooms() {
   let data;
   try {
-    data = await api("GET", "/v1/rooms");
+    data = await api("GET", "/v1/rooms?limit=" + Math.min(roomsShown, 1000));
   } catch (e) {
     return;
   }
   const ul = $("rooms");
   ul.replaceChildren();
-  for (const r of data.rooms) {
-    const li = el("li");
-    const b = el("button", "room-link", r.id);
-    b.type = "button";
-    if (current && current.id === r.id) b.setAttribute("aria-current", "true");
-    const waiting = r.approvals.length + r.questions.length;
-    if (r.turn) b.append(el("span", "badge", "busy"));
-    if (waiting) b.append(el("span", "badge warn", waiting + " waiting"));
-    b.addEventListener("click", () => openRoom(r.id));
-    li.append(b);
-    ul.append(li);
-  }
+  for (const r of data.rooms) ul.append(roomItem(r));
   if (!data.rooms.length) ul.append(el("li", "note", "No rooms yet."));
+  roomsNext = data.next || "";
+  showRoomsMore(data.rooms.length, data.total);
+}
+
+async function moreRooms() {
+  if (!roomsNext) return;
+  let data;
+  try {
+    data = await api("GET", "/v1/rooms?limit=" + ROOMS_PAGE + "&after=" + encodeURIComponent(roomsNext));
+  } catch (e) {
+    return;
+  }
+  const ul = $("rooms");
+  for (const r of data.rooms) ul.append(roomItem(r));
+  roomsShown = ul.querySelectorAll(".room-link").length;
+  roomsNext = data.next || "";
+  showRoomsMore(roomsShown, data.total);
 }
 
 // roomsSoon refreshes the list once after a burst of events (a replay
@@ -104,7 +135,7 @@ function roomsSoon() {
 
 function openRoom(id) {
   if (current) current.abort.abort();
-  current = { id, lastSeq: 0, abort: new AbortController(), turn: null, kick: null, turns: new Map(), tools: new Map(), lastTurn: "" };
+  current = { id, lastSeq: 0, abort: new AbortController(), turn: null, kick: null, turns: new Map(), msgs: new Set(), tools: new Map(), lastTurn: "", confSeq: 0 };
   history.replaceState(null, "", "#room=" + encodeURIComponent(id));
   $("room").hidden = false;
   $("room-title").textContent = "Room " + id;
@@ -112,10 +143,102 @@ function openRoom(id) {
   $("approvals").replaceChildren();
   $("questions").replaceChildren();
   $("room-note").hidden = true;
+  showConfinement(null);
   updatePending();
   setTurn(null);
-  stream(current);
+  const rm = current;
+  // A history that failed half-way leaves the rest to the stream (what
+  // it shows twice is applied once).
+  loadHistory(rm)
+    .catch(() => {})
+    .then(() => stream(rm));
   refreshRooms();
+}
+
+// loadHistory shows the room's conversation from its records (messages,
+// turns with their final text, what waits for an answer) rather than by
+// replaying its event log, whose text deltas made a long room's page take
+// a minute. The stream then starts after the last event the records cover,
+// or, while a turn runs, after its message: its deltas, tool calls and
+// approvals are in the log only. Events the records already show are
+// applied idempotently. A room the server does not know yet (or a failed
+// read) leaves the whole log to the stream.
+async function loadHistory(rm) {
+  let st;
+  try {
+    st = await api("GET", roomPath(rm.id));
+  } catch (_) {
+    return;
+  }
+  if (rm !== current) return;
+  if (st.last_seq >= rm.confSeq) {
+    rm.confSeq = st.last_seq;
+    showConfinement(st.confinement);
+  }
+  const msgs = [];
+  const turns = [];
+  try {
+    for (let after = 0; ; ) {
+      const page = (await api("GET", roomPath(rm.id) + "/messages?limit=1000&after=" + after)).messages;
+      msgs.push(...page);
+      if (page.length < 1000) break;
+      after = page[page.length - 1].seq;
+    }
+    const seqOf = new Map(msgs.map((m) => [m.id, m.seq]));
+    for (let after = 0; ; ) {
+      const page = (await api("GET", roomPath(rm.id) + "/turns?limit=1000&after=" + after)).turns;
+      turns.push(...page);
+      if (page.length < 1000 || !seqOf.has(page[page.length - 1].message_id)) break;
+      after = seqOf.get(page[page.length - 1].message_id);
+    }
+  } catch (_) {
+    return; // the stream replays the whole log
+  }
+  if (rm !== current) return;
+  // A message accepted after the room's state was read, and its turn,
+  // come with the stream (their events are after st.last_seq).
+  const byMessage = new Map();
+  for (const t of turns) {
+    if (!byMessage.has(t.message_id)) byMessage.set(t.message_id, []);
+    byMessage.get(t.message_id).push(t);
+  }
+  let from = st.last_seq;
+  for (const m of msgs) {
+    showMessage(rm, m.id, m.sender, m.text);
+    for (const t of byMessage.get(m.id) || []) {
+      const b = turnBubble(rm, t.id);
+      if (t.outcome) {
+        b.recorded = true;
+        endTurn(b, t);
+        // Its record has no counts: the summary is read with the diff.
+        showChanges(rm, b, { turn_id: t.id, changes: "unread" });
+      } else {
+        from = Math.min(from, m.seq);
+      }
+    }
+  }
+  for (const a of st.approvals) addApproval(rm, { approval_id: a.id, tool: a.tool, input: a.input });
+  for (const q of st.questions) addQuestion(rm, { question_id: q.id, title: q.title, options: q.options });
+  rm.lastSeq = from;
+  updatePending();
+  scroll();
+}
+
+// showConfinement says what confines the room's agent: the room's state
+// (the resident agent's, else the next one's), or an agent.started newer
+// than that state (rm.confSeq: the seq of what is shown).
+function showConfinement(c) {
+  const p = $("room-confinement");
+  p.hidden = !c;
+  if (!c) return;
+  p.dataset.mode = c.mode;
+  if (c.mode === "landlock") {
+    const net = c.net === "any" ? "any network" : "TCP to port" + (c.net.length === 1 ? " " : "s ") + c.net.join(", ") + " only";
+    p.textContent = "Confined (Landlock ABI " + c.abi + "): the agent reaches only this room's workspace, its home and temporary folder; " +
+      (c.signals ? "it signals only its own processes; " : "") + net + ".";
+  } else {
+    p.textContent = "Not confined: this room's agent can reach whatever the server's user can.";
+  }
 }
 
 // stream follows the room's events for as long as it is open, resuming
@@ -126,7 +249,7 @@ async function stream(rm) {
   while (!rm.abort.signal.aborted) {
     let connected = false;
     try {
-      setStatus("connecting", rm.lastSeq ? "reconnecting…" : "connecting…");
+      setStatus("connecting", rm.streamed ? "reconnecting…" : "connecting…");
       const res = await fetch(roomPath(rm.id) + "/events", {
         headers: { Authorization: "Bearer " + token, "Last-Event-ID": String(rm.lastSeq), Accept: "text/event-stream" },
         signal: rm.abort.signal,
@@ -145,7 +268,7 @@ async function stream(rm) {
         return;
       }
       if (!res.ok || !res.body) throw new Error("events: " + res.status);
-      connected = true;
+      connected = rm.streamed = true;
       $("room-note").hidden = true;
       const n = Number(document.body.dataset.connects || 0) + 1;
       document.body.dataset.connects = String(n);
@@ -255,6 +378,25 @@ function bubbleFor(rm, turnID) {
   return turnBubble(rm, turnID);
 }
 
+// endTurn shows a turn's end, from its turn.ended event or its record.
+function endTurn(t, end) {
+  // The final text is authoritative (deltas may be partial).
+  if (end.text) t.body.textContent = end.text;
+  t.li.dataset.outcome = end.outcome;
+  t.outcome.textContent = end.outcome === "settled" ? "" : end.outcome + (end.reason ? ": " + end.reason : "");
+}
+
+// showMessage shows a user's message once, from its record or its
+// message.accepted event.
+function showMessage(rm, id, sender, text) {
+  if (rm.msgs.has(id)) return;
+  rm.msgs.add(id);
+  const li = el("li", "msg user");
+  li.dataset.message = id;
+  li.append(el("span", "who", sender || "you"), el("div", "text", text));
+  $("log").append(li);
+}
+
 function note(text) {
   $("log").append(el("li", "msg system", text));
 }
@@ -266,27 +408,27 @@ function scroll() {
 
 function apply(rm, type, ev) {
   switch (type) {
-    case "message.accepted": {
-      const li = el("li", "msg user");
-      li.dataset.message = ev.message_id;
-      li.append(el("span", "who", ev.sender || "you"), el("div", "text", ev.text));
-      $("log").append(li);
+    case "message.accepted":
+      showMessage(rm, ev.message_id, ev.sender, ev.text);
       break;
-    }
     case "turn.started":
-      turnBubble(rm, ev.turn_id);
-      setTurn(ev.turn_id);
+      // A replayed start of a turn whose record shows it ended.
+      if (!turnBubble(rm, ev.turn_id).li.dataset.outcome) setTurn(ev.turn_id);
       break;
     case "text.delta": {
       const t = bubbleFor(rm, ev.turn_id);
-      // A late delta of an ended turn: its final text already has it.
-      if (!ev.turn_id && t.li.dataset.outcome) break;
+      // A delta of an ended turn (a late one, or one the stream replays
+      // after the turn's record): its final text already has it.
+      if (t.li.dataset.outcome) break;
       t.body.append(ev.text);
       t.li.dataset.deltas = String(Number(t.li.dataset.deltas || 0) + 1);
       break;
     }
     case "tool.started": {
       const t = bubbleFor(rm, ev.turn_id);
+      // A turn shown from its record shows its answer, not the part of
+      // its tool calls the stream happens to replay.
+      if (t.recorded) break;
       const d = el("details", "tool running");
       const s = el("summary", "", ev.tool + " …");
       d.append(s);
@@ -297,6 +439,7 @@ function apply(rm, type, ev) {
     }
     case "tool.ended": {
       let tl = rm.tools.get(ev.call_id);
+      if (!tl && bubbleFor(rm, ev.turn_id).recorded) break;
       if (!tl) {
         const d = el("details", "tool");
         const s = el("summary");
@@ -330,14 +473,21 @@ function apply(rm, type, ev) {
     }
     case "turn.ended": {
       const t = turnBubble(rm, ev.turn_id);
-      // The final text is authoritative (deltas may be partial).
-      if (ev.text) t.body.textContent = ev.text;
-      t.li.dataset.outcome = ev.outcome;
-      t.outcome.textContent = ev.outcome === "settled" ? "" : ev.outcome + (ev.reason ? ": " + ev.reason : "");
+      endTurn(t, ev);
+      showChanges(rm, t, ev);
       if (rm.turn === ev.turn_id) setTurn(null);
       roomsSoon();
       break;
     }
+    case "agent.started":
+      if (ev.confinement && ev.seq > rm.confSeq) {
+        rm.confSeq = ev.seq;
+        showConfinement(ev.confinement);
+      }
+      break;
+    case "workspace.reverted":
+      note("workspace reverted to before turn " + ev.turn_id + " (" + ev.count + " file(s) restored)");
+      break;
     case "context.lost":
       note("the agent lost its earlier context" + (ev.reason ? ": " + ev.reason : ""));
       break;
@@ -346,6 +496,72 @@ function apply(rm, type, ev) {
   }
   updatePending();
   scroll();
+}
+
+// showChanges puts what a turn changed in the workspace under its answer:
+// a collapsed summary whose diff is fetched when opened, and a Revert
+// button that asks first.
+function showChanges(rm, t, ev) {
+  if (!("changes" in ev) || t.li.querySelector(".changes")) return;
+  if (!ev.changes) {
+    t.li.append(el("p", "changes note", "changes unknown" + (ev.changes_error ? ": " + ev.changes_error : "")));
+    return;
+  }
+  const c = ev.changes;
+  const unread = c === "unread"; // a turn shown from its record
+  if (!unread && !c.files) return;
+  const count = (c) => c.files + " file(s) changed, +" + c.insertions + " −" + c.deletions;
+  const d = el("details", "changes");
+  d.dataset.turn = ev.turn_id;
+  const summary = el("summary", "", unread ? "changes" : count(c));
+  d.append(summary);
+  const body = el("div");
+  const err = el("p", "error");
+  err.setAttribute("role", "alert");
+  const revert = el("button", "revert", "Revert");
+  revert.type = "button";
+  revert.title = "Restore the workspace to its state before this turn (later turns' changes go too)";
+  revert.addEventListener("click", async () => {
+    if (!confirm("Revert the workspace to its state before this turn? Changes made since, by this turn and later ones, are lost.")) return;
+    revert.disabled = true;
+    err.textContent = "";
+    try {
+      await api("POST", roomPath(rm.id) + "/turns/" + encodeURIComponent(ev.turn_id) + "/revert");
+    } catch (e) {
+      err.textContent = e.message;
+    }
+    revert.disabled = false;
+  });
+  d.append(body, revert, err);
+  let loaded = false;
+  d.addEventListener("toggle", async () => {
+    if (!d.open || loaded) return;
+    loaded = true;
+    try {
+      const diff = await api("GET", roomPath(rm.id) + "/turns/" + encodeURIComponent(ev.turn_id) + "/diff");
+      if (unread) {
+        summary.textContent = count(diff.changes);
+        revert.hidden = !diff.changes.files;
+      }
+      const files = el("ul", "files");
+      for (const f of diff.files) {
+        files.append(el("li", "file " + f.status, f.status + " " + f.path + (f.binary ? " (binary)" : " +" + f.insertions + " −" + f.deletions)));
+      }
+      const patch = el("pre", "patch");
+      for (const line of diff.patch.split("\n")) {
+        let cls = "";
+        if (line.startsWith("+") && !line.startsWith("+++")) cls = "add";
+        else if (line.startsWith("-") && !line.startsWith("---")) cls = "del";
+        patch.append(el("span", cls, line + "\n"));
+      }
+      body.append(files, patch);
+      if (diff.truncated) body.append(el("p", "note", "the diff was cut at the server's bound"));
+    } catch (e) {
+      loaded = false;
+      err.textContent = e.message;
+    }
+  });
+  t.li.append(d);
 }
 
 function setTurn(id) {
@@ -358,6 +574,7 @@ function updatePending() {
 }
 
 function addApproval(rm, ev) {
+  if ($("approvals").querySelector('[data-id="' + CSS.escape(ev.approval_id) + '"]')) return; // shown from the room's state
   const li = el("li", "approval");
   li.dataset.id = ev.approval_id;
   const label = el("p", "", "Allow " + ev.tool + "?");
@@ -389,6 +606,7 @@ function addApproval(rm, ev) {
 }
 
 function addQuestion(rm, ev) {
+  if ($("questions").querySelector('[data-id="' + CSS.escape(ev.question_id) + '"]')) return; // shown from the room's state
   const li = el("li", "question");
   li.dataset.id = ev.question_id;
   const title = el("p", "", ev.title || "The agent asks");
@@ -477,6 +695,7 @@ function start() {
     if (id) openRoom(id);
   });
   $("refresh-rooms").addEventListener("click", refreshRooms);
+  $("more-rooms").addEventListener("click", moreRooms);
   $("send-form").addEventListener("submit", sendMessage);
   $("message").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("send-form").requestSubmit();

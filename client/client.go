@@ -1,0 +1,466 @@
+// Package client is a Go client for agenthost's HTTP API (`agenthost
+// serve`): typed calls for rooms, messages, approvals and questions, and a
+// room's event stream that replays and follows, reconnecting by itself with
+// Last-Event-ID (with backoff) for as long as the caller's context allows.
+//
+// Every call takes a context.Context, which bounds it, a stream's
+// reconnects included. An error the server answered is an *APIError that
+// matches one of ErrBadRequest, ErrUnauthorized, ErrNotFound, ErrConflict,
+// ErrQueueFull and ErrUnavailable with errors.Is; a server that does not
+// answer gives ErrUnreachable.
+//
+// The package depends on the standard library only.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Errors; match them with errors.Is.
+var (
+	// ErrBadRequest: the server refused the request as malformed (400,
+	// 413, 415), or the client did before sending it (an invalid room id).
+	ErrBadRequest = errors.New("client: bad request")
+	// ErrUnauthorized: the bearer token is missing or wrong (401).
+	ErrUnauthorized = errors.New("client: unauthorized")
+	// ErrNotFound: no such room, approval or question (404).
+	ErrNotFound = errors.New("client: not found")
+	// ErrConflict: the request conflicts with the room's state (409): an
+	// approval or question already resolved, no turn to cancel, a turn
+	// running where none may.
+	ErrConflict = errors.New("client: conflict")
+	// ErrQueueFull: the room's queue is full (429); the message was not
+	// accepted.
+	ErrQueueFull = errors.New("client: queue full")
+	// ErrUnavailable: the server is shutting down or cannot serve the
+	// room now (503, or 502/504 from a proxy). A stream retries these.
+	ErrUnavailable = errors.New("client: server unavailable")
+	// ErrUnreachable: no answer from the server (refused, reset, no
+	// route). A stream retries these.
+	ErrUnreachable = errors.New("client: no answer from the server")
+)
+
+// APIError is an error answer of the server.
+type APIError struct {
+	// StatusCode is the HTTP status.
+	StatusCode int
+	// Message is the server's error text (its {"error": ...} body).
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s (HTTP %d)", e.Message, e.StatusCode)
+}
+
+// Is matches the sentinel of the error's status.
+func (e *APIError) Is(target error) bool {
+	switch e.StatusCode {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
+		return target == ErrBadRequest
+	case http.StatusUnauthorized:
+		return target == ErrUnauthorized
+	case http.StatusNotFound:
+		return target == ErrNotFound
+	case http.StatusConflict:
+		return target == ErrConflict
+	case http.StatusTooManyRequests:
+		return target == ErrQueueFull
+	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
+		return target == ErrUnavailable
+	}
+	return false
+}
+
+// Defaults for Options.
+const (
+	// DefaultMinBackoff is a stream's first wait before reconnecting when
+	// the server names none (its SSE retry field).
+	DefaultMinBackoff = 250 * time.Millisecond
+	// DefaultMaxBackoff bounds a stream's wait between reconnects.
+	DefaultMaxBackoff = 5 * time.Second
+	// DefaultIdleTimeout is how long a stream may go without a byte
+	// (the server sends a heartbeat every 15 s) before it is taken for
+	// dead and reconnected.
+	DefaultIdleTimeout = 45 * time.Second
+	// maxResponse bounds a JSON answer; maxEventLine bounds one line of
+	// an event stream.
+	maxResponse  = 64 << 20
+	maxEventLine = 64 << 20
+)
+
+// Options configure a Client. Token is required.
+type Options struct {
+	// Token is the server's bearer token.
+	Token string
+	// HTTPClient sends the requests (default: a new http.Client). Its
+	// Timeout, if set, must outlast a followed stream; the context of
+	// each call is the intended bound.
+	HTTPClient *http.Client
+	// MinBackoff is a stream's first wait before reconnecting (default:
+	// the server's SSE retry field, else DefaultMinBackoff); the wait
+	// doubles per failed attempt up to MaxBackoff (DefaultMaxBackoff).
+	MinBackoff, MaxBackoff time.Duration
+	// IdleTimeout: a stream silent this long is reconnected (default
+	// DefaultIdleTimeout).
+	IdleTimeout time.Duration
+	// OnReconnect, if set, is told of a stream's reconnects: before each
+	// wait (Err says why the stream ended or the attempt failed) and once
+	// a reconnect succeeds (Err nil). It runs on the caller's goroutine.
+	OnReconnect func(Reconnect)
+}
+
+// Reconnect describes a stream reconnecting (see Options.OnReconnect).
+type Reconnect struct {
+	Room string
+	// After is the last sequence number received: the stream resumes
+	// after it (Last-Event-ID).
+	After int64
+	// Attempt counts the attempts since the stream last connected, from 1.
+	Attempt int
+	// Delay is the wait before this attempt.
+	Delay time.Duration
+	// Err is why the stream ended or the last attempt failed; nil once
+	// the attempt connected.
+	Err error
+}
+
+// Client talks to one agenthost server. It is safe for concurrent use.
+type Client struct {
+	base *url.URL // ends with "/"
+	opts Options
+	hc   *http.Client
+}
+
+// New returns a Client for the server at baseURL (for example
+// "http://127.0.0.1:7420").
+func New(baseURL string, opts Options) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("client: server address %q: %w", baseURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("client: server address %q: want http://HOST:PORT or https://HOST", baseURL)
+	}
+	if opts.Token == "" {
+		return nil, errors.New("client: Options.Token is required")
+	}
+	u.Fragment, u.RawQuery = "", ""
+	if !strings.HasSuffix(u.Path, "/") {
+		u.Path += "/"
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{}
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = DefaultMaxBackoff
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	return &Client{base: u, opts: opts, hc: opts.HTTPClient}, nil
+}
+
+// URL returns the server's base address.
+func (c *Client) URL() string { return c.base.String() }
+
+// roomPath returns "v1/rooms/{room}" + rest, refusing an id that would
+// name another route once in a path ("", ".", ".." or with a slash); the
+// server judges the rest of its rules.
+func roomPath(room string, rest ...string) (string, error) {
+	if room == "" || room == "." || room == ".." || strings.ContainsAny(room, "/\\") {
+		return "", fmt.Errorf("%w: invalid room id %q", ErrBadRequest, room)
+	}
+	p := "v1/rooms/" + url.PathEscape(room)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p, nil
+}
+
+// newRequest builds a request for path (relative to the base) with the
+// token.
+func (c *Client) newRequest(ctx context.Context, method, path string, query url.Values, body io.Reader) (*http.Request, error) {
+	u := *c.base
+	ref, err := url.Parse(path)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	full := u.ResolveReference(ref)
+	if len(query) > 0 {
+		full.RawQuery = query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, full.String(), body)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.opts.Token)
+	return req, nil
+}
+
+// unreachable wraps a transport error.
+func (c *Client) unreachable(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return fmt.Errorf("%w at %s: %w", ErrUnreachable, c.base, err)
+}
+
+// do sends a request with a JSON body (if body is not nil) and decodes a
+// JSON answer into out (if not nil).
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("client: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := c.newRequest(ctx, method, path, query, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.unreachable(err)
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(res.Body, maxResponse+1))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.unreachable(err)
+	}
+	if res.StatusCode/100 != 2 {
+		return apiError(res.StatusCode, raw)
+	}
+	if len(raw) > maxResponse {
+		return fmt.Errorf("client: %s %s: the answer is over %d bytes", method, path, maxResponse)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return fmt.Errorf("client: %s %s: decoding the answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// apiError makes the error of a non-2xx answer.
+func apiError(status int, raw []byte) *APIError {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Error == "" {
+		e.Error = http.StatusText(status)
+	}
+	return &APIError{StatusCode: status, Message: e.Error}
+}
+
+// Health returns the server's liveness and version (GET /healthz; no
+// token needed, though the client sends it).
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	err := c.do(ctx, "GET", "healthz", nil, nil, &h)
+	return h, err
+}
+
+// MaxRoomsPage is the largest page RoomsPage asks for.
+const MaxRoomsPage = 1000
+
+// RoomsPage is one page of GET /v1/rooms: rooms in order of id.
+type RoomsPage struct {
+	Rooms []Room `json:"rooms"`
+	// Total is the number of rooms the server knows.
+	Total int `json:"total"`
+	// Next, when rooms follow, is the after of the next page ("" on the
+	// last page).
+	Next string `json:"next,omitempty"`
+}
+
+// RoomsPage returns up to limit rooms (the server's default page for 0,
+// at most MaxRoomsPage) whose ids sort after after ("" for the first
+// page), with their states.
+func (c *Client) RoomsPage(ctx context.Context, after string, limit int) (RoomsPage, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(min(limit, MaxRoomsPage)))
+	}
+	var out RoomsPage
+	err := c.do(ctx, "GET", "v1/rooms", q, nil, &out)
+	return out, err
+}
+
+// Rooms lists every room the server knows, with its state, reading the
+// pages in turn (ctx bounds them all).
+func (c *Client) Rooms(ctx context.Context) ([]Room, error) {
+	var all []Room
+	after := ""
+	for {
+		p, err := c.RoomsPage(ctx, after, MaxRoomsPage)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p.Rooms...)
+		if p.Next == "" {
+			return all, nil
+		}
+		// A cursor that does not move on would page forever.
+		if p.Next <= after {
+			return nil, fmt.Errorf("client: GET /v1/rooms: next %q does not follow %q", p.Next, after)
+		}
+		after = p.Next
+	}
+}
+
+// Room returns one room's state (ErrNotFound for a room the server does
+// not know).
+func (c *Client) Room(ctx context.Context, room string) (Room, error) {
+	p, err := roomPath(room)
+	if err != nil {
+		return Room{}, err
+	}
+	var r Room
+	err = c.do(ctx, "GET", p, nil, nil, &r)
+	return r, err
+}
+
+// Send submits a message to a room (creating the room on first use). It
+// returns once the server has durably accepted it; the message then ends
+// with exactly one message.ended event (see Wait). A full queue gives
+// ErrQueueFull.
+func (c *Client) Send(ctx context.Context, room string, msg NewMessage) (Accepted, error) {
+	p, err := roomPath(room, "messages")
+	if err != nil {
+		return Accepted{}, err
+	}
+	var acc Accepted
+	err = c.do(ctx, "POST", p, nil, msg, &acc)
+	return acc, err
+}
+
+// Messages lists a room's messages with their status and outcome, oldest
+// first: up to limit (0: the server's default of 100) after sequence
+// number after.
+func (c *Client) Messages(ctx context.Context, room string, after int64, limit int) ([]Message, error) {
+	p, err := roomPath(room, "messages")
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	if after > 0 {
+		q.Set("after", strconv.FormatInt(after, 10))
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out struct {
+		Messages []Message `json:"messages"`
+	}
+	err = c.do(ctx, "GET", p, q, nil, &out)
+	return out.Messages, err
+}
+
+// Cancel cancels the room's running turn (ErrConflict when none runs).
+func (c *Client) Cancel(ctx context.Context, room string) (Cancelled, error) {
+	p, err := roomPath(room, "cancel")
+	if err != nil {
+		return Cancelled{}, err
+	}
+	var out Cancelled
+	err = c.do(ctx, "POST", p, nil, nil, &out)
+	return out, err
+}
+
+// Release releases the room's agent and returns its custody receipt
+// (ErrConflict while a turn runs). The room and its history stay.
+func (c *Client) Release(ctx context.Context, room string) (Released, error) {
+	p, err := roomPath(room)
+	if err != nil {
+		return Released{}, err
+	}
+	var out Released
+	err = c.do(ctx, "DELETE", p, nil, nil, &out)
+	return out, err
+}
+
+// Approve decides a pending approval: allow or deny (ErrConflict when it
+// is already resolved).
+func (c *Client) Approve(ctx context.Context, room, approvalID string, allow bool) (Decision, error) {
+	p, err := roomPath(room, "approvals", approvalID)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := DecisionDeny
+	if allow {
+		d = DecisionAllow
+	}
+	var out Decision
+	err = c.do(ctx, "POST", p, nil, map[string]string{"decision": d}, &out)
+	return out, err
+}
+
+// Answer answers a pending question (ErrConflict when it is already
+// answered).
+func (c *Client) Answer(ctx context.Context, room, questionID, answer string) (Answered, error) {
+	p, err := roomPath(room, "questions", questionID)
+	if err != nil {
+		return Answered{}, err
+	}
+	var out Answered
+	err = c.do(ctx, "POST", p, nil, map[string]string{"answer": answer}, &out)
+	return out, err
+}
+
+// TurnDiff returns what a turn changed in the room's workspace
+// (ErrNotFound for a turn without snapshots, ErrConflict while it runs).
+func (c *Client) TurnDiff(ctx context.Context, room, turn string) (TurnDiff, error) {
+	p, err := turnPath(room, turn, "diff")
+	if err != nil {
+		return TurnDiff{}, err
+	}
+	var out TurnDiff
+	err = c.do(ctx, "GET", p, nil, nil, &out)
+	return out, err
+}
+
+// Revert restores the room's workspace to its state before a turn, later
+// turns' changes included (ErrConflict while a turn runs, ErrNotFound for
+// a turn without snapshots).
+func (c *Client) Revert(ctx context.Context, room, turn string) (Reverted, error) {
+	p, err := turnPath(room, turn, "revert")
+	if err != nil {
+		return Reverted{}, err
+	}
+	var out Reverted
+	err = c.do(ctx, "POST", p, nil, nil, &out)
+	return out, err
+}
+
+// turnPath is roomPath for one of a turn's routes.
+func turnPath(room, turn, op string) (string, error) {
+	if turn == "" || turn == "." || turn == ".." || strings.ContainsAny(turn, "/\\") {
+		return "", fmt.Errorf("%w: invalid turn id %q", ErrBadRequest, turn)
+	}
+	return roomPath(room, "turns", turn, op)
+}

@@ -1,0 +1,219 @@
+package client
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// The API's requests and answers (the server's OpenAPI document,
+// GET /v1/openapi.json, describes the same shapes).
+
+// Health is GET /healthz.
+type Health struct {
+	Status string `json:"status"`
+	// Version is the server's build (module version and VCS revision).
+	Version string `json:"version"`
+}
+
+// Deliveries of a message (NewMessage.Delivery).
+const (
+	// DeliverQueue runs the message as its own turn, after the ones
+	// before it (the default).
+	DeliverQueue = "queue"
+	// DeliverSteer gives the message to the running turn's agent at once
+	// (or runs it as a turn when none runs).
+	DeliverSteer = "steer"
+	// DeliverFollowUp gives it to the running turn's agent after its
+	// current step.
+	DeliverFollowUp = "follow_up"
+)
+
+// NewMessage is a message to send.
+type NewMessage struct {
+	Text   string `json:"text"`
+	Sender string `json:"sender,omitempty"`
+	// Delivery is DeliverQueue (default), DeliverSteer or DeliverFollowUp.
+	Delivery string `json:"delivery,omitempty"`
+}
+
+// Accepted is a message the server durably accepted.
+type Accepted struct {
+	ID string `json:"id"`
+	// Seq is the room's sequence number of its message.accepted event.
+	Seq int64 `json:"seq"`
+}
+
+// TurnRef names a running turn and the message it runs.
+type TurnRef struct {
+	ID        string `json:"id"`
+	MessageID string `json:"message_id"`
+}
+
+// Room is a room's state.
+type Room struct {
+	ID string `json:"id"`
+	// Resident: its agent is running.
+	Resident  bool   `json:"resident"`
+	SessionID string `json:"session_id,omitempty"`
+	// Turn is the running turn, nil when none runs.
+	Turn    *TurnRef `json:"turn"`
+	Queued  int      `json:"queued"`
+	LastSeq int64    `json:"last_seq"`
+	// Approvals and Questions are the pending ones.
+	Approvals []Approval `json:"approvals"`
+	Questions []Question `json:"questions"`
+	// Node holds the room's lease in a cluster ("" on one machine).
+	Node string `json:"node"`
+}
+
+// Approval is a pending approval of a tool call.
+type Approval struct {
+	ID       string    `json:"id"`
+	TurnID   string    `json:"turn_id,omitempty"`
+	Tool     string    `json:"tool"`
+	Input    string    `json:"input,omitempty"`
+	Options  []string  `json:"options"`
+	Created  time.Time `json:"created"`
+	Deadline time.Time `json:"deadline"`
+}
+
+// Question is a pending question of an agent.
+type Question struct {
+	ID       string    `json:"id"`
+	TurnID   string    `json:"turn_id,omitempty"`
+	Title    string    `json:"title"`
+	Options  []string  `json:"options"`
+	Created  time.Time `json:"created"`
+	Deadline time.Time `json:"deadline"`
+}
+
+// Message statuses and outcomes (Message, MessageEnded, TurnEnded).
+const (
+	StatusAccepted = "accepted"
+	StatusQueued   = "queued"
+	StatusStarted  = "started"
+	StatusEnded    = "ended"
+
+	OutcomeSettled   = "settled"
+	OutcomeFailed    = "failed"
+	OutcomeCancelled = "cancelled"
+	OutcomeTimedOut  = "timed_out"
+	// OutcomeAnswered: the message answered a pending question.
+	OutcomeAnswered = "answered"
+)
+
+// Message is a room's message with its status and outcome.
+type Message struct {
+	ID       string     `json:"id"`
+	Seq      int64      `json:"seq"`
+	Sender   string     `json:"sender,omitempty"`
+	Text     string     `json:"text"`
+	Delivery string     `json:"delivery,omitempty"`
+	Status   string     `json:"status"`
+	Outcome  string     `json:"outcome,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	TurnID   string     `json:"turn_id,omitempty"`
+	Accepted time.Time  `json:"accepted"`
+	Started  *time.Time `json:"started,omitempty"`
+	Ended    *time.Time `json:"ended,omitempty"`
+}
+
+// Cancelled is the answer to Cancel.
+type Cancelled struct {
+	Cancelled bool   `json:"cancelled"`
+	TurnID    string `json:"turn_id,omitempty"`
+}
+
+// Released is the answer to Release.
+type Released struct {
+	// Released is false when no agent was running.
+	Released bool `json:"released"`
+	// Seq is the room's sequence number of the agent.released event.
+	Seq    int64  `json:"seq,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Receipt is the agent's custody receipt.
+	Receipt json.RawMessage `json:"receipt,omitempty"`
+	Error   string          `json:"error,omitempty"`
+}
+
+// Approval decisions.
+const (
+	DecisionAllow = "allow"
+	DecisionDeny  = "deny"
+)
+
+// Decision is the answer to Approve.
+type Decision struct {
+	ID       string `json:"id"`
+	Decision string `json:"decision"`
+}
+
+// Answered is the answer to Answer.
+type Answered struct {
+	ID     string `json:"id"`
+	Answer string `json:"answer"`
+}
+
+// Changes count what a turn changed in the room's workspace.
+type Changes struct {
+	Files      int `json:"files"`
+	Insertions int `json:"insertions"`
+	Deletions  int `json:"deletions"`
+	// Skipped counts the paths the turn's closing snapshot left out
+	// (TurnDiff.Skipped lists them).
+	Skipped int `json:"skipped,omitempty"`
+}
+
+// SkippedPath is one path a snapshot left out: Reason is "ignored" (a
+// wholly ignored folder once, with a trailing slash), "too_large" (Size
+// set), "repository", "unreadable" or "special".
+type SkippedPath struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+	Size   int64  `json:"size,omitempty"`
+}
+
+// File statuses in a TurnDiff.
+const (
+	FileAdded    = "added"
+	FileModified = "modified"
+	FileDeleted  = "deleted"
+)
+
+// ChangedFile is one file a turn changed.
+type ChangedFile struct {
+	// Path is relative to the workspace, with forward slashes.
+	Path string `json:"path"`
+	// Status is FileAdded, FileModified or FileDeleted.
+	Status     string `json:"status"`
+	Insertions int    `json:"insertions"`
+	Deletions  int    `json:"deletions"`
+	// Binary: named in the patch, not inlined; lines not counted.
+	Binary bool `json:"binary,omitempty"`
+}
+
+// TurnDiff is GET /v1/rooms/{room}/turns/{turn}/diff: what a turn changed.
+type TurnDiff struct {
+	Files []ChangedFile `json:"files"`
+	// FilesOmitted counts the changed files beyond those listed.
+	FilesOmitted int     `json:"files_omitted,omitempty"`
+	Changes      Changes `json:"changes"`
+	// Patch is the unified diff, bounded; Truncated says it was cut.
+	Patch     string `json:"patch"`
+	Truncated bool   `json:"truncated"`
+	// Skipped lists what the turn's closing snapshot left out (not in
+	// the diff, left alone by a revert); SkippedOmitted counts the rest.
+	Skipped        []SkippedPath `json:"skipped,omitempty"`
+	SkippedOmitted int           `json:"skipped_omitted,omitempty"`
+}
+
+// Reverted is POST /v1/rooms/{room}/turns/{turn}/revert.
+type Reverted struct {
+	Reverted bool   `json:"reverted"`
+	TurnID   string `json:"turn_id"`
+	// Files are the paths removed or written back.
+	Files []string `json:"files"`
+	// Kept are paths left alone because something snapshots never touch
+	// (an ignored path, a file over the size bound) occupies them.
+	Kept []string `json:"kept"`
+}

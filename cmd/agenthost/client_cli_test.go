@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clientServer is a real server (omp on the built-in model) for the
+// client commands, which find it through AGENTHOST_URL and its data dir.
+type clientServer struct {
+	t          *testing.T
+	url, token string
+	data       string
+}
+
+func newClientServer(t *testing.T) *clientServer {
+	t.Helper()
+	data := t.TempDir()
+	t.Setenv("AGENTHOST_TOKEN", "")
+	url, token, _ := startServe(t, "--data", data)
+	t.Setenv("AGENTHOST_URL", url)
+	return &clientServer{t: t, url: url, token: token, data: data}
+}
+
+func (s *clientServer) cli(args ...string) (string, string, int) {
+	s.t.Helper()
+	return runCLI(s.t, append(args, "--data", s.data)...)
+}
+
+// send sends text to room with `send --json` and returns the message's
+// sequence number.
+func (s *clientServer) send(room, text string) int64 {
+	s.t.Helper()
+	out, errs, code := s.cli("send", room, text, "--json")
+	var acc struct {
+		ID  string `json:"id"`
+		Seq int64  `json:"seq"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &acc) != nil || !strings.HasPrefix(acc.ID, "m_") || acc.Seq == 0 {
+		s.t.Fatalf("send --json: code %d out %q err %q", code, out, errs)
+	}
+	return acc.Seq
+}
+
+// wait follows room after seq until an event of type typ, and returns it.
+func (s *clientServer) wait(room string, after int64, typ string) map[string]any {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var got map[string]any
+	err := newTestClient(s.t, s.url, s.token).events(ctx, room, after, true, func(t string, raw []byte) (bool, error) {
+		if t != typ {
+			return false, nil
+		}
+		return true, json.Unmarshal(raw, &got)
+	})
+	if err != nil {
+		s.t.Fatalf("waiting for %s in room %s: %v", typ, room, err)
+	}
+	return got
+}
+
+const askColor = `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`
+
+// The client commands against a real server (one room, so one agent at a
+// time): send (text, --json, --follow to the message's end), approve and
+// answer say what they did, release and cancel, rooms, and errors that
+// exit 1 in one line.
+func TestClientCommands(t *testing.T) {
+	s := newClientServer(t)
+	seq := s.send("demo", "Run it: "+`[[tool:bash {"command":"echo approved-by-cli"}]]`)
+	approval := s.wait("demo", seq, "approval.requested")["approval_id"].(string)
+	if out, errs, code := s.cli("approve", "demo", approval, "allow"); code != 0 || out != "approval "+approval+" in room demo: allowed\n" {
+		t.Fatalf("approve: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("approve", "demo", approval, "deny"); code != exitFailed || !strings.Contains(errs, "already resolved (HTTP 409)") {
+		t.Fatalf("approve twice: %d %q", code, errs)
+	}
+	if ended := s.wait("demo", seq, "turn.ended"); ended["outcome"] != "settled" {
+		t.Fatalf("the approved turn: %v", ended)
+	}
+
+	// A question, answered with answer. (send without --json prints the
+	// message's id and sequence number.)
+	out, _, code := s.cli("send", "demo", askColor)
+	var id string
+	if n, err := fmt.Sscanf(out, "%s %d\n", &id, &seq); code != 0 || n != 2 || err != nil || !strings.HasPrefix(id, "m_") {
+		t.Fatalf("send: %d %q", code, out)
+	}
+	q := s.wait("demo", seq, "question.asked")
+	qid := q["question_id"].(string)
+	if out, errs, code := s.cli("answer", "demo", qid, "blue", "--json"); code != 0 || out != `{"id":"`+qid+`","answer":"blue"}`+"\n" {
+		t.Fatalf("answer --json: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("answer", "demo", "q_nope", "x"); code != exitFailed || !strings.Contains(errs, "question q_nope: not found (HTTP 404)") {
+		t.Fatalf("answer unknown: %d %q", code, errs)
+	}
+	if ended := s.wait("demo", seq, "turn.ended"); ended["outcome"] != "settled" || ended["message_id"] != id {
+		t.Fatalf("the answered turn: %v", ended)
+	}
+
+	// send --follow ends on the message.ended naming its message: a turn
+	// that settles (exit 0, the answer on stdout), and a message that
+	// answers a pending question (answered, exit 0) rather than hang.
+	out, errs, code := s.cli("send", "demo", "hello client", "--follow", "--timeout", "2m")
+	if code != 0 || out != "ok: hello client\n" || !strings.Contains(errs, "turn started") {
+		t.Fatalf("send --follow: code %d out %q err %q", code, out, errs)
+	}
+	seq = s.send("demo", askColor)
+	s.wait("demo", seq, "question.asked")
+	out, errs, code = s.cli("send", "demo", "blue", "--follow", "--timeout", "2m")
+	if code != 0 || !strings.Contains(errs, "answered a pending question") {
+		t.Fatalf("send --follow answering a question: code %d out %q err %q", code, out, errs)
+	}
+	// The asking turn goes on with the answer to its end.
+	if ended := s.wait("demo", seq, "turn.ended"); ended["outcome"] != "settled" {
+		t.Fatalf("the turn the message answered: %v", ended)
+	}
+
+	// The agent is resident between turns: release it, with its receipt.
+	if out, errs, code := s.cli("release", "demo"); code != 0 || !strings.HasPrefix(out, "room demo: agent released (released on request); receipt: ") {
+		t.Fatalf("release: %d %q %q", code, out, errs)
+	}
+	if out, errs, code := s.cli("release", "demo", "--json"); code != 0 || out != `{"released":false}`+"\n" {
+		t.Fatalf("release --json of a released room: %d %q %q", code, out, errs)
+	}
+
+	// A turn waiting on an approval is running: it cannot be released,
+	// and cancel ends it.
+	seq = s.send("demo", "Run it: "+`[[tool:bash {"command":"echo never"}]]`)
+	turn := s.wait("demo", seq, "approval.requested")["turn_id"].(string)
+	if _, errs, code := s.cli("release", "demo"); code != exitFailed || !strings.Contains(errs, "cancel it before releasing") {
+		t.Fatalf("release during a turn: %d %q", code, errs)
+	}
+	if out, errs, code := s.cli("cancel", "demo"); code != 0 || out != "room demo: cancelling turn "+turn+"\n" {
+		t.Fatalf("cancel: %d %q %q", code, out, errs)
+	}
+	if ended := s.wait("demo", seq, "turn.ended"); ended["outcome"] != "cancelled" {
+		t.Fatalf("the cancelled turn: %v", ended)
+	}
+	if _, errs, code := s.cli("cancel", "demo"); code != exitFailed || !strings.Contains(errs, "no turn is running in this room (HTTP 409)") {
+		t.Fatalf("cancel with no turn: %d %q", code, errs)
+	}
+
+	out, errs, code = s.cli("rooms")
+	if code != 0 || !strings.HasPrefix(out, "demo ") {
+		t.Fatalf("rooms: %d %q %q", code, out, errs)
+	}
+	var r struct{ ID string }
+	if out, _, code = s.cli("rooms", "--json"); code != 0 || json.Unmarshal([]byte(out), &r) != nil || r.ID != "demo" {
+		t.Fatalf("rooms --json: %d %q", code, out)
+	}
+}

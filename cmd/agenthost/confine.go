@@ -1,0 +1,172 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/spf13/pflag"
+)
+
+// confineFlags are --confine and --confine-net (serve and prompt).
+type confineFlags struct {
+	mode, net string
+}
+
+func addConfineFlags(fl *pflag.FlagSet, f *confineFlags) {
+	fl.StringVar(&f.mode, "confine", string(confine.ModeAuto),
+		"confine each agent and what it starts with Landlock: auto (when the kernel has it), landlock (refuse to start without it) or off")
+	fl.StringVar(&f.net, "confine-net", "any",
+		"network for confined agents: any, or the TCP ports they may connect to, comma-separated (the built-in model's and the room tools' are added; bind is denied)")
+}
+
+// check refuses bad values (exit 2) before anything starts.
+func (f confineFlags) check() error {
+	if _, err := confine.ParseMode(f.mode); err != nil {
+		return &exitError{2, err}
+	}
+	if _, err := confine.ParseNet(f.net); err != nil {
+		return &exitError{2, err}
+	}
+	return nil
+}
+
+// enforced reports whether the flags confine agents on this kernel.
+func (f confineFlags) enforced() bool {
+	mode, err := confine.ParseMode(f.mode)
+	if err != nil {
+		return false
+	}
+	c, err := confine.New(confine.Options{Mode: mode})
+	return err == nil && c.Enforced()
+}
+
+// confiner resolves the flags on this kernel; modelURL's port (the built-in
+// model's) is added to a port list. It warns when auto falls back.
+func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string) (*confine.Confiner, error) {
+	mode, err := confine.ParseMode(f.mode)
+	if err != nil {
+		return nil, &exitError{2, err}
+	}
+	ports, err := confine.ParseNet(f.net)
+	if err != nil {
+		return nil, &exitError{2, err}
+	}
+	var extra []uint16
+	if p := urlPort(modelURL); p != 0 {
+		extra = append(extra, p)
+	}
+	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools})
+	if err != nil {
+		return nil, err
+	}
+	if w := c.Warning(); w != "" {
+		log.Warn("confinement: " + w)
+	}
+	return c, nil
+}
+
+// urlPort is the port of an http(s) URL (0 when it names none).
+func urlPort(raw string) uint16 {
+	if raw == "" {
+		return 0
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return 0
+	}
+	p := u.Port()
+	if p == "" {
+		switch u.Scheme {
+		case "http":
+			return 80
+		case "https":
+			return 443
+		}
+		return 0
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return 0
+	}
+	return uint16(n)
+}
+
+// confineReport is one line on what confines the agents.
+func confineReport(r confine.Report) string {
+	net := "any network"
+	if r.Net != nil {
+		net = fmt.Sprintf("TCP connect to ports %v only", r.Net)
+	}
+	if r.Mode == confine.ReportNone {
+		return "none (agents run unconfined)"
+	}
+	return fmt.Sprintf("landlock (ABI %d; signals scoped: %v; %s)", r.ABI, r.Signals, net)
+}
+
+// agentWhere is where prompt's agent lives: the tools folder, its home
+// (the throwaway one on the built-in model) and the built-in model's URL.
+type agentWhere struct {
+	tools, home, modelURL string
+	// kind, with no home: the agent on a named model, its configuration
+	// in the user's home (userAgentHome).
+	kind agents.Kind
+}
+
+// userAgentHome is the agent's own folder in the user's home, where it
+// keeps its configuration and credentials for a named model.
+func userAgentHome(k agents.Kind) string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	dir := filepath.Join(home, "."+string(k))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// wrap confines prompt's agent to cwd (default: the working directory),
+// its home and a TMPDIR of its own, rewriting argv and env; cleanup
+// removes the TMPDIR.
+func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv, env *[]string) (func(), error) {
+	c, err := f.confiner(log, where.tools, where.modelURL)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Enforced() {
+		return func() {}, nil
+	}
+	if cwd == "" {
+		if cwd, err = os.Getwd(); err != nil {
+			return nil, err
+		}
+	}
+	if cwd, err = filepath.Abs(cwd); err != nil {
+		return nil, err
+	}
+	if where.home == "" && where.kind != "" {
+		where.home = userAgentHome(where.kind)
+	}
+	tmp, err := os.MkdirTemp("", "agenthost-tmp-")
+	if err != nil {
+		return nil, err
+	}
+	cleanup := func() { os.RemoveAll(tmp) }
+	p, err := c.Policy(confine.Room{Workspace: cwd, Home: where.home, Tmp: tmp, Exec: (*argv)[:1]})
+	if err == nil {
+		*argv, *env, err = p.Wrap(*argv, *env)
+	}
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	log.Debug("the agent runs confined: " + confineReport(p.Report()))
+	return cleanup, nil
+}

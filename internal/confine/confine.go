@@ -1,0 +1,480 @@
+// Package confine confines a room's agent, and everything it starts, to
+// what that room may touch, with Landlock: the system read-only, the
+// installed agents read and execute, and the room's own workspace, agent
+// home and temporary folder read and write; signals and abstract unix
+// sockets scoped to the room's own processes; TCP connect limited to given
+// ports when a network policy is set.
+//
+// A restriction must be in place before the agent runs and covers its
+// descendants, so it is applied by a launcher: the host's own program
+// re-executed (Launch, called first in main and in a test binary's
+// TestMain) that restricts itself and then executes the agent. Wrap turns
+// an agent's command line into the launcher's. The policy travels to the
+// launcher in the environment (PolicyEnv), which the launcher removes.
+//
+// The rules are given as paths and bound, when the launcher applies them,
+// to the folders those paths name: an agent started ahead of its room (a
+// warm pool) is confined to its slot's own workspace and home, and
+// renaming those folders into a new room's place (the host does it, on the
+// same file system) hands the confined agent that room and nothing else.
+// A room that already has folders needs a freshly started agent.
+package confine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Mode is the --confine setting.
+type Mode string
+
+// Modes.
+const (
+	// ModeAuto confines with Landlock when the kernel has it, and runs
+	// unconfined with a warning otherwise.
+	ModeAuto Mode = "auto"
+	// ModeLandlock confines with Landlock, and refuses to start where the
+	// kernel lacks it.
+	ModeLandlock Mode = "landlock"
+	// ModeOff runs agents unconfined.
+	ModeOff Mode = "off"
+)
+
+// ParseMode reads a --confine value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeAuto, ModeLandlock, ModeOff:
+		return m, nil
+	case "":
+		return ModeAuto, nil
+	}
+	return "", fmt.Errorf("confine: mode %q: want auto, landlock or off", s)
+}
+
+// ParseNet reads a --confine-net value: "any" (nil: the network is not
+// restricted) or a comma list of TCP ports the agents may connect to.
+func ParseNet(s string) ([]uint16, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "any" {
+		return nil, nil
+	}
+	ports := []uint16{}
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("confine: net %q: want any, or TCP ports (1-65535) separated by commas", s)
+		}
+		ports = append(ports, uint16(n))
+	}
+	return sortPorts(ports), nil
+}
+
+// MaxABI is the highest Landlock ABI whose rights agenthost uses: later
+// ABIs (pathname unix sockets, UDP) are not restricted yet.
+const MaxABI = 7
+
+// Landlock ABIs that bring what a policy uses.
+const (
+	abiRefer   = 2 // renaming and linking between folders
+	abiNet     = 4 // TCP bind and connect
+	abiIoctl   = 5 // ioctl on devices
+	abiScoping = 6 // signals and abstract unix sockets
+)
+
+// ErrUnsupported is returned by New for ModeLandlock on a kernel without
+// Landlock (or without what the network policy needs).
+var ErrUnsupported = errors.New("confine: the kernel cannot enforce this confinement")
+
+// Options configure a Confiner. The zero value confines with Landlock
+// where the kernel has it (ModeAuto), the network left open.
+type Options struct {
+	Mode Mode
+	// Net is nil for any network, else the TCP ports agents may connect
+	// to (bind is then denied); Ports are added to them (the built-in
+	// model's).
+	Net, Ports []uint16
+	// Tools is the installed agents' folder (read and execute).
+	Tools string
+	// Exe is the launcher: this program, which must call Launch first
+	// in main (default: os.Executable).
+	Exe string
+	// KernelABI reports the kernel's Landlock ABI (default: the
+	// running kernel's; tests simulate others).
+	KernelABI func() int
+}
+
+// Confiner builds each agent's confinement from the server's settings. It
+// is immutable after New and safe for concurrent use; a nil *Confiner
+// confines nothing.
+type Confiner struct {
+	opts    Options
+	kernel  int // the kernel's ABI
+	abi     int // min(kernel, MaxABI), the rules in force; 0 when not enforced
+	warning string
+}
+
+// New resolves opts.Mode on this kernel: ModeAuto falls back to none (see
+// Warning), ModeLandlock fails with ErrUnsupported.
+func New(opts Options) (*Confiner, error) {
+	mode, err := ParseMode(string(opts.Mode))
+	if err != nil {
+		return nil, err
+	}
+	opts.Mode = mode
+	if opts.KernelABI == nil {
+		opts.KernelABI = KernelABI
+	}
+	if opts.Net != nil {
+		opts.Net = sortPorts(append(slices.Clone(opts.Net), opts.Ports...))
+	}
+	c := &Confiner{opts: opts, kernel: opts.KernelABI()}
+	if mode == ModeOff {
+		return c, nil
+	}
+	switch {
+	case c.kernel < 1 && mode == ModeLandlock:
+		return nil, fmt.Errorf("%w: --confine landlock, and this kernel has no Landlock (it needs Linux 5.13 or later with Landlock enabled)", ErrUnsupported)
+	case c.kernel < 1:
+		c.warning = "this kernel has no Landlock: the rooms' agents run unconfined (--confine landlock refuses to start instead)"
+		return c, nil
+	case opts.Net != nil && c.kernel < abiNet && mode == ModeLandlock:
+		return nil, fmt.Errorf("%w: --confine-net needs Landlock ABI %d, this kernel has %d", ErrUnsupported, abiNet, c.kernel)
+	case opts.Net != nil && c.kernel < abiNet:
+		c.warning = fmt.Sprintf("Landlock ABI %d cannot restrict the network (ABI %d): --confine-net is not enforced", c.kernel, abiNet)
+		c.opts.Net = nil
+	}
+	if c.opts.Exe == "" {
+		if c.opts.Exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("confine: the launcher: %w", err)
+		}
+	}
+	c.abi = min(c.kernel, MaxABI)
+	return c, nil
+}
+
+// Enforced reports whether agents run confined.
+func (c *Confiner) Enforced() bool { return c != nil && c.abi > 0 }
+
+// Warning says why ModeAuto (or the network policy) is not enforced; "" when
+// everything asked for is.
+func (c *Confiner) Warning() string {
+	if c == nil {
+		return ""
+	}
+	return c.warning
+}
+
+// Report is what confines the agents, as rooms show it:
+// {"mode": "landlock"|"none", "abi": N, "signals": bool, "net": "any"|[ports]}.
+type Report struct {
+	// Mode is "landlock" or "none".
+	Mode string
+	// ABI is the Landlock ABI whose rules are in force (landlock), or the
+	// highest this kernel would allow (none; 0 without Landlock).
+	ABI int
+	// Signals: signals and abstract unix sockets are scoped to the room's
+	// own processes (ABI 6).
+	Signals bool
+	// Net is nil for any network, else the TCP ports agents may connect to.
+	Net []uint16
+}
+
+// Report modes.
+const (
+	ReportLandlock = "landlock"
+	ReportNone     = "none"
+)
+
+// MarshalJSON writes the contract's shape.
+func (r Report) MarshalJSON() ([]byte, error) {
+	var net any = "any"
+	if r.Net != nil {
+		net = r.Net
+	}
+	return json.Marshal(struct {
+		Mode    string `json:"mode"`
+		ABI     int    `json:"abi"`
+		Signals bool   `json:"signals"`
+		Net     any    `json:"net"`
+	}{r.Mode, r.ABI, r.Signals, net})
+}
+
+// Report is the server-wide confinement (an agent's adds its own ports).
+func (c *Confiner) Report() Report {
+	if !c.Enforced() {
+		abi := 0
+		if c != nil {
+			abi = min(c.kernel, MaxABI)
+		} else {
+			abi = min(KernelABI(), MaxABI)
+		}
+		return Report{Mode: ReportNone, ABI: max(abi, 0)}
+	}
+	return Report{Mode: ReportLandlock, ABI: c.abi, Signals: c.abi >= abiScoping, Net: c.opts.Net}
+}
+
+// Room is what one agent may use besides the system and the tools.
+type Room struct {
+	// Workspace and Home are read and written (absolute, existing; no
+	// Home: "").
+	Workspace, Home string
+	// Tmp is the agent's TMPDIR (created if missing), read and written;
+	// FreshTmp empties it first.
+	Tmp      string
+	FreshTmp bool
+	// Exec are more executable files the agent may run (the agent's own
+	// command, the room's MCP servers), looked up on PATH: each must be a
+	// regular file with an execute bit, which the agent may then read and
+	// execute (the kernel reads what it executes), nothing beside it.
+	Exec []string
+	// Ports are more TCP ports the agent may connect to (the room's
+	// tools), when the network is restricted.
+	Ports []uint16
+}
+
+// AgentRoom is the Room of a room's agent: its workspace and home, a
+// TMPDIR in the home emptied at each start, the commands it runs (its own,
+// its MCP servers') and the ports it reaches (the room's tools).
+func AgentRoom(workspace, home string, exec []string, ports []uint16) Room {
+	return Room{Workspace: workspace, Home: home, Tmp: filepath.Join(home, "tmp"), FreshTmp: true, Exec: exec, Ports: ports}
+}
+
+// Access is what a rule allows.
+type Access string
+
+// Accesses.
+const (
+	// AccessRead: read files, list folders.
+	AccessRead Access = "r"
+	// AccessReadExec: AccessRead and execute files.
+	AccessReadExec Access = "rx"
+	// AccessReadWrite: everything on files and folders beneath, executing,
+	// renaming and linking within and between such folders included.
+	AccessReadWrite Access = "rw"
+	// AccessDevice: read and write a device, and its ioctls (a terminal).
+	AccessDevice Access = "dev"
+)
+
+// Rule allows Access beneath Path.
+type Rule struct {
+	Path   string `json:"path"`
+	Access Access `json:"access"`
+	// Optional: a Path that does not exist is skipped.
+	Optional bool `json:"optional,omitempty"`
+}
+
+// Policy is one agent's confinement, as the launcher applies it.
+type Policy struct {
+	// ABI is the Landlock ABI whose rights are handled.
+	ABI   int    `json:"abi"`
+	Rules []Rule `json:"rules"`
+	// Net is nil for any network, else the TCP ports connect may reach
+	// (bind is denied).
+	Net []uint16 `json:"net"`
+	// Tmp is the agent's TMPDIR.
+	Tmp string `json:"tmp"`
+
+	exe string
+}
+
+// System are the folders every agent reads and executes (those missing
+// are skipped).
+var System = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"}
+
+// Kernel are the folders every agent reads, never executes.
+var Kernel = []string{"/proc", "/sys"}
+
+// Devices are the device nodes every agent reads and writes (those
+// missing are skipped); terminals get their ioctls.
+var Devices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}
+
+// Terminals are the terminal devices agents use (a tool's pty).
+var Terminals = []string{"/dev/tty", "/dev/ptmx", "/dev/pts"}
+
+// Policy builds the agent's policy for r; nil (and no error) when agents
+// run unconfined. It creates r.Tmp.
+func (c *Confiner) Policy(r Room) (*Policy, error) {
+	if !c.Enforced() {
+		return nil, nil
+	}
+	own := []string{r.Workspace, r.Tmp}
+	if r.Home != "" {
+		own = append(own, r.Home)
+	}
+	// The launcher may run elsewhere (the process daemon): paths absolute.
+	for i, d := range own {
+		abs, err := filepath.Abs(d)
+		if err != nil || d == "" {
+			return nil, fmt.Errorf("confine: the agent's folder %q: %v", d, err)
+		}
+		own[i] = abs
+	}
+	r.Tmp = own[1]
+	if r.FreshTmp {
+		if err := os.RemoveAll(r.Tmp); err != nil {
+			return nil, fmt.Errorf("confine: emptying the agent's TMPDIR: %w", err)
+		}
+	}
+	if err := os.MkdirAll(r.Tmp, 0o700); err != nil {
+		return nil, fmt.Errorf("confine: the agent's TMPDIR: %w", err)
+	}
+	for _, d := range own {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("confine: %s is not a folder", d)
+		}
+	}
+	p := &Policy{ABI: c.abi, Tmp: r.Tmp, exe: c.opts.Exe}
+	add := func(a Access, optional bool, paths ...string) {
+		for _, path := range paths {
+			p.Rules = append(p.Rules, Rule{Path: path, Access: a, Optional: optional})
+		}
+	}
+	add(AccessReadExec, true, System...)
+	add(AccessRead, true, Kernel...)
+	add(AccessReadWrite, true, Devices...)
+	add(AccessDevice, true, Terminals...)
+	// /etc/resolv.conf is often a link into /run, which is not read.
+	if t, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !under(t, System) {
+		add(AccessRead, true, t)
+	}
+	if c.opts.Tools != "" {
+		add(AccessReadExec, false, c.opts.Tools)
+	}
+	for _, e := range r.Exec {
+		path, err := executable(e)
+		if err != nil {
+			return nil, err
+		}
+		if !under(path, System) && !(c.opts.Tools != "" && under(path, []string{c.opts.Tools})) {
+			add(AccessReadExec, false, path)
+		}
+	}
+	add(AccessReadWrite, false, own...)
+	if c.opts.Net != nil {
+		p.Net = sortPorts(append(slices.Clone(c.opts.Net), r.Ports...))
+	}
+	return p, nil
+}
+
+// executable resolves a command name (on PATH) to its file, links
+// followed: a regular file with an execute bit (exec.LookPath checks it),
+// so that naming a private file makes it no command and no rule.
+func executable(name string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("confine: %w", err)
+	}
+	if path, err = filepath.Abs(path); err != nil {
+		return "", fmt.Errorf("confine: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("confine: %w", err)
+	}
+	return real, nil
+}
+
+// under reports whether path is one of dirs or beneath one.
+func under(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if path == d || strings.HasPrefix(path, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// Report is the agent's confinement as rooms show it (nil policy: none).
+func (p *Policy) Report() Report {
+	if p == nil {
+		return Report{Mode: ReportNone, ABI: min(max(KernelABI(), 0), MaxABI)}
+	}
+	return Report{Mode: ReportLandlock, ABI: p.ABI, Signals: p.ABI >= abiScoping, Net: p.Net}
+}
+
+// PolicyEnv carries the policy (JSON) to the launcher, which removes it.
+const PolicyEnv = "AGENTHOST_CONFINE_POLICY"
+
+// LauncherArg, as a program's first argument, makes Launch the launcher:
+// PROGRAM LauncherArg -- COMMAND ARGS...
+const LauncherArg = "confine-exec"
+
+// Wrap returns the command line and environment that run argv confined by
+// p: the launcher with the policy, then argv[0] (resolved on this
+// process's PATH, as exec.Command does) and its arguments. env (nil: this
+// process's) gets TMPDIR. A nil policy returns argv and env as given.
+func (p *Policy) Wrap(argv, env []string) ([]string, []string, error) {
+	if p == nil {
+		return argv, env, nil
+	}
+	if len(argv) == 0 {
+		return nil, nil, errors.New("confine: empty command")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("confine: %w", err)
+	}
+	if path, err = filepath.Abs(path); err != nil {
+		return nil, nil, fmt.Errorf("confine: %w", err)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, nil, fmt.Errorf("confine: %w", err)
+	}
+	if env == nil {
+		env = os.Environ()
+	}
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if name != "TMPDIR" && name != PolicyEnv {
+			out = append(out, kv)
+		}
+	}
+	out = append(out, "TMPDIR="+p.Tmp, PolicyEnv+"="+string(b))
+	args := append([]string{p.exe, LauncherArg, "--", path}, argv[1:]...)
+	return args, out, nil
+}
+
+func sortPorts(ports []uint16) []uint16 {
+	slices.Sort(ports)
+	return slices.Compact(ports)
+}
+
+// Enforces says, one line each, what a confined agent is held to on a
+// kernel of Landlock ABI abi (nothing below 1).
+func Enforces(abi int) []string {
+	if abi < 1 {
+		return nil
+	}
+	out := []string{
+		"files: the room's workspace, agent home and TMPDIR read and written; the system and the agents' folder read (and executed); /proc and /sys read; nothing else",
+	}
+	if abi < abiRefer {
+		out = append(out, "renaming or linking between folders fails with EXDEV (ABI 2 allows it within the room's folders)")
+	}
+	if abi < 3 {
+		out = append(out, "truncating a file the agent may read is not restricted (ABI 3)")
+	}
+	if abi >= abiNet {
+		out = append(out, "network: any, or with --confine-net PORTS TCP connect to those ports only and no TCP bind (UDP is not restricted)")
+	} else {
+		out = append(out, "network: not restricted (ABI 4); --confine-net is refused by landlock, ignored with a warning by auto")
+	}
+	if abi >= abiIoctl {
+		out = append(out, "device ioctls: terminals only")
+	}
+	if abi >= abiScoping {
+		out = append(out, "signals and abstract unix sockets: the room's own processes only (not the server, not other rooms)")
+	} else {
+		out = append(out, "signals and abstract unix sockets: not scoped (ABI 6)")
+	}
+	return out
+}

@@ -1,0 +1,47 @@
+package confine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Launch is the launcher: when this program was started as one
+// (PROGRAM LauncherArg -- COMMAND ARGS... with the policy in PolicyEnv) it
+// restricts itself and executes COMMAND, never returning; otherwise it
+// returns at once. Call it first in main, and in the TestMain of a test
+// binary that starts confined agents (the launcher is then the test
+// binary). A launcher that cannot restrict itself exits 126 and says why
+// on stderr: the agent never runs unconfined by mistake.
+func Launch() {
+	if len(os.Args) < 2 || os.Args[1] != LauncherArg {
+		return
+	}
+	err := launch(os.Args[2:])
+	fmt.Fprintf(os.Stderr, "agenthost %s: %v\n", LauncherArg, err)
+	os.Exit(126)
+}
+
+// launch applies the policy and executes argv; it returns only on failure.
+func launch(args []string) error {
+	if len(args) < 2 || args[0] != "--" {
+		return errors.New("usage: " + LauncherArg + " -- COMMAND ARGS... (with the policy in " + PolicyEnv + ")")
+	}
+	argv := args[1:]
+	raw, ok := os.LookupEnv(PolicyEnv)
+	if !ok {
+		return errors.New("no policy in " + PolicyEnv)
+	}
+	var p Policy
+	if err := json.Unmarshal([]byte(raw), &p); err != nil {
+		return fmt.Errorf("the policy: %w", err)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, PolicyEnv+"=") })
+	if err := restrict(&p); err != nil {
+		return err
+	}
+	return execve(argv[0], argv, env)
+}

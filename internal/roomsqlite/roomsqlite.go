@@ -1,0 +1,23 @@
+// Package roomsqlite serves rooms from the embedded SQLite store: it
+// adapts internal/store's DB to room.Store. It is its own package so that
+// room imports no store at all (a program outside this module brings its
+// own through room.Store).
+package roomsqlite
+
+import (
+	"context"
+
+	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
+)
+
+// New is db as a room.Store. The DB's other methods (RoomPage, RoomCount,
+// Tap, Receipts) stay reachable: rooms and the server find them through
+// the optional interfaces they check for.
+func New(db *store.DB) room.Store { return sqliteStore{db} }
+
+type sqliteStore struct{ *store.DB }
+
+func (s sqliteStore) Write(ctx context.Context, fn func(tx room.Tx) error) error {
+	return s.DB.Write(ctx, func(w *store.Writer) error { return fn(w) })
+}

@@ -1,0 +1,163 @@
+// Package record holds the records a room's store keeps: its events,
+// messages, turns, approvals, questions and custody receipts. They are
+// plain data, shared by room (whose Store interface is written in them),
+// the SQLite store and the NATS store, so that a program outside this
+// module can implement room.Store with its own engine.
+package record
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+)
+
+// Errors a Store returns, which rooms tell apart with errors.Is.
+var (
+	ErrNotFound = errors.New("store: not found")
+	ErrConflict = errors.New("store: conflict")
+	ErrClosed   = errors.New("store: closed")
+)
+
+// MaxPage is the most records one listing returns (a limit of 0, or
+// above it, means MaxPage).
+const MaxPage = 10000
+
+// Event is one entry of a room's event log.
+type Event struct {
+	Room string
+	// Seq is the room's sequence number: 1 for the first event, up by
+	// exactly one per event.
+	Seq  int64
+	Type string
+	Time time.Time
+	// Data is the event's own fields: a JSON object.
+	Data json.RawMessage
+}
+
+// MarshalJSON writes the event as one flat object: seq, type, room and
+// time, then Data's fields.
+func (e Event) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"seq":`)
+	b.WriteString(strconv.FormatInt(e.Seq, 10))
+	b.WriteString(`,"type":`)
+	t, _ := json.Marshal(e.Type)
+	b.Write(t)
+	b.WriteString(`,"room":`)
+	r, _ := json.Marshal(e.Room)
+	b.Write(r)
+	b.WriteString(`,"time":"`)
+	b.WriteString(e.Time.UTC().Format(time.RFC3339Nano))
+	b.WriteByte('"')
+	d := bytes.TrimSpace(e.Data)
+	if len(d) > 2 { // more than "{}"
+		b.WriteByte(',')
+		b.Write(d[1:]) // the object's fields and its closing brace
+	} else {
+		b.WriteByte('}')
+	}
+	return b.Bytes(), nil
+}
+
+// Message statuses: a message is accepted (durably stored), queued (in
+// line for its room's agent), started (its turn runs) and ended (its turn
+// has an outcome).
+const (
+	MessageAccepted = "accepted"
+	MessageQueued   = "queued"
+	MessageStarted  = "started"
+	MessageEnded    = "ended"
+)
+
+// Message is a message submitted to a room.
+type Message struct {
+	ID       string
+	Room     string
+	Seq      int64 // of its message.accepted event
+	Sender   string
+	Text     string
+	Delivery string
+	Status   string
+	Outcome  string
+	Reason   string
+	TurnID   string
+	Accepted time.Time
+	Started  time.Time
+	Ended    time.Time
+}
+
+// Turn is one agent turn of a room.
+type Turn struct {
+	ID        string
+	Room      string
+	MessageID string
+	Outcome   string // "" while it runs
+	Reason    string
+	Text      string
+	Started   time.Time
+	Ended     time.Time
+}
+
+// Room is a room's stored state.
+type Room struct {
+	ID        string
+	Created   time.Time
+	Agent     string
+	SessionID string
+	Config    json.RawMessage
+	LastSeq   int64
+	// AgentProc is the transport's handle to the room's agent when that
+	// agent outlives the host ("" for none); AgentOffset the position in
+	// its output from which a new host reads on (every frame before it is
+	// handled), AgentSeen the position past the last frame whose events
+	// are recorded (frames up to it are not recorded again).
+	AgentProc   string
+	AgentOffset int64
+	AgentSeen   int64
+}
+
+// Approval is a durable request for a person's (or a policy's) decision
+// on a tool call.
+type Approval struct {
+	ID       string
+	Room     string
+	TurnID   string
+	Tool     string
+	Input    string // redacted and bounded by the caller
+	Options  []string
+	Created  time.Time
+	Deadline time.Time
+	Decision string // "" while pending
+	By       string
+	Resolved time.Time
+}
+
+// Question is an agent's question to people.
+type Question struct {
+	ID       string
+	Room     string
+	TurnID   string
+	Title    string
+	Options  []string
+	Created  time.Time
+	Deadline time.Time
+	Answer   string
+	By       string // "" while pending
+	Answered time.Time
+}
+
+// Receipt is a custody receipt recorded for a room's released agent.
+type Receipt struct {
+	ID      int64
+	Room    string
+	Time    time.Time
+	Receipt json.RawMessage
+}
+
+// Exchange is one message of a room with its turn's final text (a lost
+// session's transcript is made of them).
+type Exchange struct {
+	Sender, Text, Answer string
+}

@@ -1,0 +1,238 @@
+package room
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/agenthost/agenthost/record"
+)
+
+// Message is what Submit takes.
+type Message struct {
+	Text   string
+	Sender string
+	// Delivery is DeliverQueue (default), DeliverSteer or DeliverFollowUp.
+	Delivery string
+}
+
+// Accepted is a durably accepted message.
+type Accepted struct {
+	ID string `json:"id"`
+	// Seq is the sequence number of its message.accepted event.
+	Seq int64 `json:"seq"`
+}
+
+// Submit accepts a message into the room and returns once it is durably
+// stored. A question pending in the room takes the message as its answer;
+// otherwise it is queued (or, for steer and follow_up while a turn runs,
+// delivered into that turn).
+func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepted, error) {
+	return m.submit(ctx, room, newID("m"), msg, m.opts.Cluster != nil)
+}
+
+// submit accepts msg under id; forward hands it to the cluster's inbox
+// (the holder accepts it from there).
+func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forward bool) (Accepted, error) {
+	switch {
+	case msg.Delivery == "":
+		msg.Delivery = DeliverQueue
+	case msg.Delivery != DeliverQueue && msg.Delivery != DeliverSteer && msg.Delivery != DeliverFollowUp:
+		return Accepted{}, fmt.Errorf("%w: delivery %q", ErrBadMessage, msg.Delivery)
+	}
+	if msg.Text == "" || len(msg.Text) > MaxMessageBytes {
+		return Accepted{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrBadMessage, MaxMessageBytes)
+	}
+	if forward {
+		if err := ValidateID(room); err != nil {
+			return Accepted{}, err
+		}
+		if qc, ok := m.opts.Cluster.(QueueCounter); ok {
+			// Counted before the message goes in, so two front ends may
+			// overfill by what they accept at the same moment; one that
+			// cannot count forwards (the holder still takes no more than
+			// the limit into the room's queue).
+			n, running, asking, err := qc.Waiting(ctx, room)
+			takesPlace := !asking && (msg.Delivery == DeliverQueue || !running)
+			if err == nil && takesPlace && n >= m.opts.QueueLimit {
+				return Accepted{}, fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
+			}
+		}
+		return m.opts.Cluster.Forward(ctx, room, id, msg)
+	}
+	r, err := m.room(room)
+	if err != nil {
+		return Accepted{}, err
+	}
+	var question string
+	r.qmu.Lock()
+	if len(r.questionQ) > 0 {
+		question = r.questionQ[0]
+	}
+	r.qmu.Unlock()
+	r.mu.Lock()
+	if _, err := m.configLocked(r); err != nil {
+		r.mu.Unlock()
+		return Accepted{}, err
+	}
+	into := r.turn
+	r.mu.Unlock()
+	// Answers and deliveries into a turn take no queue place.
+	direct := question != "" || msg.Delivery != DeliverQueue && into != nil
+
+	now := time.Now()
+	var acc Accepted
+	status := record.MessageQueued
+	if direct {
+		status = record.MessageAccepted
+	}
+	err = m.st.Write(ctx, func(tx Tx) error {
+		ev, err := tx.Append(room, "message.accepted", map[string]string{
+			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
+		})
+		if err != nil {
+			return err
+		}
+		acc = Accepted{ID: id, Seq: ev.Seq}
+		if err := tx.PutMessage(record.Message{ID: id, Room: room, Seq: ev.Seq, Sender: msg.Sender, Text: msg.Text,
+			Delivery: msg.Delivery, Status: status, Accepted: now}); err != nil {
+			return err
+		}
+		if status == record.MessageQueued {
+			if _, err := tx.Append(room, "message.queued", map[string]any{"message_id": id}); err != nil {
+				return err
+			}
+		}
+		// The limit is checked and the message's place in the queue taken
+		// in the write that records it (undone with it when refused),
+		// in the order of the log: concurrent submits neither overfill
+		// the queue nor line up out of the order of their sequence
+		// numbers. r.mu is taken last and never held while waiting for
+		// the store.
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !direct && r.placesLocked() >= m.opts.QueueLimit {
+			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
+		}
+		r.insertLocked(queued{id: id, text: msg.Text, seq: ev.Seq, pending: true, place: !direct})
+		return nil
+	})
+	if err != nil {
+		m.settle(r, id, false) // its place, if the write failed after taking it
+		return Accepted{}, err
+	}
+	switch {
+	case question != "":
+		if err := m.answerByMessage(ctx, room, question, id, msg.Text); err == nil {
+			m.settle(r, id, false)
+			return acc, nil
+		}
+		// The question was answered meanwhile: the message runs as a turn.
+	case direct:
+		if m.deliver(ctx, r, into, id, msg) {
+			m.settle(r, id, false)
+			return acc, nil
+		}
+	default:
+		m.settle(r, id, true)
+		return acc, nil
+	}
+	// Fall back to the queue, in the place it took when accepted.
+	err = m.st.Write(ctx, func(tx Tx) error {
+		if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
+			return err
+		}
+		_, err := tx.Append(room, "message.queued", map[string]any{"message_id": id})
+		return err
+	})
+	if err != nil {
+		// It is accepted all the same: its turn records its start.
+		m.log.Warn("room: recording that a message falls back to the queue failed", "room", room, "err", err)
+	}
+	m.settle(r, id, true)
+	return acc, nil
+}
+
+// deliver steers or follows up a message into the running turn; false if
+// that turn is over or the agent refused.
+func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id string, msg Message) bool {
+	r.mu.Lock()
+	a := r.agent
+	live := r.turn == t
+	if live {
+		t.joined = append(t.joined, id)
+		if !t.prompted {
+			// The agent has not had the turn's prompt yet: the text
+			// goes with it.
+			t.early = append(t.early, msg.Text)
+			a = nil
+		}
+	}
+	r.mu.Unlock()
+	if !live {
+		return false
+	}
+	if a == nil {
+		err := m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery, "with": "prompt"})
+			return err
+		})
+		return err == nil
+	}
+	var err error
+	if msg.Delivery == DeliverSteer {
+		err = a.Steer(ctx, msg.Text)
+	} else {
+		err = a.FollowUp(ctx, msg.Text)
+	}
+	if err == nil {
+		err = m.st.Write(ctx, func(tx Tx) error {
+			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
+				return err
+			}
+			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery})
+			return err
+		})
+	}
+	if err != nil {
+		m.log.Warn("room: delivery into the running turn failed; queued instead", "room", r.id, "err", err)
+		r.mu.Lock()
+		for i, j := range t.joined {
+			if j == id {
+				t.joined = append(t.joined[:i], t.joined[i+1:]...)
+				break
+			}
+		}
+		r.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// endMessages ends messages ids in tx: their records and, in the same
+// order, their message.ended events. turnID names the turn that consumed
+// them ("" for none); reason goes with an outcome other than settled and
+// answered.
+func endMessages(tx Tx, room string, ids []string, turnID, outcome, reason string) error {
+	for _, id := range ids {
+		if err := tx.UpdateMessage(id, record.MessageEnded, turnID, outcome, reason); err != nil {
+			return err
+		}
+	}
+	for _, id := range ids {
+		d := map[string]string{"message_id": id, "outcome": outcome}
+		if turnID != "" {
+			d["turn_id"] = turnID
+		}
+		if outcome != OutcomeSettled && outcome != OutcomeAnswered {
+			d["reason"] = reason
+		}
+		if _, err := tx.Append(room, "message.ended", d); err != nil {
+			return err
+		}
+	}
+	return nil
+}

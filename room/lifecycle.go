@@ -1,0 +1,216 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Cancel ends the room's running turn as cancelled.
+func (m *Manager) Cancel(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlCancel}); ok {
+		return err
+	}
+	return m.cancelLocal(room)
+}
+
+func (m *Manager) cancelLocal(room string) error {
+	r, err := m.room(room)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	t := r.turn
+	r.mu.Unlock()
+	if t == nil {
+		return ErrNoTurn
+	}
+	t.cancel(errCancelled)
+	return nil
+}
+
+// Release releases the room's agent (not while a turn runs).
+func (m *Manager) Release(ctx context.Context, room string) error {
+	if err := ValidateID(room); err != nil {
+		return err
+	}
+	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlRelease}); ok {
+		return err
+	}
+	return m.releaseLocal(room)
+}
+
+func (m *Manager) releaseLocal(room string) error {
+	r, err := m.room(room)
+	if err != nil {
+		return err
+	}
+	m.releaseIfIdle(r, "released on request")
+	return nil
+}
+
+// Close begins the manager's shutdown and returns: it stops accepting
+// messages and, on the manager's own goroutines, cancels running turns
+// ("host shutting down"; their queued successors stay queued in the store
+// for the next start) and releases every agent within ShutdownBudget,
+// recording each receipt.
+//
+// Close never waits for user code (the Transport and its agents, the
+// Store, Policy, RoomConfig, MCP, the Cluster), so it is safe to call from
+// any of them; Wait joins the shutdown. Close is idempotent: every call
+// returns the first one's result, nil, after Detach too.
+func (m *Manager) Close() error {
+	_ = m.begin(false)
+	return nil
+}
+
+// Detach begins the manager's end for a planned restart and returns: like
+// Close, except that agents that can outlive the host (Detachable, with a
+// Handle) are let go of running, their turns left open in the store with
+// the position their output was read to, their pending approvals and
+// questions left pending; the next manager's Start attaches them (see
+// Attacher) and continues those turns. Other agents are released as by
+// Close. As Close, it is safe from any callback, and Wait joins it. A
+// second Detach returns the first's result (nil); after Close it is
+// ErrClosed, for the agents were not let go of.
+func (m *Manager) Detach() error {
+	return m.begin(true)
+}
+
+// Wait waits until the shutdown Close or Detach began is complete: every
+// turn ended, every agent released (or let go of) and its receipt
+// recorded, every goroutine of the manager gone. It returns the
+// shutdown's error (turns still running after ShutdownBudget), or ctx's
+// error first. It waits for Close or Detach to be called. Wait must not
+// be called from a callback of the manager (a transport's agent, Policy,
+// ...): it would wait for its own caller.
+func (m *Manager) Wait(ctx context.Context) error {
+	select {
+	case <-m.joined:
+		return m.shutErr
+	case <-ctx.Done():
+		err := fmt.Errorf("room: wait: %w", context.Cause(ctx))
+		select {
+		case <-m.released:
+			return errors.Join(m.shutErr, err)
+		default:
+			return err
+		}
+	}
+}
+
+// begin starts Close's (detach false) or Detach's work on a goroutine of
+// its own: never on the caller's, which may be a callback that work waits
+// for. Only m.mu is taken, which is never held while user code runs.
+func (m *Manager) begin(detach bool) error {
+	m.mu.Lock()
+	if m.closing {
+		first := m.detaching
+		m.mu.Unlock()
+		if detach && !first {
+			return ErrClosed
+		}
+		return nil
+	}
+	m.closing = true
+	m.detaching = detach
+	rooms := make([]*roomState, 0, len(m.rooms))
+	for _, r := range m.rooms {
+		rooms = append(rooms, r)
+	}
+	m.mu.Unlock()
+	go m.shutdown(rooms, detach)
+	return nil
+}
+
+// shutdown ends the turns and the agents; see Close and Detach.
+func (m *Manager) shutdown(rooms []*roomState, detach bool) {
+	defer close(m.joined)
+	cause := errShutdown
+	if detach {
+		// Let go of the agents first: their turns' Run and Continue
+		// return with nothing sent to the agent, and finishTurn records
+		// nothing.
+		m.detachAll(rooms)
+		cause = errDetached
+	}
+	for _, r := range rooms {
+		r.mu.Lock()
+		if r.turn != nil {
+			r.turn.cancel(cause)
+		}
+		r.mu.Unlock()
+	}
+	m.wgMu.Lock()
+	m.cancel()
+	m.wgMu.Unlock()
+	err := m.waitWorkers()
+	if detach {
+		// An agent started meanwhile is let go of too.
+		m.detachAll(rooms)
+	}
+	// Workers are done (or out of budget): release every agent left,
+	// all at once.
+	var wg sync.WaitGroup
+	for _, r := range rooms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.release(r, "host shutting down")
+		}()
+	}
+	wg.Wait()
+	m.shutErr = err
+	close(m.released)
+	// A turn that outlived the budget is joined too (Wait's ctx bounds
+	// the caller's wait for it).
+	m.wg.Wait()
+}
+
+// detachAll lets go of every detachable agent, leaving it running; the
+// room forgets it (the store keeps its handle for the next host).
+func (m *Manager) detachAll(rooms []*roomState) {
+	var wg sync.WaitGroup
+	for _, r := range rooms {
+		r.mu.Lock()
+		d, ok := r.agent.(Detachable)
+		if ok && d.Handle() != "" {
+			r.agent = nil
+		}
+		r.mu.Unlock()
+		if !ok || d.Handle() == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.Detach(); err != nil {
+				m.log.Warn("room: letting go of the agent", "room", r.id, "err", err)
+			}
+			m.freeSlot()
+		}()
+	}
+	wg.Wait()
+}
+
+// waitWorkers waits for the workers within ShutdownBudget.
+func (m *Manager) waitWorkers() error {
+	done := make(chan struct{})
+	go func() {
+		m.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(m.opts.ShutdownBudget)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return errors.New("room: close: turns still running after the shutdown budget")
+	}
+}

@@ -1,0 +1,276 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// DefaultSnapshotTimeout bounds one snapshot of a room's workspace (see
+// Options.SnapshotTimeout).
+const DefaultSnapshotTimeout = 60 * time.Second
+
+// maxRevertedListed bounds the paths a workspace.reverted event lists;
+// the rest are only counted.
+const maxRevertedListed = 1000
+
+// ErrBusy is returned by Revert and TurnDiff while a turn runs in the
+// room (or its end is being recorded).
+var ErrBusy = errors.New("room: a turn is running")
+
+// Snapshots records a room's workspace before and after each turn, so
+// that what a turn changed can be told and taken back. The room calls it;
+// the implementation (the workspace snapshot engine, wired in by the
+// command) keeps, per room, which records belong to which turn. Errors
+// for an unknown turn wrap ErrNotFound.
+type Snapshots interface {
+	// Before records the workspace as turn starts.
+	Before(ctx context.Context, p SnapshotPlace, turn string) error
+	// After records it as turn ends and counts what changed since
+	// Before.
+	After(ctx context.Context, p SnapshotPlace, turn string) (Changes, error)
+	// Diff tells what turn changed.
+	Diff(ctx context.Context, p SnapshotPlace, turn string) (TurnDiff, error)
+	// Revert restores the workspace to its record before turn.
+	Revert(ctx context.Context, p SnapshotPlace, turn string) (Reverted, error)
+}
+
+// SnapshotPlace is where a room's snapshots live.
+type SnapshotPlace struct {
+	Room string
+	// Dir is the room's own folder for its snapshots, beside its agent
+	// home: outside the workspace and the agent's reach.
+	Dir       string
+	Workspace string
+}
+
+// Changes count what a turn changed in the workspace.
+type Changes struct {
+	Files      int `json:"files"`
+	Insertions int `json:"insertions"`
+	Deletions  int `json:"deletions"`
+	// Skipped counts the paths the turn's closing snapshot left out
+	// (ignored by the workspace's .gitignore, over the size bound,
+	// unreadable, nested repositories); the turn's diff lists them.
+	Skipped int `json:"skipped,omitempty"`
+}
+
+// SkippedPath is one path a snapshot left out, and why: "ignored" (a
+// wholly ignored folder is listed once, with a trailing slash),
+// "too_large" (with its size), "repository", "unreadable" or "special".
+type SkippedPath struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+	Size   int64  `json:"size,omitempty"`
+}
+
+// ChangedFile is one file a turn changed.
+type ChangedFile struct {
+	Path string `json:"path"`
+	// Status is "added", "modified" or "deleted".
+	Status     string `json:"status"`
+	Insertions int    `json:"insertions"`
+	Deletions  int    `json:"deletions"`
+	// Binary: named, not inlined in the patch, lines not counted.
+	Binary bool `json:"binary,omitempty"`
+}
+
+// TurnDiff is what a turn changed: its files and a unified patch, both
+// bounded.
+type TurnDiff struct {
+	Files []ChangedFile `json:"files"`
+	// FilesOmitted counts the changed files beyond those listed.
+	FilesOmitted int     `json:"files_omitted,omitempty"`
+	Changes      Changes `json:"changes"`
+	Patch        string  `json:"patch"`
+	// Truncated is set when Patch was cut at its bound.
+	Truncated bool `json:"truncated"`
+	// Skipped lists what the turn's closing snapshot left out (at most
+	// 1000; SkippedOmitted counts the rest): not in the diff, and left
+	// alone by a revert.
+	Skipped        []SkippedPath `json:"skipped,omitempty"`
+	SkippedOmitted int           `json:"skipped_omitted,omitempty"`
+}
+
+// Reverted is what a Revert restored.
+type Reverted struct {
+	// Files are the paths removed or written back, sorted.
+	Files []string `json:"files"`
+	// Kept are paths left alone because something snapshots never touch
+	// (an ignored path, a file over the size bound) occupies them.
+	Kept []string `json:"kept,omitempty"`
+}
+
+// snapshotPlace is where the room's snapshots live.
+func (r *roomState) snapshotPlace() SnapshotPlace {
+	return SnapshotPlace{Room: r.id, Dir: filepath.Join(r.dir, "snapshots"), Workspace: r.workspace}
+}
+
+// snapshotBefore records the workspace as t starts; it returns why it
+// could not ("" when it did). A failure never fails the turn: the turn
+// runs, and its end says its changes are unknown.
+func (m *Manager) snapshotBefore(r *roomState, t *turnRun) string {
+	s := m.opts.Snapshots
+	if s == nil {
+		return ""
+	}
+	if err := mkdirNoLink(r.workspace); err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, m.opts.SnapshotTimeout)
+	defer cancel()
+	if err := s.Before(ctx, r.snapshotPlace(), t.id); err != nil {
+		m.log.Warn("room: snapshot before the turn failed; its changes will be unknown", "room", r.id, "turn", t.id, "err", err)
+		return "no snapshot before the turn: " + err.Error()
+	}
+	return ""
+}
+
+// snapshotAfter adds to a turn.ended event's data what the turn changed:
+// "changes", or, when that is unknown (a snapshot failed or timed out),
+// "changes": null and "changes_error" saying why. Nothing is added with
+// snapshots off.
+func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d map[string]any) {
+	s := m.opts.Snapshots
+	if s == nil {
+		return
+	}
+	if t.snapErr != "" {
+		d["changes"], d["changes_error"] = nil, t.snapErr
+		return
+	}
+	// The manager's context, not the turn's: a cancelled turn's changes
+	// still count; a closing host gives up on them.
+	ctx, cancel := context.WithTimeout(m.ctx, m.opts.SnapshotTimeout)
+	defer cancel()
+	c, err := s.After(ctx, r.snapshotPlace(), t.id)
+	if err != nil {
+		m.log.Warn("room: snapshot after the turn failed; its changes are unknown", "room", r.id, "turn", t.id, "err", err)
+		d["changes"], d["changes_error"] = nil, "no snapshot after the turn: "+err.Error()
+		return
+	}
+	d["changes"] = c
+}
+
+// TurnDiff tells what turn changed in the room's workspace. ErrNotFound
+// for a turn with no snapshots recorded (unknown, from another room, or
+// run with snapshots off); ErrBusy while that turn runs.
+func (m *Manager) TurnDiff(ctx context.Context, room, turn string) (TurnDiff, error) {
+	r, err := m.snapshotRoom(room, turn)
+	if err != nil {
+		return TurnDiff{}, err
+	}
+	// A turn's diff is there once its end is: from before turn.ended is
+	// written (the room is still "ending" then).
+	r.mu.Lock()
+	running := r.turn != nil && r.turn.id == turn
+	r.mu.Unlock()
+	if running {
+		return TurnDiff{}, fmt.Errorf("%w: turn %s has not ended", ErrBusy, turn)
+	}
+	return m.opts.Snapshots.Diff(ctx, r.snapshotPlace(), turn)
+}
+
+// Revert restores the room's workspace to its state before turn (later
+// turns' changes go too), records workspace.reverted, and tells the
+// agent's next prompt. ErrBusy while a turn runs (no turn starts while
+// it works); ErrNotFound as TurnDiff.
+func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, error) {
+	r, err := m.snapshotRoom(room, turn)
+	if err != nil {
+		return Reverted{}, err
+	}
+	for {
+		r.mu.Lock()
+		if r.turn != nil || r.cont != nil || r.reverting {
+			r.mu.Unlock()
+			return Reverted{}, fmt.Errorf("%w: revert when the room is idle", ErrBusy)
+		}
+		if r.ending {
+			// The last turn's end is being written (turn.ended may be out
+			// already): wait for it, so the revert comes after it.
+			done := r.endDone
+			r.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return Reverted{}, ctx.Err()
+			}
+		}
+		r.reverting = true // the worker starts no turn until it is done
+		r.mu.Unlock()
+		break
+	}
+	defer func() {
+		r.mu.Lock()
+		r.reverting = false
+		if len(r.queue) > 0 && !r.queue[0].pending {
+			m.ensureWorkerLocked(r)
+		}
+		r.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(ctx, m.opts.SnapshotTimeout)
+	defer cancel()
+	res, err := m.opts.Snapshots.Revert(ctx, r.snapshotPlace(), turn)
+	if err != nil {
+		return Reverted{}, err
+	}
+	listed := res.Files
+	if len(listed) > maxRevertedListed {
+		listed = listed[:maxRevertedListed]
+	}
+	d := map[string]any{"turn_id": turn, "files": nonNilStrings(listed), "count": len(res.Files)}
+	if n := len(res.Files) - len(listed); n > 0 {
+		d["files_omitted"] = n
+	}
+	if len(res.Kept) > 0 {
+		d["kept"] = res.Kept[:min(len(res.Kept), maxRevertedListed)]
+	}
+	// The workspace is reverted: the agent hears of it even if the event
+	// cannot be written.
+	r.mu.Lock()
+	r.revertedTo = turn
+	r.mu.Unlock()
+	if err := m.write(func(tx Tx) error {
+		_, err := tx.Append(r.id, "workspace.reverted", d)
+		return err
+	}); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// snapshotRoom checks a diff's or revert's arguments and returns the
+// room.
+func (m *Manager) snapshotRoom(room, turn string) (*roomState, error) {
+	if err := ValidateID(room); err != nil {
+		return nil, err
+	}
+	if turn == "" || len(turn) > 128 {
+		return nil, fmt.Errorf("%w: turn %q", ErrNotFound, turn)
+	}
+	if m.opts.Snapshots == nil {
+		return nil, fmt.Errorf("%w: snapshots are off on this host", ErrNotFound)
+	}
+	if c := m.opts.Cluster; c != nil && !c.Owns(room) {
+		// The shadow repository is the holder's to use.
+		return nil, fmt.Errorf("%w: the room is held by another node", ErrUnavailable)
+	}
+	return m.room(room)
+}
+
+// revertNote is the line the agent's next prompt starts with after a
+// revert.
+func revertNote(turn string) string {
+	return "[The workspace was reverted to its state before turn " + turn + "; changes made since are gone.]\n"
+}
+
+func nonNilStrings(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

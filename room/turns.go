@@ -1,0 +1,321 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/agenthost/agenthost/record"
+)
+
+func (m *Manager) ensureWorkerLocked(r *roomState) {
+	if r.working || r.dropped {
+		return
+	}
+	m.wgMu.Lock()
+	defer m.wgMu.Unlock()
+	if m.ctx.Err() != nil {
+		return
+	}
+	r.working = true
+	m.wg.Add(1)
+	r.worker.Add(1)
+	go m.work(r)
+}
+
+// work serves the room's queue, one turn at a time, in order, until it is
+// empty or its head is not settled yet (settle starts it again).
+func (m *Manager) work(r *roomState) {
+	defer m.wg.Done()
+	defer r.worker.Done()
+	r.mu.Lock()
+	cont := r.cont
+	r.cont = nil
+	r.mu.Unlock()
+	if cont != nil {
+		m.continueTurn(r, *cont)
+	}
+	for {
+		r.mu.Lock()
+		if len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil {
+			r.working = false
+			r.mu.Unlock()
+			m.slotWake.signal() // the room may have gone idle
+			return
+		}
+		q := r.queue[0]
+		r.queue = r.queue[1:]
+		// The turn is the room's from the moment its message leaves the
+		// queue: the room is never idle (evictable) in between.
+		t, cfg := m.newTurnLocked(r, q)
+		r.mu.Unlock()
+		m.runTurn(r, t, cfg, q)
+	}
+}
+
+// newTurnLocked makes q's turn the room's running turn (r.mu held).
+func (m *Manager) newTurnLocked(r *roomState, q queued) (*turnRun, Config) {
+	cfg, _ := m.configLocked(r) // validated at Submit
+	tctx, cancel := context.WithCancelCause(m.ctx)
+	t := &turnRun{id: newID("t"), messageID: q.id, messageSeq: q.seq, ctx: tctx, cancel: cancel, clock: newClock(cfg.TurnTimeout, cfg.Liveness)}
+	r.turn = t
+	r.lastUsed = time.Now()
+	return t, cfg
+}
+
+func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
+	tctx, cancel := t.ctx, t.cancel
+	defer cancel(nil)
+
+	err := m.write(func(tx Tx) error {
+		if err := tx.PutTurn(record.Turn{ID: t.id, Room: r.id, MessageID: q.id, Started: time.Now()}); err != nil {
+			return err
+		}
+		if err := tx.UpdateMessage(q.id, record.MessageStarted, t.id, "", ""); err != nil {
+			return err
+		}
+		_, err := tx.Append(r.id, "turn.started", map[string]string{"turn_id": t.id, "message_id": q.id})
+		return err
+	})
+	var res turnEnd
+	if err != nil {
+		// Nothing of the turn is recorded: its message ends failed (see
+		// finishTurn) before the next one starts.
+		res = turnEnd{outcome: OutcomeFailed, reason: "the store refused to record the turn's start: " + err.Error()}
+	} else {
+		t.stored = true
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			t.clock.watch(tctx, cancel)
+		}()
+		t.snapErr = m.snapshotBefore(r, t)
+		res = m.execute(r, t, cfg, q.text)
+	}
+	m.finishTurn(r, t, res)
+}
+
+// turnEnd is how a turn ended, as the room records it.
+type turnEnd struct {
+	outcome, reason, text string
+	offset                int64 // TurnResult.Offset
+}
+
+// continueTurn runs on a turn the previous host started, on the agent it
+// left running (attached at Start), to the turn's end.
+func (m *Manager) continueTurn(r *roomState, c contTurn) {
+	t := c.run
+	tctx, cancel := t.ctx, t.cancel
+	r.mu.Lock()
+	t.joined = c.joined
+	r.lastUsed = time.Now()
+	a, _ := r.agent.(Detachable)
+	r.mu.Unlock()
+	defer cancel(nil)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t.clock.watch(tctx, cancel)
+	}()
+	var res TurnResult
+	err := errors.New("the attached agent is gone")
+	if a != nil {
+		res, err = a.Continue(t.ctx)
+	}
+	m.finishTurn(r, t, m.judge(t, res, err))
+}
+
+// finishTurn records the turn's end and its messages' (message.ended,
+// right after turn.ended), retiring the agent first when the turn did not
+// settle. A turn whose start the store refused ends its messages only.
+// The room's next turn starts only once this is recorded (see writeEnd),
+// so that the log and a restart keep the order of acceptance. A turn cut
+// short by Detach is left open: the next host continues it.
+func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
+	if m.isDetaching() {
+		r.mu.Lock()
+		r.turn = nil
+		prompted := t.prompted
+		r.mu.Unlock()
+		if !prompted && t.stored {
+			// The agent never had it: the next host runs it again.
+			m.requeue(r, t)
+		}
+		return
+	}
+	m.settleInherited(r)
+	if res.outcome != OutcomeSettled && t.stored {
+		// A turn that did not settle retires its agent before the next.
+		m.release(r, "turn "+res.outcome)
+	}
+	r.events.flush() // the turn's events come before its end
+	ended := map[string]any{
+		"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
+	}
+	if t.stored {
+		// While the turn is still the room's: no revert runs meanwhile.
+		m.snapshotAfter(r, t, ended)
+	}
+	r.mu.Lock()
+	r.turn = nil // deliveries go to the queue from here on
+	r.ending = true
+	r.endDone = make(chan struct{})
+	r.lastUsed = time.Now()
+	joined := t.joined
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.ending = false
+		close(r.endDone)
+		r.mu.Unlock()
+		m.slotWake.signal() // the room may have gone idle
+	}()
+	resume, handled := r.events.release(0, res.offset, false)
+	ids := append([]string{t.messageID}, joined...)
+	turnID := ""
+	if t.stored {
+		turnID = t.id
+	}
+	m.writeEnd(r, func(tx Tx) error {
+		if t.stored {
+			if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
+				return err
+			}
+			if _, err := tx.Append(r.id, "turn.ended", ended); err != nil {
+				return err
+			}
+		}
+		if err := endMessages(tx, r.id, ids, turnID, res.outcome, res.reason); err != nil {
+			return err
+		}
+		if res.offset > 0 {
+			// The turn's frames, its end included, are not read again.
+			return tx.SetAgentOffset(r.id, resume, handled)
+		}
+		return nil
+	})
+}
+
+// Retries of a write that ends messages (writeEnd).
+const (
+	endRetryFirst = 100 * time.Millisecond
+	endRetryMax   = 5 * time.Second
+)
+
+// writeEnd makes a write that ends accepted messages, retrying it with
+// backoff while the store refuses it (a full disk, a store without a
+// leader): an accepted message must end, and the room's queue waits
+// meanwhile rather than running later messages first. It gives up when
+// the room is no longer this host's, the store is closed, or the manager
+// closes (its next Start recovers the messages, in order).
+func (m *Manager) writeEnd(r *roomState, fn func(tx Tx) error) {
+	delay := endRetryFirst
+	for attempt := 1; ; attempt++ {
+		err := m.write(fn)
+		if err == nil {
+			if attempt > 1 {
+				m.log.Info("room: the store took the end of a turn it had refused", "room", r.id, "attempts", attempt)
+			}
+			return
+		}
+		r.mu.Lock()
+		dropped := r.dropped
+		r.mu.Unlock()
+		if dropped || errors.Is(err, ErrNotHeld) || errors.Is(err, record.ErrClosed) ||
+			errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+			m.log.Error("room: recording a turn's end failed", "room", r.id, "err", err)
+			return
+		}
+		if attempt == 1 || attempt%20 == 0 {
+			m.log.Error("room: the store refused the end of a turn; retrying", "room", r.id, "attempt", attempt, "err", err)
+		}
+		timer := time.NewTimer(delay)
+		select {
+		case <-timer.C:
+		case <-m.ctx.Done():
+			timer.Stop()
+			m.log.Error("room: closing with a turn's end not recorded; the next start recovers it", "room", r.id, "err", err)
+			return
+		}
+		delay = min(2*delay, endRetryMax)
+	}
+}
+
+// requeue ends a turn whose prompt never reached the agent and puts its
+// messages back in the queue (in the store, for the next host).
+func (m *Manager) requeue(r *roomState, t *turnRun) {
+	err := m.write(func(tx Tx) error {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), ""); err != nil {
+			return err
+		}
+		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+			"turn_id": t.id, "message_id": t.messageID, "outcome": OutcomeCancelled, "reason": errDetached.Error(), "text": "",
+		}); err != nil {
+			return err
+		}
+		for _, id := range append([]string{t.messageID}, t.joined...) {
+			if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
+				return err
+			}
+			if _, err := tx.Append(r.id, "message.queued", map[string]any{"message_id": id, "recovered": true}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Error("room: queueing a turn the agent never had again", "room", r.id, "err", err)
+	}
+}
+
+// execute runs the turn on the room's agent and judges its outcome.
+func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) turnEnd {
+	a, err := m.ensureAgent(t.ctx, r, cfg)
+	var res TurnResult
+	if err == nil {
+		r.mu.Lock()
+		lost := r.lost
+		r.lost = false
+		r.mu.Unlock()
+		if lost {
+			text = m.transcript(r.id, t.messageSeq) + text
+		}
+		r.mu.Lock()
+		if r.revertedTo != "" {
+			text = revertNote(r.revertedTo) + text
+			r.revertedTo = ""
+		}
+		for _, e := range t.early {
+			text += "\n\n" + e
+		}
+		t.prompted = true
+		r.mu.Unlock()
+		res, err = a.Run(t.ctx, text)
+	}
+	return m.judge(t, res, err)
+}
+
+// judge is a turn's outcome from the agent's result and the turn's
+// context.
+func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
+	if err == nil && t.ctx.Err() == nil {
+		if res.Uncertain {
+			return turnEnd{OutcomeSettled, "uncertain: the agent's state could not be confirmed after the turn", res.Text, res.Offset}
+		}
+		return turnEnd{OutcomeSettled, "", res.Text, res.Offset}
+	}
+	switch cause := context.Cause(t.ctx); {
+	case errors.Is(cause, errCancelled):
+		return turnEnd{outcome: OutcomeCancelled, reason: "cancelled"}
+	case errors.Is(cause, errShutdown):
+		return turnEnd{outcome: OutcomeCancelled, reason: errShutdown.Error()}
+	case errors.Is(cause, errDropped):
+		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
+	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled), errors.Is(cause, errNoSlot):
+		return turnEnd{outcome: OutcomeTimedOut, reason: cause.Error()}
+	case err != nil:
+		return turnEnd{outcome: OutcomeFailed, reason: err.Error()}
+	default:
+		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
+	}
+}
