@@ -94,6 +94,9 @@ type (
 		// says why).
 		Changes      *Changes `json:"changes,omitempty"`
 		ChangesError string   `json:"changes_error,omitempty"`
+		// Usage is what the turn cost, as the agent reported it (zeros
+		// for an agent that reports nothing).
+		Usage Usage `json:"usage"`
 	}
 	// WorkspaceReverted (workspace.reverted): the workspace was restored
 	// to its state before TurnID.

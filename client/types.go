@@ -64,6 +64,29 @@ type Room struct {
 	Questions []Question `json:"questions"`
 	// Node holds the room's lease in a cluster ("" on one machine).
 	Node string `json:"node"`
+	// Turns is how many of the room's turns ended, Usage what they cost
+	// together, and UsageBySender that by the sender of each turn's first
+	// message ("" for messages sent without one).
+	Turns         int64                  `json:"turns"`
+	Usage         Usage                  `json:"usage"`
+	UsageBySender map[string]SenderUsage `json:"usage_by_sender"`
+}
+
+// Usage is tokens and cost as the agents reported them. InputTokens
+// counts only the prompt tokens neither read from nor written to the
+// provider's cache; CostUSD is 0 when the agent reports no cost.
+type Usage struct {
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens"`
+	CacheWriteTokens int64   `json:"cache_write_tokens"`
+	CostUSD          float64 `json:"cost_usd"`
+}
+
+// SenderUsage is one sender's turns in a room and what they cost.
+type SenderUsage struct {
+	Turns int64 `json:"turns"`
+	Usage
 }
 
 // Approval is a pending approval of a tool call.

@@ -98,7 +98,41 @@ type Turn struct {
 	Text      string
 	Started   time.Time
 	Ended     time.Time
+	// Usage is what the turn cost, as its agent reported it (zero while
+	// it runs, and for an agent that reports nothing).
+	Usage Usage
 }
+
+// Usage is the tokens and cost of a turn, or a sum of turns. InputTokens
+// counts only the prompt tokens neither read from nor written to the
+// provider's cache, so the whole prompt is InputTokens + CacheReadTokens
+// + CacheWriteTokens. CostUSD is in dollars, 0 when the agent reported no
+// cost. Its JSON names are the API's (turn.ended's usage).
+type Usage struct {
+	InputTokens      int64   `json:"input_tokens"`
+	OutputTokens     int64   `json:"output_tokens"`
+	CacheReadTokens  int64   `json:"cache_read_tokens"`
+	CacheWriteTokens int64   `json:"cache_write_tokens"`
+	CostUSD          float64 `json:"cost_usd"`
+}
+
+// Add returns u + o.
+func (u Usage) Add(o Usage) Usage {
+	return Usage{
+		InputTokens: u.InputTokens + o.InputTokens, OutputTokens: u.OutputTokens + o.OutputTokens,
+		CacheReadTokens: u.CacheReadTokens + o.CacheReadTokens, CacheWriteTokens: u.CacheWriteTokens + o.CacheWriteTokens,
+		CostUSD: u.CostUSD + o.CostUSD,
+	}
+}
+
+// Tokens is every token counted: input, output, cache reads and cache
+// writes.
+func (u Usage) Tokens() int64 {
+	return u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens
+}
+
+// IsZero reports whether u counts nothing.
+func (u Usage) IsZero() bool { return u == Usage{} }
 
 // Room is a room's stored state.
 type Room struct {
@@ -116,6 +150,19 @@ type Room struct {
 	AgentProc   string
 	AgentOffset int64
 	AgentSeen   int64
+	// Turns is how many of the room's turns ended; Usage what they cost
+	// together, and UsageBySender that split by the sender of each turn's
+	// first message ("" for messages without one). A store that keeps no
+	// usage leaves them zero.
+	Turns         int64
+	Usage         Usage
+	UsageBySender map[string]SenderUsage
+}
+
+// SenderUsage is what one sender's turns in a room cost.
+type SenderUsage struct {
+	Turns int64
+	Usage Usage
 }
 
 // Approval is a durable request for a person's (or a policy's) decision

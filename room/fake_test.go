@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 )
 
 // fakeTransport starts fakeAgents. Its agents act on the prompt text:
@@ -101,6 +102,11 @@ func (a *fakeAgent) Run(ctx context.Context, text string) (TurnResult, error) {
 		}
 	case text == "fail":
 		return TurnResult{}, errors.New("the model failed")
+	case text == "spend":
+		return TurnResult{Text: "spent", Usage: spendUsage}, nil
+	case text == "spend-fail":
+		// A turn that failed after the model answered: it still cost.
+		return TurnResult{Usage: spendFailUsage}, errors.New("the model failed")
 	case strings.HasPrefix(text, "approve:"):
 		tool := strings.TrimPrefix(text, "approve:")
 		h.Event(AgentEvent{Kind: KindToolStarted, Tool: tool, CallID: "c1", Input: "ls"})
@@ -131,6 +137,12 @@ func (a *fakeAgent) Run(ctx context.Context, text string) (TurnResult, error) {
 	}
 	return TurnResult{Text: "ok: " + text}, nil
 }
+
+// What the fake agent reports its "spend" and "spend-fail" turns cost.
+var (
+	spendUsage     = record.Usage{InputTokens: 10, OutputTokens: 2, CacheReadTokens: 4, CacheWriteTokens: 1, CostUSD: 0.5}
+	spendFailUsage = record.Usage{InputTokens: 3, CostUSD: 0.25}
+)
 
 func (a *fakeAgent) Steer(ctx context.Context, text string) error {
 	a.mu.Lock()

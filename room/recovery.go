@@ -49,11 +49,14 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			}
 		}
 		err := m.st.Write(ctx, func(tx Tx) error {
-			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, ""); err != nil {
+			// What the lost agent spent in the turn is unknown: it counts
+			// as the turn's, zero.
+			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, "", record.Usage{}); err != nil {
 				return err
 			}
-			if _, err := tx.Append(t.Room, "turn.ended", map[string]string{
+			if _, err := tx.Append(t.Room, "turn.ended", map[string]any{
 				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": reason, "text": "",
+				"usage": record.Usage{},
 			}); err != nil {
 				return err
 			}

@@ -2,6 +2,7 @@ package room
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 	"go.uber.org/goleak"
 )
 
@@ -640,5 +642,40 @@ func TestWorkspacesApartFromHomes(t *testing.T) {
 	s := f.starts[0]
 	if filepath.Dir(s.Workspace) != filepath.Join(dir, "ws") || !strings.HasPrefix(s.Home, filepath.Join(dir, "homes")+string(filepath.Separator)) {
 		t.Fatalf("workspace %s, home %s", s.Workspace, s.Home)
+	}
+}
+
+// A turn's usage, as its agent reported it, is on its turn.ended, settled
+// or not, and the room's totals count it, by sender too.
+func TestTurnUsageIsRecordedWhateverTheOutcome(t *testing.T) {
+	h := newHarness(t, Options{})
+	usageOf := func(d map[string]any) record.Usage {
+		t.Helper()
+		b, _ := json.Marshal(d["usage"])
+		var u record.Usage
+		if err := json.Unmarshal(b, &u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	acc := h.submit("r", "spend")
+	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeSettled || usageOf(d) != spendUsage {
+		t.Fatalf("settled turn: %v", d)
+	}
+	acc = h.submit("r", "spend-fail")
+	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeFailed || usageOf(d) != spendFailUsage {
+		t.Fatalf("failed turn: %v", d)
+	}
+	acc = h.submit("r", "hello")
+	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeSettled || !usageOf(d).IsZero() {
+		t.Fatalf("a turn without usage: %v", d)
+	}
+	st, err := h.m.State(t.Context(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := spendUsage.Add(spendFailUsage)
+	if st.Turns != 3 || st.Usage != total || st.UsageBySender["ann"] != (record.SenderUsage{Turns: 3, Usage: total}) {
+		t.Fatalf("state: %d turns, %+v, %+v", st.Turns, st.Usage, st.UsageBySender)
 	}
 }

@@ -26,6 +26,11 @@ type State struct {
 	// Confinement is what confines the room's agent: the resident one's,
 	// else the transport's (nil when the transport does not say).
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Turns, Usage and UsageBySender are the room's ended turns and what
+	// they cost (record.Room's).
+	Turns         int64                         `json:"turns"`
+	Usage         record.Usage                  `json:"usage"`
+	UsageBySender map[string]record.SenderUsage `json:"usage_by_sender"`
 }
 
 // confinement is what x (an Agent or a Transport) reports, or nil.
@@ -66,7 +71,8 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 // Manager holds in memory, without what waits on people.
 func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
 	room := rec.ID
-	st := State{ID: room, SessionID: rec.SessionID, LastSeq: rec.LastSeq}
+	st := State{ID: room, SessionID: rec.SessionID, LastSeq: rec.LastSeq, Turns: rec.Turns, Usage: rec.Usage,
+		UsageBySender: rec.UsageBySender}
 	m.mu.Lock()
 	r := m.rooms[room]
 	m.mu.Unlock()

@@ -40,7 +40,9 @@ type Tx interface {
 	PutMessage(m record.Message) error
 	UpdateMessage(id, status, turnID, outcome, reason string) error
 	PutTurn(t record.Turn) error
-	EndTurn(id, outcome, reason, text string) error
+	// EndTurn records a turn's end and what it cost; the room's totals
+	// (record.Room's Turns, Usage, UsageBySender) count it.
+	EndTurn(id, outcome, reason, text string, usage record.Usage) error
 	PutApproval(a record.Approval) error
 	ResolveApproval(room, id, decision, by string) error
 	PutQuestion(q record.Question) error

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+
+	"github.com/agenthost/agenthost/record"
 )
 
 // Transport starts agents for rooms. The RPC client is its first
@@ -116,6 +118,10 @@ type TurnResult struct {
 	// Uncertain: the agent's state could not be confirmed after the turn
 	// (the post-turn refresh failed); the turn still ended.
 	Uncertain bool
+	// Usage is what the turn cost, as the agent reported it. Run and
+	// Continue return it with an error too: a turn that failed may still
+	// have spent tokens.
+	Usage record.Usage
 }
 
 // Handler is the room's side of a running agent. Its methods are called

@@ -98,7 +98,8 @@ func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
 // turnEnd is how a turn ended, as the room records it.
 type turnEnd struct {
 	outcome, reason, text string
-	offset                int64 // TurnResult.Offset
+	offset                int64        // TurnResult.Offset
+	usage                 record.Usage // TurnResult.Usage
 }
 
 // continueTurn runs on a turn the previous host started, on the agent it
@@ -151,6 +152,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	r.events.flush() // the turn's events come before its end
 	ended := map[string]any{
 		"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
+		"usage": res.usage,
 	}
 	if t.stored {
 		// While the turn is still the room's: no revert runs meanwhile.
@@ -178,7 +180,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	}
 	m.writeEnd(r, func(tx Tx) error {
 		if t.stored {
-			if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text); err != nil {
+			if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text, res.usage); err != nil {
 				return err
 			}
 			if _, err := tx.Append(r.id, "turn.ended", ended); err != nil {
@@ -245,11 +247,12 @@ func (m *Manager) writeEnd(r *roomState, fn func(tx Tx) error) {
 // messages back in the queue (in the store, for the next host).
 func (m *Manager) requeue(r *roomState, t *turnRun) {
 	err := m.write(func(tx Tx) error {
-		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), ""); err != nil {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), "", record.Usage{}); err != nil {
 			return err
 		}
-		if _, err := tx.Append(r.id, "turn.ended", map[string]string{
+		if _, err := tx.Append(r.id, "turn.ended", map[string]any{
 			"turn_id": t.id, "message_id": t.messageID, "outcome": OutcomeCancelled, "reason": errDetached.Error(), "text": "",
+			"usage": record.Usage{},
 		}); err != nil {
 			return err
 		}
@@ -298,11 +301,17 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) tur
 // judge is a turn's outcome from the agent's result and the turn's
 // context.
 func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
+	end := m.judgeOutcome(t, res, err)
+	end.usage = res.Usage // spent whatever the outcome
+	return end
+}
+
+func (m *Manager) judgeOutcome(t *turnRun, res TurnResult, err error) turnEnd {
 	if err == nil && t.ctx.Err() == nil {
 		if res.Uncertain {
-			return turnEnd{OutcomeSettled, "uncertain: the agent's state could not be confirmed after the turn", res.Text, res.Offset}
+			return turnEnd{outcome: OutcomeSettled, reason: "uncertain: the agent's state could not be confirmed after the turn", text: res.Text, offset: res.Offset}
 		}
-		return turnEnd{OutcomeSettled, "", res.Text, res.Offset}
+		return turnEnd{outcome: OutcomeSettled, text: res.Text, offset: res.Offset}
 	}
 	switch cause := context.Cause(t.ctx); {
 	case errors.Is(cause, errCancelled):

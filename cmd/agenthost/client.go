@@ -182,8 +182,10 @@ func printRooms(w io.Writer, rooms []client.Room, asJSON bool) error {
 		case !r.Resident:
 			state = "released"
 		}
-		fmt.Fprintf(w, "%-24s %-8s queued %d  approvals %d  questions %d  events %d\n",
-			r.ID, state, r.Queued, len(r.Approvals), len(r.Questions), r.LastSeq)
+		u := r.Usage
+		fmt.Fprintf(w, "%-24s %-8s queued %d  approvals %d  questions %d  events %d  turns %d  tokens %d  $%.4f\n",
+			r.ID, state, r.Queued, len(r.Approvals), len(r.Questions), r.LastSeq, r.Turns,
+			u.InputTokens+u.OutputTokens+u.CacheReadTokens+u.CacheWriteTokens, u.CostUSD)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func seedLongRoom(t *testing.T, data, rm string) (answers []string, events int64
 					return err
 				}
 			}
-			if err := w.EndTurn(tid, "settled", "", answer.String()); err != nil {
+			if err := w.EndTurn(tid, "settled", "", answer.String(), store.Usage{}); err != nil {
 				return err
 			}
 			if _, err := w.Append(rm, "turn.ended", map[string]string{"turn_id": tid, "outcome": "settled", "text": answer.String()}); err != nil {

@@ -140,6 +140,11 @@ func TestServePage_Chromium(t *testing.T) {
 		t.Fatal("the answer came without a text.delta: it was not streamed")
 	}
 	waitFor(t, ctx, "the room in the list", `[...document.querySelectorAll("#rooms .room-link")].some(b => b.textContent.startsWith("web"))`)
+	// What the turn cost, as omp reported it on the built-in model (a
+	// registered price): on the turn, the room, and its entry in the list.
+	waitFor(t, ctx, "the room's usage", `!document.getElementById("room-usage").hidden && /^1 turn, [0-9,]+ tokens · \$[0-9.e-]+ \(input \d+, output \d+, cache read \d+, cache write \d+\)$/.test(document.getElementById("room-usage").textContent)`)
+	waitFor(t, ctx, "the turn's usage", `/tokens · \$/.test(document.querySelector("#log .msg.assistant .turn-usage")?.textContent ?? "")`)
+	waitFor(t, ctx, "the room's usage in the list", `[...document.querySelectorAll("#rooms .room-link")].some(b => b.textContent.startsWith("web") && /tokens/.test(b.querySelector(".usage")?.textContent ?? ""))`)
 	// The room's agent runs confined (serve's default, auto, on a kernel with Landlock), and the
 	// page says so.
 	want := `"Not confined"`
@@ -201,10 +206,19 @@ func TestServePage_Chromium(t *testing.T) {
 		t.Fatalf("messages|turns on the page: %s", before)
 	}
 
+	// The room's usage, added up on the page from each turn.ended.
+	waitFor(t, ctx, "the room's usage after four turns", `document.getElementById("room-usage").textContent.startsWith("4 turns, ")`)
+	usage := eval[string](t, ctx, `document.getElementById("room-usage").textContent`)
+
 	// A reload (the token kept for the tab, the room in the address)
 	// replays the same conversation from the store.
 	act(t, ctx, "reloading", chromedp.Reload())
 	waitFor(t, ctx, "the conversation after a reload", answered(4, "ok: after the restart"))
+	// The same totals, read from the room's state this time.
+	waitFor(t, ctx, "the room's usage after a reload", `!document.getElementById("room-usage").hidden`)
+	if got := eval[string](t, ctx, `document.getElementById("room-usage").textContent`); got != usage {
+		t.Fatalf("the room's usage after a reload: %q, before %q", got, usage)
+	}
 	if got := eval[string](t, ctx, counts); got != before {
 		t.Fatalf("after a reload the page shows %s, before %s", got, before)
 	}

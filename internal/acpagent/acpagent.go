@@ -27,6 +27,8 @@ import (
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
+	"github.com/agenthost/agenthost/internal/usage"
+	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
 	sdk "github.com/coder/acp-go-sdk"
 )
@@ -74,7 +76,20 @@ type Options struct {
 }
 
 // Transport implements room.Transport over ACP.
-type Transport struct{ opts Options }
+type Transport struct {
+	opts Options
+
+	// costs is each session's total cost as its agent last reported it,
+	// for the agent that loads it next in this process (an agent that
+	// resumes its total on load then charges a turn only what it added).
+	costMu sync.Mutex
+	costs  map[string]float64
+}
+
+// maxSessionCosts bounds Transport.costs: past it the oldest entries
+// are forgotten (a loaded session without its entry counts its agent's
+// whole reported total in its first turn).
+const maxSessionCosts = 10000
 
 var (
 	_ room.Transport  = (*Transport)(nil)
@@ -151,7 +166,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if err != nil {
 		return nil, err
 	}
-	a := &agent{h: spec.Handler, log: t.opts.Logger}
+	a := &agent{h: spec.Handler, log: t.opts.Logger, t: t}
 	a.loading.Store(true)
 	// The room's tools are served before the agent starts: a confined
 	// agent may connect to their port only.
@@ -220,6 +235,11 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		return fail(fmt.Errorf("acpagent: %w", err))
 	}
 	a.session = sess.ID
+	kind := cfg.Agent
+	if kind == "" {
+		kind = string(agents.OMP)
+	}
+	a.spent = usage.NewACPSession(usage.ACPReportOf(kind), t.sessionCost(sess.ID))
 	if r.Mode != "" {
 		if err := c.SetMode(ctx, sess.ID, r.Mode); err != nil {
 			return fail(fmt.Errorf("acpagent: %w", err))
@@ -233,6 +253,29 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	// this room's new activity.
 	a.loading.Store(false)
 	return a, nil
+}
+
+// sessionCost is a session's total cost as last reported here (0: none).
+func (t *Transport) sessionCost(id string) float64 {
+	t.costMu.Lock()
+	defer t.costMu.Unlock()
+	return t.costs[id]
+}
+
+// keepSessionCost keeps a session's total cost for its next agent.
+func (t *Transport) keepSessionCost(id string, cost float64) {
+	t.costMu.Lock()
+	defer t.costMu.Unlock()
+	if t.costs == nil {
+		t.costs = map[string]float64{}
+	}
+	if _, ok := t.costs[id]; !ok && len(t.costs) >= maxSessionCosts {
+		for k := range t.costs {
+			delete(t.costs, k) // any one: the map is a cache
+			break
+		}
+	}
+	t.costs[id] = cost
 }
 
 // confine wraps the recipe's command in the room's confinement (as given
@@ -353,6 +396,34 @@ type agent struct {
 	calls     map[string]string // the turn's running tool calls' short names by id (at most maxCalls)
 	malformed int               // malformed lines since the turn began
 	unshown   int               // of those, the ones past maxMalformedPerTurn
+	// spent follows the session's usage reports (usage_update's cost,
+	// session/prompt's tokens); badUsage counts those it could not read.
+	spent    *usage.ACPSession
+	badUsage int
+	t        *Transport
+}
+
+// turnUsage is what the turn whose answer this is (nil: none came)
+// cost.
+func (a *agent) turnUsage(res *acp.Result) record.Usage {
+	answer := []byte("{}")
+	if res != nil {
+		if b, err := usage.ACPAnswer(res.Usage, res.Meta); err == nil {
+			answer = b
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u, _, err := a.spent.EndTurn(answer)
+	if err != nil {
+		a.badUsage++
+	}
+	if a.badUsage > 0 {
+		a.log.Warn("acpagent: the agent sent usage reports that could not be read; the turn's usage leaves them out", "reports", a.badUsage)
+		a.badUsage = 0
+	}
+	a.t.keepSessionCost(a.session, a.spent.SessionCost())
+	return u
 }
 
 func (a *agent) SessionID() string { return a.session }
@@ -367,8 +438,9 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	res, err := a.c.Prompt(ctx, a.session, text)
 	if err != nil {
 		// A ctx that ended was sent session/cancel, bounded, by Prompt.
-		return room.TurnResult{}, redactedErr{err}
+		return room.TurnResult{Usage: a.turnUsage(nil)}, redactedErr{err}
 	}
+	spent := a.turnUsage(&res)
 	switch res.StopReason {
 	case sdk.StopReasonCancelled:
 		a.mu.Lock()
@@ -377,12 +449,12 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 		// codex ends a turn whose tool was denied as cancelled; the room
 		// did not cancel it, so it settled.
 		if !denied {
-			return room.TurnResult{}, errors.New("the agent cancelled the turn")
+			return room.TurnResult{Usage: spent}, errors.New("the agent cancelled the turn")
 		}
 	case sdk.StopReasonRefusal:
-		return room.TurnResult{}, errors.New("the agent refused the turn")
+		return room.TurnResult{Usage: spent}, errors.New("the agent refused the turn")
 	}
-	return room.TurnResult{Text: res.Text}, nil
+	return room.TurnResult{Text: res.Text, Usage: spent}, nil
 }
 
 // beginTurn forgets the last turn's denial and its tool calls: calls an
@@ -447,6 +519,15 @@ func (a *agent) event(ev acp.Event) {
 		return
 	}
 	if a.loading.Load() {
+		return
+	}
+	if ev.Type == "usage_update" {
+		a.mu.Lock()
+		if a.spent.Update(ev.Raw) != nil {
+			a.badUsage++
+		}
+		a.mu.Unlock()
+		a.h.Event(room.AgentEvent{Kind: room.KindActivity})
 		return
 	}
 	u := ev.Update

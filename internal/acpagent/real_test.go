@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,12 +50,20 @@ func TestRealACPReplyStreamingMultiTurn(t *testing.T) {
 	if got := h.Settled("r", a1); got != "hello from acp" {
 		t.Fatalf("turn 1: %q", got)
 	}
+	next := len(h.Sim.Requests())
 	if h.Count("r", room.KindText) == 0 {
 		t.Fatal("no text.delta: the reply was not streamed")
 	}
 	a2 := h.Submit("r", "second message")
-	if got := h.Settled("r", a2); got != "ok: second message" {
-		t.Fatalf("turn 2: %q", got)
+	d := h.Ended("r", a2)
+	if d["outcome"] != room.OutcomeSettled || d["text"] != "ok: second message" {
+		t.Fatalf("turn 2: %v", d)
+	}
+	// What omp acp reports (support matrix): the turn's tokens exactly,
+	// and a cost from its usage_update at the registered price.
+	want := h.ModelUsage(&next)
+	if got := roomtest.TurnUsage(t, d); !roomtest.SameTokens(got, want) || math.Abs(got.CostUSD-want.CostUSD) > 1e-9 || got.CostUSD <= 0 {
+		t.Fatalf("turn 2's usage %+v, want %+v", got, want)
 	}
 	// One session: the model saw the first turn in the second's context.
 	reqs := h.Sim.Requests()

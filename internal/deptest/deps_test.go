@@ -31,7 +31,7 @@ var allowed = map[string][]string{
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
-	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail",
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/internal/confine", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
@@ -50,9 +50,9 @@ var allowed = map[string][]string{
 	module + "/internal/agents": nil,
 	// Git workspaces: the standard library and the git program only.
 	module + "/internal/gitws": nil,
-	// Usage normalisation: the standard library only, so every agent path (rpc, acp) and
-	// rooms can use it.
-	module + "/internal/usage": nil,
+	// Usage normalisation: the standard library and the records (its Usage is
+	// record.Usage), so every agent path (rpc, acp) and rooms can use it.
+	module + "/internal/usage": {module + "/record"},
 	// agenthost's pi extension and its wire: the standard library only.
 	module + "/internal/rpcagent/piext": nil,
 	// The claims table lives in its tests; the package itself is a doc.

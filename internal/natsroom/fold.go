@@ -45,6 +45,9 @@ type op struct {
 	Agent    string       `json:"agent,omitempty"`
 	Inbox    uint64       `json:"inbox,omitempty"`
 	Time     int64        `json:"time,omitempty"`
+	// Usage is what an ended turn cost (end_turn; added in format 1,
+	// older readers ignore it).
+	Usage *usageRec `json:"usage,omitempty"`
 }
 
 // Kinds of op.
@@ -187,6 +190,27 @@ func (f *fold) queued() int { return f.nQueued }
 // idle: no turn runs and every message ended.
 func (f *fold) idle() bool { return f.nOpen == 0 && len(f.openTurn) == 0 }
 
+// spent counts an ended turn, whose first message was msgID, and what it
+// cost in the room's totals. The split by sender is copied, never changed
+// in place: readers hold the old one, and rollback puts it back.
+func (f *fold) spent(msgID string, u store.Usage) {
+	sender := ""
+	if i, ok := f.msgIdx[msgID]; ok {
+		sender = f.msgs[i].Sender
+	}
+	by := make(map[string]store.SenderUsage, len(f.room.UsageBySender)+1)
+	for k, v := range f.room.UsageBySender {
+		by[k] = v
+	}
+	s := by[sender]
+	s.Turns++
+	s.Usage = s.Usage.Add(u)
+	by[sender] = s
+	f.room.Turns++
+	f.room.Usage = f.room.Usage.Add(u)
+	f.room.UsageBySender = by
+}
+
 // count adds d to the counters of a message in status.
 func (f *fold) count(status string, d int) {
 	if status == store.MessageQueued {
@@ -269,8 +293,9 @@ func (f *fold) apply(o op) error {
 		if f.undo != nil {
 			keep(f.undo.oldTurns, i, *tr)
 		}
-		tr.Outcome, tr.Reason, tr.Text, tr.Ended = o.Outcome, o.Reason, o.Text, t
+		tr.Outcome, tr.Reason, tr.Text, tr.Ended, tr.Usage = o.Outcome, o.Reason, o.Text, t, o.Usage.record()
 		delete(f.openTurn, i)
+		f.spent(tr.MessageID, tr.Usage)
 	case opPutAppr:
 		f.approvals = append(f.approvals, o.Approval.record())
 	case opResolve:

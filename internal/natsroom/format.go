@@ -68,14 +68,45 @@ type turnRec struct {
 	Text      string    `json:"Text"`
 	Started   time.Time `json:"Started"`
 	Ended     time.Time `json:"Ended"`
+	// Usage was added without a new format (older readers ignore it;
+	// older entries have none: zero).
+	Usage *usageRec `json:"Usage,omitempty"`
 }
 
 func toTurnRec(t store.Turn) *turnRec {
-	r := turnRec(t)
-	return &r
+	return &turnRec{ID: t.ID, Room: t.Room, MessageID: t.MessageID, Outcome: t.Outcome, Reason: t.Reason, Text: t.Text,
+		Started: t.Started, Ended: t.Ended, Usage: toUsageRec(t.Usage)}
 }
 
-func (r *turnRec) record() store.Turn { return store.Turn(*r) }
+func (r *turnRec) record() store.Turn {
+	return store.Turn{ID: r.ID, Room: r.Room, MessageID: r.MessageID, Outcome: r.Outcome, Reason: r.Reason, Text: r.Text,
+		Started: r.Started, Ended: r.Ended, Usage: r.Usage.record()}
+}
+
+// usageRec is what a turn cost, as the log stores it (nil: nothing).
+type usageRec struct {
+	Input      int64   `json:"input"`
+	Output     int64   `json:"output"`
+	CacheRead  int64   `json:"cache_read"`
+	CacheWrite int64   `json:"cache_write"`
+	CostUSD    float64 `json:"cost_usd"`
+}
+
+func toUsageRec(u store.Usage) *usageRec {
+	if u.IsZero() {
+		return nil
+	}
+	return &usageRec{Input: u.InputTokens, Output: u.OutputTokens, CacheRead: u.CacheReadTokens, CacheWrite: u.CacheWriteTokens,
+		CostUSD: u.CostUSD}
+}
+
+func (r *usageRec) record() store.Usage {
+	if r == nil {
+		return store.Usage{}
+	}
+	return store.Usage{InputTokens: r.Input, OutputTokens: r.Output, CacheReadTokens: r.CacheRead, CacheWriteTokens: r.CacheWrite,
+		CostUSD: r.CostUSD}
+}
 
 // approvalRec is an approval request as the log stores it.
 type approvalRec struct {

@@ -562,7 +562,7 @@ func TestStore_Turns(t *testing.T) {
 				return err
 			}
 			seqs = append(seqs, ev.Seq)
-			if err := tx.PutMessage(store.Message{ID: id, Room: "r", Seq: ev.Seq, Text: id, Status: store.MessageQueued, Accepted: now}); err != nil {
+			if err := tx.PutMessage(store.Message{ID: id, Room: "r", Seq: ev.Seq, Sender: "ann", Text: id, Status: store.MessageQueued, Accepted: now}); err != nil {
 				return err
 			}
 		}
@@ -572,7 +572,7 @@ func TestStore_Turns(t *testing.T) {
 				return err
 			}
 		}
-		return tx.EndTurn("t0", "settled", "", "answer 0")
+		return tx.EndTurn("t0", "settled", "", "answer 0", store.Usage{InputTokens: 7, CostUSD: 0.5})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -596,5 +596,18 @@ func TestStore_Turns(t *testing.T) {
 	}
 	if got := ids(seqs[2], 0); got != "" {
 		t.Fatalf("turns after the last message: %s", got)
+	}
+	// The ended turn's cost, in the room's totals: on the writer, and on a
+	// node that folds the room from its log.
+	spent := store.Usage{InputTokens: 7, CostUSD: 0.5}
+	for _, st := range []*Store{s, newStore(nc, js, "b")} {
+		r, err := st.Room(ctx, "r")
+		if err != nil || r.Turns != 1 || r.Usage != spent || r.UsageBySender["ann"] != (store.SenderUsage{Turns: 1, Usage: spent}) {
+			t.Fatalf("room %+v, %v", r, err)
+		}
+		ts, err := st.Turns(ctx, "r", 0, 1)
+		if err != nil || len(ts) != 1 || ts[0].Usage != spent {
+			t.Fatalf("turns %+v, %v", ts, err)
+		}
 	}
 }

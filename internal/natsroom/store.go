@@ -1208,12 +1208,12 @@ func (t *tx) PutTurn(tr store.Turn) error {
 	return t.op(tr.Room, op{K: opPutTurn, Turn: toTurnRec(tr)})
 }
 
-func (t *tx) EndTurn(id, outcome, reason, text string) error {
+func (t *tx) EndTurn(id, outcome, reason, text string, u store.Usage) error {
 	rm := t.s.roomOfTurn(t, id)
 	if rm == "" {
 		return fmt.Errorf("store: end turn: %w", store.ErrNotFound)
 	}
-	return t.op(rm, op{K: opEndTurn, ID: id, Outcome: outcome, Reason: reason, Text: text})
+	return t.op(rm, op{K: opEndTurn, ID: id, Outcome: outcome, Reason: reason, Text: text, Usage: toUsageRec(u)})
 }
 
 func (t *tx) PutApproval(a store.Approval) error {

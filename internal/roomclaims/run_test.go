@@ -4,6 +4,7 @@ package roomclaims
 
 import (
 	"encoding/json"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,8 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -217,6 +221,58 @@ func claimMultiTurn(r *pathRun) {
 	if !r.modelSawTogether("which word?", "pelican") {
 		r.t.Fatal("no model request of the second turn carries the first turn")
 	}
+}
+
+// usageCost says how each agent prices a turn: at the price agenthost
+// registers for the built-in model, at its own, or not at all.
+var usageCost = map[agents.Kind]string{agents.OMP: "registered", agents.Pi: "registered", agents.Claude: "own", agents.Codex: "none", agents.Copilot: "none"}
+
+func claimUsage(r *pathRun) {
+	next := len(r.sim.Requests())
+	acc := r.submit(roomMain, "how much was that?")
+	_, d := r.ended(roomMain, acc)
+	if d["outcome"] != room.OutcomeSettled {
+		r.t.Fatalf("turn ended %v", d)
+	}
+	// The agent's own requests (those offering tools: claude's title
+	// requests offer none) at the built-in model's registered price.
+	var m modelsim.Usage
+	for _, q := range r.sim.Requests()[next:] {
+		if len(q.Tools) > 0 {
+			m = m.Add(q.Usage)
+		}
+	}
+	if m.Output == 0 {
+		r.t.Fatal("the turn made no model request")
+	}
+	want := record.Usage{InputTokens: int64(m.Input), OutputTokens: int64(m.Output), CacheReadTokens: int64(m.CacheRead),
+		CacheWriteTokens: int64(m.CacheWrite), CostUSD: agents.Cost(int64(m.Input), int64(m.Output), int64(m.CacheRead), int64(m.CacheWrite))}
+	b, _ := json.Marshal(d["usage"])
+	var got record.Usage
+	if err := json.Unmarshal(b, &got); err != nil {
+		r.t.Fatalf("turn.ended usage %s: %v", b, err)
+	}
+	cost := got.CostUSD
+	got.CostUSD = 0
+	if tokens := (record.Usage{InputTokens: want.InputTokens, OutputTokens: want.OutputTokens, CacheReadTokens: want.CacheReadTokens,
+		CacheWriteTokens: want.CacheWriteTokens}); got != tokens {
+		r.t.Fatalf("tokens %+v, the model's %+v", got, tokens)
+	}
+	switch usageCost[r.p.kind] {
+	case "registered":
+		if math.Abs(cost-want.CostUSD) > 1e-9 || cost <= 0 {
+			r.t.Fatalf("cost %v, want %v", cost, want.CostUSD)
+		}
+	case "own":
+		if cost <= 0 {
+			r.t.Fatalf("cost %v, want above zero", cost)
+		}
+	default:
+		if cost != 0 {
+			r.t.Fatalf("cost %v from an agent that reports none", cost)
+		}
+	}
+	r.t.Logf("usage %+v, cost %v", got, cost)
 }
 
 func claimCancel(r *pathRun) {

@@ -55,6 +55,7 @@ const (
 	cConfined   = "confinement"
 	cMCP        = "mcp"
 	cMultiTurn  = "multi-turn"
+	cUsage      = "usage"
 	cResume     = "resume"
 	cCancel     = "cancel"
 	cBackground = "background"
@@ -110,6 +111,11 @@ var claims = []claim{
 		"rpc": "one agent process and session per room",
 		"acp": "one agent process and session per room",
 	}, claimMultiTurn},
+	{cUsage, "Usage: `turn.ended` carries the turn's tokens as the agent reported them (exactly the model's counts) and its cost: " +
+		"at the price registered for the model, the agent's own, or 0 where the agent reports none", map[string]string{
+		"rpc": "the `usage` of each assistant message's `message_end`, summed; cost at the price agenthost registers for the model",
+		"acp": "the `usage` of the `session/prompt` answer (tokens); the cost from `usage_update` notifications (a session total, differenced per turn)",
+	}, claimUsage},
 	{cResume, "Resume after a process restart: a new host resumes the room's session", map[string]string{
 		"rpc": "`--resume` of the room's session file",
 		"acp": "`session/load` (strict: a refused load is an error)",
@@ -226,6 +232,7 @@ var paths = []path{
 			cMCP:       "`_meta.claudeCode.options.strictMcpConfig` in `session/new` and `session/load`: Claude Code ignores the workspace's own `.mcp.json`",
 			cCleanup:   "its tool shells run in sessions of their own and its `claude` CLI outlives the adapter: the custody sweep ends them",
 			cQuestions: "here the form is claude's `AskUserQuestion`: one room question per choice field (its header on a second line), its optional `_custom` free-text field taking an answer outside the options",
+			cUsage:     "the cost is Claude Code's own price for its model name; its title requests are not counted",
 		},
 	},
 	{
@@ -246,6 +253,7 @@ var paths = []path{
 				"and only commands asked to run escalated (an approval) run; a yolo room's codex runs without its sandbox, inside agenthost's",
 			cMCP:     "codex offers each server's tools in a Responses API namespace",
 			cCleanup: "codex also ends its whole tree itself on stdin EOF",
+			cUsage:   "codex reports no cost: 0",
 		},
 		gaps: map[string]string{
 			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
@@ -257,6 +265,7 @@ var paths = []path{
 		shell:   shellCmd("bash", "command", map[string]any{"description": "run it", "mode": "sync", "initial_wait": 30}),
 		mcpName: dashMCP,
 		how: map[string]string{
+			cUsage:   "copilot's answer carries the process's running total, its input counting the cache too: differenced per turn; no cost reported: 0",
 			cCleanup: "its tool shells run in sessions of their own: the custody sweep ends them",
 			cConfig: "tested with a `.github/copilot/settings.json` carrying hooks (not run); copilot runs a repository's " +
 				"`.github/hooks` whatever its home says (`disableAllHooks` there covers only the home's own), so it is not started in " +

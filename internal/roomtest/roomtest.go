@@ -21,6 +21,7 @@ import (
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -216,6 +217,41 @@ func (h *Host) Settled(roomID string, acc room.Accepted) string {
 		h.T.Fatalf("room %q: turn ended %v", roomID, d)
 	}
 	return d["text"].(string)
+}
+
+// ModelUsage is what the scripted model reported for the agent's requests
+// from the next'th on (those that offered tools: the agent's own), at the
+// price registered for it; next moves past them.
+func (h *Host) ModelUsage(next *int) record.Usage {
+	h.T.Helper()
+	reqs := h.Sim.Requests()
+	var u modelsim.Usage
+	for _, r := range reqs[*next:] {
+		if len(r.Tools) > 0 {
+			u = u.Add(r.Usage)
+		}
+	}
+	*next = len(reqs)
+	return record.Usage{InputTokens: int64(u.Input), OutputTokens: int64(u.Output), CacheReadTokens: int64(u.CacheRead),
+		CacheWriteTokens: int64(u.CacheWrite),
+		CostUSD:          agents.Cost(int64(u.Input), int64(u.Output), int64(u.CacheRead), int64(u.CacheWrite))}
+}
+
+// TurnUsage is a turn.ended's usage.
+func TurnUsage(t testing.TB, ended map[string]any) record.Usage {
+	t.Helper()
+	b, _ := json.Marshal(ended["usage"])
+	var u record.Usage
+	if err := json.Unmarshal(b, &u); err != nil {
+		t.Fatalf("turn.ended usage %s: %v", b, err)
+	}
+	return u
+}
+
+// SameTokens: the same token counts (costs aside).
+func SameTokens(a, b record.Usage) bool {
+	a.CostUSD, b.CostUSD = 0, 0
+	return a == b
 }
 
 // Events is the room's whole log.

@@ -29,6 +29,7 @@ import (
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
+	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
 )
@@ -220,7 +221,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		resume = []string{flag, file}
 		rs.ExtraArgs = append(rs.ExtraArgs, resume...)
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout}
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger}
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
 	}
@@ -292,7 +293,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	if kind == "" {
 		kind = agents.OMP
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, proc: p, handle: at.Handle, attached: at.RunOpen,
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, proc: p, handle: at.Handle, attached: at.RunOpen,
 		confined: attachedConfinement(h)}
 	if kind == agents.Pi && len(cfg.Command) == 0 {
 		// The extension loaded at its start calls the room's tools.
@@ -577,6 +578,12 @@ type agent struct {
 	unsub   func()
 	mu      sync.Mutex
 	acked   chan struct{} // closed once the current turn's prompt was answered
+	// spent sums the current turn's usage from its assistant messages'
+	// message_end frames (the listener adds, Run and Continue read);
+	// badUsage counts reports it could not read.
+	spent    usage.RPCTurn
+	badUsage int
+	log      *slog.Logger
 
 	// confined is what confines the agent (room.Confined).
 	confined room.Confinement
@@ -648,6 +655,10 @@ func (a *agent) Continue(ctx context.Context) (room.TurnResult, error) {
 	close(acked) // the prompt was answered before the restart
 	a.mu.Lock()
 	a.acked = acked
+	// Only what the run sends from here on is counted: the usage of its
+	// messages before the restart was read by the previous host, and is
+	// lost with it.
+	a.spent, a.badUsage = usage.RPCTurn{}, 0
 	a.mu.Unlock()
 	turn, err := a.c.WaitTurn(ctx)
 	if err == nil && !turn.AgentInvoked {
@@ -664,6 +675,7 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	acked := make(chan struct{})
 	a.mu.Lock()
 	a.acked = acked
+	a.spent, a.badUsage = usage.RPCTurn{}, 0
 	a.mu.Unlock()
 	err := a.c.Prompt(ctx, text, nil)
 	for tries := 0; errors.Is(err, rpc.ErrTurnInProgress) && tries < maxWaitRuns; tries++ {
@@ -682,8 +694,21 @@ func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	return a.finish(ctx, turn, err)
 }
 
-// finish judges a turn the client saw end (or not).
+// finish judges a turn the client saw end (or not), with what it spent
+// (whatever its outcome: a failed turn may have used tokens).
 func (a *agent) finish(ctx context.Context, turn *rpc.Turn, err error) (room.TurnResult, error) {
+	res, err := a.judge(ctx, turn, err)
+	a.mu.Lock()
+	res.Usage = a.spent.Usage()
+	if a.badUsage > 0 {
+		a.log.Warn("rpcagent: the agent sent usage reports that could not be read; the turn's usage leaves them out", "reports", a.badUsage)
+	}
+	a.mu.Unlock()
+	return res, err
+}
+
+// judge is how a turn the client saw end (or not) ended.
+func (a *agent) judge(ctx context.Context, turn *rpc.Turn, err error) (room.TurnResult, error) {
 	if err == nil {
 		// The listeners run behind the reader: let them see the turn's
 		// last events before the room records its end.
@@ -794,6 +819,12 @@ func (a *agent) event(ev rpc.Event) {
 		return
 	}
 	switch ev.Type {
+	case rpc.EventMessageEnd:
+		a.mu.Lock()
+		if a.spent.Frame(ev.Raw()) != nil {
+			a.badUsage++
+		}
+		a.mu.Unlock()
 	case rpc.EventMessageUpdate:
 		var u rpc.MessageUpdateEvent
 		if ev.Decode(&u) == nil {

@@ -31,6 +31,18 @@ type roomView struct {
 	// Confinement is what confines the room's agent (absent when the
 	// transport does not say).
 	Confinement *room.Confinement `json:"confinement,omitempty"`
+	// Turns ended, what they cost together, and that by sender ("" for
+	// messages sent without one).
+	Turns         int64                      `json:"turns"`
+	Usage         store.Usage                `json:"usage"`
+	UsageBySender map[string]senderUsageView `json:"usage_by_sender"`
+}
+
+// senderUsageView is one sender's share of a room's usage: its turns and
+// the usage fields beside them.
+type senderUsageView struct {
+	Turns int64 `json:"turns"`
+	store.Usage
 }
 
 type approvalView struct {
@@ -75,6 +87,8 @@ type turnView struct {
 	Text      string     `json:"text"`
 	Started   time.Time  `json:"started"`
 	Ended     *time.Time `json:"ended,omitempty"`
+	// Usage is what the turn cost (absent while it runs).
+	Usage *store.Usage `json:"usage,omitempty"`
 }
 
 func timePtr(t time.Time) *time.Time {
@@ -94,7 +108,10 @@ func nonNil(s []string) []string {
 func viewRoom(st room.State) roomView {
 	v := roomView{ID: st.ID, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
 		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node,
-		Confinement: st.Confinement}
+		Confinement: st.Confinement, Turns: st.Turns, Usage: st.Usage, UsageBySender: map[string]senderUsageView{}}
+	for sender, u := range st.UsageBySender {
+		v.UsageBySender[sender] = senderUsageView{Turns: u.Turns, Usage: u.Usage}
+	}
 	for _, a := range st.Approvals {
 		v.Approvals = append(v.Approvals, approvalView{ID: a.ID, TurnID: a.TurnID, Tool: a.Tool, Input: a.Input,
 			Options: nonNil(a.Options), Created: a.Created.UTC(), Deadline: a.Deadline.UTC()})
@@ -311,8 +328,12 @@ func (s *Server) listTurns(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]turnView, 0, len(turns))
 	for _, t := range turns {
-		out = append(out, turnView{ID: t.ID, MessageID: t.MessageID, Outcome: t.Outcome, Reason: t.Reason, Text: t.Text,
-			Started: t.Started.UTC(), Ended: timePtr(t.Ended.UTC())})
+		v := turnView{ID: t.ID, MessageID: t.MessageID, Outcome: t.Outcome, Reason: t.Reason, Text: t.Text,
+			Started: t.Started.UTC(), Ended: timePtr(t.Ended.UTC())}
+		if !t.Ended.IsZero() {
+			v.Usage = &t.Usage
+		}
+		out = append(out, v)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"turns": out})
 }

@@ -305,7 +305,7 @@ func seedRooms(b *testing.B, h *benchHarness, n, pending int) {
 				if err := w.PutTurn(store.Turn{ID: tid, Room: id, MessageID: mid, Started: now}); err != nil {
 					return err
 				}
-				if err := w.EndTurn(tid, "settled", "", "ok"); err != nil {
+				if err := w.EndTurn(tid, "settled", "", "ok", store.Usage{}); err != nil {
 					return err
 				}
 				if j < pending {

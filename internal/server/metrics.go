@@ -33,6 +33,8 @@ type metrics struct {
 	streamCut     prometheus.Counter
 	receipts      *prometheus.CounterVec
 	approvals     *prometheus.CounterVec
+	tokens        *prometheus.CounterVec
+	cost          prometheus.Counter
 
 	mu      sync.Mutex           // serialises counting
 	tapped  bool                 // events are counted as committed
@@ -66,8 +68,17 @@ func newMetrics(s *Server) *metrics {
 		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agenthost_approvals_resolved_total", Help: "Approvals resolved, by decision and by whom.",
 		}, []string{"decision", "by"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agenthost_tokens_total", Help: "Tokens the rooms' turns used, as their agents reported them, by kind (input, output, cache_read, cache_write).",
+		}, []string{"kind"}),
+		cost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agenthost_cost_usd_total", Help: "What the rooms' turns cost, in dollars, as their agents reported it.",
+		}),
 	}
-	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals,
+	for _, k := range tokenKinds {
+		mt.tokens.WithLabelValues(k) // every kind is shown from the start, at 0
+	}
+	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals, mt.tokens, mt.cost,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
 	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
@@ -144,6 +155,7 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 		By       string          `json:"by"`
 		Error    string          `json:"error"`
 		Receipt  json.RawMessage `json:"receipt"`
+		Usage    store.Usage     `json:"usage"`
 	}
 	switch typ {
 	case "turn.started", "turn.ended", "approval.resolved", "agent.released":
@@ -156,6 +168,15 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 		mt.started[d.TurnID] = at
 	case "turn.ended":
 		mt.turns.WithLabelValues(d.Outcome).Inc()
+		u := d.Usage
+		for i, n := range []int64{u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens} {
+			if n > 0 {
+				mt.tokens.WithLabelValues(tokenKinds[i]).Add(float64(n))
+			}
+		}
+		if u.CostUSD > 0 {
+			mt.cost.Add(u.CostUSD)
+		}
 		if t0, ok := mt.started[d.TurnID]; ok {
 			mt.turnDuration.WithLabelValues(d.Outcome).Observe(at.Sub(t0).Seconds())
 			delete(mt.started, d.TurnID)
@@ -166,6 +187,9 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 		mt.receipts.WithLabelValues(receiptOutcome(d.Error, d.Receipt)).Inc()
 	}
 }
+
+// tokenKinds are agenthost_tokens_total's kinds, in store.Usage's order.
+var tokenKinds = []string{"input", "output", "cache_read", "cache_write"}
 
 // receiptOutcome: error (the release failed), leaked (a process still ran
 // when custody gave up), clean, or none (no receipt).

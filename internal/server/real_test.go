@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -54,7 +56,7 @@ func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}}
+	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}, sim: sim}
 	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), tr, filepath.Join(dir, "rooms")
 	h.m, err = room.New(ropts)
 	if err != nil {
@@ -89,14 +91,63 @@ func bashCall(cmd string) string {
 	return "[[tool:bash " + string(b) + "]]"
 }
 
+// modelUsage is the usage the scripted model reported for the agent's
+// requests from the next'th on (those that offered tools: the agent's
+// own), at the price agenthost registers for it: what the agent must
+// report for them.
+func modelUsage(t *testing.T, sim *modelsim.Server, next *int) store.Usage {
+	t.Helper()
+	reqs := sim.Requests()
+	var u modelsim.Usage
+	for _, r := range reqs[*next:] {
+		if len(r.Tools) > 0 {
+			u = u.Add(r.Usage)
+		}
+	}
+	*next = len(reqs)
+	if u.Output == 0 {
+		t.Fatal("the agent made no model request in the turn")
+	}
+	return store.Usage{InputTokens: int64(u.Input), OutputTokens: int64(u.Output), CacheReadTokens: int64(u.CacheRead),
+		CacheWriteTokens: int64(u.CacheWrite),
+		CostUSD:          agents.Cost(int64(u.Input), int64(u.Output), int64(u.CacheRead), int64(u.CacheWrite))}
+}
+
+// usageOf reads a usage object of the API (turn.ended's, a room's).
+func usageOf(t *testing.T, v any) store.Usage {
+	t.Helper()
+	b, _ := json.Marshal(v)
+	var u store.Usage
+	if err := json.Unmarshal(b, &u); err != nil {
+		t.Fatalf("usage %s: %v", b, err)
+	}
+	return u
+}
+
+// sameUsage: the same tokens, and costs equal but for float rounding.
+func sameUsage(a, b store.Usage) bool {
+	ca, cb := a.CostUSD, b.CostUSD
+	a.CostUSD, b.CostUSD = 0, 0
+	return a == b && math.Abs(ca-cb) <= 1e-12+1e-9*math.Abs(cb)
+}
+
 func realFlow(t *testing.T, kind string) {
 	h := newRealHarness(t, kind)
+	next := 0
 	acc := h.post("real", "hello there")
 	// The first turn starts the agent, which on a loaded machine takes
 	// longer than until's 30 s.
-	if d := h.endedWithin("real", acc, 120*time.Second); d["outcome"] != "settled" || d["text"] != "ok: hello there" {
+	d := h.endedWithin("real", acc, 120*time.Second)
+	if d["outcome"] != "settled" || d["text"] != "ok: hello there" {
 		t.Fatalf("turn: %v", d)
 	}
+	// The turn's usage is the agent's report of the model's, exactly, and
+	// costs something at the price registered for the built-in model.
+	spent := modelUsage(t, h.sim, &next)
+	if got := usageOf(t, d["usage"]); !sameUsage(got, spent) || got.CostUSD <= 0 {
+		t.Fatalf("turn.ended usage %+v, want %+v", got, spent)
+	}
+	turns := int64(1)
 	if kind == "omp" {
 		// An approval answered through the API.
 		acc = h.post("real", "Run it: "+bashCall("echo approved-run"))
@@ -112,12 +163,48 @@ func realFlow(t *testing.T, kind string) {
 		if !strings.Contains(tool.data["output"].(string), "approved-run") {
 			t.Fatalf("tool output %v", tool.data)
 		}
-		if d := h.ended("real", acc); d["outcome"] != "settled" {
+		d := h.ended("real", acc)
+		if d["outcome"] != "settled" {
 			t.Fatalf("turn: %v", d)
 		}
+		// Two model requests (the tool call, then the answer): both count.
+		u := modelUsage(t, h.sim, &next)
+		if got := usageOf(t, d["usage"]); !sameUsage(got, u) {
+			t.Fatalf("turn.ended usage %+v, want %+v", got, u)
+		}
+		spent = spent.Add(u)
+		turns++
+	}
+	// The room's totals, by sender too, in the room and in the list; and
+	// the server's counters.
+	st := h.do("GET", "/v1/rooms/real", nil).json(t)
+	if st["turns"] != float64(turns) || !sameUsage(usageOf(t, st["usage"]), spent) {
+		t.Fatalf("room: turns %v usage %v, want %d %+v", st["turns"], st["usage"], turns, spent)
+	}
+	by, _ := st["usage_by_sender"].(map[string]any)
+	ann, _ := by["ann"].(map[string]any)
+	if len(by) != 1 || ann["turns"] != float64(turns) || !sameUsage(usageOf(t, ann), spent) {
+		t.Fatalf("room: usage_by_sender %v", st["usage_by_sender"])
+	}
+	list := h.do("GET", "/v1/rooms", nil).json(t)
+	if rs, _ := list["rooms"].([]any); len(rs) != 1 || !sameUsage(usageOf(t, rs[0].(map[string]any)["usage"]), spent) {
+		t.Fatalf("room list: %v", list)
+	}
+	metrics := string(h.do("GET", "/metrics", nil).body)
+	for _, line := range []string{
+		fmt.Sprintf(`agenthost_tokens_total{kind="input"} %d`, spent.InputTokens),
+		fmt.Sprintf(`agenthost_tokens_total{kind="output"} %d`, spent.OutputTokens),
+		fmt.Sprintf(`agenthost_tokens_total{kind="cache_read"} %d`, spent.CacheReadTokens),
+	} {
+		if !strings.Contains(metrics, line+"\n") {
+			t.Errorf("metrics lack %q", line)
+		}
+	}
+	if !strings.Contains(metrics, "agenthost_cost_usd_total ") {
+		t.Errorf("metrics lack agenthost_cost_usd_total")
 	}
 	r := h.do("DELETE", "/v1/rooms/real", nil)
-	d := r.json(t)
+	d = r.json(t)
 	if r.status != http.StatusOK || d["released"] != true {
 		t.Fatalf("release: %d %s", r.status, r.body)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -38,6 +39,7 @@ type harness struct {
 	s    *Server
 	ts   *httptest.Server
 	seen *observed
+	sim  *modelsim.Server // the scripted model of a real harness
 }
 
 // observed collects the route patterns and statuses the server answered.

@@ -64,7 +64,50 @@ func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 		return Room{}, wrap("room", err)
 	}
 	r.Created, r.Config = fromNS(created), cfg
+	byRoom, err := db.usage(ctx, id, id)
+	if err != nil {
+		return Room{}, err
+	}
+	byRoom[id].fill(&r)
 	return r, nil
+}
+
+// roomUsage is one room's rows of room_usage.
+type roomUsage map[string]SenderUsage
+
+// fill sets r's totals from u.
+func (u roomUsage) fill(r *Room) {
+	r.Turns, r.Usage, r.UsageBySender = 0, Usage{}, map[string]SenderUsage{}
+	for sender, s := range u {
+		r.Turns += s.Turns
+		r.Usage = r.Usage.Add(s.Usage)
+		r.UsageBySender[sender] = s
+	}
+}
+
+// usage reads the usage of the rooms whose ids are from first to last,
+// by room: one range read of room_usage's key.
+func (db *DB) usage(ctx context.Context, first, last string) (map[string]roomUsage, error) {
+	rows, err := db.rdb.QueryContext(ctx, `SELECT room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd
+		FROM room_usage WHERE room >= ? AND room <= ?`, first, last)
+	if err != nil {
+		return nil, wrap("usage", err)
+	}
+	defer rows.Close()
+	out := map[string]roomUsage{}
+	for rows.Next() {
+		var room, sender string
+		var s SenderUsage
+		if err := rows.Scan(&room, &sender, &s.Turns, &s.Usage.InputTokens, &s.Usage.OutputTokens, &s.Usage.CacheReadTokens,
+			&s.Usage.CacheWriteTokens, &s.Usage.CostUSD); err != nil {
+			return nil, wrap("usage", err)
+		}
+		if out[room] == nil {
+			out[room] = roomUsage{}
+		}
+		out[room][sender] = s
+	}
+	return out, wrap("usage", rows.Err())
 }
 
 // AgentRooms lists the rooms with a recorded agent handle (see
@@ -116,7 +159,17 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 		r.Created, r.Config = fromNS(created), cfg
 		out = append(out, r)
 	}
-	return out, wrap("rooms", rows.Err())
+	if err := rows.Err(); err != nil || len(out) == 0 {
+		return out, wrap("rooms", err)
+	}
+	byRoom, err := db.usage(ctx, out[0].ID, out[len(out)-1].ID)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		byRoom[out[i].ID].fill(&out[i])
+	}
+	return out, nil
 }
 
 // RoomCount is the number of rooms the store holds.
@@ -194,7 +247,7 @@ func (db *DB) OpenMessages(ctx context.Context) ([]Message, error) {
 		"SELECT "+messageCols+" FROM messages WHERE status <> 'ended' ORDER BY room, seq"))
 }
 
-const turnCols = `id, room, message_id, outcome, reason, text, started_ns, ended_ns`
+const turnCols = `id, room, message_id, outcome, reason, text, started_ns, ended_ns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd`
 
 func scanTurns(rows *sql.Rows, err error) ([]Turn, error) {
 	if err != nil {
@@ -205,7 +258,8 @@ func scanTurns(rows *sql.Rows, err error) ([]Turn, error) {
 	for rows.Next() {
 		var t Turn
 		var s, e int64
-		if err := rows.Scan(&t.ID, &t.Room, &t.MessageID, &t.Outcome, &t.Reason, &t.Text, &s, &e); err != nil {
+		if err := rows.Scan(&t.ID, &t.Room, &t.MessageID, &t.Outcome, &t.Reason, &t.Text, &s, &e, &t.Usage.InputTokens,
+			&t.Usage.OutputTokens, &t.Usage.CacheReadTokens, &t.Usage.CacheWriteTokens, &t.Usage.CostUSD); err != nil {
 			return nil, wrap("turns", err)
 		}
 		t.Started, t.Ended = fromNS(s), fromNS(e)
@@ -221,8 +275,8 @@ func (db *DB) Turns(ctx context.Context, room string, after int64, limit int) ([
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
-	return scanTurns(db.rdb.QueryContext(ctx, `SELECT t.id, t.room, t.message_id, t.outcome, t.reason, t.text, t.started_ns, t.ended_ns
-		FROM turns t JOIN messages m ON m.id = t.message_id WHERE t.room = ? AND m.seq > ? ORDER BY m.seq, t.started_ns LIMIT ?`, room, after, limit))
+	return scanTurns(db.rdb.QueryContext(ctx, `SELECT t.id, t.room, t.message_id, t.outcome, t.reason, t.text, t.started_ns, t.ended_ns,
+		t.input_tokens, t.output_tokens, t.cache_read_tokens, t.cache_write_tokens, t.cost_usd FROM turns t JOIN messages m ON m.id = t.message_id WHERE t.room = ? AND m.seq > ? ORDER BY m.seq, t.started_ns LIMIT ?`, room, after, limit))
 }
 
 // OpenTurns returns the turns that started and never ended, in every room.

@@ -22,6 +22,9 @@ type (
 	Question = record.Question
 	Receipt  = record.Receipt
 	Exchange = record.Exchange
+	Usage    = record.Usage
+	// SenderUsage is one sender's share of a room's usage.
+	SenderUsage = record.SenderUsage
 )
 
 // Message statuses (see record).

@@ -105,6 +105,30 @@ ALTER TABLE rooms ADD COLUMN agent_seen INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX approvals_pending ON approvals (room, created_ns) WHERE decision = '';
 CREATE INDEX questions_pending ON questions (room, created_ns) WHERE by = '';
 `,
+	// 4: what each turn cost, and each room's totals by sender (kept as
+	// turns end, so that a room's totals cost one read of a few rows).
+	// Turns that ended before count, with nothing spent.
+	`
+ALTER TABLE turns ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE turns ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE turns ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE turns ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE turns ADD COLUMN cost_usd REAL NOT NULL DEFAULT 0;
+CREATE TABLE room_usage (
+	room               TEXT NOT NULL,
+	sender             TEXT NOT NULL,
+	turns              INTEGER NOT NULL DEFAULT 0,
+	input_tokens       INTEGER NOT NULL DEFAULT 0,
+	output_tokens      INTEGER NOT NULL DEFAULT 0,
+	cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+	cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+	cost_usd           REAL NOT NULL DEFAULT 0,
+	PRIMARY KEY (room, sender)
+) WITHOUT ROWID;
+INSERT INTO room_usage (room, sender, turns)
+	SELECT t.room, COALESCE(m.sender, ''), COUNT(*) FROM turns t LEFT JOIN messages m ON m.id = t.message_id
+	WHERE t.ended_ns <> 0 GROUP BY 1, 2;
+`,
 }
 
 // SchemaVersion is the schema version this agenthost writes.

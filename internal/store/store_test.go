@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -440,7 +441,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	end := func() error {
 		return db.Write(ctx, func(w *Writer) error {
-			if err := w.EndTurn("t1", "settled", "", "done"); err != nil {
+			if err := w.EndTurn("t1", "settled", "", "done", Usage{}); err != nil {
 				return err
 			}
 			return w.UpdateMessage("m1", MessageEnded, "", "settled", "")
@@ -662,7 +663,7 @@ func TestTurnsInOrderOfTheirMessages(t *testing.T) {
 				return err
 			}
 		}
-		return w.EndTurn("t0", "settled", "", "answer 0")
+		return w.EndTurn("t0", "settled", "", "answer 0", Usage{InputTokens: 7, CostUSD: 0.5})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -714,6 +715,9 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 				`INSERT INTO events (room, seq, type, time_ns, data) VALUES ('r', 1, 'message.accepted', 2, '{}'), ('r', 2, 'turn.started', 3, '{}')`,
 				`INSERT INTO messages (id, room, seq, sender, text, delivery, status, turn_id, accepted_ns, started_ns) VALUES ('m1', 'r', 1, 'ann', 'hi', 'queue', 'started', 't1', 2, 3)`,
 				`INSERT INTO turns (id, room, message_id, started_ns) VALUES ('t1', 'r', 'm1', 3)`,
+				// An earlier turn, ended before usage was kept: it counts, with nothing spent.
+				`INSERT INTO messages (id, room, seq, sender, text, delivery, status, turn_id, accepted_ns, started_ns, ended_ns, outcome) VALUES ('m0', 'r', 0, 'bob', 'yo', 'queue', 'ended', 't0', 1, 1, 2, 'settled')`,
+				`INSERT INTO turns (id, room, message_id, outcome, started_ns, ended_ns) VALUES ('t0', 'r', 'm0', 'settled', 1, 2)`,
 				`INSERT INTO approvals (id, room, turn_id, tool, input, options, created_ns, deadline_ns) VALUES ('a1', 'r', 't1', 'bash', 'ls', '["allow","deny"]', 4, 5)`,
 				`INSERT INTO questions (id, room, turn_id, title, options, created_ns, deadline_ns) VALUES ('q1', 'r', 't1', 'which?', '["a","b"]', 4, 5)`,
 			} {
@@ -729,7 +733,8 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 			}
 			defer db.Close()
 			r, err := db.Room(ctx, "r")
-			if err != nil || r.Agent != "omp" || r.SessionID != "s1" || r.LastSeq != 2 || r.AgentProc != "" {
+			if err != nil || r.Agent != "omp" || r.SessionID != "s1" || r.LastSeq != 2 || r.AgentProc != "" ||
+				r.Turns != 1 || !r.Usage.IsZero() || r.UsageBySender["bob"].Turns != 1 {
 				t.Fatalf("room %+v, %v", r, err)
 			}
 			open, err := db.OpenTurns(ctx)
@@ -751,6 +756,9 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 				if err := w.ResolveApproval("r", "a1", "allow", "ann"); err != nil {
 					return err
 				}
+				if err := w.EndTurn("t1", "settled", "", "ok", Usage{OutputTokens: 3, CostUSD: 0.25}); err != nil {
+					return err
+				}
 				_, err := w.Append("r", "approval.resolved", nil)
 				return err
 			})
@@ -760,7 +768,8 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 			if appr, err = db.Approvals(ctx, "r", true); err != nil || len(appr) != 0 {
 				t.Fatalf("pending approvals after the decision %+v, %v", appr, err)
 			}
-			if r, err = db.Room(ctx, "r"); err != nil || r.AgentProc != "procd:1" || r.LastSeq != 3 {
+			if r, err = db.Room(ctx, "r"); err != nil || r.AgentProc != "procd:1" || r.LastSeq != 3 ||
+				r.Turns != 2 || r.Usage != (Usage{OutputTokens: 3, CostUSD: 0.25}) || r.UsageBySender["ann"].Usage.OutputTokens != 3 {
 				t.Fatalf("room after a write %+v, %v", r, err)
 			}
 			var got int
@@ -768,5 +777,81 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 				t.Fatalf("schema version %d, %v; want %d", got, err, SchemaVersion)
 			}
 		})
+	}
+}
+
+// A room's totals count every ended turn and what it cost, split by the
+// sender of the turn's first message, in Room and in a page of rooms; a
+// turn's own usage is on it.
+func TestEndTurn_CountsUsageBySender(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	now := time.Now()
+	spend := []struct {
+		room, sender string
+		u            Usage
+	}{
+		{"a", "ann", Usage{InputTokens: 10, OutputTokens: 2, CacheReadTokens: 5, CacheWriteTokens: 1, CostUSD: 0.5}},
+		{"a", "bob", Usage{InputTokens: 1, OutputTokens: 1, CostUSD: 0.25}},
+		{"a", "ann", Usage{InputTokens: 3, CostUSD: 0.125}},
+		{"a", "", Usage{}},
+		{"b", "ann", Usage{OutputTokens: 7}},
+	}
+	err := db.Write(ctx, func(w *Writer) error {
+		for i, s := range spend {
+			id := fmt.Sprintf("m%d", i)
+			ev, err := w.Append(s.room, "message.accepted", map[string]string{"message_id": id})
+			if err != nil {
+				return err
+			}
+			if err := w.PutMessage(Message{ID: id, Room: s.room, Seq: ev.Seq, Sender: s.sender, Text: "hi", Status: MessageQueued, Accepted: now}); err != nil {
+				return err
+			}
+			tid := fmt.Sprintf("t%d", i)
+			if err := w.PutTurn(Turn{ID: tid, Room: s.room, MessageID: id, Started: now}); err != nil {
+				return err
+			}
+			if err := w.EndTurn(tid, "settled", "", "ok", s.u); err != nil {
+				return err
+			}
+		}
+		// A room with no turn ended.
+		_, err := w.Append("c", "message.accepted", map[string]string{"message_id": "x"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]SenderUsage{
+		"ann": {Turns: 2, Usage: Usage{InputTokens: 13, OutputTokens: 2, CacheReadTokens: 5, CacheWriteTokens: 1, CostUSD: 0.625}},
+		"bob": {Turns: 1, Usage: Usage{InputTokens: 1, OutputTokens: 1, CostUSD: 0.25}},
+		"":    {Turns: 1},
+	}
+	total := Usage{InputTokens: 14, OutputTokens: 3, CacheReadTokens: 5, CacheWriteTokens: 1, CostUSD: 0.875}
+	check := func(what string, r Room) {
+		t.Helper()
+		if r.ID != "a" || r.Turns != 4 || r.Usage != total || !maps.Equal(r.UsageBySender, want) {
+			t.Fatalf("%s: %+v, want 4 turns, %+v, %+v", what, r, total, want)
+		}
+	}
+	r, err := db.Room(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("room", r)
+	page, err := db.RoomPage(ctx, "", 10)
+	if err != nil || len(page) != 3 {
+		t.Fatalf("page %+v, %v", page, err)
+	}
+	check("page", page[0])
+	if b := page[1]; b.Turns != 1 || b.Usage != (Usage{OutputTokens: 7}) || len(b.UsageBySender) != 1 {
+		t.Fatalf("room b %+v", b)
+	}
+	if c := page[2]; c.Turns != 0 || !c.Usage.IsZero() || len(c.UsageBySender) != 0 {
+		t.Fatalf("room c %+v", c)
+	}
+	ts, err := db.Turns(ctx, "a", 0, 0)
+	if err != nil || len(ts) != 4 || ts[0].Usage != spend[0].u {
+		t.Fatalf("turns %+v, %v", ts, err)
 	}
 }

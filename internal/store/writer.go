@@ -182,12 +182,23 @@ func (w *Writer) PutTurn(t Turn) error {
 	return wrap("put turn", err)
 }
 
-// EndTurn records a turn's outcome. A turn ends once: ending it again is
-// ErrConflict.
-func (w *Writer) EndTurn(id, outcome, reason, text string) error {
-	res, err := w.exec("UPDATE turns SET outcome = ?, reason = ?, text = ?, ended_ns = ? WHERE id = ? AND ended_ns = 0",
-		outcome, reason, text, time.Now().UnixNano(), id)
-	return affectedOrConflict("end turn", res, err, w, "SELECT 1 FROM turns WHERE id = ?", id)
+// EndTurn records a turn's outcome and what it cost, and counts it in its
+// room's totals under the sender of its message. A turn ends once: ending
+// it again is ErrConflict.
+func (w *Writer) EndTurn(id, outcome, reason, text string, u Usage) error {
+	res, err := w.exec(`UPDATE turns SET outcome = ?, reason = ?, text = ?, ended_ns = ?, input_tokens = ?, output_tokens = ?,
+		cache_read_tokens = ?, cache_write_tokens = ?, cost_usd = ? WHERE id = ? AND ended_ns = 0`,
+		outcome, reason, text, time.Now().UnixNano(), u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens, u.CostUSD, id)
+	if err := affectedOrConflict("end turn", res, err, w, "SELECT 1 FROM turns WHERE id = ?", id); err != nil {
+		return err
+	}
+	_, err = w.exec(`INSERT INTO room_usage (room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd)
+		SELECT t.room, COALESCE(m.sender, ''), 1, ?, ?, ?, ?, ? FROM turns t LEFT JOIN messages m ON m.id = t.message_id WHERE t.id = ?
+		ON CONFLICT (room, sender) DO UPDATE SET turns = turns + 1, input_tokens = input_tokens + excluded.input_tokens,
+			output_tokens = output_tokens + excluded.output_tokens, cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens,
+			cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens, cost_usd = cost_usd + excluded.cost_usd`,
+		u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens, u.CostUSD, id)
+	return wrap("end turn", err)
 }
 
 // PutApproval stores a pending approval.

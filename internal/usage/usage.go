@@ -2,7 +2,7 @@
 // omp and pi over RPC (per assistant message, and session totals), and the ACP agents (omp acp,
 // claude-agent-acp, codex-acp, copilot --acp: the usage of session/prompt's answer and the cost
 // of usage_update notifications). It reads the agents' JSON as sent and depends on the standard
-// library only, so every transport and rooms can use it.
+// library and package record only, so every transport and rooms can use it.
 //
 // What each path reports, measured with the pinned versions on the built-in model:
 //
@@ -22,36 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/agenthost/agenthost/record"
 )
 
-// Usage is the tokens and cost of a turn (or a sum of turns). InputTokens counts only the prompt
-// tokens neither read from nor written to the provider's cache, so the whole prompt is
-// InputTokens + CacheReadTokens + CacheWriteTokens. CostUSD is in dollars; 0 when the agent
-// reported no cost.
-type Usage struct {
-	InputTokens      int64   `json:"input_tokens"`
-	OutputTokens     int64   `json:"output_tokens"`
-	CacheReadTokens  int64   `json:"cache_read_tokens"`
-	CacheWriteTokens int64   `json:"cache_write_tokens"`
-	CostUSD          float64 `json:"cost_usd"`
-}
-
-// Add returns u + o.
-func (u Usage) Add(o Usage) Usage {
-	return Usage{
-		InputTokens: u.InputTokens + o.InputTokens, OutputTokens: u.OutputTokens + o.OutputTokens,
-		CacheReadTokens: u.CacheReadTokens + o.CacheReadTokens, CacheWriteTokens: u.CacheWriteTokens + o.CacheWriteTokens,
-		CostUSD: u.CostUSD + o.CostUSD,
-	}
-}
-
-// Tokens is every token counted: input, output, cache reads and cache writes.
-func (u Usage) Tokens() int64 {
-	return u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens
-}
-
-// IsZero reports whether u counts nothing.
-func (u Usage) IsZero() bool { return u == Usage{} }
+// Usage is the tokens and cost of a turn (or a sum of turns): record.Usage, which rooms store.
+type Usage = record.Usage
 
 // ErrBadReport means an agent's usage report could not be read (the message says which).
 var ErrBadReport = errors.New("usage: unreadable usage report")

@@ -82,9 +82,47 @@ function roomItem(r) {
   const waiting = r.approvals.length + r.questions.length;
   if (r.turn) b.append(el("span", "badge", "busy"));
   if (waiting) b.append(el("span", "badge warn", waiting + " waiting"));
+  if (r.usage && tokensOf(r.usage) > 0) b.append(el("span", "usage", usageShort(r.usage)));
   b.addEventListener("click", () => openRoom(r.id));
   li.append(b);
   return li;
+}
+
+// ---- usage: what the agents reported their turns cost
+
+function tokensOf(u) {
+  return u.input_tokens + u.output_tokens + u.cache_read_tokens + u.cache_write_tokens;
+}
+
+function dollars(x) {
+  return "$" + (x >= 0.01 ? x.toFixed(2) : x.toPrecision(2));
+}
+
+function usageShort(u) {
+  return tokensOf(u).toLocaleString("en-US") + " tokens" + (u.cost_usd > 0 ? " · " + dollars(u.cost_usd) : "");
+}
+
+function usageLong(u) {
+  return usageShort(u) + " (input " + u.input_tokens + ", output " + u.output_tokens + ", cache read " +
+    u.cache_read_tokens + ", cache write " + u.cache_write_tokens + ")";
+}
+
+// showUsage shows the room's totals: from its state, then each turn.ended
+// newer than what is shown (rm.usageSeq).
+function showUsage(rm) {
+  const p = $("room-usage");
+  p.hidden = false;
+  p.textContent = rm.turnCount + (rm.turnCount === 1 ? " turn" : " turns") + ", " + usageLong(rm.usage);
+}
+
+function addUsage(rm, ev) {
+  if (!rm.usage || ev.seq <= rm.usageSeq) return;
+  rm.usageSeq = ev.seq;
+  rm.turnCount++;
+  if (ev.usage) {
+    for (const k of ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd"]) rm.usage[k] += ev.usage[k];
+  }
+  showUsage(rm);
 }
 
 function showRoomsMore(shown, total) {
@@ -139,6 +177,7 @@ function openRoom(id) {
   history.replaceState(null, "", "#room=" + encodeURIComponent(id));
   $("room").hidden = false;
   $("room-title").textContent = "Room " + id;
+  $("room-usage").hidden = true;
   $("log").replaceChildren();
   $("approvals").replaceChildren();
   $("questions").replaceChildren();
@@ -168,12 +207,20 @@ async function loadHistory(rm) {
   try {
     st = await api("GET", roomPath(rm.id));
   } catch (_) {
+    // The stream replays the whole log: its turn.ended events add up.
+    if (rm === current && !rm.usage) Object.assign(rm, { usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: 0 }, turnCount: 0, usageSeq: 0 });
     return;
   }
   if (rm !== current) return;
   if (st.last_seq >= rm.confSeq) {
     rm.confSeq = st.last_seq;
     showConfinement(st.confinement);
+  }
+  if (st.usage && !rm.usage) {
+    rm.usage = Object.assign({}, st.usage);
+    rm.turnCount = st.turns;
+    rm.usageSeq = st.last_seq;
+    showUsage(rm);
   }
   const msgs = [];
   const turns = [];
@@ -384,6 +431,10 @@ function endTurn(t, end) {
   if (end.text) t.body.textContent = end.text;
   t.li.dataset.outcome = end.outcome;
   t.outcome.textContent = end.outcome === "settled" ? "" : end.outcome + (end.reason ? ": " + end.reason : "");
+  if (end.usage && tokensOf(end.usage) > 0 && !t.usage) {
+    t.usage = el("p", "turn-usage", usageShort(end.usage));
+    t.li.append(t.usage);
+  }
 }
 
 // showMessage shows a user's message once, from its record or its
@@ -475,6 +526,7 @@ function apply(rm, type, ev) {
       const t = turnBubble(rm, ev.turn_id);
       endTurn(t, ev);
       showChanges(rm, t, ev);
+      addUsage(rm, ev);
       if (rm.turn === ev.turn_id) setTurn(null);
       roomsSoon();
       break;

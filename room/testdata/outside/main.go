@@ -398,14 +398,19 @@ func (t *memTx) PutTurn(tr record.Turn) error {
 	return nil
 }
 
-func (t *memTx) EndTurn(id, outcome, reason, text string) error {
+func (t *memTx) EndTurn(id, outcome, reason, text string, u record.Usage) error {
 	for i := range t.s.turns {
 		tr := &t.s.turns[i]
 		if tr.ID == id {
 			if !tr.Ended.IsZero() {
 				return fmt.Errorf("turn %q: %w", id, record.ErrConflict)
 			}
-			tr.Outcome, tr.Reason, tr.Text, tr.Ended = outcome, reason, text, time.Now()
+			tr.Outcome, tr.Reason, tr.Text, tr.Ended, tr.Usage = outcome, reason, text, time.Now(), u
+			if r := t.s.rooms[tr.Room]; r != nil {
+				// Totals only; this store keeps no split by sender.
+				r.Turns++
+				r.Usage = r.Usage.Add(u)
+			}
 			return nil
 		}
 	}
