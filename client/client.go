@@ -42,6 +42,9 @@ var (
 	// ErrQueueFull: the room's queue is full (429); the message was not
 	// accepted.
 	ErrQueueFull = errors.New("client: queue full")
+	// ErrBudgetExhausted: the room's totals reached its budget (429); the
+	// message was not accepted. The error's text names the limit.
+	ErrBudgetExhausted = errors.New("client: room budget exhausted")
 	// ErrUnavailable: the server is shutting down or cannot serve the
 	// room now (503, or 502/504 from a proxy). A stream retries these.
 	ErrUnavailable = errors.New("client: server unavailable")
@@ -74,6 +77,9 @@ func (e *APIError) Is(target error) bool {
 	case http.StatusConflict:
 		return target == ErrConflict
 	case http.StatusTooManyRequests:
+		if strings.HasPrefix(e.Message, "room budget exhausted") {
+			return target == ErrBudgetExhausted
+		}
 		return target == ErrQueueFull
 	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
 		return target == ErrUnavailable
@@ -463,4 +469,31 @@ func turnPath(room, turn, op string) (string, error) {
 		return "", fmt.Errorf("%w: invalid turn id %q", ErrBadRequest, turn)
 	}
 	return roomPath(room, "turns", turn, op)
+}
+
+// Config returns the room's effective settings: its own, with the
+// server's defaults filled in (GET /v1/rooms/{room}/config).
+func (c *Client) Config(ctx context.Context, room string) (RoomConfig, error) {
+	p, err := roomPath(room, "config")
+	if err != nil {
+		return RoomConfig{}, err
+	}
+	var cfg RoomConfig
+	err = c.do(ctx, "GET", p, nil, nil, &cfg)
+	return cfg, err
+}
+
+// SetConfig sets the room's settings, the whole object (a field left
+// empty takes the server's default), creating the room, and returns the
+// effective ones (PUT /v1/rooms/{room}/config). Settings the server
+// refuses give ErrBadRequest, with the reason.
+func (c *Client) SetConfig(ctx context.Context, room string, cfg RoomConfig) (RoomConfig, error) {
+	p, err := roomPath(room, "config")
+	if err != nil {
+		return RoomConfig{}, err
+	}
+	cfg.NextStart = nil
+	var out RoomConfig
+	err = c.do(ctx, "PUT", p, nil, cfg, &out)
+	return out, err
 }

@@ -240,3 +240,39 @@ type Reverted struct {
 	// (an ignored path, a file over the size bound) occupies them.
 	Kept []string `json:"kept"`
 }
+
+// RoomConfig is a room's settings. Durations are Go durations as strings
+// ("90s", "5m"); an empty field takes the server's default.
+type RoomConfig struct {
+	Agent        string `json:"agent,omitempty"`
+	Model        string `json:"model,omitempty"`
+	Thinking     string `json:"thinking,omitempty"`
+	Instructions string `json:"instructions,omitempty"`
+	// ApprovalMode is "always-ask" or "yolo".
+	ApprovalMode    string               `json:"approval_mode,omitempty"`
+	TurnTimeout     string               `json:"turn_timeout,omitempty"`
+	ApprovalTimeout string               `json:"approval_timeout,omitempty"`
+	IdleAfter       string               `json:"idle_after,omitempty"`
+	MCP             map[string]MCPServer `json:"mcp,omitempty"`
+	Budget          Budget               `json:"budget"`
+	// NextStart, in an answer, names the settings the room's running
+	// agent does not have yet: they take effect at its next start.
+	NextStart []string `json:"next_start,omitempty"`
+}
+
+// MCPServer is an MCP server of a room: exactly one of Command (stdio) or
+// URL (HTTP).
+type MCPServer struct {
+	Command []string          `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	URL     string            `json:"url,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+}
+
+// Budget bounds what a room may spend (0: no limit): past it new
+// messages get ErrBudgetExhausted until it is raised.
+type Budget struct {
+	Tokens  int64   `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+	Turns   int64   `json:"turns"`
+}

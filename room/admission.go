@@ -47,6 +47,13 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		if err := ValidateID(room); err != nil {
 			return Accepted{}, err
 		}
+		// The front end refuses a room it knows is over its budget (the
+		// holder refuses it anyway); one it cannot read it forwards.
+		if s, _, err := m.loadSettings(ctx, room); err == nil {
+			if limit, err := m.exhausted(ctx, room, s); err == nil && limit != "" {
+				return Accepted{}, budgetErr(limit)
+			}
+		}
 		if qc, ok := m.opts.Cluster.(QueueCounter); ok {
 			// Counted before the message goes in, so two front ends may
 			// overfill by what they accept at the same moment; one that
@@ -63,6 +70,17 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 	r, err := m.room(room)
 	if err != nil {
 		return Accepted{}, err
+	}
+	if err := m.refreshSettings(ctx, r); err != nil {
+		return Accepted{}, err
+	}
+	r.mu.Lock()
+	settings := r.settings
+	r.mu.Unlock()
+	if limit, err := m.exhausted(ctx, room, settings); err != nil {
+		return Accepted{}, err
+	} else if limit != "" {
+		return Accepted{}, budgetErr(limit)
 	}
 	var question string
 	r.qmu.Lock()

@@ -58,6 +58,9 @@ type Config struct {
 	// (default 10 min each): an expired approval is denied, an expired
 	// question cancelled.
 	ApprovalTimeout, QuestionTimeout time.Duration
+	// IdleAfter, if set, replaces Options.IdleAfter for the room (a
+	// room's own setting; the Manager's Config leaves it 0).
+	IdleAfter time.Duration
 	// Env is added to the agent's environment: a provider key goes here,
 	// in that provider's variable. Never logged, never stored.
 	Env []string `json:"-"`
@@ -87,7 +90,7 @@ func (c Config) merge(o Config) Config {
 	}
 	for _, p := range []struct{ dst, src *time.Duration }{
 		{&c.TurnTimeout, &o.TurnTimeout}, {&c.Liveness, &o.Liveness},
-		{&c.ApprovalTimeout, &o.ApprovalTimeout}, {&c.QuestionTimeout, &o.QuestionTimeout},
+		{&c.ApprovalTimeout, &o.ApprovalTimeout}, {&c.QuestionTimeout, &o.QuestionTimeout}, {&c.IdleAfter, &o.IdleAfter},
 	} {
 		if *p.src > 0 {
 			*p.dst = *p.src
@@ -168,8 +171,14 @@ type Options struct {
 	// MaxResident bounds the agents running at once (default 8).
 	MaxResident int
 	// IdleAfter releases a room's agent after that long without a turn
-	// (default 10 min).
+	// (default 10 min; a room's settings may say otherwise).
 	IdleAfter time.Duration
+	// Budget is every room's budget unless its settings set a limit (0:
+	// none; see Budget).
+	Budget Budget
+	// Agents, if set, are the agent kinds a room's settings may name (the
+	// transport's); nil takes any.
+	Agents []string
 	// QueueLimit bounds each room's waiting messages (default 64).
 	QueueLimit int
 	// ShutdownBudget bounds Close (default 10 s), shared by all rooms.

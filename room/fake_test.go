@@ -104,6 +104,13 @@ func (a *fakeAgent) Run(ctx context.Context, text string) (TurnResult, error) {
 		return TurnResult{}, errors.New("the model failed")
 	case text == "spend":
 		return TurnResult{Text: "spent", Usage: spendUsage}, nil
+	case text == "approve-spend":
+		// A turn that spends once a person allowed its tool.
+		ok := h.Approve(ctx, ApprovalRequest{Tool: "bash", Input: "ls", Options: []string{"Approve", "Deny"}})
+		if ctx.Err() != nil || !ok {
+			return TurnResult{}, errors.New("not allowed")
+		}
+		return TurnResult{Text: "spent", Usage: spendUsage}, nil
 	case text == "spend-fail":
 		// A turn that failed after the model answered: it still cost.
 		return TurnResult{Usage: spendFailUsage}, errors.New("the model failed")
@@ -316,4 +323,12 @@ type sqliteStore struct{ *store.DB }
 
 func (s sqliteStore) Write(ctx context.Context, fn func(tx Tx) error) error {
 	return s.DB.Write(ctx, func(w *store.Writer) error { return fn(w) })
+}
+
+func (s sqliteStore) RoomSettings(ctx context.Context, id string) (json.RawMessage, error) {
+	return s.DB.RoomConfig(ctx, id)
+}
+
+func (s sqliteStore) PutRoomSettings(ctx context.Context, id string, settings json.RawMessage) error {
+	return s.DB.Write(ctx, func(w *store.Writer) error { return w.SetConfig(id, settings) })
 }

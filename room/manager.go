@@ -125,19 +125,28 @@ type roomState struct {
 	workspace string
 	events    *eventLog // the agent's events, written in batches
 
-	mu        sync.Mutex
-	cfg       *Config       // filled and validated at first use
-	queue     []queued      // in order of acceptance (see queued)
-	cont      *contTurn     // a turn an attached agent runs, continued first
-	working   bool          // a worker goroutine serves the queue
-	ending    bool          // a turn's end is being recorded (turn is nil)
-	endDone   chan struct{} // closed when ending is cleared
-	agent     Agent
-	session   string
-	lost      bool // the next prompt carries the transcript
-	turn      *turnRun
-	lastUsed  time.Time
-	approvals map[string]chan bool
+	mu  sync.Mutex
+	cfg *Config // filled and validated at first use
+	// settings are the room's own (SettingsStore), as last read
+	// (settingsRaw, settingsRead); startedCfg the config its resident
+	// agent was started with; budgetNoted: budget.exhausted is written
+	// for the settings in force.
+	settings     Settings
+	settingsRaw  string
+	settingsRead bool
+	startedCfg   *Config
+	budgetNoted  bool
+	queue        []queued      // in order of acceptance (see queued)
+	cont         *contTurn     // a turn an attached agent runs, continued first
+	working      bool          // a worker goroutine serves the queue
+	ending       bool          // a turn's end is being recorded (turn is nil)
+	endDone      chan struct{} // closed when ending is cleared
+	agent        Agent
+	session      string
+	lost         bool // the next prompt carries the transcript
+	turn         *turnRun
+	lastUsed     time.Time
+	approvals    map[string]chan bool
 	// inheritedA are the approvals pending in a continued turn when the
 	// previous host let go: the agent asks again (its request lies past
 	// the recorded offset), and the asking takes the pending one over.
@@ -278,6 +287,7 @@ func (m *Manager) configLocked(r *roomState) (Config, error) {
 		if m.opts.RoomConfig != nil {
 			c = c.merge(m.opts.RoomConfig(r.id))
 		}
+		c = c.merge(r.settings.config())
 		c.fill()
 		if err := c.validate(); err != nil {
 			return Config{}, err

@@ -305,6 +305,9 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec record.Room, 
 	if err != nil {
 		return nil, nil, err.Error()
 	}
+	if err := m.refreshSettings(ctx, r); err != nil {
+		return nil, nil, err.Error()
+	}
 	r.mu.Lock()
 	cfg, err := m.configLocked(r)
 	r.mu.Unlock()

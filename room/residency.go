@@ -71,6 +71,7 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 	started = true
 	r.mu.Lock()
 	r.agent, r.session = a, a.SessionID()
+	r.startedCfg = &cfg
 	if lost != "" {
 		r.lost = true
 	}
@@ -234,7 +235,8 @@ func (m *Manager) closeAgent(r *roomState, a Agent, reason string, free bool) {
 // janitor releases rooms idle for IdleAfter.
 func (m *Manager) janitor() {
 	defer m.wg.Done()
-	tick := time.NewTicker(min(m.opts.IdleAfter/4, 5*time.Second))
+	// A room's own idle_after may be as short as 1 s.
+	tick := time.NewTicker(min(m.opts.IdleAfter/4, time.Second))
 	defer tick.Stop()
 	for {
 		select {
@@ -246,7 +248,11 @@ func (m *Manager) janitor() {
 		m.mu.Lock()
 		for _, r := range m.rooms {
 			r.mu.Lock()
-			if r.idleLocked() && time.Since(r.lastUsed) >= m.opts.IdleAfter {
+			after := m.opts.IdleAfter
+			if c, err := m.configLocked(r); err == nil {
+				after = m.idleAfter(c)
+			}
+			if r.idleLocked() && time.Since(r.lastUsed) >= after {
 				idle = append(idle, r)
 			}
 			r.mu.Unlock()

@@ -36,6 +36,9 @@ func (m *Manager) work(r *roomState) {
 		m.continueTurn(r, *cont)
 	}
 	for {
+		// Settings another host changed, and the budget, before each
+		// turn (store reads: outside r.mu).
+		limit := m.turnBudget(r)
 		r.mu.Lock()
 		if len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil {
 			r.working = false
@@ -45,12 +48,76 @@ func (m *Manager) work(r *roomState) {
 		}
 		q := r.queue[0]
 		r.queue = r.queue[1:]
+		if limit != "" {
+			// Over its budget the room starts no turn: the message,
+			// accepted before, ends failed saying why.
+			r.mu.Unlock()
+			m.writeEnd(r, func(tx Tx) error {
+				return endMessages(tx, r.id, []string{q.id}, "", OutcomeFailed, budgetErr(limit).Error())
+			})
+			continue
+		}
 		// The turn is the room's from the moment its message leaves the
 		// queue: the room is never idle (evictable) in between.
 		t, cfg := m.newTurnLocked(r, q)
 		r.mu.Unlock()
 		m.runTurn(r, t, cfg, q)
 	}
+}
+
+// turnBudget reads the room's settings again and says which limit of its
+// budget the room's totals reach ("" for none; also when the store cannot
+// tell now: the turn runs, and the next check decides).
+func (m *Manager) turnBudget(r *roomState) string {
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	if err := m.refreshSettings(ctx, r); err != nil {
+		m.log.Warn("room: reading the room's settings failed; the last read hold", "room", r.id, "err", err)
+	}
+	r.mu.Lock()
+	s := r.settings
+	r.mu.Unlock()
+	limit, err := m.exhausted(ctx, r.id, s)
+	if err != nil {
+		m.log.Warn("room: reading the room's totals for its budget failed", "room", r.id, "err", err)
+	}
+	return limit
+}
+
+// noteBudget writes budget.exhausted once the room's totals reach its
+// budget (once for the settings in force: a changed budget may write it
+// again).
+func (m *Manager) noteBudget(r *roomState) {
+	r.mu.Lock()
+	s, noted := r.settings, r.budgetNoted
+	r.mu.Unlock()
+	b := m.budget(s)
+	if noted || b.IsZero() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	rec, err := m.st.Room(ctx, r.id)
+	if err != nil {
+		return
+	}
+	limit := b.over(rec.Turns, rec.Usage)
+	if limit == "" {
+		return
+	}
+	err = m.write(func(tx Tx) error {
+		_, err := tx.Append(r.id, "budget.exhausted", map[string]any{
+			"limit": limit, "budget": b, "turns": rec.Turns, "usage": rec.Usage,
+		})
+		return err
+	})
+	if err != nil {
+		m.log.Error("room: recording that the room's budget is exhausted failed", "room", r.id, "err", err)
+		return
+	}
+	r.mu.Lock()
+	r.budgetNoted = true
+	r.mu.Unlock()
 }
 
 // newTurnLocked makes q's turn the room's running turn (r.mu held).
@@ -196,6 +263,9 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 		}
 		return nil
 	})
+	if t.stored {
+		m.noteBudget(r)
+	}
 }
 
 // Retries of a write that ends messages (writeEnd).

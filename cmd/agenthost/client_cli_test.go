@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -153,5 +154,47 @@ func TestClientCommands(t *testing.T) {
 	var r struct{ ID string }
 	if out, _, code = s.cli("rooms", "--json"); code != 0 || json.Unmarshal([]byte(out), &r) != nil || r.ID != "demo" {
 		t.Fatalf("rooms --json: %d %q", code, out)
+	}
+}
+
+// agenthost config shows and changes a room's settings; a budget it sets
+// stops the room (send fails naming the limit) until it is raised.
+func TestConfigCommandAndBudget(t *testing.T) {
+	s := newClientServer(t)
+	if _, errs, code := s.cli("config", "cfg"); code != exitFailed || !strings.Contains(errs, "not found (HTTP 404)") {
+		t.Fatalf("config of an unknown room: %d %q", code, errs)
+	}
+	out, errs, code := s.cli("config", "cfg", "--set", "instructions=Always be brief.", "--set", "budget.turns=1", "--set", "turn_timeout=90s")
+	if code != 0 || !strings.Contains(out, "instructions:     Always be brief.\n") || !strings.Contains(out, "budget.turns:     1\n") ||
+		!strings.Contains(out, "turn_timeout:     1m30s\n") || !strings.Contains(out, "approval_mode:    always-ask\n") {
+		t.Fatalf("config --set: %d %q %q", code, out, errs)
+	}
+	out, errs, code = s.cli("config", "cfg", "--json")
+	var cfg map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &cfg) != nil || cfg["instructions"] != "Always be brief." || cfg["agent"] != "omp" {
+		t.Fatalf("config --json: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("config", "cfg", "--set", "colour=red"); code != exitUsage || !strings.Contains(errs, `unknown field "colour"`) {
+		t.Fatalf("config --set of an unknown setting: %d %q", code, errs)
+	}
+	if _, errs, code := s.cli("config", "cfg", "--set", "approval_mode=never"); code != exitFailed || !strings.Contains(errs, `approval_mode "never"`) {
+		t.Fatalf("config --set of a bad value: %d %q", code, errs)
+	}
+	if out, errs, code := s.cli("send", "cfg", "hello", "--follow", "--timeout", "2m"); code != 0 || out != "ok: hello\n" {
+		t.Fatalf("send within the budget: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("send", "cfg", "more"); code != exitFailed || !strings.Contains(errs, "room budget exhausted: 1 of 1 turns run (HTTP 429)") {
+		t.Fatalf("send over the budget: %d %q", code, errs)
+	}
+	if out, errs, code := s.cli("config", "cfg", "--set", "budget.turns=2"); code != 0 || !strings.Contains(out, "budget.turns:     2\n") ||
+		!strings.Contains(out, "instructions:     Always be brief.\n") {
+		t.Fatalf("raising the budget: %d %q %q", code, out, errs)
+	}
+	if out, errs, code := s.cli("send", "cfg", "again", "--follow", "--timeout", "2m"); code != 0 || out != "ok: again\n" {
+		t.Fatalf("send after raising the budget: %d %q %q", code, out, errs)
+	}
+	// The room's usage, in the rooms list.
+	if out, errs, code := s.cli("rooms"); code != 0 || !regexp.MustCompile(`(?m)^cfg .* turns 2  tokens [1-9][0-9]*  \$0\.\d{4}$`).MatchString(out) {
+		t.Fatalf("rooms: %d %q %q", code, out, errs)
 	}
 }

@@ -325,6 +325,11 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	rm := "omp"
+	// The room's settings, set through the front end before the room has
+	// a message: a budget of one turn.
+	if code, body := call(t, "PUT", nodes[0].url+"v1/rooms/"+rm+"/config", token, `{"budget":{"turns":1}}`); code != 200 {
+		t.Fatalf("PUT config through the front end: %d %s", code, body)
+	}
 	code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"Run this: [[tool:bash {\"command\":\"echo cross-node\"}]]"}`)
 	if code != 202 {
 		t.Fatalf("post: %d %s", code, body)
@@ -372,6 +377,31 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	}
 	if ended["outcome"] != "settled" || ended["text"] != "done" {
 		t.Fatalf("turn ended %v", ended)
+	}
+	// The budget holds across nodes: the front end refuses the next
+	// message, naming the limit; raised through another node, the room
+	// takes messages again.
+	if code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"more"}`); code != 429 || !strings.Contains(string(body), "room budget exhausted: 1 of 1 turns run") {
+		t.Fatalf("a message over the budget through the front end: %d %s", code, body)
+	}
+	if code, body := call(t, "PUT", nodes[1].url+"v1/rooms/"+rm+"/config", token, `{"budget":{"turns":2}}`); code != 200 {
+		t.Fatalf("raising the budget through n2: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"after the raise"}`); code != 202 {
+		t.Fatalf("a message after the raise: %d %s", code, body)
+	}
+	ended = nil
+	err = watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+		var d map[string]any
+		_ = json.Unmarshal(raw, &d)
+		if typ == "turn.ended" && d["text"] == "ok: after the raise" {
+			ended = d
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil || ended["outcome"] != "settled" {
+		t.Fatalf("the turn after the raise: %v %v", ended, err)
 	}
 	a := replay(t, ctx, nodes[0], token, rm)
 	for _, n := range nodes[1:] {

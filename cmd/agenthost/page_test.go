@@ -153,6 +153,22 @@ func TestServePage_Chromium(t *testing.T) {
 	}
 	waitFor(t, ctx, "the room's confinement", `!document.getElementById("room-confinement").hidden && document.getElementById("room-confinement").textContent.startsWith(`+want+`)`)
 
+	// The room's settings, edited on the page: a bad value is refused
+	// with the server's reason, a good one saved (and kept, see the
+	// reload below).
+	act(t, ctx, "opening the settings", chromedp.Click(chromedp.CSS("#room-config summary")))
+	waitFor(t, ctx, "the settings form", `document.getElementById("cfg-approval_mode").value === "always-ask" && document.getElementById("cfg-turn_timeout").value !== ""`)
+	act(t, ctx, "a bad setting",
+		chromedp.SetValue(chromedp.CSS("#cfg-turn_timeout"), "soon"),
+		chromedp.Click(chromedp.CSS("#config-save")))
+	waitFor(t, ctx, "the refusal", `document.getElementById("config-error").textContent.includes('duration "soon"')`)
+	act(t, ctx, "good settings",
+		chromedp.SetValue(chromedp.CSS("#cfg-turn_timeout"), "4m"),
+		chromedp.SetValue(chromedp.CSS("#cfg-instructions"), "Be brief."),
+		chromedp.SetValue(chromedp.CSS("#cfg-budget-turns"), "100"),
+		chromedp.Click(chromedp.CSS("#config-save")))
+	waitFor(t, ctx, "the settings saved", `document.getElementById("config-status").textContent.startsWith("Saved.") && document.getElementById("config-error").textContent === ""`)
+
 	// A tool call omp asks about: allowed in the page, then run.
 	sendFromPage(t, ctx, `Run it: [[tool:bash {"command":"echo hi-from-the-page"}]]`)
 	waitFor(t, ctx, "the approval", `!!document.querySelector("#approvals li button.allow") && !document.getElementById("pending").hidden`)
@@ -228,6 +244,8 @@ func TestServePage_Chromium(t *testing.T) {
 	if !eval[bool](t, ctx, answered(1, "ok: hello from the page")) {
 		t.Fatal("the first answer is gone after a reload")
 	}
+	waitFor(t, ctx, "the saved settings after a reload", `document.getElementById("cfg-instructions").value === "Be brief." &&
+		document.getElementById("cfg-budget-turns").value === "100" && document.getElementById("cfg-turn_timeout").value === "4m0s"`)
 
 	// A reload while a turn runs shows it running (the stream replays it
 	// from its message) and each message and turn once; Cancel ends it.

@@ -55,6 +55,8 @@ type serveFlags struct {
 	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
 	approvalMode, config                    string
+	budgetTokens                            int64
+	budgetUSD                               float64
 	daemon                                  bool
 	snapshots                               bool
 	snapshotMaxFile                         int64
@@ -75,6 +77,7 @@ var serveEnv = map[string]string{
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
+	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -145,6 +148,8 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.DurationVar(&f.turnTimeout, "turn-timeout", room.DefaultTurnTimeout, "bound on a turn's active time")
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
+	fl.Int64Var(&f.budgetTokens, "room-budget-tokens", 0, "every room's token budget unless its config sets one (0: none)")
+	fl.Float64Var(&f.budgetUSD, "room-budget-usd", 0, "every room's budget in dollars unless its config sets one (0: none)")
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
 	fl.BoolVar(&f.snapshots, "snapshots", true, "snapshot each room's workspace before and after every turn (diff and revert)")
 	fl.Int64Var(&f.snapshotMaxFile, "snapshot-max-file", snapshot.DefaultMaxFileSize, "files over this many bytes are left out of snapshots")
@@ -280,6 +285,9 @@ func loadToken(data string) (tok, path string, created bool, err error) {
 func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger, f serveFlags, custom []string) (err error) {
 	if f.approvalMode != room.ApprovalAsk && f.approvalMode != room.ApprovalYolo {
 		return &exitError{2, fmt.Errorf("serve: --approval-mode %q: want always-ask or yolo", f.approvalMode)}
+	}
+	if f.budgetTokens < 0 || f.budgetUSD < 0 || f.budgetUSD != f.budgetUSD {
+		return &exitError{2, errors.New("serve: --room-budget-tokens and --room-budget-usd must be 0 (none) or more")}
 	}
 	if err := f.confine.check(); err != nil {
 		return err
@@ -474,6 +482,8 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
 			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
+		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
+		Agents: roomAgents(f.transport, custom),
 		Logger: log,
 	}
 	if cl != nil {
@@ -807,4 +817,21 @@ func printGaps(stdout io.Writer, f serveFlags, kind agents.Kind, custom []string
 		parts = append(parts, fmt.Sprintf("%q: %s", g.Claim, g.Reason))
 	}
 	fmt.Fprintf(stdout, "agenthost: %s rooms cannot keep %s; docs/support-matrix.md lists every promise\n", kind, strings.Join(parts, "; "))
+}
+
+// roomAgents are the agent kinds a room's config may name: the transport's
+// (none but the server's own with a custom command).
+func roomAgents(transport string, custom []string) []string {
+	switch {
+	case len(custom) > 0:
+		return []string{}
+	case transport == transportACP:
+		var out []string
+		for _, k := range agents.ACPKinds {
+			out = append(out, string(k))
+		}
+		return out
+	default:
+		return []string{string(agents.OMP), string(agents.Pi)}
+	}
 }

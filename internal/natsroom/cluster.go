@@ -240,6 +240,9 @@ func setupOnce(ctx context.Context, js jetstream.JetStream, replicas int, leaseT
 	}); err != nil {
 		return fmt.Errorf("work bucket: %w", configErr(replicas, err))
 	}
+	if err := kvBucket(octx, js, jetstream.KeyValueConfig{Bucket: BucketSettings, Replicas: replicas}); err != nil {
+		return fmt.Errorf("settings bucket: %w", configErr(replicas, err))
+	}
 	// Direct gets: any replica answers a read, so that a room's log
 	// replays through any node while the stream elects a leader.
 	if _, err := js.CreateOrUpdateStream(octx, jetstream.StreamConfig{
@@ -1368,7 +1371,7 @@ func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) 
 	wctx := withInbox(ctx, h.room, m.Sequence)
 	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery}
 	_, err := c.m.Accept(wctx, h.room, e.ID, msg)
-	if errors.Is(err, room.ErrQueueFull) || errors.Is(err, room.ErrBadMessage) {
+	if errors.Is(err, room.ErrQueueFull) || errors.Is(err, room.ErrBadMessage) || errors.Is(err, room.ErrBudgetExhausted) {
 		// Answered 202 by a front end already: the sender gets an
 		// outcome, not silence.
 		c.log.Warn("natsroom: refusing an inbox entry", "room", h.room, "message_id", e.ID, "err", err)

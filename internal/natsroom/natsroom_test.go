@@ -611,3 +611,25 @@ func TestStore_Turns(t *testing.T) {
 		}
 	}
 }
+
+// A room's settings are kept outside its log: any node writes them, a
+// room no node holds included, and every node reads them.
+func TestStore_RoomSettings(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, js := singleNode(t, ctx)
+	a, b := newStore(nc, js, "a"), newStore(nc, js, "b")
+	if got, err := a.RoomSettings(ctx, "r"); err != nil || got != nil {
+		t.Fatalf("settings of a room without any: %s, %v", got, err)
+	}
+	if err := a.PutRoomSettings(ctx, "r", json.RawMessage(`{"model":"m","budget":{"tokens":5,"cost_usd":0,"turns":0}}`)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.RoomSettings(ctx, "r")
+	if err != nil || string(got) != `{"model":"m","budget":{"tokens":5,"cost_usd":0,"turns":0}}` {
+		t.Fatalf("read on another node: %s, %v", got, err)
+	}
+	if got, err := b.RoomSettings(ctx, "other"); err != nil || got != nil {
+		t.Fatalf("another room: %s, %v", got, err)
+	}
+}

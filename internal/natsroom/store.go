@@ -32,7 +32,12 @@ const (
 	BucketLease = "room_lease"
 	BucketLoad  = "room_workers"
 	BucketWork  = "room_work"
-	Dispatch    = "dispatch"
+	// BucketSettings holds each room's own settings (room.SettingsStore):
+	// any node writes them, outside the room's log, so that a room no
+	// node holds can be configured; its holder reads them before each
+	// turn.
+	BucketSettings = "room_settings"
+	Dispatch       = "dispatch"
 
 	hdrRoomSeq  = "Room-Seq"
 	hdrEpoch    = "Room-Epoch"
@@ -101,6 +106,9 @@ type Store struct {
 	// log then showed stored.
 	unclear atomic.Int64
 	logger  *slog.Logger
+
+	settingsMu sync.Mutex
+	settings   jetstream.KeyValue // BucketSettings, looked up once
 }
 
 // reqTimeout bounds one JetStream request: a request sent to a stream
@@ -1301,3 +1309,59 @@ func (t *tx) SetAgentProc(rm, handle string) error { return errDetachedAgents }
 
 // SetAgentOffset is refused: see errDetachedAgents.
 func (t *tx) SetAgentOffset(rm string, offset, seen int64) error { return errDetachedAgents }
+
+var _ room.SettingsStore = (*Store)(nil)
+
+// settingsKV returns BucketSettings, created (one replica) if missing: a
+// store used without a Cluster's setup, which makes it replicated.
+func (s *Store) settingsKV(ctx context.Context) (jetstream.KeyValue, error) {
+	s.settingsMu.Lock()
+	defer s.settingsMu.Unlock()
+	if s.settings != nil {
+		return s.settings, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	kv, err := s.js.KeyValue(ctx, BucketSettings)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: BucketSettings})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: room settings: %w", room.ErrUnavailable, err)
+	}
+	s.settings = kv
+	return kv, nil
+}
+
+// RoomSettings implements room.SettingsStore.
+func (s *Store) RoomSettings(ctx context.Context, id string) (json.RawMessage, error) {
+	kv, err := s.settingsKV(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	e, err := kv.Get(ctx, token(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: room settings: %w", room.ErrUnavailable, err)
+	}
+	return e.Value(), nil
+}
+
+// PutRoomSettings implements room.SettingsStore. The room's log is not
+// written: a room with settings and no message yet is not listed.
+func (s *Store) PutRoomSettings(ctx context.Context, id string, settings json.RawMessage) error {
+	kv, err := s.settingsKV(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	if _, err := kv.Put(ctx, token(id), settings); err != nil {
+		return fmt.Errorf("%w: room settings: %w", room.ErrUnavailable, err)
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ package roomsqlite
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -20,4 +21,16 @@ type sqliteStore struct{ *store.DB }
 
 func (s sqliteStore) Write(ctx context.Context, fn func(tx room.Tx) error) error {
 	return s.DB.Write(ctx, func(w *store.Writer) error { return fn(w) })
+}
+
+var _ room.SettingsStore = sqliteStore{}
+
+// RoomSettings implements room.SettingsStore (the rooms table's config).
+func (s sqliteStore) RoomSettings(ctx context.Context, id string) (json.RawMessage, error) {
+	return s.DB.RoomConfig(ctx, id)
+}
+
+// PutRoomSettings implements room.SettingsStore.
+func (s sqliteStore) PutRoomSettings(ctx context.Context, id string, settings json.RawMessage) error {
+	return s.DB.Write(ctx, func(w *store.Writer) error { return w.SetConfig(id, settings) })
 }

@@ -476,3 +476,43 @@ func (s *Server) failSnapshot(w http.ResponseWriter, r *http.Request, err error,
 		s.fail(w, r, err, "turn "+turn)
 	}
 }
+
+// getConfig answers the room's effective settings: its own, with the
+// server's defaults filled in, and next_start (see room.Effective).
+func (s *Server) getConfig(w http.ResponseWriter, r *http.Request) {
+	id, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	e, err := s.m.EffectiveSettings(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	writeJSON(w, http.StatusOK, e)
+}
+
+// putConfig stores the room's settings (the whole object; creating the
+// room) and answers the effective ones. next_start, which GET answers,
+// may be sent back and is ignored.
+func (s *Server) putConfig(w http.ResponseWriter, r *http.Request) {
+	id, ok := roomID(w, r)
+	if !ok {
+		return
+	}
+	var raw json.RawMessage
+	if !s.decode(w, r, &raw) {
+		return
+	}
+	settings, err := room.ParseSettings(raw, "next_start")
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	e, err := s.m.SetSettings(r.Context(), id, settings)
+	if err != nil {
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	writeJSON(w, http.StatusOK, e)
+}

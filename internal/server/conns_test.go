@@ -182,13 +182,16 @@ func TestSlowBodyIsRefused(t *testing.T) {
 
 // slowBody posts to path a body that stops half way and returns the
 // status.
-func slowBody(addr, path string) (int, error) {
+func slowBody(addr, path string) (int, error) { return slowBodyWith(addr, "POST", path) }
+
+// slowBodyWith is slowBody with the request's method.
+func slowBodyWith(addr, method, path string) (int, error) {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		return 0, err
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"text\":", path, testToken)
+	fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"text\":", method, path, testToken)
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {

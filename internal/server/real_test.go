@@ -281,3 +281,43 @@ func TestRealOmpSlotsAndMessageEnds(t *testing.T) {
 		checkMessageEnds(t, h, rm)
 	}
 }
+
+// realSettings, on the real agent: a room's settings over the API reach
+// the agent (its instructions are in the model's system prompt), and its
+// budget refuses a message once reached, until raised.
+func realSettings(t *testing.T, kind string) {
+	h := newRealHarness(t, kind)
+	r := h.do("PUT", "/v1/rooms/set/config", map[string]any{"instructions": "Always mention marker-S7.", "budget": map[string]any{"turns": 1}})
+	if r.status != http.StatusOK {
+		t.Fatalf("PUT config: %d %s", r.status, r.body)
+	}
+	acc := h.post("set", "hello there")
+	if d := h.endedWithin("set", acc, 120*time.Second); d["outcome"] != "settled" {
+		t.Fatalf("turn: %v", d)
+	}
+	var instructed bool
+	for _, req := range h.sim.Requests() {
+		for _, m := range req.Messages {
+			instructed = instructed || m.Role == "system" && strings.Contains(m.Content, "Always mention marker-S7.")
+		}
+	}
+	if !instructed {
+		t.Fatal("the room's instructions are not in the model's system prompt")
+	}
+	h.until("set", acc.Seq, func(ev sse) bool { return ev.typ == "budget.exhausted" })
+	over := h.do("POST", "/v1/rooms/set/messages", map[string]string{"text": "more"})
+	if over.status != http.StatusTooManyRequests || !strings.Contains(string(over.body), "room budget exhausted: 1 of 1 turns run") {
+		t.Fatalf("over the budget: %d %s", over.status, over.body)
+	}
+	if r := h.do("PUT", "/v1/rooms/set/config", map[string]any{"instructions": "Always mention marker-S7.", "budget": map[string]any{"turns": 2}}); r.status != http.StatusOK {
+		t.Fatalf("raising the budget: %d %s", r.status, r.body)
+	}
+	acc = h.post("set", "once more")
+	if d := h.ended("set", acc); d["outcome"] != "settled" || d["text"] != "ok: once more" {
+		t.Fatalf("after raising the budget: %v", d)
+	}
+}
+
+func TestRealOmpSettingsAndBudget(t *testing.T) { realSettings(t, "omp") }
+
+func TestRealPiSettingsAndBudget(t *testing.T) { realSettings(t, "pi") }

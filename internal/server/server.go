@@ -197,6 +197,8 @@ func (s *Server) routes() []route {
 		{pattern: "POST /v1/rooms/{room}/approvals/{id}", handler: s.approve},
 		{pattern: "POST /v1/rooms/{room}/questions/{id}", handler: s.answer},
 		{pattern: "GET /v1/rooms/{room}/events", handler: s.events},
+		{pattern: "GET /v1/rooms/{room}/config", handler: s.getConfig},
+		{pattern: "PUT /v1/rooms/{room}/config", handler: s.putConfig},
 		{pattern: "GET /v1/rooms/{room}/turns/{turn}/diff", handler: s.turnDiff},
 		{pattern: "POST /v1/rooms/{room}/turns/{turn}/revert", handler: s.revertTurn},
 	}
@@ -311,8 +313,12 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 	switch {
 	case errors.Is(err, room.ErrBadID), errors.Is(err, room.ErrBadMessage):
 		status, msg = http.StatusBadRequest, trimPrefix(err)
-	case errors.Is(err, room.ErrQueueFull):
+	case errors.Is(err, room.ErrQueueFull), errors.Is(err, room.ErrBudgetExhausted):
 		status, msg = http.StatusTooManyRequests, trimPrefix(err)
+	case errors.Is(err, room.ErrBadSettings):
+		status, msg = http.StatusBadRequest, strings.TrimPrefix(trimPrefix(err), "bad settings: ")
+	case errors.Is(err, room.ErrNoSettings):
+		status, msg = http.StatusNotImplemented, trimPrefix(err)
 	case errors.Is(err, room.ErrNotFound):
 		status, msg = http.StatusNotFound, what+": not found"
 	case errors.Is(err, room.ErrConflict):

@@ -66,6 +66,9 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 	}
 	h := &harness{t: t, db: db, f: newFakeTransport(), seen: &observed{m: map[string]map[int]bool{}}}
 	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), h.f, filepath.Join(dir, "rooms")
+	if ropts.Agents == nil {
+		ropts.Agents = []string{"omp", "pi"}
+	}
 	if h.m, err = room.New(ropts); err != nil {
 		t.Fatal(err)
 	}
@@ -586,6 +589,18 @@ func badCases() []badCase {
 		{"question body too big", "POST", "/v1/rooms/known/questions/q_x", `{"answer":"` + big + `"}`, nil, 413, "over"},
 		{"question body form", "POST", "/v1/rooms/known/questions/q_x", `{"answer":"a"}`, []string{"Content-Type", "multipart/form-data"}, 415, "application/json"},
 		{"no turn to cancel", "POST", "/v1/rooms/known/cancel", nil, nil, 409, "no turn is running"},
+		{"config of an unknown room", "GET", "/v1/rooms/nope/config", nil, nil, 404, "not found"},
+		{"config of a bad room id", "GET", "/v1/rooms/a%01b/config", nil, nil, 400, "invalid room id"},
+		{"config: unknown field", "PUT", "/v1/rooms/known/config", `{"modle":"m"}`, nil, 400, `unknown field "modle"`},
+		{"config: bad approval mode", "PUT", "/v1/rooms/known/config", `{"approval_mode":"never"}`, nil, 400, `approval_mode "never"`},
+		{"config: bad duration", "PUT", "/v1/rooms/known/config", `{"turn_timeout":"soon"}`, nil, 400, `duration "soon"`},
+		{"config: negative budget", "PUT", "/v1/rooms/known/config", `{"budget":{"cost_usd":-1}}`, nil, 400, "budget"},
+		{"config: reserved MCP name", "PUT", "/v1/rooms/known/config", `{"mcp":{"agenthost":{"url":"http://127.0.0.1:1"}}}`, nil, 400, "reserved"},
+		{"config: unknown agent", "PUT", "/v1/rooms/known/config", `{"agent":"gpt"}`, nil, 400, `agent "gpt"`},
+		{"config: not an object", "PUT", "/v1/rooms/known/config", `[1]`, nil, 400, "JSON object"},
+		{"config: null", "PUT", "/v1/rooms/known/config", `null`, nil, 400, "JSON object"},
+		{"config body too big", "PUT", "/v1/rooms/known/config", `{"instructions":"` + big + `"}`, nil, 413, "over"},
+		{"config body form", "PUT", "/v1/rooms/known/config", `{}`, []string{"Content-Type", "text/plain"}, 415, "application/json"},
 		{"unknown route", "GET", "/v1/nothing", nil, nil, 404, "no such route"},
 		{"wrong method", "PUT", "/v1/rooms/known", nil, nil, 405, "method PUT not allowed"},
 	}
@@ -908,6 +923,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	approvalsQuestionsAndCancel(t, h)
 	queueFull(t, h)
 	diffAndRevert(t, h)
+	configAndBudget(t, h)
 	known := h.post("known", "hello")
 	h.ended("known", known)
 	runBadCases(t, h)
@@ -930,6 +946,13 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 			}
 		}()
 	}
+	slow.Add(1)
+	go func() {
+		defer slow.Done()
+		if code, err := slowBodyWith(h.ts.Listener.Addr().String(), "PUT", "/v1/rooms/known/config"); code != http.StatusRequestTimeout {
+			t.Errorf("PUT config with a slow body: %d, %v", code, err)
+		}
+	}()
 	slow.Wait()
 
 	h.seen.mu.Lock()

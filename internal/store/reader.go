@@ -110,6 +110,23 @@ func (db *DB) usage(ctx context.Context, first, last string) (map[string]roomUsa
 	return out, wrap("usage", rows.Err())
 }
 
+// RoomConfig returns the room's own settings as recorded by SetConfig
+// (nil when it has none, or the room is unknown).
+func (db *DB) RoomConfig(ctx context.Context, id string) (json.RawMessage, error) {
+	var cfg []byte
+	err := db.rdb.QueryRowContext(ctx, "SELECT config FROM rooms WHERE id = ?", id).Scan(&cfg)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, wrap("room config", err)
+	}
+	if s := string(cfg); s == "" || s == "{}" || s == "null" {
+		return nil, nil
+	}
+	return cfg, nil
+}
+
 // AgentRooms lists the rooms with a recorded agent handle (see
 // Room.AgentProc), in order of id.
 func (db *DB) AgentRooms(ctx context.Context) ([]Room, error) {

@@ -127,6 +127,15 @@ func (w *Writer) SetSession(room, agent, sessionID string) error {
 	return wrap("set session", err)
 }
 
+// SetConfig records the room's own settings (JSON), creating the room.
+func (w *Writer) SetConfig(room string, config json.RawMessage) error {
+	if err := w.EnsureRoom(room); err != nil {
+		return err
+	}
+	_, err := w.exec("UPDATE rooms SET config = ? WHERE id = ?", []byte(config), room)
+	return wrap("set config", err)
+}
+
 // SetAgentProc records the handle of the room's agent that outlives the
 // host ("" when it has none), its output read from the start.
 func (w *Writer) SetAgentProc(room, handle string) error {

@@ -178,6 +178,7 @@ function openRoom(id) {
   $("room").hidden = false;
   $("room-title").textContent = "Room " + id;
   $("room-usage").hidden = true;
+  loadConfig(current);
   $("log").replaceChildren();
   $("approvals").replaceChildren();
   $("questions").replaceChildren();
@@ -269,6 +270,68 @@ async function loadHistory(rm) {
   rm.lastSeq = from;
   updatePending();
   scroll();
+}
+
+// ---- a room's settings (GET and PUT .../config)
+
+const CONFIG_TEXT = ["agent", "model", "thinking", "approval_mode", "turn_timeout", "approval_timeout", "idle_after", "instructions"];
+const CONFIG_BUDGET = ["tokens", "cost_usd", "turns"];
+
+// loadConfig fills the settings form from the room's effective settings
+// (a room the server does not know yet shows the form empty).
+async function loadConfig(rm) {
+  $("config-error").textContent = "";
+  $("config-status").textContent = "";
+  let c;
+  try {
+    c = await api("GET", roomPath(rm.id) + "/config");
+  } catch (e) {
+    if (e.status !== 404) $("config-error").textContent = e.message;
+    return;
+  }
+  if (rm !== current) return;
+  showConfig(c);
+}
+
+function showConfig(c) {
+  for (const k of CONFIG_TEXT) $("cfg-" + k).value = c[k] || "";
+  for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && c.budget[k] ? c.budget[k] : "";
+  $("cfg-mcp").value = c.mcp && Object.keys(c.mcp).length ? JSON.stringify(c.mcp) : "";
+  $("config-status").textContent = c.next_start && c.next_start.length ? "At the agent's next start: " + c.next_start.join(", ") + "." : "";
+}
+
+async function saveConfig(e) {
+  e.preventDefault();
+  const rm = current;
+  if (!rm) return;
+  $("config-error").textContent = "";
+  const body = { budget: {} };
+  for (const k of CONFIG_TEXT) {
+    const v = $("cfg-" + k).value.trim();
+    if (v) body[k] = v;
+  }
+  for (const k of CONFIG_BUDGET) {
+    const v = $("cfg-budget-" + k).value;
+    body.budget[k] = v === "" ? 0 : Number(v);
+  }
+  const mcp = $("cfg-mcp").value.trim();
+  if (mcp) {
+    try {
+      body.mcp = JSON.parse(mcp);
+    } catch (_) {
+      $("config-error").textContent = "MCP servers: not valid JSON";
+      return;
+    }
+  }
+  try {
+    const c = await api("PUT", roomPath(rm.id) + "/config", body);
+    if (rm !== current) return;
+    showConfig(c);
+    $("config-status").textContent = "Saved." + ($("config-status").textContent ? " " + $("config-status").textContent : "");
+    refreshRooms();
+  } catch (err) {
+    $("config-error").textContent = err.message;
+  }
 }
 
 // showConfinement says what confines the room's agent: the room's state
@@ -537,6 +600,9 @@ function apply(rm, type, ev) {
         showConfinement(ev.confinement);
       }
       break;
+    case "budget.exhausted":
+      note("the room's budget is exhausted (" + ev.limit + "): raise it in Settings to go on");
+      break;
     case "workspace.reverted":
       note("workspace reverted to before turn " + ev.turn_id + " (" + ev.count + " file(s) restored)");
       break;
@@ -749,6 +815,11 @@ function start() {
   $("refresh-rooms").addEventListener("click", refreshRooms);
   $("more-rooms").addEventListener("click", moreRooms);
   $("send-form").addEventListener("submit", sendMessage);
+  $("config-form").addEventListener("submit", saveConfig);
+  // Read again on opening: the room may have been made since it was shown.
+  $("room-config").addEventListener("toggle", () => {
+    if ($("room-config").open && current) loadConfig(current);
+  });
   $("message").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("send-form").requestSubmit();
   });

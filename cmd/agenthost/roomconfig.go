@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/agenthost/agenthost/client"
+	"github.com/spf13/cobra"
+)
+
+func newConfigCmd() *cobra.Command {
+	var f clientFlags
+	var sets []string
+	cmd := &cobra.Command{
+		Use:   "config ROOM [--set key=value ...]",
+		Short: "Show or change a room's settings (model, instructions, approval mode, timeouts, budget, ...)",
+		Long: `Show a room's effective settings: its own, with the server's defaults filled
+in. With --set, change them: each key=value replaces one setting of what the
+server answered (budget.tokens=1000000 for a field of the budget; mcp and
+budget take JSON objects too), and the whole object is sent back; the room is
+created if needed. A value is read as JSON when it is valid JSON (5, 0.5,
+true, {"a":1}), else as a string (a model name, "5m"). next_start lists the
+settings the room's running agent does not have yet: they take effect at its
+next start. --json prints the server's answer.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, s := range sets {
+				if k, _, ok := strings.Cut(s, "="); !ok || k == "" {
+					return usageErr(fmt.Errorf("config: --set %q: want key=value", s))
+				}
+			}
+			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.RoomConfig, error) {
+				cfg, err := c.Config(ctx, args[0])
+				if len(sets) == 0 {
+					return cfg, err
+				}
+				if err != nil && !isNotFound(err) {
+					return cfg, err
+				}
+				if cfg, err = applySets(cfg, sets); err != nil {
+					return cfg, usageErr(err)
+				}
+				return c.SetConfig(ctx, args[0], cfg)
+			}, printConfig)
+		},
+	}
+	f.add(cmd)
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "key=value: change one setting (repeatable)")
+	return cmd
+}
+
+// isNotFound: a room with no settings and no message yet (--set creates
+// it).
+func isNotFound(err error) bool { return errors.Is(err, client.ErrNotFound) }
+
+// applySets changes cfg by each key=value (dotted keys reach into objects).
+func applySets(cfg client.RoomConfig, sets []string) (client.RoomConfig, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return cfg, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return cfg, err
+	}
+	delete(m, "next_start")
+	for _, s := range sets {
+		k, v, _ := strings.Cut(s, "=")
+		var val any = v
+		var js any
+		if json.Unmarshal([]byte(v), &js) == nil {
+			val = js
+		}
+		path := strings.Split(k, ".")
+		obj := m
+		for _, p := range path[:len(path)-1] {
+			next, ok := obj[p].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				obj[p] = next
+			}
+			obj = next
+		}
+		obj[path[len(path)-1]] = val
+	}
+	b, err = json.Marshal(m)
+	if err != nil {
+		return cfg, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var out client.RoomConfig
+	if err := dec.Decode(&out); err != nil {
+		return cfg, fmt.Errorf("config: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return out, nil
+}
+
+// printConfig writes the settings one per line.
+func printConfig(w io.Writer, c client.RoomConfig) error {
+	str := func(s string) string {
+		if s == "" {
+			return "(default)"
+		}
+		return s
+	}
+	mcp, _ := json.Marshal(c.MCP)
+	if len(c.MCP) == 0 {
+		mcp = []byte("{}")
+	}
+	budget := func(n int64) string {
+		if n == 0 {
+			return "none"
+		}
+		return fmt.Sprint(n)
+	}
+	usd := "none"
+	if c.Budget.CostUSD > 0 {
+		usd = fmt.Sprintf("$%g", c.Budget.CostUSD)
+	}
+	instr := c.Instructions
+	if len(instr) > 60 {
+		instr = instr[:60] + "…"
+	}
+	lines := [][2]string{
+		{"agent", str(c.Agent)}, {"model", str(c.Model)}, {"thinking", str(c.Thinking)}, {"instructions", strings.ReplaceAll(str(instr), "\n", " ")},
+		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout}, {"idle_after", c.IdleAfter},
+		{"mcp", string(mcp)}, {"budget.tokens", budget(c.Budget.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(c.Budget.Turns)},
+	}
+	for _, l := range lines {
+		if _, err := fmt.Fprintf(w, "%-17s %s\n", l[0]+":", l[1]); err != nil {
+			return err
+		}
+	}
+	if len(c.NextStart) > 0 {
+		_, err := fmt.Fprintf(w, "at the agent's next start: %s\n", strings.Join(c.NextStart, ", "))
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package room
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A room's settings, set through SetSettings, replace the defaults for
+// that room only: effective at once for what a turn reads, at the agent's
+// next start for what the agent takes (NextStart says which are pending).
+func TestSettingsReplaceDefaultsForTheirRoom(t *testing.T) {
+	h := newHarness(t, Options{Config: Config{Model: "default-model", TurnTimeout: time.Minute}, Agents: []string{"omp", "pi"}})
+	ctx := t.Context()
+	if _, err := h.m.EffectiveSettings(ctx, "r"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("settings of an unknown room: %v", err)
+	}
+	// Before any message: the room is created by its settings.
+	e, err := h.m.SetSettings(ctx, "r", Settings{Model: "room-model", Instructions: "Say marker-R.", IdleAfter: Duration(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Model != "room-model" || e.Instructions != "Say marker-R." || e.ApprovalMode != ApprovalAsk ||
+		time.Duration(e.TurnTimeout) != time.Minute || time.Duration(e.IdleAfter) != time.Hour || len(e.NextStart) != 0 {
+		t.Fatalf("effective %+v", e)
+	}
+	if got, err := h.m.EffectiveSettings(ctx, "r"); err != nil || got.Model != "room-model" {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+	acc := h.submit("r", "hello")
+	h.turnEnded("r", acc)
+	acc = h.submit("other", "hello")
+	h.turnEnded("other", acc)
+	h.f.mu.Lock()
+	models := map[string]string{}
+	for _, s := range h.f.starts {
+		models[s.Room] = s.Config.Model + "|" + s.Config.Instructions
+	}
+	h.f.mu.Unlock()
+	if models["r"] != "room-model|Say marker-R." || models["other"] != "default-model|" {
+		t.Fatalf("agents started with %v", models)
+	}
+	// A change while the agent runs waits for its next start.
+	if e, err = h.m.SetSettings(ctx, "r", Settings{Model: "newer-model"}); err != nil || !slices.Equal(e.NextStart, []string{"model", "instructions"}) {
+		t.Fatalf("while resident: %+v, %v", e, err)
+	}
+	if err := h.m.Release(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = h.m.EffectiveSettings(ctx, "r"); err != nil || len(e.NextStart) != 0 {
+		t.Fatalf("after the release: %+v, %v", e, err)
+	}
+	acc = h.submit("r", "again")
+	h.turnEnded("r", acc)
+	h.f.mu.Lock()
+	last := h.f.starts[len(h.f.starts)-1]
+	h.f.mu.Unlock()
+	if last.Room != "r" || last.Config.Model != "newer-model" || last.Config.Instructions != "" {
+		t.Fatalf("next start %+v", last.Config)
+	}
+}
+
+// Settings a room must not have are refused with the reason, and change
+// nothing.
+func TestBadSettingsAreRefused(t *testing.T) {
+	h := newHarness(t, Options{Agents: []string{"omp", "pi"}})
+	for body, want := range map[string]string{
+		`{"model":"m","colour":"red"}`:             "unknown field",
+		`{"approval_mode":"sometimes"}`:            "approval_mode",
+		`{"turn_timeout":"-5s"}`:                   "turn_timeout",
+		`{"turn_timeout":"soon"}`:                  "duration",
+		`{"turn_timeout":5}`:                       "duration",
+		`{"idle_after":"9000h"}`:                   "idle_after",
+		`{"mcp":{"agenthost":{"url":"http://x"}}}`: "reserved",
+		`{"mcp":{"x":{}}}`:                         "exactly one",
+		`{"budget":{"tokens":-1}}`:                 "budget",
+		`{"model":"two words"}`:                    "model",
+		`[]`:                                       "JSON object",
+		`null`:                                     "JSON object",
+	} {
+		if _, err := ParseSettings([]byte(body)); !errors.Is(err, ErrBadSettings) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want ErrBadSettings naming %q", body, err, want)
+		}
+	}
+	if _, err := h.m.SetSettings(t.Context(), "r", Settings{Agent: "nope"}); !errors.Is(err, ErrBadSettings) || !strings.Contains(err.Error(), "omp, pi") {
+		t.Errorf("unknown agent: %v", err)
+	}
+	if _, err := h.m.EffectiveSettings(t.Context(), "r"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a refused PUT created the room: %v", err)
+	}
+	// What GET answers may be sent back as it is.
+	e := h.m.effective("r", Settings{})
+	b, _ := json.Marshal(e)
+	if _, err := ParseSettings(b, "next_start"); err != nil {
+		t.Errorf("the effective settings sent back: %v", err)
+	}
+}
+
+// When a room's totals reach its budget the running turn finishes, one
+// budget.exhausted is written, queued messages end failed saying why, and
+// new ones are refused naming the limit; raising the budget reopens the
+// room at once.
+func TestBudgetStopsTheRoomUntilRaised(t *testing.T) {
+	h := newHarness(t, Options{})
+	ctx := t.Context()
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Budget: Budget{Tokens: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	first := h.submit("r", "approve-spend")
+	req := h.waitEvent("r", first.Seq, "approval.requested", nil)
+	queued := h.submit("r", "hello")
+	if err := h.m.Approve(ctx, "r", field(req, "approval_id"), true); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.turnEnded("r", first); d["outcome"] != OutcomeSettled {
+		t.Fatalf("the running turn: %v", d)
+	}
+	ex := h.waitEvent("r", first.Seq, "budget.exhausted", nil)
+	if !strings.Contains(field(ex, "limit"), "17 of 10 tokens") {
+		t.Fatalf("budget.exhausted %s", ex.Data)
+	}
+	end := h.waitEvent("r", first.Seq, "message.ended", func(d map[string]any) bool { return d["message_id"] == queued.ID })
+	if field(end, "outcome") != OutcomeFailed || !strings.Contains(field(end, "reason"), "room budget exhausted: 17 of 10 tokens used") {
+		t.Fatalf("the queued message: %s", end.Data)
+	}
+	_, err := h.m.Submit(ctx, "r", Message{Text: "more", Sender: "ann"})
+	if !errors.Is(err, ErrBudgetExhausted) || !strings.Contains(err.Error(), "tokens") {
+		t.Fatalf("a message over the budget: %v", err)
+	}
+	// Another room is not affected.
+	if d := h.turnEnded("s", h.submit("s", "spend")); d["outcome"] != OutcomeSettled {
+		t.Fatalf("room s: %v", d)
+	}
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Budget: Budget{Tokens: 100, Turns: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	acc := h.submit("r", "hello")
+	if d := h.turnEnded("r", acc); d["outcome"] != OutcomeSettled {
+		t.Fatalf("after raising the budget: %v", d)
+	}
+	// Two turns now: the turns limit.
+	h.waitEvent("r", acc.Seq, "budget.exhausted", nil)
+	if _, err := h.m.Submit(ctx, "r", Message{Text: "more"}); !errors.Is(err, ErrBudgetExhausted) || !strings.Contains(err.Error(), "2 of 2 turns") {
+		t.Fatalf("over the turns limit: %v", err)
+	}
+	evs, err := h.db.Events(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == "budget.exhausted" {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d budget.exhausted events, want one per exhaustion (2)", n)
+	}
+}
+
+// A server-wide budget applies to every room without one of its own.
+func TestServerBudgetIsTheDefault(t *testing.T) {
+	h := newHarness(t, Options{Budget: Budget{Turns: 1}})
+	h.turnEnded("r", h.submit("r", "hello"))
+	if _, err := h.m.Submit(t.Context(), "r", Message{Text: "more"}); !errors.Is(err, ErrBudgetExhausted) {
+		t.Fatalf("past the server's budget: %v", err)
+	}
+	e, err := h.m.SetSettings(t.Context(), "r", Settings{Budget: Budget{Turns: 5}})
+	if err != nil || e.Budget.Turns != 5 {
+		t.Fatalf("%+v, %v", e, err)
+	}
+	h.turnEnded("r", h.submit("r", "more"))
+}
