@@ -410,6 +410,21 @@ func (c *Client) Release(ctx context.Context, room string) (Released, error) {
 	return out, err
 }
 
+// Purge deletes a room for good (DELETE /v1/rooms/{room}?purge=true):
+// its agent is released (the receipt is in the answer only), and its
+// session, home, workspace, snapshots, log and settings are deleted; the
+// id may then name a new room. ErrConflict while a turn runs or messages
+// wait.
+func (c *Client) Purge(ctx context.Context, room string) (Purged, error) {
+	p, err := roomPath(room)
+	if err != nil {
+		return Purged{}, err
+	}
+	var out Purged
+	err = c.do(ctx, "DELETE", p, url.Values{"purge": {"true"}}, nil, &out)
+	return out, err
+}
+
 // Approve decides a pending approval: allow or deny (ErrConflict when it
 // is already resolved).
 func (c *Client) Approve(ctx context.Context, room, approvalID string, allow bool) (Decision, error) {

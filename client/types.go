@@ -159,6 +159,14 @@ type Released struct {
 	Error   string          `json:"error,omitempty"`
 }
 
+// Purged is the answer to a Purge.
+type Purged struct {
+	Purged bool `json:"purged"`
+	// Released says an agent was running; Receipt is its custody receipt.
+	Released bool            `json:"released"`
+	Receipt  json.RawMessage `json:"receipt,omitempty"`
+}
+
 // Approval decisions.
 const (
 	DecisionAllow = "allow"
@@ -254,10 +262,21 @@ type RoomConfig struct {
 	ApprovalTimeout string               `json:"approval_timeout,omitempty"`
 	IdleAfter       string               `json:"idle_after,omitempty"`
 	MCP             map[string]MCPServer `json:"mcp,omitempty"`
-	Budget          Budget               `json:"budget"`
+	// Workspace, if set, is the git repository and ref the room's
+	// workspace holds (checked out before its first turn).
+	Workspace *Workspace `json:"workspace,omitempty"`
+	Budget    Budget     `json:"budget"`
 	// NextStart, in an answer, names the settings the room's running
 	// agent does not have yet: they take effect at its next start.
 	NextStart []string `json:"next_start,omitempty"`
+}
+
+// Workspace is a room's workspace from git: file://, https or ssh URL, and
+// a branch, tag or commit. Credentials come from the server's own git
+// configuration.
+type Workspace struct {
+	Git string `json:"git"`
+	Ref string `json:"ref"`
 }
 
 // MCPServer is an MCP server of a room: exactly one of Command (stdio) or

@@ -129,6 +129,9 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		// the store.
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		if r.purging {
+			return ErrPurging
+		}
 		if !direct && r.placesLocked() >= m.opts.QueueLimit {
 			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
 		}

@@ -179,6 +179,9 @@ type Options struct {
 	// Agents, if set, are the agent kinds a room's settings may name (the
 	// transport's); nil takes any.
 	Agents []string
+	// Sources, if set, prepares the workspaces rooms' settings name (git
+	// repositories); nil refuses such settings.
+	Sources WorkspaceSource
 	// QueueLimit bounds each room's waiting messages (default 64).
 	QueueLimit int
 	// ShutdownBudget bounds Close (default 10 s), shared by all rooms.

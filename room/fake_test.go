@@ -332,3 +332,7 @@ func (s sqliteStore) RoomSettings(ctx context.Context, id string) (json.RawMessa
 func (s sqliteStore) PutRoomSettings(ctx context.Context, id string, settings json.RawMessage) error {
 	return s.DB.Write(ctx, func(w *store.Writer) error { return w.SetConfig(id, settings) })
 }
+
+func (s sqliteStore) PurgeRoom(ctx context.Context, id string) error {
+	return s.DB.Write(ctx, func(w *store.Writer) error { return w.DeleteRoom(id) })
+}

@@ -136,17 +136,22 @@ type roomState struct {
 	settingsRead bool
 	startedCfg   *Config
 	budgetNoted  bool
-	queue        []queued      // in order of acceptance (see queued)
-	cont         *contTurn     // a turn an attached agent runs, continued first
-	working      bool          // a worker goroutine serves the queue
-	ending       bool          // a turn's end is being recorded (turn is nil)
-	endDone      chan struct{} // closed when ending is cleared
-	agent        Agent
-	session      string
-	lost         bool // the next prompt carries the transcript
-	turn         *turnRun
-	lastUsed     time.Time
-	approvals    map[string]chan bool
+	// wsReady is the workspace prepared from the settings (URL, ref and
+	// commit; "": none yet here), wsShared what its agent may read beside.
+	wsReady   string
+	wsShared  []string
+	purging   bool          // Purge deletes the room: messages are refused
+	queue     []queued      // in order of acceptance (see queued)
+	cont      *contTurn     // a turn an attached agent runs, continued first
+	working   bool          // a worker goroutine serves the queue
+	ending    bool          // a turn's end is being recorded (turn is nil)
+	endDone   chan struct{} // closed when ending is cleared
+	agent     Agent
+	session   string
+	lost      bool // the next prompt carries the transcript
+	turn      *turnRun
+	lastUsed  time.Time
+	approvals map[string]chan bool
 	// inheritedA are the approvals pending in a continued turn when the
 	// previous host let go: the agent asks again (its request lies past
 	// the recorded offset), and the asking takes the pending one over.

@@ -42,7 +42,10 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 			return nil, err
 		}
 	}
-	spec := AgentSpec{Room: r.id, Workspace: r.workspace, Home: filepath.Join(r.dir, "home"),
+	r.mu.Lock()
+	shared := r.wsShared
+	r.mu.Unlock()
+	spec := AgentSpec{Room: r.id, Workspace: r.workspace, Home: filepath.Join(r.dir, "home"), ReadOnly: shared,
 		SessionID: sess, Config: cfg, Tools: m.roomTools(r), MCP: cfg.MCP, Handler: &handler{m: m, r: r}}
 	if m.opts.MCP != nil {
 		servers, err := m.opts.MCP(ctx, r.id, spec.Workspace)

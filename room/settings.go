@@ -31,7 +31,10 @@ type Settings struct {
 	ApprovalTimeout Duration             `json:"approval_timeout,omitempty"`
 	IdleAfter       Duration             `json:"idle_after,omitempty"`
 	MCP             map[string]MCPServer `json:"mcp,omitempty"`
-	Budget          Budget               `json:"budget"`
+	// Workspace, if set, is a git repository the room's workspace holds,
+	// checked out before its first turn (Options.Sources).
+	Workspace *Workspace `json:"workspace,omitempty"`
+	Budget    Budget     `json:"budget"`
 }
 
 // Budget bounds what a room may spend: once its totals reach any limit,
@@ -169,6 +172,9 @@ func (s Settings) check(agents []string) error {
 	if err := validateMCP(s.MCP); err != nil {
 		return bad("%s", strings.TrimPrefix(err.Error(), "room: "))
 	}
+	if w := s.Workspace; w != nil && (w.Git == "" || w.Ref == "") {
+		return bad("workspace needs git (the repository's URL) and ref (a branch, tag or commit)")
+	}
 	if s.Budget.Tokens < 0 || s.Budget.Turns < 0 || s.Budget.CostUSD < 0 || s.Budget.CostUSD != s.Budget.CostUSD {
 		return bad("budget limits must be 0 (none) or more")
 	}
@@ -214,9 +220,10 @@ func (e Effective) MarshalJSON() ([]byte, error) {
 		ApprovalTimeout Duration             `json:"approval_timeout"`
 		IdleAfter       Duration             `json:"idle_after"`
 		MCP             map[string]MCPServer `json:"mcp"`
+		Workspace       *Workspace           `json:"workspace"`
 		Budget          Budget               `json:"budget"`
 		NextStart       []string             `json:"next_start"`
-	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.IdleAfter, mcp, e.Budget, next})
+	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.IdleAfter, mcp, e.Workspace, e.Budget, next})
 }
 
 // startFields are the settings an agent takes at its start.
@@ -306,7 +313,7 @@ func (m *Manager) effective(room string, s Settings) Effective {
 	c.fill()
 	e := Effective{Settings: Settings{Agent: c.Agent, Model: c.Model, Thinking: c.Thinking, Instructions: c.Instructions,
 		ApprovalMode: c.ApprovalMode, TurnTimeout: Duration(c.TurnTimeout), ApprovalTimeout: Duration(c.ApprovalTimeout),
-		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Budget: m.budget(s)}, NextStart: []string{}}
+		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: s.Workspace, Budget: m.budget(s)}, NextStart: []string{}}
 	if e.MCP == nil {
 		e.MCP = map[string]MCPServer{}
 	}
@@ -371,6 +378,9 @@ func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Eff
 	ss, ok := m.st.(SettingsStore)
 	if !ok {
 		return Effective{}, ErrNoSettings
+	}
+	if err := m.checkWorkspace(ctx, room, s.Workspace); err != nil {
+		return Effective{}, err
 	}
 	raw, err := json.Marshal(s)
 	if err != nil {

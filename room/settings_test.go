@@ -3,6 +3,8 @@ package room
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -173,4 +175,71 @@ func TestServerBudgetIsTheDefault(t *testing.T) {
 		t.Fatalf("%+v, %v", e, err)
 	}
 	h.turnEnded("r", h.submit("r", "more"))
+}
+
+// Purge deletes a room for good: its agent (with its receipt), its
+// folders, its records, log and settings; the id then starts a new room.
+// A room with a running turn is not purged.
+func TestPurgeDeletesTheRoomForGood(t *testing.T) {
+	h := newHarness(t, Options{})
+	ctx := t.Context()
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Model: "m", Budget: Budget{Turns: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	acc := h.submit("r", "write-nothing")
+	h.turnEnded("r", acc)
+	r, err := h.m.room("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	home, ws := filepath.Join(r.dir, "home"), r.workspace
+	for _, d := range []string{home, ws} {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("before the purge: %v", err)
+		}
+	}
+	hung := h.submit("other", "hang")
+	h.waitEvent("other", hung.Seq, "turn.started", nil)
+	if _, err := h.m.Purge(ctx, "other"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("purging a room with a running turn: %v", err)
+	}
+	if err := h.m.Cancel(ctx, "other"); err != nil {
+		t.Fatal(err)
+	}
+	receipt, err := h.m.Purge(ctx, "r")
+	if err != nil || len(receipt) == 0 {
+		t.Fatalf("purge: %s, %v", receipt, err)
+	}
+	h.f.mu.Lock()
+	for a := range h.f.live {
+		if a.spec.Room == "r" {
+			t.Errorf("the purged room's agent still runs")
+		}
+	}
+	h.f.mu.Unlock()
+	for _, d := range []string{home, ws, r.dir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Fatalf("%s after the purge: %v", d, err)
+		}
+	}
+	if _, err := h.m.State(ctx, "r"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("state after the purge: %v", err)
+	}
+	if _, err := h.m.EffectiveSettings(ctx, "r"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("settings after the purge: %v", err)
+	}
+	if _, err := h.m.Purge(ctx, "r"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("purging it again: %v", err)
+	}
+	// The id is a new room: its log starts at 1, without the old budget.
+	acc = h.submit("r", "hello")
+	if acc.Seq != 1 {
+		t.Fatalf("the new room's first event is %d", acc.Seq)
+	}
+	h.turnEnded("r", acc)
+	h.turnEnded("r", h.submit("r", "again"))
+	st, err := h.m.State(ctx, "r")
+	if err != nil || st.Turns != 2 {
+		t.Fatalf("the new room: %+v, %v", st, err)
+	}
 }

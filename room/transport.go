@@ -36,6 +36,9 @@ type AgentSpec struct {
 	// SessionID is the session to resume ("" for a new one).
 	SessionID string
 	Config    Config
+	// ReadOnly are folders the agent may read beside its own (a git
+	// workspace's shared objects), when it is confined.
+	ReadOnly []string
 	// Tools are the room's tools; MCP its MCP servers (resolved).
 	Tools []Tool
 	MCP   map[string]MCPServer

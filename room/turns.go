@@ -149,6 +149,15 @@ func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
 		// Nothing of the turn is recorded: its message ends failed (see
 		// finishTurn) before the next one starts.
 		res = turnEnd{outcome: OutcomeFailed, reason: "the store refused to record the turn's start: " + err.Error()}
+	} else if werr := m.prepareWorkspace(tctx, r, cfg); werr != nil {
+		// Before the clock: a checkout is no agent's silence; it has the
+		// turn's timeout of its own.
+		t.stored = true
+		t.snapErr = "no snapshot: the workspace could not be prepared"
+		res = turnEnd{outcome: OutcomeFailed, reason: werr.Error()}
+		if tctx.Err() != nil {
+			res = m.judge(t, TurnResult{}, werr)
+		}
 	} else {
 		t.stored = true
 		m.wg.Add(1)

@@ -566,15 +566,32 @@ are denied. Exits 1 when no turn runs.`,
 
 func newReleaseCmd() *cobra.Command {
 	var f clientFlags
+	var purge bool
 	cmd := &cobra.Command{
-		Use:   "release ROOM",
-		Short: "Release a room's agent (the room and its history stay)",
+		Use:   "release ROOM [--purge]",
+		Short: "Release a room's agent (the room and its history stay; --purge deletes the room)",
 		Long: `Release the room's agent process and print its custody receipt's summary
 (--json: the server's answer, the receipt included). The room, its session
 and its history stay: the next message starts the agent again. Exits 1 while
-a turn runs (cancel it first).`,
+a turn runs (cancel it first).
+
+--purge deletes the room for good: its agent, session files, agent home,
+workspace, snapshots, event log and settings. The id may then name a new
+room. Exits 1 while a turn runs or messages wait.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if purge {
+				return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Purged, error) {
+					return c.Purge(ctx, args[0])
+				}, func(w io.Writer, p client.Purged) error {
+					var rc struct {
+						Processes []json.RawMessage `json:"processes"`
+					}
+					_ = json.Unmarshal(p.Receipt, &rc)
+					_, err := fmt.Fprintf(w, "room %s: deleted for good (agent released: %v; receipt: %d process(es))\n", args[0], p.Released, len(rc.Processes))
+					return err
+				})
+			}
 			return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Released, error) {
 				return c.Release(ctx, args[0])
 			}, func(w io.Writer, r client.Released) error {
@@ -595,5 +612,6 @@ a turn runs (cancel it first).`,
 		},
 	}
 	f.add(cmd)
+	cmd.Flags().BoolVar(&purge, "purge", false, "delete the room for good")
 	return cmd
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -196,5 +199,79 @@ func TestConfigCommandAndBudget(t *testing.T) {
 	// The room's usage, in the rooms list.
 	if out, errs, code := s.cli("rooms"); code != 0 || !regexp.MustCompile(`(?m)^cfg .* turns 2  tokens [1-9][0-9]*  \$0\.\d{4}$`).MatchString(out) {
 		t.Fatalf("rooms: %d %q %q", code, out, errs)
+	}
+}
+
+// testRepo makes a repository with two branches, main and feature, each
+// with a README naming it, and returns its file:// URL.
+func testRepo(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"}, args...)...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q", "-b", "main")
+	for _, br := range []string{"main", "feature"} {
+		if br != "main" {
+			git("checkout", "-q", "-b", br)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "README"), []byte("on "+br+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		git("add", "README")
+		git("commit", "-q", "-m", "commit on "+br)
+	}
+	return "file://" + dir
+}
+
+// Workspaces from git on the real agents, confined (serve's default): omp
+// in one room on main, pi in another on feature, each in its own worktree,
+// where git itself works (the shared mirror it borrows from is readable).
+func TestServe_GitWorkspacesOnOmpAndPi(t *testing.T) {
+	url := testRepo(t)
+	s := newClientServer(t)
+	for _, tc := range []struct{ room, agent, ref string }{{"wa", "omp", "main"}, {"wb", "pi", "feature"}} {
+		ws, _ := json.Marshal(map[string]string{"git": url, "ref": tc.ref})
+		if out, errs, code := s.cli("config", tc.room, "--set", "agent="+tc.agent, "--set", "approval_mode=yolo", "--set", "workspace="+string(ws)); code != 0 {
+			t.Fatalf("config %s: %d %q %q", tc.room, code, out, errs)
+		}
+		seq := s.send(tc.room, `Run it: [[tool:bash {"command":"git log --format=%s -1 && cat README && touch mine-`+tc.room+` && ls"}]]`)
+		ready := s.wait(tc.room, 0, "workspace.ready")
+		if ready["ref"] != tc.ref || ready["kind"] != "branch" || len(ready["commit"].(string)) != 40 {
+			t.Fatalf("room %s: workspace.ready %v", tc.room, ready)
+		}
+		tool := s.wait(tc.room, seq, "tool.ended")
+		out, _ := tool["output"].(string)
+		if !strings.Contains(out, "commit on "+tc.ref) || !strings.Contains(out, "on "+tc.ref+"\n") || strings.Contains(out, "mine-w"+map[string]string{"wa": "b", "wb": "a"}[tc.room]) {
+			t.Fatalf("room %s (%s): the tool's output %q", tc.room, tc.agent, out)
+		}
+		if ended := s.wait(tc.room, seq, "turn.ended"); ended["outcome"] != "settled" {
+			t.Fatalf("room %s: %v", tc.room, ended)
+		}
+	}
+	// Deleted for good (release --purge), the room's id takes the other
+	// branch as a new room, in a worktree without the old room's files.
+	if out, errs, code := s.cli("release", "wa", "--purge"); code != 0 || !strings.HasPrefix(out, "room wa: deleted for good (agent released: true; receipt: ") {
+		t.Fatalf("release --purge: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("config", "wa"); code != exitFailed || !strings.Contains(errs, "not found") {
+		t.Fatalf("config of a purged room: %d %q", code, errs)
+	}
+	ws, _ := json.Marshal(map[string]string{"git": url, "ref": "feature"})
+	if out, errs, code := s.cli("config", "wa", "--set", "approval_mode=yolo", "--set", "workspace="+string(ws)); code != 0 {
+		t.Fatalf("config of the new room: %d %q %q", code, out, errs)
+	}
+	seq := s.send("wa", `Run it: [[tool:bash {"command":"cat README && ls"}]]`)
+	if seq != 1 {
+		t.Fatalf("the new room's first event is %d", seq)
+	}
+	tool := s.wait("wa", seq, "tool.ended")
+	if out, _ := tool["output"].(string); !strings.Contains(out, "on feature\n") || strings.Contains(out, "mine-wa") {
+		t.Fatalf("the new room's workspace: %q", out)
 	}
 }

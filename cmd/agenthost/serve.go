@@ -20,8 +20,10 @@ import (
 	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/daemonproc"
+	"github.com/agenthost/agenthost/internal/gitws"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/natsroom"
+	"github.com/agenthost/agenthost/internal/roomgit"
 	"github.com/agenthost/agenthost/internal/roomsnap"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
@@ -489,6 +491,13 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if cl != nil {
 		ropts.Cluster = cl
 	}
+	// Workspaces from git (a room's config names a repository): one
+	// mirror per repository under the data dir, a worktree per room.
+	gitEngine, err := gitws.New(gitws.Options{Root: filepath.Join(f.data, "git"), Logger: log})
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	ropts.Sources = roomgit.New(gitEngine)
 	if f.snapshots {
 		snaps := roomsnap.New(roomsnap.Options{Repo: snapshot.Options{MaxFileSize: f.snapshotMaxFile}})
 		// After the manager (deferred later, so closed first).

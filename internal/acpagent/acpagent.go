@@ -287,7 +287,9 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 			exec = append(exec, s.Command[0])
 		}
 	}
-	pol, err := t.opts.Confine.Policy(confine.AgentRoom(ws, spec.Home, exec, ports))
+	cr := confine.AgentRoom(ws, spec.Home, exec, ports)
+	cr.Read = spec.ReadOnly
+	pol, err := t.opts.Confine.Policy(cr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}

@@ -237,6 +237,9 @@ type Room struct {
 	// Ports are more TCP ports the agent may connect to (the room's
 	// tools), when the network is restricted.
 	Ports []uint16
+	// Read are more folders the agent may read, never write or execute
+	// (a git workspace's shared objects); absolute and existing.
+	Read []string
 }
 
 // AgentRoom is the Room of a room's agent: its workspace and home, a
@@ -355,6 +358,12 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		if !under(path, System) && !(c.opts.Tools != "" && under(path, []string{c.opts.Tools})) {
 			add(AccessReadExec, false, path)
 		}
+	}
+	for _, d := range r.Read {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("confine: the agent's read-only folder %q is not absolute", d)
+		}
+		add(AccessRead, false, d)
 	}
 	add(AccessReadWrite, false, own...)
 	if c.opts.Net != nil {

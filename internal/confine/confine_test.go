@@ -186,6 +186,20 @@ func TestPolicy(t *testing.T) {
 	if _, err := c.Policy(AgentRoom(ws, home, []string{private}, nil)); err == nil {
 		t.Fatal("a file without an execute bit was made a command (and readable)")
 	}
+
+	// More folders to read (a git workspace's mirror): read only, and
+	// absolute.
+	mirror := t.TempDir()
+	ro := AgentRoom(ws, home, nil, nil)
+	ro.Read = []string{mirror}
+	p, err = c.Policy(ro)
+	if err != nil || !slices.ContainsFunc(p.Rules, func(r Rule) bool { return r.Path == mirror && r.Access == AccessRead && !r.Optional }) {
+		t.Fatalf("a read-only folder: %+v, %v", p, err)
+	}
+	ro.Read = []string{"relative"}
+	if _, err := c.Policy(ro); err == nil {
+		t.Fatal("a relative read-only folder was accepted")
+	}
 }
 
 func TestPolicy_Wrap(t *testing.T) {

@@ -64,6 +64,9 @@ var allowed = map[string][]string{
 	// implements); never the server, a transport or an agent.
 	module + "/internal/roomsnap": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/snapshot"},
 		sqliteDeps...),
+	// Rooms' workspaces from git: the engine, and rooms (whose interface it
+	// implements); never the server, a transport or an agent.
+	module + "/internal/roomgit": {module + "/room", module + "/internal/gitws", module + "/record"},
 	// The store is SQLite and the public record types: rooms own the
 	// interface they need from it, so it can be swapped for another engine.
 	module + "/internal/store": append([]string{module + "/record"}, sqliteDeps...),

@@ -100,6 +100,9 @@ type Ready struct {
 	Commit string `json:"commit"`
 	// Dir is the worktree's folder.
 	Dir string `json:"dir"`
+	// Mirror is the shared mirror the worktree borrows its objects from:
+	// whatever runs git in the worktree must be able to read it.
+	Mirror string `json:"mirror"`
 }
 
 // Ref kinds (Ready.Kind).
@@ -253,8 +256,17 @@ func checkRoom(room string) error {
 // Prepare leaves nothing behind. Errors: ErrBadSpec, ErrUnreachable, ErrUnknownRef,
 // ErrSpecChanged, ErrNotEmpty, the context's error, or a *GitError.
 func (e *Engine) Prepare(ctx context.Context, room string, spec Spec) (Ready, error) {
+	return e.PrepareAt(ctx, room, e.worktreeDir(room), spec)
+}
+
+// PrepareAt is Prepare with the worktree in dir (absolute) rather than where Options.Worktree
+// puts it: the caller names each room's folder. A room keeps the folder of its first prepare.
+func (e *Engine) PrepareAt(ctx context.Context, room, dir string, spec Spec) (Ready, error) {
 	if err := checkRoom(room); err != nil {
 		return Ready{}, err
+	}
+	if !filepath.IsAbs(dir) {
+		return Ready{}, fmt.Errorf("%w: worktree folder %q is not absolute", ErrBadSpec, dir)
 	}
 	rm, err := e.parseSpec(spec)
 	if err != nil {
@@ -266,7 +278,6 @@ func (e *Engine) Prepare(ctx context.Context, room string, spec Spec) (Ready, er
 	}
 	defer unlock()
 
-	dir := e.worktreeDir(room)
 	st, err := e.readRecord(room)
 	if err != nil {
 		return Ready{}, err
@@ -275,7 +286,9 @@ func (e *Engine) Prepare(ctx context.Context, room string, spec Spec) (Ready, er
 		exists := isDir(dir)
 		switch {
 		case st.Status == statusReady && exists && st.Mirror == rm.key && st.Ref == spec.Ref:
-			return st.ready(), nil
+			r := st.ready()
+			r.Mirror = e.mirrorDir(st.Mirror)
+			return r, nil
 		case st.Status == statusReady && exists:
 			return Ready{}, fmt.Errorf("%w: room %q has %s at %q; remove it first", ErrSpecChanged, room, st.URL, st.Ref)
 		}
@@ -312,6 +325,7 @@ func (e *Engine) Prepare(ctx context.Context, room string, spec Spec) (Ready, er
 	if err := e.writeRecord(rec); err != nil {
 		return Ready{}, err
 	}
+	ready.Mirror = e.mirrorDir(rm.key)
 	return ready, nil
 }
 
@@ -359,7 +373,26 @@ func (e *Engine) Get(room string) (Ready, bool, error) {
 	if err != nil || st == nil || st.Status != statusReady {
 		return Ready{}, false, err
 	}
-	return st.ready(), true, nil
+	r := st.ready()
+	r.Mirror = e.mirrorDir(st.Mirror)
+	return r, true, nil
+}
+
+// Holds reports whether room has a worktree (ready, or left half-made) and, if so, whether it is
+// of spec's repository and ref: a Prepare of another would be ErrSpecChanged.
+func (e *Engine) Holds(room string, spec Spec) (has, same bool, err error) {
+	if err := checkRoom(room); err != nil {
+		return false, false, err
+	}
+	rm, err := e.parseSpec(spec)
+	if err != nil {
+		return false, false, err
+	}
+	st, err := e.readRecord(room)
+	if err != nil || st == nil || st.Status != statusReady || !isDir(st.Dir) {
+		return false, false, err
+	}
+	return true, st.Mirror == rm.key && st.Ref == spec.Ref, nil
 }
 
 // worktreeDir is where room's worktree goes.

@@ -554,3 +554,45 @@ func TestEngine_FileURLBounds(t *testing.T) {
 		t.Errorf("a repository outside FileRoots = %v, want ErrBadSpec", err)
 	}
 }
+
+// PrepareAt puts a room's worktree where the caller says, names the
+// mirror it borrows from, and Holds tells whether a room has a worktree of
+// a spec (another would be ErrSpecChanged).
+func TestEngine_PrepareAtAndHolds(t *testing.T) {
+	r := newRepo(t)
+	e := newEngine(t, gitws.Options{})
+	ctx := tctx(t)
+	dir := filepath.Join(t.TempDir(), "ws")
+	main := gitws.Spec{Git: r.url, Ref: "main"}
+	if has, _, err := e.Holds("room", main); has || err != nil {
+		t.Fatalf("Holds before: %v %v", has, err)
+	}
+	if _, err := e.PrepareAt(ctx, "room", "relative/dir", main); !errors.Is(err, gitws.ErrBadSpec) {
+		t.Fatalf("a relative folder: %v", err)
+	}
+	ready, err := e.PrepareAt(ctx, "room", dir, main)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ready.Dir != dir || ready.Commit != r.second || readFile(t, filepath.Join(dir, "README")) != "second\n" {
+		t.Fatalf("ready %+v", ready)
+	}
+	if fi, err := os.Stat(filepath.Join(ready.Mirror, "objects")); err != nil || !fi.IsDir() {
+		t.Fatalf("the mirror %q: %v", ready.Mirror, err)
+	}
+	if again, err := e.PrepareAt(ctx, "room", dir, main); err != nil || again != ready {
+		t.Fatalf("again: %+v %v, first %+v", again, err, ready)
+	}
+	if has, same, err := e.Holds("room", main); !has || !same || err != nil {
+		t.Fatalf("Holds of its spec: %v %v %v", has, same, err)
+	}
+	if has, same, err := e.Holds("room", gitws.Spec{Git: r.url, Ref: "dev"}); !has || same || err != nil {
+		t.Fatalf("Holds of another ref: %v %v %v", has, same, err)
+	}
+	if err := e.Remove(ctx, "room"); err != nil {
+		t.Fatal(err)
+	}
+	if has, _, err := e.Holds("room", main); has || err != nil || exists(dir) {
+		t.Fatalf("after Remove: %v %v, folder left: %v", has, err, exists(dir))
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -359,6 +360,32 @@ func (s *Snapshots) Revert(ctx context.Context, p room.SnapshotPlace, turn strin
 		return room.Reverted{Files: res.Paths, Kept: res.Kept}, err
 	}
 	return room.Reverted{Files: res.Paths, Kept: res.Kept}, nil
+}
+
+var _ room.SnapshotForgetter = (*Snapshots)(nil)
+
+// Forget closes the room's shadow repository and journal, if open (a
+// deleted room: its folder goes next); the room's next use opens them
+// again.
+func (s *Snapshots) Forget(ctx context.Context, p room.SnapshotPlace) error {
+	s.mu.Lock()
+	rr := s.rooms[p.Room]
+	delete(s.rooms, p.Room)
+	s.mu.Unlock()
+	if rr == nil {
+		return nil
+	}
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	if rr.repo == nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.opened = slices.DeleteFunc(s.opened, func(c io.Closer) bool { return c == io.Closer(rr.repo) || c == io.Closer(rr.journal) })
+	s.mu.Unlock()
+	err := errors.Join(rr.repo.Close(), rr.journal.Close())
+	rr.repo, rr.journal, rr.turns = nil, nil, nil
+	return err
 }
 
 // Close closes every room's shadow repository; later calls fail with

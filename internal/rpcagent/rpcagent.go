@@ -540,6 +540,7 @@ func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool) (*con
 	}
 	r := confine.AgentRoom(spec.Workspace, spec.Home, exec, nil)
 	r.FreshTmp = fresh
+	r.Read = spec.ReadOnly
 	pol, err := t.opts.Confine.Policy(r)
 	if err == nil {
 		rs.Argv, rs.Env, err = pol.Wrap(rs.Argv, rs.Env)

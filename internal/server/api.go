@@ -202,8 +202,21 @@ func (s *Server) knownRoom(w http.ResponseWriter, r *http.Request) (room.State, 
 }
 
 func (s *Server) releaseRoom(w http.ResponseWriter, r *http.Request) {
+	purge := false
+	switch v := r.URL.Query().Get("purge"); v {
+	case "", "false":
+	case "true":
+		purge = true
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("purge must be true or false, not %q", v))
+		return
+	}
 	st, id, ok := s.knownRoom(w, r)
 	if !ok {
+		return
+	}
+	if purge {
+		s.purgeRoom(w, r, st, id)
 		return
 	}
 	if st.Turn != nil {
@@ -248,6 +261,33 @@ func (s *Server) releaseRoom(w http.ResponseWriter, r *http.Request) {
 	// A turn started between the check and the release, which then left
 	// the agent alone.
 	writeError(w, http.StatusConflict, "a turn is running in this room: cancel it before releasing the agent")
+}
+
+// purgeRoom deletes the room for good (room.Manager.Purge) and answers
+// its agent's receipt; the room's event streams are cut.
+func (s *Server) purgeRoom(w http.ResponseWriter, r *http.Request, st room.State, id string) {
+	if st.Turn != nil {
+		writeError(w, http.StatusConflict, "a turn is running in this room: cancel it before deleting the room")
+		return
+	}
+	receipt, err := s.m.Purge(r.Context(), id)
+	switch {
+	case errors.Is(err, room.ErrBusy):
+		writeError(w, http.StatusConflict, trimPrefix(err))
+		return
+	case errors.Is(err, room.ErrPurgeUnsupported):
+		writeError(w, http.StatusNotImplemented, trimPrefix(err))
+		return
+	case err != nil:
+		s.fail(w, r, err, "room "+id)
+		return
+	}
+	s.hubs.drop(id)
+	out := map[string]any{"purged": true, "released": len(receipt) > 0}
+	if len(receipt) > 0 {
+		out["receipt"] = receipt
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 type messageBody struct {

@@ -22,6 +22,7 @@ import (
 //	approve:TOOL  ask for approval, answer "allowed" or "denied"
 //	ask:TITLE     ask a question, answer "answer: <text>" or "no answer"
 //	write:NAME    write NAME in the workspace, answer "wrote NAME"
+//	read:NAME     answer what NAME in the workspace holds (fail if missing)
 //	anything else answered "ok: <text>", with one text delta
 type fakeTransport struct {
 	mu       sync.Mutex
@@ -94,6 +95,12 @@ func (a *fakeAgent) Run(ctx context.Context, text string) (room.TurnResult, erro
 		}
 	case text == "fail":
 		return room.TurnResult{}, errors.New("the model failed")
+	case strings.HasPrefix(text, "read:"):
+		b, err := os.ReadFile(filepath.Join(a.spec.Workspace, strings.TrimPrefix(text, "read:")))
+		if err != nil {
+			return room.TurnResult{}, err
+		}
+		return room.TurnResult{Text: string(b)}, nil
 	case strings.HasPrefix(text, "write:"):
 		// A file in the workspace, as a turn's edit.
 		name := strings.TrimPrefix(text, "write:")

@@ -323,6 +323,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 		status, msg = http.StatusNotFound, what+": not found"
 	case errors.Is(err, room.ErrConflict):
 		status, msg = http.StatusConflict, what+": already resolved"
+	case errors.Is(err, room.ErrPurging):
+		status, msg = http.StatusConflict, trimPrefix(err)
 	case errors.Is(err, room.ErrNoTurn):
 		status, msg = http.StatusConflict, "no turn is running in this room"
 	case errors.Is(err, room.ErrClosed), errors.Is(err, room.ErrNotStarted), errors.Is(err, store.ErrClosed):

@@ -558,6 +558,8 @@ func badCases() []badCase {
 		{"room id not UTF-8", "GET", "/v1/rooms/a%ffb", nil, nil, 400, "not UTF-8"},
 		{"room id with a space at the end", "GET", "/v1/rooms/a%20", nil, nil, 400, "leading or trailing space"},
 		{"release a bad room id", "DELETE", "/v1/rooms/%2E", nil, nil, 400, "invalid room id"},
+		{"purge not a boolean", "DELETE", "/v1/rooms/known?purge=yes", nil, nil, 400, `purge must be true or false, not "yes"`},
+		{"purge an unknown room", "DELETE", "/v1/rooms/nope?purge=true", nil, nil, 404, "not found"},
 		{"cancel in a bad room id", "POST", "/v1/rooms/a%5Cb/cancel", nil, nil, 400, "invalid room id"},
 		{"unknown room", "GET", "/v1/rooms/nope", nil, nil, 404, "not found"},
 		{"unknown room's messages", "GET", "/v1/rooms/nope/messages", nil, nil, 404, "not found"},

@@ -199,6 +199,19 @@ func (h *hub) run(ctx context.Context, watch <-chan struct{}) {
 	}
 }
 
+// drop ends the room's hub and cuts its clients (a purged room: its
+// sequence numbers start again).
+func (hs *hubs) drop(room string) {
+	hs.mu.Lock()
+	h := hs.m[room]
+	delete(hs.m, room)
+	hs.mu.Unlock()
+	if h != nil {
+		h.stop()
+		h.cutAll()
+	}
+}
+
 func (h *hub) cutAll() {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -136,6 +136,21 @@ func (w *Writer) SetConfig(room string, config json.RawMessage) error {
 	return wrap("set config", err)
 }
 
+// DeleteRoom deletes the room and everything recorded of it: a new room
+// may then take its id (its events start at 1 again).
+func (w *Writer) DeleteRoom(room string) error {
+	for _, table := range []string{"events", "messages", "turns", "approvals", "questions", "receipts", "room_usage"} {
+		if _, err := w.exec("DELETE FROM "+table+" WHERE room = ?", room); err != nil {
+			return wrap("delete room", err)
+		}
+	}
+	if _, err := w.exec("DELETE FROM rooms WHERE id = ?", room); err != nil {
+		return wrap("delete room", err)
+	}
+	delete(w.db.seqs, room)
+	return nil
+}
+
 // SetAgentProc records the handle of the room's agent that outlives the
 // host ("" when it has none), its output read from the start.
 func (w *Writer) SetAgentProc(room, handle string) error {

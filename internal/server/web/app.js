@@ -297,6 +297,8 @@ function showConfig(c) {
   for (const k of CONFIG_TEXT) $("cfg-" + k).value = c[k] || "";
   for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && c.budget[k] ? c.budget[k] : "";
   $("cfg-mcp").value = c.mcp && Object.keys(c.mcp).length ? JSON.stringify(c.mcp) : "";
+  $("cfg-ws-git").value = c.workspace ? c.workspace.git : "";
+  $("cfg-ws-ref").value = c.workspace ? c.workspace.ref : "";
   $("config-status").textContent = c.next_start && c.next_start.length ? "At the agent's next start: " + c.next_start.join(", ") + "." : "";
 }
 
@@ -314,6 +316,8 @@ async function saveConfig(e) {
     const v = $("cfg-budget-" + k).value;
     body.budget[k] = v === "" ? 0 : Number(v);
   }
+  const git = $("cfg-ws-git").value.trim();
+  if (git) body.workspace = { git, ref: $("cfg-ws-ref").value.trim() };
   const mcp = $("cfg-mcp").value.trim();
   if (mcp) {
     try {
@@ -599,6 +603,9 @@ function apply(rm, type, ev) {
         rm.confSeq = ev.seq;
         showConfinement(ev.confinement);
       }
+      break;
+    case "workspace.ready":
+      note("workspace checked out: " + ev.url + " at " + ev.ref + " (" + ev.commit.slice(0, 12) + ")");
       break;
     case "budget.exhausted":
       note("the room's budget is exhausted (" + ev.limit + "): raise it in Settings to go on");

@@ -1,0 +1,105 @@
+package room
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Workspace is where a room's workspace comes from: a git repository at a
+// branch, tag or commit (Settings.Workspace). Credentials come from the
+// host's own git configuration; none is stored.
+type Workspace struct {
+	Git string `json:"git"`
+	Ref string `json:"ref"`
+}
+
+// WorkspaceReady is a room's workspace as its source prepared it.
+type WorkspaceReady struct {
+	// URL (without credentials), Ref as named, Kind ("branch", "tag" or
+	// "commit") and the Commit checked out.
+	URL, Ref, Kind, Commit string
+	// Shared are folders the workspace borrows from (a repository's
+	// shared objects): the room's agent may read them.
+	Shared []string
+}
+
+// WorkspaceSource prepares rooms' workspaces from their Settings.Workspace
+// (Options.Sources; internal/roomgit over git). Its methods are called
+// with no Manager lock held; calls for one room do not overlap.
+type WorkspaceSource interface {
+	// Check says whether w can be the room's workspace, as far as is cheap
+	// to know before its first turn: the URL and ref, that the repository
+	// answers and has that branch or tag, and that the room holds no
+	// workspace of another repository or ref.
+	Check(ctx context.Context, room string, w Workspace) error
+	// Prepare fills the room's workspace folder (empty or missing the
+	// first time) with w, or returns the one already prepared.
+	Prepare(ctx context.Context, room, dir string, w Workspace) (WorkspaceReady, error)
+	// Remove deletes what Prepare made for the room, its files included
+	// (a purged room).
+	Remove(ctx context.Context, room string) error
+}
+
+// checkTimeout bounds a workspace source's Check at SetSettings.
+const checkTimeout = 30 * time.Second
+
+// checkWorkspace refuses a workspace this Manager cannot give the room.
+func (m *Manager) checkWorkspace(ctx context.Context, room string, w *Workspace) error {
+	if w == nil {
+		return nil
+	}
+	if m.opts.Sources == nil {
+		return fmt.Errorf("%w: this server has no workspaces from git", ErrBadSettings)
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	if err := m.opts.Sources.Check(ctx, room, *w); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return fmt.Errorf("%w: workspace: git did not answer within %s", ErrBadSettings, checkTimeout)
+		}
+		return fmt.Errorf("%w: workspace: %s", ErrBadSettings, strings.TrimPrefix(err.Error(), "room: "))
+	}
+	return nil
+}
+
+// prepareWorkspace gives the room its workspace from its settings before
+// a turn (nothing when it has none), within the turn's timeout, and
+// records workspace.ready the first time this host has it. The error
+// names git.
+func (m *Manager) prepareWorkspace(ctx context.Context, r *roomState, cfg Config) error {
+	r.mu.Lock()
+	w := r.settings.Workspace
+	r.mu.Unlock()
+	if w == nil {
+		return nil
+	}
+	if m.opts.Sources == nil {
+		return errors.New("workspace: this server has no workspaces from git")
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.TurnTimeout)
+	defer cancel()
+	ready, err := m.opts.Sources.Prepare(ctx, r.id, r.workspace, *w)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			return fmt.Errorf("workspace: git did not finish within the turn's timeout (%s)", cfg.TurnTimeout)
+		}
+		return fmt.Errorf("workspace: %w", err)
+	}
+	key := ready.URL + "\x00" + ready.Ref + "\x00" + ready.Commit
+	r.mu.Lock()
+	fresh := r.wsReady != key
+	r.wsReady, r.wsShared = key, ready.Shared
+	r.mu.Unlock()
+	if !fresh {
+		return nil
+	}
+	return m.write(func(tx Tx) error {
+		_, err := tx.Append(r.id, "workspace.ready", map[string]string{
+			"url": ready.URL, "ref": ready.Ref, "kind": ready.Kind, "commit": ready.Commit,
+		})
+		return err
+	})
+}
