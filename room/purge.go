@@ -62,15 +62,14 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 	r.purging = true
 	r.mu.Unlock()
 	defer func() {
-		// The room's state goes: its id is a new room from here on.
+		// The room's state goes: its id is a new room from here on. It
+		// stays purging: a request that took it before refuses itself,
+		// and never reaches the new room's state.
 		m.mu.Lock()
 		if m.rooms[room] == r {
 			delete(m.rooms, room)
 		}
 		m.mu.Unlock()
-		r.mu.Lock()
-		r.purging = false
-		r.mu.Unlock()
 	}()
 	var receipt json.RawMessage
 	if a := r.takeAgent(nil); a != nil {

@@ -243,3 +243,24 @@ func TestPurgeDeletesTheRoomForGood(t *testing.T) {
 		t.Fatalf("the new room: %+v, %v", st, err)
 	}
 }
+
+// A room's settings and its totals are stored: after a restart the room
+// is still over its budget, with its settings.
+func TestBudgetHoldsAcrossARestart(t *testing.T) {
+	h := newHarness(t, Options{})
+	ctx := t.Context()
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Instructions: "kept", Budget: Budget{Tokens: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	h.turnEnded("r", h.submit("r", "spend"))
+	if err := shut(h.m); err != nil {
+		t.Fatal(err)
+	}
+	h.restart(Options{})
+	if _, err := h.m.Submit(ctx, "r", Message{Text: "more"}); !errors.Is(err, ErrBudgetExhausted) || !strings.Contains(err.Error(), "17 of 5 tokens") {
+		t.Fatalf("after a restart: %v", err)
+	}
+	if e, err := h.m.EffectiveSettings(ctx, "r"); err != nil || e.Instructions != "kept" || e.Budget.Tokens != 5 {
+		t.Fatalf("settings after a restart: %+v, %v", e, err)
+	}
+}

@@ -38,13 +38,18 @@ func (m *Manager) work(r *roomState) {
 	for {
 		// Settings another host changed, and the budget, before each
 		// turn (store reads: outside r.mu).
-		limit := m.turnBudget(r)
+		limit, checked := m.turnBudget(r)
 		r.mu.Lock()
 		if len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil {
 			r.working = false
 			r.mu.Unlock()
 			m.slotWake.signal() // the room may have gone idle
 			return
+		}
+		if limit != "" && r.settingsRaw != checked {
+			// The settings changed since (a raised budget): check again.
+			r.mu.Unlock()
+			continue
 		}
 		q := r.queue[0]
 		r.queue = r.queue[1:]
@@ -67,21 +72,22 @@ func (m *Manager) work(r *roomState) {
 
 // turnBudget reads the room's settings again and says which limit of its
 // budget the room's totals reach ("" for none; also when the store cannot
-// tell now: the turn runs, and the next check decides).
-func (m *Manager) turnBudget(r *roomState) string {
+// tell now: the turn runs, and the next check decides), and the settings
+// it judged by.
+func (m *Manager) turnBudget(r *roomState) (limit, settings string) {
 	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 	defer cancel()
 	if err := m.refreshSettings(ctx, r); err != nil {
 		m.log.Warn("room: reading the room's settings failed; the last read hold", "room", r.id, "err", err)
 	}
 	r.mu.Lock()
-	s := r.settings
+	s, raw := r.settings, r.settingsRaw
 	r.mu.Unlock()
 	limit, err := m.exhausted(ctx, r.id, s)
 	if err != nil {
 		m.log.Warn("room: reading the room's totals for its budget failed", "room", r.id, "err", err)
 	}
-	return limit
+	return limit, raw
 }
 
 // noteBudget writes budget.exhausted once the room's totals reach its
