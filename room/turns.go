@@ -36,11 +36,16 @@ func (m *Manager) work(r *roomState) {
 		m.continueTurn(r, *cont)
 	}
 	for {
-		// Settings another host changed, and the budget, before each
-		// turn (store reads: outside r.mu).
-		limit, checked := m.turnBudget(r)
+		limit, checked := "", ""
 		r.mu.Lock()
-		if len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil {
+		if !r.noTurnLocked(m) {
+			// Settings another host changed, and the budget, before each
+			// turn (store reads: outside r.mu).
+			r.mu.Unlock()
+			limit, checked = m.turnBudget(r)
+			r.mu.Lock()
+		}
+		if r.noTurnLocked(m) {
 			r.working = false
 			r.mu.Unlock()
 			m.slotWake.signal() // the room may have gone idle
@@ -70,6 +75,12 @@ func (m *Manager) work(r *roomState) {
 	}
 }
 
+// noTurnLocked: the worker starts no turn now (no message is ready, a
+// revert works, or the manager closes).
+func (r *roomState) noTurnLocked(m *Manager) bool {
+	return len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil
+}
+
 // turnBudget reads the room's settings again and says which limit of its
 // budget the room's totals reach ("" for none; also when the store cannot
 // tell now: the turn runs, and the next check decides), and the settings
@@ -78,7 +89,7 @@ func (m *Manager) turnBudget(r *roomState) (limit, settings string) {
 	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 	defer cancel()
 	if err := m.refreshSettings(ctx, r); err != nil {
-		m.log.Warn("room: reading the room's settings failed; the last read hold", "room", r.id, "err", err)
+		m.log.Warn("room: reading the room's settings failed; the last read holds", "room", r.id, "err", err)
 	}
 	r.mu.Lock()
 	s, raw := r.settings, r.settingsRaw

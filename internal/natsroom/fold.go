@@ -45,8 +45,8 @@ type op struct {
 	Agent    string       `json:"agent,omitempty"`
 	Inbox    uint64       `json:"inbox,omitempty"`
 	Time     int64        `json:"time,omitempty"`
-	// Usage is what an ended turn cost (end_turn; added in format 1,
-	// older readers ignore it).
+	// Usage is what an ended turn cost (end_turn). Added without a new
+	// format: older readers ignore it.
 	Usage *usageRec `json:"usage,omitempty"`
 }
 

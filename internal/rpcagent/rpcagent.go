@@ -655,11 +655,10 @@ func (a *agent) Continue(ctx context.Context) (room.TurnResult, error) {
 	acked := make(chan struct{})
 	close(acked) // the prompt was answered before the restart
 	a.mu.Lock()
+	// Only what the run sent after the attach is counted (the listener
+	// has summed it since): the usage of its messages before the restart
+	// was read by the previous host, and is lost with it.
 	a.acked = acked
-	// Only what the run sends from here on is counted: the usage of its
-	// messages before the restart was read by the previous host, and is
-	// lost with it.
-	a.spent, a.badUsage = usage.RPCTurn{}, 0
 	a.mu.Unlock()
 	turn, err := a.c.WaitTurn(ctx)
 	if err == nil && !turn.AgentInvoked {
