@@ -379,9 +379,29 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 		t.Fatalf("turn ended %v", ended)
 	}
 	// The budget holds across nodes: the front end refuses the next
-	// message, naming the limit; raised through another node, the room
-	// takes messages again.
-	if code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"more"}`); code != 429 || !strings.Contains(string(body), "room budget exhausted: 1 of 1 turns run") {
+	// message, naming the limit, when its read of the room's log has the
+	// turn's end (a replica may lag it); else the holder refuses it, and
+	// the message the front end accepted ends failed, saying why.
+	code, body = call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"more"}`)
+	switch {
+	case code == 429 && strings.Contains(string(body), "room budget exhausted: 1 of 1 turns run"):
+	case code == 202:
+		var acc struct{ ID string }
+		_ = json.Unmarshal(body, &acc)
+		var end map[string]any
+		err = watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
+			var d map[string]any
+			_ = json.Unmarshal(raw, &d)
+			if typ == "message.ended" && d["message_id"] == acc.ID {
+				end = d
+				return true, nil
+			}
+			return false, nil
+		})
+		if reason, _ := end["reason"].(string); err != nil || end["outcome"] != "failed" || !strings.Contains(reason, "room budget exhausted") {
+			t.Fatalf("a message over the budget, accepted by the front end: %v %v", end, err)
+		}
+	default:
 		t.Fatalf("a message over the budget through the front end: %d %s", code, body)
 	}
 	if code, body := call(t, "PUT", nodes[1].url+"v1/rooms/"+rm+"/config", token, `{"budget":{"turns":2}}`); code != 200 {
