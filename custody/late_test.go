@@ -147,6 +147,12 @@ func TestCustodian_FinishesScopeWhoseCloseFailed(t *testing.T) {
 	c.plat = stub
 	s, pids, _ := startSh(t, c, `setsid /bin/sleep 3076 & echo $!; exec cat`)
 	defer killIfAlive(pids[0])
+	// Its pid is printed when it is forked: until it has left the
+	// leader's process group, a group signal would end it (not spared).
+	waitUntil(t, 10*time.Second, "the sleep in its own session", func() bool {
+		pi, ok := readStat(pids[0])
+		return ok && pi.sid == pids[0]
+	})
 	stub.mu.Lock()
 	stub.spare[pids[0]] = true // as if it could not be ended (uninterruptible sleep)
 	stub.mu.Unlock()
