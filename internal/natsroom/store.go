@@ -1335,20 +1335,20 @@ func (s *Store) settingsKV(ctx context.Context) (jetstream.KeyValue, error) {
 
 // RoomSettings implements room.SettingsStore.
 func (s *Store) RoomSettings(ctx context.Context, id string) (json.RawMessage, error) {
-	kv, err := s.settingsKV(ctx)
-	if err != nil {
+	if _, err := s.settingsKV(ctx); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
-	defer cancel()
-	e, err := kv.Get(ctx, token(id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	// From the bucket's leader, which has every acknowledged write: a
+	// replica's direct get may not have a change another node just made
+	// (a raised budget must reopen the room at once, from every node).
+	m, err := leaderGet(ctx, s.nc, "KV_"+BucketSettings, msgGetReq{LastBySubj: "$KV." + BucketSettings + "." + token(id)})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: room settings: %w", room.ErrUnavailable, err)
 	}
-	return e.Value(), nil
+	return m.Data, nil
 }
 
 // PutRoomSettings implements room.SettingsStore. The room's log is not
