@@ -441,6 +441,12 @@ func TestCustodian_CloseAgainWhileOwnedAlive(t *testing.T) {
 	c.plat = stub
 	s, pids, _ := startSh(t, c, `setsid /bin/sleep 3014 & echo $!; exec cat`)
 	defer syscall.Kill(pids[0], syscall.SIGKILL)
+	// Its pid is printed when it is forked: until it has left the
+	// leader's process group, a group signal would end it (not spared).
+	waitUntil(t, 10*time.Second, "the sleep in its own session", func() bool {
+		pi, ok := readStat(pids[0])
+		return ok && pi.sid == pids[0]
+	})
 	stub.mu.Lock()
 	stub.spare[pids[0]] = true
 	stub.mu.Unlock()
@@ -471,6 +477,11 @@ func TestScope_LastLookRechecked(t *testing.T) {
 	c.plat = stub
 	s, pids, _ := startSh(t, c, `setsid /bin/sleep 3015 & echo $!; exec cat`)
 	defer syscall.Kill(pids[0], syscall.SIGKILL)
+	// As above: spared only once out of the leader's process group.
+	waitUntil(t, 10*time.Second, "the sleep in its own session", func() bool {
+		pi, ok := readStat(pids[0])
+		return ok && pi.sid == pids[0]
+	})
 	stub.mu.Lock()
 	stub.spare[pids[0]] = true
 	stub.hidden[pids[0]] = true
