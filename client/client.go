@@ -9,7 +9,9 @@
 // ErrQueueFull and ErrUnavailable with errors.Is; a server that does not
 // answer gives ErrUnreachable.
 //
-// The package depends on the standard library only.
+// A room's events are package event's types: Event.Payload decodes one.
+// The package depends on the standard library and on agenthost's two
+// public data packages, event and record, only.
 package client
 
 import (

@@ -14,37 +14,43 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
-// Event types of a room's log.
+// Event types of a room's log: package event defines them, with one Go
+// type per event.
 const (
-	TypeMessageAccepted  = "message.accepted"
-	TypeMessageQueued    = "message.queued"
-	TypeMessageDelivered = "message.delivered"
+	TypeMessageAccepted  = event.TypeMessageAccepted
+	TypeMessageQueued    = event.TypeMessageQueued
+	TypeMessageDelivered = event.TypeMessageDelivered
 	// TypeMessageEnded is the one terminal event of every accepted message.
-	TypeMessageEnded      = "message.ended"
-	TypeTurnWaiting       = "turn.waiting"
-	TypeTurnStarted       = "turn.started"
-	TypeTurnEnded         = "turn.ended"
-	TypeTextDelta         = "text.delta"
-	TypeToolStarted       = "tool.started"
-	TypeToolEnded         = "tool.ended"
-	TypeApprovalRequested = "approval.requested"
-	TypeApprovalResolved  = "approval.resolved"
-	TypeQuestionAsked     = "question.asked"
-	TypeQuestionAnswered  = "question.answered"
-	TypeAgentStarted      = "agent.started"
-	TypeAgentAttached     = "agent.attached"
-	TypeAgentReleased     = "agent.released"
-	TypeContextLost       = "context.lost"
-	TypeRoomPost          = "room.post"
-	TypeEventsDropped     = "events.dropped"
-	TypeWorkspaceReverted = "workspace.reverted"
+	TypeMessageEnded      = event.TypeMessageEnded
+	TypeTurnWaiting       = event.TypeTurnWaiting
+	TypeWorkspaceReady    = event.TypeWorkspaceReady
+	TypeTurnStarted       = event.TypeTurnStarted
+	TypeTurnEnded         = event.TypeTurnEnded
+	TypeTextDelta         = event.TypeTextDelta
+	TypeToolStarted       = event.TypeToolStarted
+	TypeToolEnded         = event.TypeToolEnded
+	TypeAgentMalformed    = event.TypeAgentMalformed
+	TypeApprovalRequested = event.TypeApprovalRequested
+	TypeApprovalResolved  = event.TypeApprovalResolved
+	TypeQuestionAsked     = event.TypeQuestionAsked
+	TypeQuestionAnswered  = event.TypeQuestionAnswered
+	TypeBudgetExhausted   = event.TypeBudgetExhausted
+	TypeAgentStarted      = event.TypeAgentStarted
+	TypeAgentAttached     = event.TypeAgentAttached
+	TypeAgentReleased     = event.TypeAgentReleased
+	TypeContextLost       = event.TypeContextLost
+	TypeRoomPost          = event.TypeRoomPost
+	TypeEventsDropped     = event.TypeEventsDropped
+	TypeWorkspaceReverted = event.TypeWorkspaceReverted
 )
 
 // Event is one event of a room's log. Data is the whole event as the
 // server sent it (a flat JSON object: seq, type, room, time and the
-// type's own fields); Decode reads it into one of the payload types below.
+// type's own fields); Payload reads it as its type's Go value.
 type Event struct {
 	// Seq is the room's sequence number: 1 for the first event, up by
 	// exactly one per event.
@@ -55,116 +61,31 @@ type Event struct {
 	Data json.RawMessage `json:"-"`
 }
 
+// Payload reads the event's own fields as its type's value (an
+// event.MessageEnded for message.ended, ...); for a type this build does
+// not know it returns an error that errors.Is event.ErrUnknownType, and
+// a program should skip that event.
+func (e Event) Payload() (event.Payload, error) { return event.Decode(e.Type, e.Data) }
+
 // Decode reads the event's fields into v (for example a *MessageEnded).
 func (e Event) Decode(v any) error { return json.Unmarshal(e.Data, v) }
 
-// Payloads of the event types a client usually acts on.
+// Payloads of the event types a client usually acts on: package event's
+// types, under the names this package has always had.
 type (
-	// MessageEnded (message.ended) ends every accepted message, whatever
-	// consumed it: a turn (TurnID set), a question's answer, a cancel.
-	MessageEnded struct {
-		MessageID string `json:"message_id"`
-		// Outcome is one of the Outcome constants.
-		Outcome string `json:"outcome"`
-		TurnID  string `json:"turn_id,omitempty"`
-		// Reason says why, when the outcome is not settled or answered.
-		Reason string `json:"reason,omitempty"`
-	}
-	// TurnStarted (turn.started): MessageID's turn runs.
-	TurnStarted struct {
-		TurnID    string `json:"turn_id"`
-		MessageID string `json:"message_id"`
-	}
-	// TurnWaiting (turn.waiting): the turn waits for an agent slot.
-	TurnWaiting struct {
-		TurnID    string `json:"turn_id"`
-		MessageID string `json:"message_id"`
-		Slots     int    `json:"slots"`
-		Resident  int    `json:"resident"`
-	}
-	// TurnEnded (turn.ended): Text is the turn's answer.
-	TurnEnded struct {
-		TurnID    string `json:"turn_id"`
-		MessageID string `json:"message_id"`
-		Outcome   string `json:"outcome"`
-		Reason    string `json:"reason,omitempty"`
-		Text      string `json:"text,omitempty"`
-		// Changes is what the turn changed in the workspace; nil when the
-		// server takes no snapshots, or when they failed (ChangesError
-		// says why).
-		Changes      *Changes `json:"changes,omitempty"`
-		ChangesError string   `json:"changes_error,omitempty"`
-		// Usage is what the turn cost, as the agent reported it (zeros
-		// for an agent that reports nothing).
-		Usage Usage `json:"usage"`
-	}
-	// WorkspaceReverted (workspace.reverted): the workspace was restored
-	// to its state before TurnID.
-	WorkspaceReverted struct {
-		TurnID string   `json:"turn_id"`
-		Files  []string `json:"files"`
-		// Count is every path restored; FilesOmitted those not listed.
-		Count        int      `json:"count"`
-		FilesOmitted int      `json:"files_omitted,omitempty"`
-		Kept         []string `json:"kept,omitempty"`
-	}
-	// MessageDelivered (message.delivered): a steer or follow-up reached
-	// the running turn's agent.
-	MessageDelivered struct {
-		MessageID string `json:"message_id"`
-		TurnID    string `json:"turn_id"`
-		Delivery  string `json:"delivery"`
-	}
-	// TextDelta (text.delta): a piece of the turn's answer.
-	TextDelta struct {
-		TurnID string `json:"turn_id"`
-		Text   string `json:"text"`
-	}
-	// ToolStarted (tool.started) and ToolEnded (tool.ended).
-	ToolStarted struct {
-		TurnID string `json:"turn_id"`
-		Tool   string `json:"tool"`
-		CallID string `json:"call_id"`
-		Input  string `json:"input,omitempty"`
-	}
-	ToolEnded struct {
-		TurnID  string `json:"turn_id"`
-		Tool    string `json:"tool"`
-		CallID  string `json:"call_id"`
-		Output  string `json:"output,omitempty"`
-		IsError bool   `json:"is_error"`
-	}
-	// ApprovalRequested (approval.requested): decide it with Approve.
-	ApprovalRequested struct {
-		ApprovalID string    `json:"approval_id"`
-		TurnID     string    `json:"turn_id"`
-		Tool       string    `json:"tool"`
-		Input      string    `json:"input,omitempty"`
-		Options    []string  `json:"options"`
-		Deadline   time.Time `json:"deadline"`
-	}
-	// ApprovalResolved (approval.resolved): By is who decided ("person",
-	// "deadline", "cancel", "policy", ...).
-	ApprovalResolved struct {
-		ApprovalID string `json:"approval_id"`
-		Decision   string `json:"decision"`
-		By         string `json:"by"`
-	}
-	// QuestionAsked (question.asked): answer it with Answer.
-	QuestionAsked struct {
-		QuestionID string    `json:"question_id"`
-		TurnID     string    `json:"turn_id"`
-		Title      string    `json:"title"`
-		Options    []string  `json:"options"`
-		Deadline   time.Time `json:"deadline"`
-	}
-	// QuestionAnswered (question.answered).
-	QuestionAnswered struct {
-		QuestionID string `json:"question_id"`
-		Answer     string `json:"answer"`
-		By         string `json:"by"`
-		Cancelled  bool   `json:"cancelled"`
-	}
+	MessageEnded      = event.MessageEnded
+	TurnStarted       = event.TurnStarted
+	TurnWaiting       = event.TurnWaiting
+	TurnEnded         = event.TurnEnded
+	WorkspaceReverted = event.WorkspaceReverted
+	MessageDelivered  = event.MessageDelivered
+	TextDelta         = event.TextDelta
+	ToolStarted       = event.ToolStarted
+	ToolEnded         = event.ToolEnded
+	ApprovalRequested = event.ApprovalRequested
+	ApprovalResolved  = event.ApprovalResolved
+	QuestionAsked     = event.QuestionAsked
+	QuestionAnswered  = event.QuestionAnswered
 )
 
 // Events returns the room's events after sequence number after, in order

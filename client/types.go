@@ -3,6 +3,9 @@ package client
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
+	"github.com/agenthost/agenthost/record"
 )
 
 // The API's requests and answers (the server's OpenAPI document,
@@ -75,13 +78,7 @@ type Room struct {
 // Usage is tokens and cost as the agents reported them. InputTokens
 // counts only the prompt tokens neither read from nor written to the
 // provider's cache; CostUSD is 0 when the agent reports no cost.
-type Usage struct {
-	InputTokens      int64   `json:"input_tokens"`
-	OutputTokens     int64   `json:"output_tokens"`
-	CacheReadTokens  int64   `json:"cache_read_tokens"`
-	CacheWriteTokens int64   `json:"cache_write_tokens"`
-	CostUSD          float64 `json:"cost_usd"`
-}
+type Usage = record.Usage
 
 // SenderUsage is one sender's turns in a room and what they cost.
 type SenderUsage struct {
@@ -185,15 +182,10 @@ type Answered struct {
 	Answer string `json:"answer"`
 }
 
-// Changes count what a turn changed in the room's workspace.
-type Changes struct {
-	Files      int `json:"files"`
-	Insertions int `json:"insertions"`
-	Deletions  int `json:"deletions"`
-	// Skipped counts the paths the turn's closing snapshot left out
-	// (TurnDiff.Skipped lists them).
-	Skipped int `json:"skipped,omitempty"`
-}
+// Changes count what a turn changed in the room's workspace; Skipped
+// counts the paths the turn's closing snapshot left out
+// (TurnDiff.Skipped lists them).
+type Changes = event.Changes
 
 // SkippedPath is one path a snapshot left out: Reason is "ignored" (a
 // wholly ignored folder once, with a trailing slash), "too_large" (Size
@@ -290,8 +282,4 @@ type MCPServer struct {
 
 // Budget bounds what a room may spend (0: no limit): past it new
 // messages get ErrBudgetExhausted until it is raised.
-type Budget struct {
-	Tokens  int64   `json:"tokens"`
-	CostUSD float64 `json:"cost_usd"`
-	Turns   int64   `json:"turns"`
-}
+type Budget = event.Budget

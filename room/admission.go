@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -105,8 +106,8 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		status = record.MessageAccepted
 	}
 	err = m.st.Write(ctx, func(tx Tx) error {
-		ev, err := tx.Append(room, "message.accepted", map[string]string{
-			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
+		ev, err := appendEvent(tx, room, event.MessageAccepted{
+			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
 		})
 		if err != nil {
 			return err
@@ -117,7 +118,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 			return err
 		}
 		if status == record.MessageQueued {
-			if _, err := tx.Append(room, "message.queued", map[string]any{"message_id": id}); err != nil {
+			if _, err := appendEvent(tx, room, event.MessageQueued{MessageID: id}); err != nil {
 				return err
 			}
 		}
@@ -163,7 +164,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
 			return err
 		}
-		_, err := tx.Append(room, "message.queued", map[string]any{"message_id": id})
+		_, err := appendEvent(tx, room, event.MessageQueued{MessageID: id})
 		return err
 	})
 	if err != nil {
@@ -198,7 +199,7 @@ func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id stri
 			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
 				return err
 			}
-			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery, "with": "prompt"})
+			_, err := appendEvent(tx, r.id, event.MessageDelivered{MessageID: id, TurnID: t.id, Delivery: msg.Delivery, With: "prompt"})
 			return err
 		})
 		return err == nil
@@ -214,7 +215,7 @@ func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id stri
 			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
 				return err
 			}
-			_, err := tx.Append(r.id, "message.delivered", map[string]string{"message_id": id, "turn_id": t.id, "delivery": msg.Delivery})
+			_, err := appendEvent(tx, r.id, event.MessageDelivered{MessageID: id, TurnID: t.id, Delivery: msg.Delivery})
 			return err
 		})
 	}
@@ -244,14 +245,11 @@ func endMessages(tx Tx, room string, ids []string, turnID, outcome, reason strin
 		}
 	}
 	for _, id := range ids {
-		d := map[string]string{"message_id": id, "outcome": outcome}
-		if turnID != "" {
-			d["turn_id"] = turnID
-		}
+		d := event.MessageEnded{MessageID: id, Outcome: outcome, TurnID: turnID}
 		if outcome != OutcomeSettled && outcome != OutcomeAnswered {
-			d["reason"] = reason
+			d.Reason = reason
 		}
-		if _, err := tx.Append(room, "message.ended", d); err != nil {
+		if _, err := appendEvent(tx, room, d); err != nil {
 			return err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -228,8 +229,8 @@ func (m *Manager) Refuse(ctx context.Context, room, id string, msg Message, reas
 	var acc Accepted
 	now := time.Now()
 	err := m.st.Write(ctx, func(tx Tx) error {
-		ev, err := tx.Append(room, "message.accepted", map[string]string{
-			"message_id": id, "text": msg.Text, "sender": msg.Sender, "delivery": msg.Delivery,
+		ev, err := appendEvent(tx, room, event.MessageAccepted{
+			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
 		})
 		if err != nil {
 			return err

@@ -3,6 +3,9 @@ package room
 import (
 	"slices"
 	"sync"
+
+	"github.com/agenthost/agenthost/event"
+	"github.com/agenthost/agenthost/record"
 )
 
 // maxPendingEvents bounds a room's agent events waiting to be written.
@@ -105,9 +108,13 @@ func (l *eventLog) release(start, end int64, dropFloor bool) (resume, handled in
 }
 
 type pendingEvent struct {
-	kind   string
-	data   map[string]any
+	p      event.Payload
 	offset int64 // in the agent's output, past the event's frame (0: none)
+}
+
+// appendEvent appends p to the room's log in tx, under p's own type.
+func appendEvent(tx Tx, room string, p event.Payload) (record.Event, error) {
+	return tx.Append(room, p.EventType(), p)
 }
 
 func newEventLog(m *Manager, room string) *eventLog {
@@ -116,8 +123,21 @@ func newEventLog(m *Manager, room string) *eventLog {
 	return l
 }
 
+// joinText adds p to last when both are text deltas: past the bound no
+// text is lost.
+func joinText(last *pendingEvent, p event.Payload, offset int64) bool {
+	a, ok := last.p.(event.TextDelta)
+	b, ok2 := p.(event.TextDelta)
+	if !ok || !ok2 {
+		return false
+	}
+	a.Text += b.Text
+	last.p, last.offset = a, max(last.offset, offset)
+	return true
+}
+
 // add queues an event; it never waits for the store.
-func (l *eventLog) add(kind string, data map[string]any, offset int64) {
+func (l *eventLog) add(p event.Payload, offset int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if offset > 0 && offset <= l.seen {
@@ -125,11 +145,8 @@ func (l *eventLog) add(kind string, data map[string]any, offset int64) {
 	}
 	switch n := len(l.pending); {
 	case n < maxPendingEvents:
-		l.pending = append(l.pending, pendingEvent{kind, data, offset})
-	case kind == KindText && l.pending[n-1].kind == KindText:
-		last := &l.pending[n-1]
-		last.data["text"] = last.data["text"].(string) + data["text"].(string)
-		last.offset = max(last.offset, offset)
+		l.pending = append(l.pending, pendingEvent{p, offset})
+	case joinText(&l.pending[n-1], p, offset):
 	default:
 		l.dropped++
 		l.droppedAt = max(l.droppedAt, offset)
@@ -163,12 +180,12 @@ func (l *eventLog) drain() {
 		l.mu.Unlock()
 		err := l.m.write(func(tx Tx) error {
 			for _, ev := range batch {
-				if _, err := tx.Append(l.room, ev.kind, ev.data); err != nil {
+				if _, err := appendEvent(tx, l.room, ev.p); err != nil {
 					return err
 				}
 			}
 			if dropped > 0 {
-				if _, err := tx.Append(l.room, "events.dropped", map[string]int{"count": dropped}); err != nil {
+				if _, err := appendEvent(tx, l.room, event.EventsDropped{Count: dropped}); err != nil {
 					return err
 				}
 			}

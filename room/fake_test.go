@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/record"
 )
@@ -211,9 +212,42 @@ func newHarnessWith(t *testing.T, opts Options, wrap func(Store) Store) *harness
 	}
 	t.Cleanup(func() {
 		_ = shut(h.m)
+		checkEventTypes(t, SQLite(db))
 		_ = db.Close()
 	})
 	return h
+}
+
+// checkEventTypes checks every event of every room in st: each is
+// exactly what its type in package event says. Every harness runs it at
+// its end.
+func checkEventTypes(t *testing.T, st Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rooms, err := st.RoomIDs(ctx)
+	if err != nil {
+		t.Errorf("the rooms: %v", err)
+		return
+	}
+	for _, rm := range rooms {
+		for after := int64(0); ; {
+			evs, err := st.Events(ctx, rm, after, 0)
+			if err != nil {
+				t.Errorf("room %s: %v", rm, err)
+				return
+			}
+			for _, ev := range evs {
+				if err := event.Validate(ev.Type, ev.Data); err != nil {
+					t.Errorf("room %s, event %d: %v", rm, ev.Seq, err)
+				}
+				after = ev.Seq
+			}
+			if len(evs) < record.MaxPage {
+				break
+			}
+		}
+	}
 }
 
 // shut closes m and waits for its shutdown (Close only begins it).

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -38,24 +39,24 @@ func (h *handler) Event(ev AgentEvent) {
 		h.r.events.hold(ev.Start)
 		return
 	}
-	data := map[string]any{"turn_id": turnID}
+	var p event.Payload
 	switch ev.Kind {
 	case KindText:
-		data["text"] = ev.Text
+		p = event.TextDelta{TurnID: turnID, Text: ev.Text}
 	case KindToolStarted:
-		data["tool"], data["call_id"], data["input"] = ev.Tool, ev.CallID, ev.Input
+		p = event.ToolStarted{TurnID: turnID, Tool: ev.Tool, CallID: ev.CallID, Input: ev.Input}
 	case KindToolEnded:
-		data["tool"], data["call_id"], data["output"], data["is_error"] = ev.Tool, ev.CallID, ev.Output, ev.IsError
+		p = event.ToolEnded{TurnID: turnID, Tool: ev.Tool, CallID: ev.CallID, Output: ev.Output, IsError: ev.IsError}
 	case KindMalformed:
 		if ev.Suppressed > 0 {
-			data["suppressed"] = ev.Suppressed
+			p = event.AgentMalformed{TurnID: turnID, Suppressed: ev.Suppressed}
 		} else {
-			data["line"], data["length"], data["reason"] = ev.Line, ev.Length, ev.Reason
+			p = event.AgentMalformed{TurnID: turnID, Line: ev.Line, Length: ev.Length, Reason: ev.Reason}
 		}
 	default:
 		return
 	}
-	h.r.events.add(ev.Kind, data, ev.Offset)
+	h.r.events.add(p, ev.Offset)
 }
 
 // await pauses the turn's clocks while a person decides, and returns the
@@ -129,8 +130,8 @@ func (h *handler) Approve(ctx context.Context, req ApprovalRequest) bool {
 				Options: req.Options, Created: now, Deadline: deadline}); err != nil {
 				return err
 			}
-			_, err := tx.Append(r.id, "approval.requested", map[string]any{
-				"approval_id": id, "turn_id": turnID, "tool": req.Tool, "input": req.Input, "options": req.Options, "deadline": deadline.UTC(),
+			_, err := appendEvent(tx, r.id, event.ApprovalRequested{
+				ApprovalID: id, TurnID: turnID, Tool: req.Tool, Input: req.Input, Options: req.Options, Deadline: deadline.UTC(),
 			})
 			return err
 		})
@@ -199,7 +200,7 @@ func (m *Manager) resolveApproval(ctx context.Context, room, id string, allow bo
 		if err := tx.ResolveApproval(room, id, decision, by); err != nil {
 			return err
 		}
-		_, err := tx.Append(room, "approval.resolved", map[string]string{"approval_id": id, "decision": decision, "by": by})
+		_, err := appendEvent(tx, room, event.ApprovalResolved{ApprovalID: id, Decision: decision, By: by})
 		return err
 	})
 	if err != nil {
@@ -245,8 +246,8 @@ func (h *handler) Ask(ctx context.Context, req QuestionRequest) (string, bool) {
 				Created: now, Deadline: deadline}); err != nil {
 				return err
 			}
-			_, err := tx.Append(r.id, "question.asked", map[string]any{
-				"question_id": id, "turn_id": turnID, "title": req.Title, "options": req.Options, "deadline": deadline.UTC(),
+			_, err := appendEvent(tx, r.id, event.QuestionAsked{
+				QuestionID: id, TurnID: turnID, Title: req.Title, Options: req.Options, Deadline: deadline.UTC(),
 			})
 			return err
 		})
@@ -342,11 +343,8 @@ func (m *Manager) answerQuestionWith(ctx context.Context, room, id, text, by str
 		if err := tx.AnswerQuestion(room, id, text, by); err != nil {
 			return err
 		}
-		d := map[string]any{"question_id": id, "answer": text, "by": by, "cancelled": !ok}
-		if msgID != "" {
-			d["message_id"] = msgID
-		}
-		if _, err := tx.Append(room, "question.answered", d); err != nil {
+		d := event.QuestionAnswered{QuestionID: id, Answer: text, By: by, Cancelled: !ok, MessageID: msgID}
+		if _, err := appendEvent(tx, room, d); err != nil {
 			return err
 		}
 		if msgID == "" {

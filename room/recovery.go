@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -54,9 +55,8 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, "", record.Usage{}); err != nil {
 				return err
 			}
-			if _, err := tx.Append(t.Room, "turn.ended", map[string]any{
-				"turn_id": t.ID, "message_id": t.MessageID, "outcome": OutcomeFailed, "reason": reason, "text": "",
-				"usage": record.Usage{},
+			if _, err := appendEvent(tx, t.Room, event.TurnEnded{
+				TurnID: t.ID, MessageID: t.MessageID, Outcome: OutcomeFailed, Reason: reason,
 			}); err != nil {
 				return err
 			}
@@ -121,7 +121,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 				if err := tx.UpdateMessage(msg.ID, record.MessageQueued, "", "", ""); err != nil {
 					return err
 				}
-				_, err := tx.Append(msg.Room, "message.queued", map[string]any{"message_id": msg.ID, "recovered": true})
+				_, err := appendEvent(tx, msg.Room, event.MessageQueued{MessageID: msg.ID, Recovered: true})
 				return err
 			})
 			if err != nil {
@@ -198,7 +198,7 @@ func (m *Manager) attach(ctx context.Context, turns []record.Turn) (map[string]s
 				if err := tx.SetAgentProc(rec.ID, ""); err != nil {
 					return err
 				}
-				_, err := tx.Append(rec.ID, "agent.released", map[string]any{"reason": "not attached at restart: " + reason})
+				_, err := appendEvent(tx, rec.ID, event.AgentReleased{Reason: "not attached at restart: " + reason})
 				return err
 			})
 			if err != nil {
@@ -343,7 +343,7 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec record.Room, 
 	}
 	r.events.attached(rec.AgentOffset, rec.AgentSeen, r.hasInherited())
 	err = m.st.Write(ctx, func(tx Tx) error {
-		_, err := tx.Append(rec.ID, "agent.attached", map[string]any{"session_id": rec.SessionID, "offset": rec.AgentOffset, "turn_id": t.ID})
+		_, err := appendEvent(tx, rec.ID, event.AgentAttached{SessionID: rec.SessionID, Offset: rec.AgentOffset, TurnID: t.ID})
 		return err
 	})
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // ensureAgent returns the room's resident agent, starting it through the
@@ -95,19 +97,16 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 				return err
 			}
 		}
-		started := map[string]any{"session_id": a.SessionID(), "resumed": sess != "" && lost == ""}
-		c := confinement(a)
-		if c == nil {
-			c = confinement(m.opts.Transport)
+		started := event.AgentStarted{SessionID: a.SessionID(), Resumed: sess != "" && lost == ""}
+		started.Confinement = confinement(a)
+		if started.Confinement == nil {
+			started.Confinement = confinement(m.opts.Transport)
 		}
-		if c != nil {
-			started["confinement"] = c
-		}
-		if _, err := tx.Append(r.id, "agent.started", started); err != nil {
+		if _, err := appendEvent(tx, r.id, started); err != nil {
 			return err
 		}
 		if lost != "" {
-			_, err := tx.Append(r.id, "context.lost", map[string]string{"previous_session_id": sess, "reason": lost})
+			_, err := appendEvent(tx, r.id, event.ContextLost{PreviousSessionID: sess, Reason: lost})
 			return err
 		}
 		return nil
@@ -208,12 +207,9 @@ func (m *Manager) closeAgent(r *roomState, a Agent, reason string, free bool) {
 	if free {
 		m.freeSlot()
 	}
-	data := map[string]any{"reason": reason}
-	if len(receipt) > 0 {
-		data["receipt"] = receipt
-	}
+	data := event.AgentReleased{Reason: reason, Receipt: receipt}
 	if err != nil {
-		data["error"] = err.Error()
+		data.Error = err.Error()
 		m.log.Error("room: releasing the agent", "room", r.id, "err", err)
 	}
 	werr := m.write(func(tx Tx) error {
@@ -227,7 +223,7 @@ func (m *Manager) closeAgent(r *roomState, a Agent, reason string, free bool) {
 				return err
 			}
 		}
-		_, err := tx.Append(r.id, "agent.released", data)
+		_, err := appendEvent(tx, r.id, data)
 		return err
 	})
 	if werr != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // errNoSlot ends a turn as timed_out when no agent slot came free within
@@ -82,8 +84,8 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 			if t != nil {
 				t.clock.pause()
 				err := m.write(func(tx Tx) error {
-					_, err := tx.Append(self.id, "turn.waiting", map[string]any{
-						"turn_id": t.id, "message_id": t.messageID, "slots": m.opts.MaxResident, "resident": resident,
+					_, err := appendEvent(tx, self.id, event.TurnWaiting{
+						TurnID: t.id, MessageID: t.messageID, Slots: m.opts.MaxResident, Resident: resident,
 					})
 					return err
 				})

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // DefaultSnapshotTimeout bounds one snapshot of a room's workspace (see
@@ -46,16 +48,9 @@ type SnapshotPlace struct {
 	Workspace string
 }
 
-// Changes count what a turn changed in the workspace.
-type Changes struct {
-	Files      int `json:"files"`
-	Insertions int `json:"insertions"`
-	Deletions  int `json:"deletions"`
-	// Skipped counts the paths the turn's closing snapshot left out
-	// (ignored by the workspace's .gitignore, over the size bound,
-	// unreadable, nested repositories); the turn's diff lists them.
-	Skipped int `json:"skipped,omitempty"`
-}
+// Changes count what a turn changed in the workspace (turn.ended carries
+// them).
+type Changes = event.Changes
 
 // SkippedPath is one path a snapshot left out, and why: "ignored" (a
 // wholly ignored folder is listed once, with a trailing slash),
@@ -128,17 +123,16 @@ func (m *Manager) snapshotBefore(r *roomState, t *turnRun) string {
 	return ""
 }
 
-// snapshotAfter adds to a turn.ended event's data what the turn changed:
-// "changes", or, when that is unknown (a snapshot failed or timed out),
-// "changes": null and "changes_error" saying why. Nothing is added with
-// snapshots off.
-func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d map[string]any) {
+// snapshotAfter adds to a turn.ended event what the turn changed:
+// Changes, or, when that is unknown (a snapshot failed or timed out),
+// ChangesError saying why. Nothing is added with snapshots off.
+func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d *event.TurnEnded) {
 	s := m.opts.Snapshots
 	if s == nil {
 		return
 	}
 	if t.snapErr != "" {
-		d["changes"], d["changes_error"] = nil, t.snapErr
+		d.ChangesError = t.snapErr
 		return
 	}
 	// The manager's context, not the turn's: a cancelled turn's changes
@@ -148,10 +142,10 @@ func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d map[string]any) {
 	c, err := s.After(ctx, r.snapshotPlace(), t.id)
 	if err != nil {
 		m.log.Warn("room: snapshot after the turn failed; its changes are unknown", "room", r.id, "turn", t.id, "err", err)
-		d["changes"], d["changes_error"] = nil, "no snapshot after the turn: "+err.Error()
+		d.ChangesError = "no snapshot after the turn: " + err.Error()
 		return
 	}
-	d["changes"] = c
+	d.Changes = &c
 }
 
 // TurnDiff tells what turn changed in the room's workspace. ErrNotFound
@@ -222,12 +216,10 @@ func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, erro
 	if len(listed) > maxRevertedListed {
 		listed = listed[:maxRevertedListed]
 	}
-	d := map[string]any{"turn_id": turn, "files": nonNilStrings(listed), "count": len(res.Files)}
-	if n := len(res.Files) - len(listed); n > 0 {
-		d["files_omitted"] = n
-	}
+	d := event.WorkspaceReverted{TurnID: turn, Files: nonNilStrings(listed), Count: len(res.Files),
+		FilesOmitted: len(res.Files) - len(listed)}
 	if len(res.Kept) > 0 {
-		d["kept"] = res.Kept[:min(len(res.Kept), maxRevertedListed)]
+		d.Kept = res.Kept[:min(len(res.Kept), maxRevertedListed)]
 	}
 	// The workspace is reverted: the agent hears of it even if the event
 	// cannot be written.
@@ -235,7 +227,7 @@ func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, erro
 	r.revertedTo = turn
 	r.mu.Unlock()
 	if err := m.write(func(tx Tx) error {
-		_, err := tx.Append(r.id, "workspace.reverted", d)
+		_, err := appendEvent(tx, r.id, d)
 		return err
 	}); err != nil {
 		return res, err

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // Tool is a tool the host offers a room's agent (omp's host tools; pi's
@@ -114,7 +116,7 @@ func (m *Manager) roomTools(r *roomState) []Tool {
 					return "", fmt.Errorf("room_post: text over %d bytes", MaxMessageBytes)
 				}
 				err := m.st.Write(ctx, func(tx Tx) error {
-					_, err := tx.Append(call.Room, "room.post", map[string]string{"turn_id": call.TurnID, "text": a.Text})
+					_, err := appendEvent(tx, call.Room, event.RoomPost{TurnID: call.TurnID, Text: a.Text})
 					return err
 				})
 				if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -142,13 +143,13 @@ type Handler interface {
 
 // Kinds of AgentEvent.
 const (
-	KindText        = "text.delta"
-	KindToolStarted = "tool.started"
-	KindToolEnded   = "tool.ended"
+	KindText        = event.TypeTextDelta
+	KindToolStarted = event.TypeToolStarted
+	KindToolEnded   = event.TypeToolEnded
 	// KindMalformed: the agent sent a line the transport dropped (Line,
 	// Length, Reason; never the payload) or, with Suppressed > 0, that many
 	// more it did not report one by one (the transport bounds a flood).
-	KindMalformed = "agent.malformed"
+	KindMalformed = event.TypeAgentMalformed
 	// KindActivity is any other frame: it only proves the agent is alive.
 	KindActivity = "activity"
 	// KindDialog is a request for an approval or an answer, reported in
@@ -199,54 +200,9 @@ type QuestionRequest struct {
 	Offset  int64
 }
 
-// Confinement is what confines a room's agent and everything it starts:
-// {"mode": "landlock"|"none", "abi": N, "signals": bool, "net": "any"|[ports]}.
-type Confinement struct {
-	// Mode is "landlock" or "none".
-	Mode string
-	// ABI is the Landlock ABI whose rules are in force (landlock), or the
-	// highest the kernel would allow (none; 0 without Landlock).
-	ABI int
-	// Signals: signals and abstract unix sockets reach only the room's
-	// own processes.
-	Signals bool
-	// Net is nil for any network, else the TCP ports the agent may
-	// connect to.
-	Net []uint16
-}
-
-// MarshalJSON writes the shape above.
-func (c Confinement) MarshalJSON() ([]byte, error) {
-	var net any = "any"
-	if c.Net != nil {
-		net = c.Net
-	}
-	return json.Marshal(struct {
-		Mode    string `json:"mode"`
-		ABI     int    `json:"abi"`
-		Signals bool   `json:"signals"`
-		Net     any    `json:"net"`
-	}{c.Mode, c.ABI, c.Signals, net})
-}
-
-// UnmarshalJSON reads the shape MarshalJSON writes.
-func (c *Confinement) UnmarshalJSON(b []byte) error {
-	var v struct {
-		Mode    string          `json:"mode"`
-		ABI     int             `json:"abi"`
-		Signals bool            `json:"signals"`
-		Net     json.RawMessage `json:"net"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*c = Confinement{Mode: v.Mode, ABI: v.ABI, Signals: v.Signals}
-	var any string
-	if json.Unmarshal(v.Net, &any) == nil || len(v.Net) == 0 || string(v.Net) == "null" {
-		return nil
-	}
-	return json.Unmarshal(v.Net, &c.Net)
-}
+// Confinement is what confines a room's agent and everything it starts
+// (agent.started records it).
+type Confinement = event.Confinement
 
 // Confined is a Transport or an Agent that reports its confinement: a
 // Transport the server-wide one its agents get (a room's state shows it

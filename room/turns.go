@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -123,8 +124,8 @@ func (m *Manager) noteBudget(r *roomState) {
 		return
 	}
 	err = m.write(func(tx Tx) error {
-		_, err := tx.Append(r.id, "budget.exhausted", map[string]any{
-			"limit": limit, "budget": b, "turns": rec.Turns, "usage": rec.Usage,
+		_, err := appendEvent(tx, r.id, event.BudgetExhausted{
+			Limit: limit, Budget: event.Budget(b), Turns: rec.Turns, Usage: rec.Usage,
 		})
 		return err
 	})
@@ -158,7 +159,7 @@ func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
 		if err := tx.UpdateMessage(q.id, record.MessageStarted, t.id, "", ""); err != nil {
 			return err
 		}
-		_, err := tx.Append(r.id, "turn.started", map[string]string{"turn_id": t.id, "message_id": q.id})
+		_, err := appendEvent(tx, r.id, event.TurnStarted{TurnID: t.id, MessageID: q.id})
 		return err
 	})
 	var res turnEnd
@@ -243,13 +244,13 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 		m.release(r, "turn "+res.outcome)
 	}
 	r.events.flush() // the turn's events come before its end
-	ended := map[string]any{
-		"turn_id": t.id, "message_id": t.messageID, "outcome": res.outcome, "reason": res.reason, "text": res.text,
-		"usage": res.usage,
+	ended := event.TurnEnded{
+		TurnID: t.id, MessageID: t.messageID, Outcome: res.outcome, Reason: res.reason, Text: res.text,
+		Usage: res.usage,
 	}
 	if t.stored {
 		// While the turn is still the room's: no revert runs meanwhile.
-		m.snapshotAfter(r, t, ended)
+		m.snapshotAfter(r, t, &ended)
 	}
 	r.mu.Lock()
 	r.turn = nil // deliveries go to the queue from here on
@@ -276,7 +277,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 			if err := tx.EndTurn(t.id, res.outcome, res.reason, res.text, res.usage); err != nil {
 				return err
 			}
-			if _, err := tx.Append(r.id, "turn.ended", ended); err != nil {
+			if _, err := appendEvent(tx, r.id, ended); err != nil {
 				return err
 			}
 		}
@@ -346,9 +347,8 @@ func (m *Manager) requeue(r *roomState, t *turnRun) {
 		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), "", record.Usage{}); err != nil {
 			return err
 		}
-		if _, err := tx.Append(r.id, "turn.ended", map[string]any{
-			"turn_id": t.id, "message_id": t.messageID, "outcome": OutcomeCancelled, "reason": errDetached.Error(), "text": "",
-			"usage": record.Usage{},
+		if _, err := appendEvent(tx, r.id, event.TurnEnded{
+			TurnID: t.id, MessageID: t.messageID, Outcome: OutcomeCancelled, Reason: errDetached.Error(),
 		}); err != nil {
 			return err
 		}
@@ -356,7 +356,7 @@ func (m *Manager) requeue(r *roomState, t *turnRun) {
 			if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
 				return err
 			}
-			if _, err := tx.Append(r.id, "message.queued", map[string]any{"message_id": id, "recovered": true}); err != nil {
+			if _, err := appendEvent(tx, r.id, event.MessageQueued{MessageID: id, Recovered: true}); err != nil {
 				return err
 			}
 		}

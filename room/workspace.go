@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // Workspace is where a room's workspace comes from: a git repository at a
@@ -97,8 +99,8 @@ func (m *Manager) prepareWorkspace(ctx context.Context, r *roomState, cfg Config
 		return nil
 	}
 	return m.write(func(tx Tx) error {
-		_, err := tx.Append(r.id, "workspace.ready", map[string]string{
-			"url": ready.URL, "ref": ready.Ref, "kind": ready.Kind, "commit": ready.Commit,
+		_, err := appendEvent(tx, r.id, event.WorkspaceReady{
+			URL: ready.URL, Ref: ready.Ref, Kind: ready.Kind, Commit: ready.Commit,
 		})
 		return err
 	})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/client"
+	"github.com/agenthost/agenthost/event"
 	"github.com/spf13/cobra"
 )
 
@@ -312,84 +313,69 @@ func (fw *follower) run(ctx context.Context) (client.MessageEnded, error) {
 
 // event handles one event; done with the message's end.
 func (fw *follower) event(ev client.Event) (end client.MessageEnded, done bool, err error) {
-	var d struct {
-		MessageID  string   `json:"message_id"`
-		TurnID     string   `json:"turn_id"`
-		Text       string   `json:"text"`
-		Tool       string   `json:"tool"`
-		ApprovalID string   `json:"approval_id"`
-		QuestionID string   `json:"question_id"`
-		Title      string   `json:"title"`
-		Options    []string `json:"options"`
-		Decision   string   `json:"decision"`
-		By         string   `json:"by"`
-		Answer     string   `json:"answer"`
-		Outcome    string   `json:"outcome"`
-		Reason     string   `json:"reason"`
-		Slots      int      `json:"slots"`
-		Resident   int      `json:"resident"`
-		Cancelled  bool     `json:"cancelled"`
-		IsError    bool     `json:"is_error"`
+	p, err := ev.Payload()
+	if errors.Is(err, event.ErrUnknownType) {
+		return end, false, nil // a newer server's: nothing to say of it
 	}
-	if err := ev.Decode(&d); err != nil {
+	if err != nil {
 		return end, false, err
 	}
-	mineMsg := d.MessageID == fw.acc.ID
-	mineTurn := fw.turn != "" && d.TurnID == fw.turn
+	mine := func(messageID string) bool { return messageID == fw.acc.ID }
+	mineTurn := func(turnID string) bool { return fw.turn != "" && turnID == fw.turn }
 	say := func(format string, a ...any) {
 		if !fw.json {
 			fmt.Fprintf(fw.stderr, format+"\n", a...)
 		}
 	}
-	switch ev.Type {
-	case client.TypeMessageQueued:
-		if mineMsg {
+	switch d := p.(type) {
+	case event.MessageQueued:
+		if mine(d.MessageID) {
 			say("queued")
 		}
-	case client.TypeTurnWaiting:
-		if mineMsg {
+	case event.TurnWaiting:
+		if mine(d.MessageID) {
 			say("waiting for an agent slot (%d of %d in use)", d.Resident, d.Slots)
 		}
-	case client.TypeTurnStarted:
-		if mineMsg {
+	case event.TurnStarted:
+		if mine(d.MessageID) {
 			fw.turn = d.TurnID
 			say("turn started")
 		}
-	case client.TypeMessageDelivered:
-		if mineMsg {
+	case event.MessageDelivered:
+		if mine(d.MessageID) {
 			fw.turn = d.TurnID
 			say("delivered into the running turn")
 		}
-	case client.TypeAgentStarted:
+	case event.AgentStarted:
 		if fw.turn != "" {
 			say("agent started")
 		}
-	case client.TypeTextDelta:
-		if mineTurn && !fw.json {
+	case event.TextDelta:
+		if mineTurn(d.TurnID) && !fw.json {
 			fmt.Fprint(fw.stdout, d.Text)
 			fw.streamed = true
 		}
-	case client.TypeToolStarted:
+	case event.ToolStarted:
 		// "called", not "started": omp reports a tool before asking for
 		// its approval, and the approval event names no call, so whether
 		// this call waits on a person is not known yet.
-		if mineTurn {
+		if mineTurn(d.TurnID) {
 			say("tool %s called", d.Tool)
 		}
-	case client.TypeToolEnded:
-		if mineTurn {
+	case event.ToolEnded:
+		if mineTurn(d.TurnID) {
 			if d.IsError {
 				say("tool %s ended with an error", d.Tool)
 			} else {
 				say("tool %s ended", d.Tool)
 			}
 		}
-	case client.TypeApprovalRequested:
-		if mineTurn {
+	case event.ApprovalRequested:
+		if mineTurn(d.TurnID) {
 			fw.approvals[d.ApprovalID] = true
 			say("approval %s requested for %s: agenthost approve %s %s allow|deny", d.ApprovalID, d.Tool, fw.room, d.ApprovalID)
 		}
-	case client.TypeApprovalResolved:
+	case event.ApprovalResolved:
 		if fw.approvals[d.ApprovalID] {
 			switch {
 			case d.By == "deadline":
@@ -400,8 +386,8 @@ func (fw *follower) event(ev client.Event) (end client.MessageEnded, done bool, 
 				say("approval %s denied (by %s)", d.ApprovalID, d.By)
 			}
 		}
-	case client.TypeQuestionAsked:
-		if mineTurn {
+	case event.QuestionAsked:
+		if mineTurn(d.TurnID) {
 			fw.questions[d.QuestionID] = true
 			opts := ""
 			if len(d.Options) > 0 {
@@ -409,7 +395,7 @@ func (fw *follower) event(ev client.Event) (end client.MessageEnded, done bool, 
 			}
 			say("question %s: %s%s (agenthost answer %s %s TEXT)", d.QuestionID, d.Title, opts, fw.room, d.QuestionID)
 		}
-	case client.TypeQuestionAnswered:
+	case event.QuestionAnswered:
 		if fw.questions[d.QuestionID] {
 			if d.Cancelled {
 				say("question %s ended unanswered (by %s)", d.QuestionID, d.By)
@@ -417,16 +403,16 @@ func (fw *follower) event(ev client.Event) (end client.MessageEnded, done bool, 
 				say("question %s answered: %s", d.QuestionID, d.Answer)
 			}
 		}
-	case client.TypeTurnEnded:
-		if mineTurn {
+	case event.TurnEnded:
+		if mineTurn(d.TurnID) {
 			fw.final = d.Text
 		}
-	case client.TypeMessageEnded:
-		if mineMsg {
+	case event.MessageEnded:
+		if mine(d.MessageID) {
 			if d.Outcome == client.OutcomeAnswered {
 				say("answered a pending question")
 			}
-			return client.MessageEnded{MessageID: d.MessageID, Outcome: d.Outcome, TurnID: d.TurnID, Reason: d.Reason}, true, nil
+			return d, true, nil
 		}
 	}
 	return end, false, nil

@@ -18,10 +18,13 @@ var allowed = map[string][]string{
 	module + "/custody":         {"golang.org/x/sys/", module + "/internal/procio"},
 	module + "/internal/procio": nil,
 	// The HTTP API's Go client is for programs outside the module: the
-	// standard library only, and none of our types in its API.
-	module + "/client": nil,
+	// standard library and the public data packages it shares with the
+	// server (events and their records), nothing else of ours.
+	module + "/client": {module + "/event", module + "/record"},
+	// The events of a room's log: the standard library and the records.
+	module + "/event": {module + "/record"},
 	// The tests' fake room transport: rooms only.
-	module + "/internal/roomfake": append([]string{module + "/room", module + "/internal/store", module + "/record"}, sqliteDeps...),
+	module + "/internal/roomfake": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event"}, sqliteDeps...),
 	// The process daemon and its client: custody, the pipe helper, x/sys
 	// and the pty library; never rooms, the store or the server (those
 	// drive it through its client).
@@ -32,7 +35,7 @@ var allowed = map[string][]string{
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/internal/confine", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
@@ -45,7 +48,7 @@ var allowed = map[string][]string{
 	// The transports' test host: rooms, their store, custody, the agents'
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
-	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/roomsqlite", module + "/custody",
+	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
 	module + "/internal/agents": nil,
 	// Git workspaces: the standard library and the git program only.
@@ -62,11 +65,11 @@ var allowed = map[string][]string{
 	module + "/internal/snapshot": nil,
 	// Rooms' per-turn snapshots: the engine, and rooms (whose interface it
 	// implements); never the server, a transport or an agent.
-	module + "/internal/roomsnap": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/snapshot"},
+	module + "/internal/roomsnap": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/snapshot"},
 		sqliteDeps...),
 	// Rooms' workspaces from git: the engine, and rooms (whose interface it
 	// implements); never the server, a transport or an agent.
-	module + "/internal/roomgit": {module + "/room", module + "/internal/gitws", module + "/record"},
+	module + "/internal/roomgit": {module + "/room", module + "/internal/gitws", module + "/record", module + "/event"},
 	// The store is SQLite and the public record types: rooms own the
 	// interface they need from it, so it can be swapped for another engine.
 	module + "/internal/store": append([]string{module + "/record"}, sqliteDeps...),
@@ -76,9 +79,9 @@ var allowed = map[string][]string{
 	// Rooms know their records and nothing else of ours: the store plugs
 	// in through room.Store, transports through room.Transport (a program
 	// outside this module can bring both).
-	module + "/room": {module + "/record"},
+	module + "/room": {module + "/record", module + "/event"},
 	// The SQLite store as a room.Store.
-	module + "/internal/roomsqlite": append([]string{module + "/room", module + "/internal/store", module + "/record"}, sqliteDeps...),
+	module + "/internal/roomsqlite": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event"}, sqliteDeps...),
 	// Agents as processes of the daemon: the daemon's client, the
 	// protocol client and custody's receipts; never rooms.
 	module + "/internal/daemonproc": {module + "/procd", module + "/rpc", module + "/custody", module + "/internal/procio",
@@ -88,9 +91,9 @@ var allowed = map[string][]string{
 	// Rooms over NATS JetStream: rooms (whose interfaces it implements),
 	// their store's record types and the NATS server and client; never
 	// the HTTP server, a transport or an agent.
-	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store", module + "/record"},
+	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event"},
 		append(sqliteDeps, natsDeps...)...),
-	module + "/internal/server": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/internal/buildinfo"},
+	module + "/internal/server": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
 		append(sqliteDeps, prometheusDeps...)...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,

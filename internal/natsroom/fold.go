@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 )
 
@@ -230,9 +231,9 @@ func (f *fold) event(e evRec) {
 	}
 	f.room.LastSeq = e.Seq
 	switch e.Type {
-	case "agent.started":
+	case event.TypeAgentStarted:
 		f.resident = true
-	case "agent.released", evTakeover:
+	case event.TypeAgentReleased, evTakeover:
 		// A new holder runs no agent yet; the old holder's is gone
 		// (released, or ended with the lease).
 		f.resident = false

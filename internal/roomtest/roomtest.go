@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
@@ -132,8 +133,39 @@ func (h *Host) closeRest() {
 	if err := h.Cust.Close(); err != nil {
 		h.T.Errorf("closing custody: %v", err)
 	}
+	h.checkEvents()
 	_ = h.DB.Close()
 	h.M = nil
+}
+
+// checkEvents checks every event the rooms wrote: each is exactly what
+// its type in package event says.
+func (h *Host) checkEvents() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rooms, err := h.DB.RoomIDs(ctx)
+	if err != nil {
+		h.T.Errorf("the rooms: %v", err)
+		return
+	}
+	for _, rm := range rooms {
+		for after := int64(0); ; {
+			evs, err := h.DB.Events(ctx, rm, after, 0)
+			if err != nil {
+				h.T.Errorf("room %s: %v", rm, err)
+				return
+			}
+			for _, ev := range evs {
+				if err := event.Validate(ev.Type, ev.Data); err != nil {
+					h.T.Errorf("room %s, event %d: %v", rm, ev.Seq, err)
+				}
+				after = ev.Seq
+			}
+			if len(evs) < record.MaxPage {
+				break
+			}
+		}
+	}
 }
 
 // Submit queues text in the room, from "ann".
@@ -205,7 +237,7 @@ func (h *Host) waitFor(roomID string, after int64, what string, ok func(store.Ev
 // Ended waits for acc's turn.ended and returns its data.
 func (h *Host) Ended(roomID string, acc room.Accepted) map[string]any {
 	h.T.Helper()
-	_, d := h.Wait(roomID, acc.Seq, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	_, d := h.Wait(roomID, acc.Seq, event.TypeTurnEnded, func(d map[string]any) bool { return d["message_id"] == acc.ID })
 	return d
 }
 
@@ -284,9 +316,9 @@ func (h *Host) CheckTurnEvents(roomID string) {
 	for _, ev := range h.Events(roomID) {
 		id := Field(ev.Data, "turn_id")
 		switch ev.Type {
-		case "turn.started":
+		case event.TypeTurnStarted:
 			running = id
-		case "turn.ended":
+		case event.TypeTurnEnded:
 			running = ""
 		case room.KindText, room.KindToolStarted, room.KindToolEnded:
 			if id == "" || id != running {

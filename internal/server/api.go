@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -239,14 +240,10 @@ func (s *Server) releaseRoom(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Type != "agent.released" {
+		if evs[i].Type != event.TypeAgentReleased {
 			continue
 		}
-		var d struct {
-			Reason  string          `json:"reason"`
-			Receipt json.RawMessage `json:"receipt"`
-			Error   string          `json:"error"`
-		}
+		var d event.AgentReleased
 		_ = json.Unmarshal(evs[i].Data, &d)
 		out := map[string]any{"released": true, "seq": evs[i].Seq, "reason": d.Reason}
 		if len(d.Receipt) > 0 {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -148,25 +149,19 @@ func (mt *metrics) catchUp(ctx context.Context) error {
 
 func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 	mt.events.Inc()
-	var d struct {
-		TurnID   string          `json:"turn_id"`
-		Outcome  string          `json:"outcome"`
-		Decision string          `json:"decision"`
-		By       string          `json:"by"`
-		Error    string          `json:"error"`
-		Receipt  json.RawMessage `json:"receipt"`
-		Usage    store.Usage     `json:"usage"`
-	}
 	switch typ {
-	case "turn.started", "turn.ended", "approval.resolved", "agent.released":
-		_ = json.Unmarshal(data, &d)
+	case event.TypeTurnStarted, event.TypeTurnEnded, event.TypeApprovalResolved, event.TypeAgentReleased:
 	default:
 		return
 	}
-	switch typ {
-	case "turn.started":
+	p, err := event.Decode(typ, data)
+	if err != nil {
+		return // counted as an event; its fields are unreadable
+	}
+	switch d := p.(type) {
+	case event.TurnStarted:
 		mt.started[d.TurnID] = at
-	case "turn.ended":
+	case event.TurnEnded:
 		mt.turns.WithLabelValues(d.Outcome).Inc()
 		u := d.Usage
 		for i, n := range []int64{u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens} {
@@ -181,9 +176,9 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 			mt.turnDuration.WithLabelValues(d.Outcome).Observe(at.Sub(t0).Seconds())
 			delete(mt.started, d.TurnID)
 		}
-	case "approval.resolved":
+	case event.ApprovalResolved:
 		mt.approvals.WithLabelValues(d.Decision, d.By).Inc()
-	case "agent.released":
+	case event.AgentReleased:
 		mt.receipts.WithLabelValues(receiptOutcome(d.Error, d.Receipt)).Inc()
 	}
 }

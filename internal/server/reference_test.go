@@ -282,6 +282,9 @@ func renderReference(raw []byte) ([]byte, error) {
 			fmt.Fprintf(&b, "%s\n\n", typeOf(s))
 			continue
 		}
+		if len(s.OneOf) > 0 {
+			fmt.Fprintf(&b, "By its `type`, one of: %s.\n\n", strings.ReplaceAll(typeOf(schema{OneOf: s.OneOf}), " or ", ", "))
+		}
 		b.WriteString("| field | type | description |\n|---|---|---|\n")
 		for _, k := range s.Properties.keys {
 			var p schema

@@ -88,6 +88,7 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		_ = h.m.Wait(wctx)
 		cancel()
+		checkEventTypes(t, ropts.Store)
 		_ = db.Close()
 	})
 	return h

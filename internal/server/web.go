@@ -7,9 +7,12 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // The page's files live in web/ so they can be edited (and opened) as
@@ -54,11 +57,28 @@ var buildPage = sync.OnceValue(func() page {
 		return "'sha256-" + base64.StdEncoding.EncodeToString(h[:]) + "'"
 	}
 	html = strings.Replace(html, styleTag, "<style>"+string(css)+"</style>", 1)
+	js = append(eventNames(), js...)
 	html = strings.Replace(html, scriptTag, "<script>"+string(js)+"</script>", 1)
 	csp := "default-src 'none'; script-src " + hash(js) + "; style-src " + hash(css) +
 		"; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 	return page{html: []byte(html), csp: csp}
 })
+
+// eventNames is the page's table of event types, EV, made from package
+// event (EV.TurnEnded is "turn.ended"), so the page names events as the
+// server writes them; app.js uses no other.
+func eventNames() []byte {
+	var b bytes.Buffer
+	b.WriteString("\"use strict\";\n// Event types, from the Go package event.\nconst EV = Object.freeze({")
+	for i, p := range event.Types() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %q", reflect.TypeOf(p).Name(), p.EventType())
+	}
+	b.WriteString("});\n")
+	return b.Bytes()
+}
 
 // Page returns the handler of the web page, for Options.Index.
 func Page() http.Handler {

@@ -5,9 +5,12 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // The page is one self-contained document: its script and style inlined,
@@ -43,5 +46,28 @@ func TestPage_SelfContained(t *testing.T) {
 	}
 	if !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "connect-src 'self'") {
 		t.Fatalf("CSP %q", csp)
+	}
+}
+
+// The page names events only through EV, the table made from package
+// event, so a type the server renames cannot be missed by the page.
+func TestPage_EventNamesFromTheGoTypes(t *testing.T) {
+	js, err := webFiles.ReadFile("web/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range event.Types() {
+		if typ := p.EventType(); strings.Contains(string(js), `"`+typ+`"`) || strings.Contains(string(js), `'`+typ+`'`) {
+			t.Errorf("app.js names %s as a string: use EV.%s", typ, reflect.TypeOf(p).Name())
+		}
+	}
+	used := regexp.MustCompile(`\bEV\.([A-Za-z]+)`).FindAllStringSubmatch(string(js), -1)
+	if len(used) == 0 {
+		t.Fatal("app.js uses no EV entry")
+	}
+	for _, u := range used {
+		if !strings.Contains(string(eventNames()), " "+u[1]+": ") && !strings.Contains(string(eventNames()), "{"+u[1]+": ") {
+			t.Errorf("app.js uses EV.%s, which package event does not define", u[1])
+		}
 	}
 }

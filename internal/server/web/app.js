@@ -526,14 +526,14 @@ function scroll() {
 
 function apply(rm, type, ev) {
   switch (type) {
-    case "message.accepted":
+    case EV.MessageAccepted:
       showMessage(rm, ev.message_id, ev.sender, ev.text);
       break;
-    case "turn.started":
+    case EV.TurnStarted:
       // A replayed start of a turn whose record shows it ended.
       if (!turnBubble(rm, ev.turn_id).li.dataset.outcome) setTurn(ev.turn_id);
       break;
-    case "text.delta": {
+    case EV.TextDelta: {
       const t = bubbleFor(rm, ev.turn_id);
       // A delta of an ended turn (a late one, or one the stream replays
       // after the turn's record): its final text already has it.
@@ -542,7 +542,7 @@ function apply(rm, type, ev) {
       t.li.dataset.deltas = String(Number(t.li.dataset.deltas || 0) + 1);
       break;
     }
-    case "tool.started": {
+    case EV.ToolStarted: {
       const t = bubbleFor(rm, ev.turn_id);
       // A turn shown from its record shows its answer, not the part of
       // its tool calls the stream happens to replay.
@@ -555,7 +555,7 @@ function apply(rm, type, ev) {
       rm.tools.set(ev.call_id, { d, s });
       break;
     }
-    case "tool.ended": {
+    case EV.ToolEnded: {
       let tl = rm.tools.get(ev.call_id);
       if (!tl && bubbleFor(rm, ev.turn_id).recorded) break;
       if (!tl) {
@@ -570,26 +570,26 @@ function apply(rm, type, ev) {
       if (ev.output) tl.d.append(el("pre", "output", ev.output));
       break;
     }
-    case "approval.requested":
+    case EV.ApprovalRequested:
       addApproval(rm, ev);
       roomsSoon();
       break;
-    case "approval.resolved": {
+    case EV.ApprovalResolved: {
       const li = $("approvals").querySelector('[data-id="' + CSS.escape(ev.approval_id) + '"]');
       if (li) li.remove();
       note("approval " + (ev.decision === "allow" ? "allowed" : "denied") + " by " + ev.by);
       break;
     }
-    case "question.asked":
+    case EV.QuestionAsked:
       addQuestion(rm, ev);
       break;
-    case "question.answered": {
+    case EV.QuestionAnswered: {
       const li = $("questions").querySelector('[data-id="' + CSS.escape(ev.question_id) + '"]');
       if (li) li.remove();
       note(ev.cancelled ? "question withdrawn" : "answered: " + ev.answer);
       break;
     }
-    case "turn.ended": {
+    case EV.TurnEnded: {
       const t = turnBubble(rm, ev.turn_id);
       endTurn(t, ev);
       showChanges(rm, t, ev);
@@ -598,22 +598,22 @@ function apply(rm, type, ev) {
       roomsSoon();
       break;
     }
-    case "agent.started":
+    case EV.AgentStarted:
       if (ev.confinement && ev.seq > rm.confSeq) {
         rm.confSeq = ev.seq;
         showConfinement(ev.confinement);
       }
       break;
-    case "workspace.ready":
+    case EV.WorkspaceReady:
       note("workspace checked out: " + ev.url + " at " + ev.ref + " (" + ev.commit.slice(0, 12) + ")");
       break;
-    case "budget.exhausted":
+    case EV.BudgetExhausted:
       note("the room's budget is exhausted (" + ev.limit + "): raise it in Settings to go on");
       break;
-    case "workspace.reverted":
+    case EV.WorkspaceReverted:
       note("workspace reverted to before turn " + ev.turn_id + " (" + ev.count + " file(s) restored)");
       break;
-    case "context.lost":
+    case EV.ContextLost:
       note("the agent lost its earlier context" + (ev.reason ? ": " + ev.reason : ""));
       break;
     default:

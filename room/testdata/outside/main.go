@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
 )
@@ -54,12 +55,8 @@ func run() error {
 		}
 		for _, ev := range evs {
 			after = ev.Seq
-			var end struct {
-				MessageID string `json:"message_id"`
-				Outcome   string `json:"outcome"`
-				Text      string `json:"text"`
-			}
-			if ev.Type == "turn.ended" && json.Unmarshal(ev.Data, &end) == nil && end.MessageID == acc.ID {
+			var end event.TurnEnded
+			if ev.Type == event.TypeTurnEnded && json.Unmarshal(ev.Data, &end) == nil && end.MessageID == acc.ID {
 				fmt.Println(end.Text)
 				fmt.Println("ended:", end.Outcome)
 				if err := m.Close(); err != nil {
