@@ -465,6 +465,7 @@ type serveProc struct {
 	lines  chan string // stdout, line by line
 	exited chan struct{}
 	err    error // its exit, once exited is closed
+	term   sync.Once
 }
 
 // startServeProc starts `agenthost serve args...` (the test binary as the
@@ -493,16 +494,20 @@ func startServeProc(t *testing.T, token string, args ...string) *serveProc {
 		p.err = cmd.Wait()
 		close(p.exited)
 	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-	})
+	t.Cleanup(p.stop)
 	return p
+}
+
+// stop sends SIGTERM (once: a second one ends serve at once, without its
+// graceful shutdown) and waits for the exit, killing after 30 s.
+func (p *serveProc) stop() {
+	p.term.Do(func() { _ = p.cmd.Process.Signal(syscall.SIGTERM) })
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
 }
 
 // url waits for the start line and returns the API's base URL.
@@ -559,7 +564,10 @@ func TestServe_NATSClusterRefusesStrangers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer member.Close()
+	// The peer closes after serve has stopped: without it, serve's
+	// shutdown waited out the timeouts of a cluster that lost its quorum
+	// (about 9 s).
+	t.Cleanup(func() { p.stop(); member.Close() })
 	base := p.url(t)
 	clientURL := fmt.Sprintf("nats://127.0.0.1:%d", nport)
 	if nc, err := nats.Connect(clientURL, nats.MaxReconnects(0)); err == nil {
@@ -639,7 +647,10 @@ func TestServe_NATSStorageFullAnswers503AndKeepsTheRooms(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns.Start()
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	// A cleanup, so that it runs after serve's (cleanups run last
+	// first): without its server, serve's shutdown waited out its
+	// requests' timeouts (about 8 s).
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	if !ns.ReadyForConnections(10 * time.Second) {
 		t.Fatal("the server did not start")
 	}
