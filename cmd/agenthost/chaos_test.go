@@ -504,6 +504,10 @@ func (c *chaosRun) kill(i int) {
 }
 
 func (c *chaosRun) stop() {
+	// The nodes are stopped together: one after the other, the last
+	// one's shutdown outlived its cluster's quorum (about 15 s of this
+	// test's end, against about 3 s together).
+	exits := map[int]chan struct{}{}
 	for i, n := range c.nodes {
 		if n == nil || n.cmd == nil {
 			continue
@@ -518,6 +522,13 @@ func (c *chaosRun) stop() {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { _ = n.cmd.Wait(); close(done) }()
+		exits[i] = done
+	}
+	for i, n := range c.nodes {
+		done, ok := exits[i]
+		if !ok {
+			continue
+		}
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
