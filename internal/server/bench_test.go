@@ -12,10 +12,12 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -369,5 +371,141 @@ func BenchmarkMetrics20k(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		benchGet(b, h.url+"/metrics")
+	}
+}
+
+// BenchmarkSubmitToTurnStarted100Rooms4Clients: 4 clients post through
+// the API to 100 rooms (each client to rooms of its own, one message in
+// flight per client) and read each room's event stream; a message's
+// latency is from its POST to its turn.started arriving on the stream,
+// as a client sees it. The fake agent answers at once, so this is the
+// host: the store's writes (fsync on), the room's worker and the stream.
+// Reports p50 and p99 in milliseconds.
+func BenchmarkSubmitToTurnStarted100Rooms4Clients(b *testing.B) {
+	const rooms, clients = 100, 4
+	h := newBenchHarness(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	tr := &http.Transport{MaxIdleConnsPerHost: rooms + clients}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	post := func(rm int, text string) (string, error) {
+		body, _ := json.Marshal(map[string]string{"text": text})
+		req, _ := http.NewRequestWithContext(ctx, "POST", fmt.Sprintf("%s/v1/rooms/room-%d/messages", h.url, rm), bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		res, err := hc.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer res.Body.Close()
+		var acc struct{ ID string }
+		if err := json.NewDecoder(res.Body).Decode(&acc); err != nil || res.StatusCode != http.StatusAccepted {
+			return "", fmt.Errorf("post: %d %v", res.StatusCode, err)
+		}
+		return acc.ID, nil
+	}
+	// seen carries, per room, the turn.started and message.ended events
+	// its stream reads: "started <message id>" and "ended <message id>".
+	seen := make([]chan string, rooms)
+	var readers sync.WaitGroup
+	defer readers.Wait()
+	defer cancel()
+	for rm := range rooms {
+		seen[rm] = make(chan string, 64)
+		first, err := post(rm, "warm")
+		if err != nil {
+			b.Fatal(err)
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/v1/rooms/room-%d/events", h.url, rm), nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		res, err := hc.Do(req)
+		if err != nil || res.StatusCode != http.StatusOK {
+			b.Fatalf("stream: %v", err)
+		}
+		readers.Go(func() {
+			defer res.Body.Close()
+			sc := newScanner(res.Body)
+			var typ string
+			for sc.Scan() {
+				line := sc.Text()
+				switch {
+				case strings.HasPrefix(line, "event: "):
+					typ = line[len("event: "):]
+				case strings.HasPrefix(line, "data: ") && (typ == event.TypeTurnStarted || typ == event.TypeMessageEnded):
+					var d struct {
+						MessageID string `json:"message_id"`
+					}
+					_ = json.Unmarshal([]byte(line[len("data: "):]), &d)
+					what := "ended "
+					if typ == event.TypeTurnStarted {
+						what = "started "
+					}
+					select {
+					case seen[rm] <- what + d.MessageID:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		})
+		if err := waitFor(ctx, seen[rm], "ended "+first); err != nil {
+			b.Fatal(err)
+		}
+	}
+	jobs := make(chan struct{})
+	lat := make([][]time.Duration, clients)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := c; ; i = (i + clients) % rooms {
+				if _, ok := <-jobs; !ok {
+					return
+				}
+				t0 := time.Now()
+				id, err := post(i, "hello")
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := waitFor(ctx, seen[i], "started "+id); err != nil {
+					b.Error(err)
+					return
+				}
+				lat[c] = append(lat[c], time.Since(t0))
+				// The room is idle again before its next message.
+				if err := waitFor(ctx, seen[i], "ended "+id); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	for b.Loop() {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	wg.Wait()
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	if len(all) > 0 {
+		b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(p99(all).Microseconds())/1000, "p99-ms")
+	}
+}
+
+// waitFor reads ch until it gives want.
+func waitFor(ctx context.Context, ch <-chan string, want string) error {
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %q: %w", want, ctx.Err())
+		}
 	}
 }

@@ -22,7 +22,7 @@ func (db *DB) Events(ctx context.Context, room string, after int64, limit int) (
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
-	rows, err := db.rdb.QueryContext(ctx,
+	rows, err := db.query(ctx,
 		"SELECT seq, type, time_ns, data FROM events WHERE room = ? AND seq > ? ORDER BY seq LIMIT ?", room, after, limit)
 	if err != nil {
 		return nil, wrap("events", err)
@@ -45,7 +45,7 @@ func (db *DB) Events(ctx context.Context, room string, after int64, limit int) (
 // LastSeq is the room's last committed sequence number (0 for none).
 func (db *DB) LastSeq(ctx context.Context, room string) (int64, error) {
 	var s int64
-	err := db.rdb.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = ?", room).Scan(&s)
+	err := db.queryRow(ctx, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = ?", room).Scan(&s)
 	return s, wrap("last seq", err)
 }
 
@@ -54,7 +54,7 @@ func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 	r := Room{ID: id}
 	var created int64
 	var cfg []byte
-	err := db.rdb.QueryRowContext(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+	err := db.queryRow(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
 		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`, id).
 		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen, &r.LastSeq)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -88,7 +88,7 @@ func (u roomUsage) fill(r *Room) {
 // usage reads the usage of the rooms whose ids are from first to last,
 // by room: one range read of room_usage's key.
 func (db *DB) usage(ctx context.Context, first, last string) (map[string]roomUsage, error) {
-	rows, err := db.rdb.QueryContext(ctx, `SELECT room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd
+	rows, err := db.query(ctx, `SELECT room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd
 		FROM room_usage WHERE room >= ? AND room <= ?`, first, last)
 	if err != nil {
 		return nil, wrap("usage", err)
@@ -114,7 +114,7 @@ func (db *DB) usage(ctx context.Context, first, last string) (map[string]roomUsa
 // (nil when it has none, or the room is unknown).
 func (db *DB) RoomConfig(ctx context.Context, id string) (json.RawMessage, error) {
 	var cfg []byte
-	err := db.rdb.QueryRowContext(ctx, "SELECT config FROM rooms WHERE id = ?", id).Scan(&cfg)
+	err := db.queryRow(ctx, "SELECT config FROM rooms WHERE id = ?", id).Scan(&cfg)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -130,7 +130,7 @@ func (db *DB) RoomConfig(ctx context.Context, id string) (json.RawMessage, error
 // AgentRooms lists the rooms with a recorded agent handle (see
 // Room.AgentProc), in order of id.
 func (db *DB) AgentRooms(ctx context.Context) ([]Room, error) {
-	rows, err := db.rdb.QueryContext(ctx, "SELECT id, agent, session_id, agent_proc, agent_offset, agent_seen FROM rooms WHERE agent_proc <> '' ORDER BY id")
+	rows, err := db.query(ctx, "SELECT id, agent, session_id, agent_proc, agent_offset, agent_seen FROM rooms WHERE agent_proc <> '' ORDER BY id")
 	if err != nil {
 		return nil, wrap("agent rooms", err)
 	}
@@ -159,7 +159,7 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 		limit = MaxRoomsPage
 	}
 	limit = min(limit, MaxRoomsPage+1)
-	rows, err := db.rdb.QueryContext(ctx, `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+	rows, err := db.query(ctx, `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
 		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, wrap("rooms", err)
@@ -192,13 +192,13 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 // RoomCount is the number of rooms the store holds.
 func (db *DB) RoomCount(ctx context.Context) (int, error) {
 	var n int
-	err := db.rdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM rooms").Scan(&n)
+	err := db.queryRow(ctx, "SELECT COUNT(*) FROM rooms").Scan(&n)
 	return n, wrap("rooms", err)
 }
 
 // RoomIDs lists the rooms' ids in order.
 func (db *DB) RoomIDs(ctx context.Context) ([]string, error) {
-	rows, err := db.rdb.QueryContext(ctx, "SELECT id FROM rooms ORDER BY id")
+	rows, err := db.query(ctx, "SELECT id FROM rooms ORDER BY id")
 	if err != nil {
 		return nil, wrap("rooms", err)
 	}
@@ -241,13 +241,13 @@ func (db *DB) Messages(ctx context.Context, room string, after int64, limit int)
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
-	return scanMessages(db.rdb.QueryContext(ctx,
+	return scanMessages(db.query(ctx,
 		"SELECT "+messageCols+" FROM messages WHERE room = ? AND seq > ? ORDER BY seq LIMIT ?", room, after, limit))
 }
 
 // Message returns one message of the room, ErrNotFound for an unknown one.
 func (db *DB) Message(ctx context.Context, room, id string) (Message, error) {
-	ms, err := scanMessages(db.rdb.QueryContext(ctx, "SELECT "+messageCols+" FROM messages WHERE id = ? AND room = ?", id, room))
+	ms, err := scanMessages(db.query(ctx, "SELECT "+messageCols+" FROM messages WHERE id = ? AND room = ?", id, room))
 	if err != nil {
 		return Message{}, err
 	}
@@ -260,7 +260,7 @@ func (db *DB) Message(ctx context.Context, room, id string) (Message, error) {
 // OpenMessages returns every message not yet ended, in every room, by
 // room and order of acceptance: what a restarted host must finish.
 func (db *DB) OpenMessages(ctx context.Context) ([]Message, error) {
-	return scanMessages(db.rdb.QueryContext(ctx,
+	return scanMessages(db.query(ctx,
 		"SELECT "+messageCols+" FROM messages WHERE status <> 'ended' ORDER BY room, seq"))
 }
 
@@ -292,13 +292,13 @@ func (db *DB) Turns(ctx context.Context, room string, after int64, limit int) ([
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
-	return scanTurns(db.rdb.QueryContext(ctx, `SELECT t.id, t.room, t.message_id, t.outcome, t.reason, t.text, t.started_ns, t.ended_ns,
+	return scanTurns(db.query(ctx, `SELECT t.id, t.room, t.message_id, t.outcome, t.reason, t.text, t.started_ns, t.ended_ns,
 		t.input_tokens, t.output_tokens, t.cache_read_tokens, t.cache_write_tokens, t.cost_usd FROM turns t JOIN messages m ON m.id = t.message_id WHERE t.room = ? AND m.seq > ? ORDER BY m.seq, t.started_ns LIMIT ?`, room, after, limit))
 }
 
 // OpenTurns returns the turns that started and never ended, in every room.
 func (db *DB) OpenTurns(ctx context.Context) ([]Turn, error) {
-	return scanTurns(db.rdb.QueryContext(ctx, "SELECT "+turnCols+" FROM turns WHERE ended_ns = 0 ORDER BY room, started_ns"))
+	return scanTurns(db.query(ctx, "SELECT "+turnCols+" FROM turns WHERE ended_ns = 0 ORDER BY room, started_ns"))
 }
 
 // Approvals returns the room's approvals in order of creation (all rooms
@@ -315,7 +315,7 @@ func (db *DB) Approvals(ctx context.Context, room string, pending bool) ([]Appro
 	if pending {
 		q += " AND decision = ''"
 	}
-	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", args...)
+	rows, err := db.query(ctx, q+" ORDER BY created_ns, id", args...)
 	if err != nil {
 		return nil, wrap("approvals", err)
 	}
@@ -349,7 +349,7 @@ func (db *DB) Questions(ctx context.Context, room string, pending bool) ([]Quest
 	if pending {
 		q += " AND by = ''"
 	}
-	rows, err := db.rdb.QueryContext(ctx, q+" ORDER BY created_ns, id", args...)
+	rows, err := db.query(ctx, q+" ORDER BY created_ns, id", args...)
 	if err != nil {
 		return nil, wrap("questions", err)
 	}
@@ -373,7 +373,7 @@ func (db *DB) Questions(ctx context.Context, room string, pending bool) ([]Quest
 
 // Receipts returns the room's custody receipts, oldest first.
 func (db *DB) Receipts(ctx context.Context, room string) ([]Receipt, error) {
-	rows, err := db.rdb.QueryContext(ctx, "SELECT id, time_ns, receipt FROM receipts WHERE room = ? ORDER BY id", room)
+	rows, err := db.query(ctx, "SELECT id, time_ns, receipt FROM receipts WHERE room = ? ORDER BY id", room)
 	if err != nil {
 		return nil, wrap("receipts", err)
 	}
@@ -398,7 +398,7 @@ func (db *DB) Exchanges(ctx context.Context, room string, before int64, limit in
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
-	rows, err := db.rdb.QueryContext(ctx, `SELECT m.sender, m.text, COALESCE(t.text, '') FROM messages m
+	rows, err := db.query(ctx, `SELECT m.sender, m.text, COALESCE(t.text, '') FROM messages m
 		LEFT JOIN turns t ON t.id = m.turn_id WHERE m.room = ? AND m.seq < ? ORDER BY m.seq DESC LIMIT ?`, room, before, limit)
 	if err != nil {
 		return nil, wrap("exchanges", err)

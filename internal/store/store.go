@@ -110,6 +110,105 @@ type DB struct {
 	// seqs caches each room's last sequence number; only the writer
 	// goroutine touches it.
 	seqs map[string]int64
+	// wstmts are the writer's statements, prepared once on its one
+	// connection and used by every batch's transaction (SQLite otherwise
+	// parses a statement at every exec); only the writer goroutine
+	// touches them. rstmts are the readers' (smu guards them); each is
+	// prepared on a pool connection the first time it runs there.
+	wstmts      map[string]*sql.Stmt
+	want        []string // statements to prepare after this batch
+	smu         sync.Mutex
+	rstmts      map[string]*sql.Stmt
+	stmtsClosed bool
+}
+
+// maxStmts bounds each statement cache. The queries are the store's own
+// constants, a few dozen; past the bound a query is prepared per call.
+const maxStmts = 128
+
+// readStmt is the readers' prepared statement for query (nil when the
+// cache is full). It prepares outside the lock: a reader holding a pool
+// connection may wait for the lock, so the lock's holder must not wait
+// for a connection.
+func (db *DB) readStmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	db.smu.Lock()
+	st, ok := db.rstmts[query]
+	full := len(db.rstmts) >= maxStmts
+	db.smu.Unlock()
+	if ok || full {
+		return st, nil
+	}
+	st, err := db.rdb.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	db.smu.Lock()
+	defer db.smu.Unlock()
+	if had, ok := db.rstmts[query]; ok || db.stmtsClosed {
+		_ = st.Close() // another reader's came first, or the store closed
+		return had, nil
+	}
+	if db.rstmts == nil {
+		db.rstmts = map[string]*sql.Stmt{}
+	}
+	db.rstmts[query] = st
+	return st, nil
+}
+
+// query runs a read through its prepared statement.
+func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := db.readStmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return db.rdb.QueryContext(ctx, query, args...)
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// queryRow is query for one row; an error comes with Scan.
+func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := db.readStmt(ctx, query)
+	if err != nil || st == nil {
+		return db.rdb.QueryRowContext(ctx, query, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// prepareWanted prepares the writer's statements a batch asked for, once
+// its transaction is over: the writer has one connection, which a
+// transaction holds. Only the writer goroutine calls it.
+func (db *DB) prepareWanted() {
+	for _, q := range db.want {
+		if len(db.wstmts) >= maxStmts {
+			break
+		}
+		st, err := db.wdb.PrepareContext(context.Background(), q)
+		if err != nil {
+			continue // prepared per batch, as before
+		}
+		if db.wstmts == nil {
+			db.wstmts = map[string]*sql.Stmt{}
+		}
+		db.wstmts[q] = st
+	}
+	db.want = db.want[:0]
+}
+
+// closeStmts closes the cached statements (after the writer stopped).
+func (db *DB) closeStmts() error {
+	var err error
+	for _, st := range db.wstmts {
+		err = errors.Join(err, st.Close())
+	}
+	db.smu.Lock()
+	defer db.smu.Unlock()
+	for _, st := range db.rstmts {
+		err = errors.Join(err, st.Close())
+	}
+	db.rstmts, db.stmtsClosed = nil, true
+	return err
 }
 
 // Open opens (creating if needed) the store at path, takes its lock file
@@ -179,7 +278,7 @@ func (db *DB) Close() error {
 	db.mu.Unlock()
 	close(db.quit)
 	<-db.done
-	err := errors.Join(db.rdb.Close(), db.wdb.Close())
+	err := errors.Join(db.closeStmts(), db.rdb.Close(), db.wdb.Close())
 	// The lock goes last: another process may open the store only once
 	// this one has let go of it.
 	err = errors.Join(err, db.lock.Close())
@@ -422,6 +521,9 @@ func (db *DB) commit(batch []*writeReq) {
 	finish(nil)
 	if len(touched) > 0 {
 		db.notify(touched)
+	}
+	if len(db.want) > 0 {
+		db.prepareWanted()
 	}
 }
 

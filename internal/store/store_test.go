@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -853,5 +854,54 @@ func TestEndTurn_CountsUsageBySender(t *testing.T) {
 	ts, err := db.Turns(ctx, "a", 0, 0)
 	if err != nil || len(ts) != 4 || ts[0].Usage != spend[0].u {
 		t.Fatalf("turns %+v, %v", ts, err)
+	}
+}
+
+// The writer prepares a statement once, after the first batch that ran
+// it, and later batches reuse it; readers prepare theirs once too.
+func TestStatementsPreparedOnce(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	write1 := func(i int) {
+		t.Helper()
+		if err := db.Write(ctx, func(w *Writer) error {
+			_, err := w.Append("r", "text.delta", map[string]string{"text": strconv.Itoa(i)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write1(0)
+	// The writer prepared what the first batch ran once its transaction
+	// ended; it runs nothing else until the next write.
+	write1(1)
+	var prepared int
+	// A write's function runs on the writer goroutine, which owns wstmts.
+	if err := db.Write(ctx, func(w *Writer) error { prepared = len(db.wstmts); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Fatal("no writer statement prepared")
+	}
+	for i := 2; i < 20; i++ {
+		write1(i)
+	}
+	grown := -1
+	if err := db.Write(ctx, func(w *Writer) error { grown = len(db.wstmts) - prepared; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if grown != 0 {
+		t.Errorf("%d more statements prepared for the same writes", grown)
+	}
+	for range 3 {
+		if evs, err := db.Events(ctx, "r", 0, 0); err != nil || len(evs) != 20 {
+			t.Fatalf("%d events, %v", len(evs), err)
+		}
+	}
+	db.smu.Lock()
+	n := len(db.rstmts)
+	db.smu.Unlock()
+	if n != 1 {
+		t.Errorf("%d reader statements for one query", n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -44,17 +45,25 @@ func (w *Writer) queryRow(query string, args ...any) *sql.Row {
 	return st.QueryRow(args...)
 }
 
-// stmt is the batch's prepared statement for query: SQLite otherwise
-// parses a statement at every exec, and a batch under load runs the same
-// few statements many times. They close with the transaction. The
-// queries are the writer's own constants: a few dozen at most.
+// stmt is the batch's statement for query: the writer's statement
+// prepared once (see DB.prepareWanted), bound to this transaction, which
+// runs it on the writer's connection without parsing it again; else one
+// prepared for this batch. They close with the transaction.
 func (w *Writer) stmt(query string) (*sql.Stmt, error) {
 	if st, ok := w.stmts[query]; ok {
 		return st, nil
 	}
-	st, err := w.tx.PrepareContext(context.Background(), query)
-	if err != nil {
-		return nil, err
+	var st *sql.Stmt
+	if base, ok := w.db.wstmts[query]; ok {
+		st = w.tx.StmtContext(context.Background(), base)
+	} else {
+		var err error
+		if st, err = w.tx.PrepareContext(context.Background(), query); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(w.db.want, query) {
+			w.db.want = append(w.db.want, query)
+		}
 	}
 	if w.stmts == nil {
 		w.stmts = map[string]*sql.Stmt{}
