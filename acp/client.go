@@ -633,7 +633,12 @@ func (o *outWriter) Write(b []byte) (int, error) {
 		if json.Unmarshal(b, &m) == nil && m.Method == sdk.AgentMethodSessionPrompt && len(m.ID) > 0 {
 			o.c.mu.Lock()
 			o.c.promptIDs[idKey(m.ID)] = m.Params.SessionID
+			t := o.c.turns[m.Params.SessionID]
 			o.c.mu.Unlock()
+			if t != nil {
+				// Written (or failed): a cancel may follow it now.
+				defer t.sentOnce.Do(func() { close(t.sent) })
+			}
 		}
 	}
 	return o.w.Write(b)

@@ -63,6 +63,11 @@ var knownUpdates = map[string]bool{
 // turn is one running prompt.
 type turn struct {
 	done chan struct{}
+	// sent is closed once the prompt's request was written to the agent
+	// (or its write failed): session/cancel goes out only after it, since
+	// an agent ignores a cancel for a prompt it has not read yet.
+	sent     chan struct{}
+	sentOnce sync.Once
 	// ctx is the prompt's: once it ends the turn is being cancelled, and a
 	// permission request of the session gets the cancelled outcome (kept
 	// for the prompt's life only).
@@ -279,7 +284,7 @@ type Result struct {
 // caller should Close the agent). An agent that exits mid-turn gives an
 // ExitError.
 func (c *Client) Prompt(ctx context.Context, session, text string) (Result, error) {
-	t := &turn{done: make(chan struct{}), ctx: ctx}
+	t := &turn{done: make(chan struct{}), sent: make(chan struct{}), ctx: ctx}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -383,12 +388,20 @@ func (c *Client) sendCancel(session string) {
 	// a pending one included (its Permission callback is cut short).
 	c.mu.Lock()
 	c.cancelled[session] = true
+	t := c.turns[session]
 	c.mu.Unlock()
 	if !c.enter() {
 		return
 	}
 	go func() {
 		defer c.handlers.Done()
+		if t != nil {
+			select {
+			case <-t.sent:
+			case <-t.done:
+				return // the prompt ended unsent: nothing to cancel
+			}
+		}
 		_ = c.conn.Cancel(context.Background(), sdk.CancelNotification{SessionId: sdk.SessionId(session)})
 	}()
 }
