@@ -47,6 +47,7 @@ fuzz:
 	$(GO) test ./procd -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/snapshot -run '^$$' -fuzz '^FuzzParseRawDiff$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/snapshot -run '^$$' -fuzz '^FuzzParseStatus$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/detail -run '^$$' -fuzz '^FuzzRedact$$' -fuzztime $(FUZZTIME)
 
 bench: setup
 	$(GO) test ./rpc -run '^$$' -bench . -benchmem

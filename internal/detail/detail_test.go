@@ -1,6 +1,7 @@
 package detail
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -14,6 +15,9 @@ func TestRedact(t *testing.T) {
 		"use ghp_0123456789abcdefABCD now":                           "use [redacted] now",
 		"nothing to see, sk-short":                                   "nothing to see, sk-short",
 		"$ echo 'Authorization: Bearer sk-live-0123456789abcdefXYZ'": "$ echo 'Authorization: Bearer [redacted]'",
+		// ſ folds to s, but is no word character: a key starts at it.
+		// (Matched again alone, this used to panic.)
+		"aſk-0123456789abcdef": "a[redacted]",
 	} {
 		if got := Redact(in); got != want {
 			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
@@ -66,5 +70,47 @@ func TestBound(t *testing.T) {
 	}
 	if got := Bound("ok", 10); got != "ok" {
 		t.Fatalf("%q", got)
+	}
+}
+
+// Redact matches what the regular expression replaces over the whole
+// text, which it runs only where a keyword starts.
+func TestRedact_SameAsWholeScan(t *testing.T) {
+	parts := []string{"api", "API", "_", "-", "key", "Key", "token", "TOKEN", "secret", "password", "Passwd", "authorization",
+		"sk", "SK", "ghp", "gho", "xoxb", "xoxp", "ſ", "\u212a", "é", " ", "\t", "\n", "=", ":", "\"", "'", "bearer ", "Bearer  ",
+		"abcdefghijklmnop", "0123456789", "x", "a", "_z", "/", "\xff"}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 50000 {
+		var b strings.Builder
+		for range r.IntN(12) {
+			b.WriteString(parts[r.IntN(len(parts))])
+		}
+		s := b.String()
+		if got, want := Redact(s), redact(s, secretRE.FindAllStringSubmatchIndex(s, -1)); got != want {
+			t.Fatalf("case %d: Redact(%q) = %q, the whole scan %q", i, s, got, want)
+		}
+	}
+}
+
+func FuzzRedact(f *testing.F) {
+	f.Add("curl -H 'Authorization: Bearer sk-live-0123456789abcdefXYZ' http://x token=abc")
+	f.Add("xsk-0123456789abcdef ſk-0123456789abcdef")
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := Redact(s), redact(s, secretRE.FindAllStringSubmatchIndex(s, -1)); got != want {
+			t.Fatalf("Redact(%q) = %q, the whole scan %q", s, got, want)
+		}
+	})
+}
+
+func BenchmarkText(b *testing.B) {
+	for name, s := range map[string]string{
+		"plain":  strings.Repeat("lorem ipsum dolor sit amet ", 400),
+		"bearer": "$ curl -H 'Authorization: Bearer sk-live-0123456789abcdefXYZ' " + strings.Repeat("x", 10<<10),
+	} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				Text(s, 4<<10)
+			}
+		})
 	}
 }
