@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/agenthost/agenthost/internal/agents"
@@ -19,18 +21,24 @@ import (
 func newBenchCmd() *cobra.Command {
 	var frames, runs int
 	var asJSON bool
-	var profile string
+	var profile, agent string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Time agenthost prompt on a frame flood against pi's TypeScript client and a line-splitting floor",
 		Long: `Writes FRAMES message_update frames (about 1 KB each, the shape omp streams),
 then runs four whole processes RUNS times each, interleaved, on the same
-stream written by the same small node agent: a floor that only splits lines,
+stream written by the same flood agent: a floor that only splits lines,
 agenthost prompt (custody, the RPC client, the turn), agenthost's RPC client
 alone (spawn, prompt, every event to a listener), and pi's own TypeScript
 RpcClient. Each must see every frame. Prints median wall times, median CPU
 times (user+sys of the consumer, the agent's own left out) and agenthost
 prompt's ratios to the floor and to pi's client.
+
+The flood agent (--agent) is a Go program by default, started through a small
+node file as pi's client requires (every consumer pays that node start-up);
+--agent node is the node agent earlier figures were taken with, whose own
+pipe writes cost about 1 s of CPU for the default flood and so bound every
+consumer's wall time from below.
 
 --cpuprofile FILE has each run of agenthost prompt write a CPU profile of its
 whole process (with several runs, FILE with the run's number before its
@@ -61,7 +69,7 @@ extension; go tool pprof merges them).`,
 					return err
 				}
 			}
-			res, size, err := bench.Run(cmd.Context(), bench.Config{Frames: frames, Runs: runs, Self: self, PiClient: piClient, Node: node, CPUProfile: profile})
+			res, size, err := bench.Run(cmd.Context(), bench.Config{Frames: frames, Runs: runs, Self: self, PiClient: piClient, Node: node, Agent: agent, CPUProfile: profile})
 			if err != nil {
 				return err
 			}
@@ -87,6 +95,7 @@ extension; go tool pprof merges them).`,
 	cmd.Flags().IntVar(&runs, "runs", 5, "runs of each consumer")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the timings as one JSON object")
 	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write CPU profiles of agenthost prompt's runs to `FILE`")
+	cmd.Flags().StringVar(&agent, "agent", bench.AgentGo, "the flood agent: go or node")
 
 	var floor bool
 	consume := &cobra.Command{
@@ -112,6 +121,24 @@ extension; go tool pprof merges them).`,
 	}
 	consume.Flags().BoolVar(&floor, "floor", false, "only split lines")
 	cmd.AddCommand(consume)
+	cmd.AddCommand(&cobra.Command{
+		Use:    "flood-agent",
+		Short:  "The Go flood agent (run by bench itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// pi's client stops its agent with SIGTERM: the agent's CPU
+			// time is still written. The process ends either way.
+			term := make(chan os.Signal, 1)
+			signal.Notify(term, syscall.SIGTERM)
+			go func() {
+				<-term
+				_ = bench.WriteAgentCPU()
+				os.Exit(0)
+			}()
+			return bench.FloodAgent(os.Stdin, os.Stdout)
+		},
+	})
 	return cmd
 }
 

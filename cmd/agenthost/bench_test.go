@@ -65,6 +65,11 @@ func TestBench(t *testing.T) {
 	for _, n := range []string{"1", "2"} {
 		isProfile(t, strings.TrimSuffix(prof, ext)+"."+n+ext)
 	}
+	// The consumers read the node agent too (internal/bench's test);
+	// another agent is refused.
+	if _, errs, code := runCLI(t, "bench", "--frames", "300", "--runs", "1", "--agent", "python"); code == 0 || !strings.Contains(errs, `unknown flood agent "python"`) {
+		t.Fatalf("--agent python: code %d\n%s", code, errs)
+	}
 }
 
 // TestFloodGC: prompt's collector setting is restored after the turn, and

@@ -1,7 +1,8 @@
 // Package bench measures agenthost's RPC client on a frame flood, side by
 // side with pi's own TypeScript RpcClient and a floor that only splits lines,
-// each as a whole process reading the same stream from the same small node
-// agent.
+// each as a whole process reading the same stream from the same flood
+// agent (a Go program by default, started through a node file as pi's
+// client requires).
 package bench
 
 import (
@@ -24,6 +25,12 @@ import (
 
 //go:embed flood.js
 var floodJS []byte
+
+//go:embed floodgo.js
+var floodGoJS []byte
+
+// AgentEnv names the Go flood agent's executable, for floodgo.js.
+const AgentEnv = "FLOOD_AGENT"
 
 //go:embed piclient.mjs
 var piClientJS []byte
@@ -101,6 +108,8 @@ type Config struct {
 	Self     string // this executable, run as the agenthost and floor consumers
 	PiClient string // pi's dist/modes/rpc/rpc-client.js
 	Node     string
+	// Agent is the flood agent: AgentGo (the default) or AgentNode.
+	Agent string
 	// CPUProfile, when set, is where each run of the agenthost prompt
 	// consumer writes a CPU profile of its whole process: FILE for one
 	// run, FILE with the run's number before its extension for several
@@ -182,16 +191,35 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	flood := filepath.Join(dir, "flood.js")
 	pic := filepath.Join(dir, "piclient.mjs")
-	if err := os.WriteFile(flood, floodJS, 0o644); err != nil {
-		return nil, 0, err
-	}
 	if err := os.WriteFile(pic, piClientJS, 0o644); err != nil {
 		return nil, 0, err
 	}
 	agentCPU := filepath.Join(dir, "agent-cpu.json")
 	env := append(os.Environ(), FloodEnv+"="+framesPath, FloodCPUEnv+"="+agentCPU)
+	var flood string
+	switch cfg.Agent {
+	case AgentGo, "":
+		// A copy in the bench's folder: prompt confines its agent to
+		// that folder, where it may execute files; elsewhere only the
+		// system's and the agents' own.
+		exe := filepath.Join(dir, "flood-agent")
+		if err := copyFile(exe, cfg.Self); err != nil {
+			return nil, 0, err
+		}
+		flood = filepath.Join(dir, "floodgo.js")
+		if err := os.WriteFile(flood, floodGoJS, 0o644); err != nil {
+			return nil, 0, err
+		}
+		env = append(env, AgentEnv+"="+exe)
+	case AgentNode:
+		flood = filepath.Join(dir, "flood.js")
+		if err := os.WriteFile(flood, floodJS, 0o644); err != nil {
+			return nil, 0, err
+		}
+	default:
+		return nil, 0, fmt.Errorf("bench: unknown flood agent %q (%s or %s)", cfg.Agent, AgentGo, AgentNode)
+	}
 	type consumer struct {
 		name string
 		argv func(run int) []string
@@ -261,11 +289,30 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 	return results, size, nil
 }
 
+// copyFile copies the executable src to dst.
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 // FloodCPUEnv names the file the flood agent writes its own CPU time to
 // as it exits, so a consumer's figure can leave it out.
 const FloodCPUEnv = "FLOOD_CPU_FILE"
 
-// readAgentCPU reads the flood agent's process.cpuUsage() (microseconds).
+// readAgentCPU reads the flood agent's CPU time (microseconds, in the shape
+// of node's process.cpuUsage()).
 func readAgentCPU(path string) (time.Duration, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,19 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// asAgentEnv has the test binary run as the Go flood agent.
+const asAgentEnv = "BENCH_TEST_AS_FLOOD_AGENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asAgentEnv) == "1" {
+		if err := FloodAgent(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestWriteFrames(t *testing.T) {
 	var b bytes.Buffer
@@ -36,8 +49,8 @@ func TestWriteFrames(t *testing.T) {
 	}
 }
 
-// Both Go consumers see every frame the node flood agent writes, and the
-// agent leaves its CPU time for the bench as it exits.
+// Both Go consumers see every frame each flood agent writes, and the agent
+// leaves its CPU time for the bench as it exits.
 func TestConsumers(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -57,19 +70,38 @@ func TestConsumers(t *testing.T) {
 	if err := os.WriteFile(flood, floodJS, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	goFlood := filepath.Join(dir, "floodgo.js")
+	if err := os.WriteFile(goFlood, floodGoJS, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv(FloodEnv, frames)
 	cpu := filepath.Join(dir, "cpu.json")
 	t.Setenv(FloodCPUEnv, cpu)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for name, consume := range map[string]func(context.Context, []string) (int, error){"floor": ConsumeFloor, "client": ConsumeClient} {
-		os.Remove(cpu)
-		n, err := consume(ctx, []string{node, flood})
-		if err != nil || n != 3000 {
-			t.Fatalf("%s: %d frames, %v", name, n, err)
-		}
-		if d, err := readAgentCPU(cpu); err != nil || d <= 0 {
-			t.Fatalf("%s: the agent's CPU time: %v, %v", name, d, err)
+	agents := map[string][]string{
+		"node agent": {node, flood},
+		// The test binary runs as the Go agent, directly and through
+		// the node file every consumer starts it with.
+		"go agent":         {self},
+		"go agent by node": {node, goFlood},
+	}
+	t.Setenv(asAgentEnv, "1")
+	t.Setenv(AgentEnv, self) // floodgo.js runs it with arguments it ignores as the agent
+	for agent, argv := range agents {
+		for name, consume := range map[string]func(context.Context, []string) (int, error){"floor": ConsumeFloor, "client": ConsumeClient} {
+			os.Remove(cpu)
+			n, err := consume(ctx, argv)
+			if err != nil || n != 3000 {
+				t.Fatalf("%s, %s: %d frames, %v", agent, name, n, err)
+			}
+			if d, err := readAgentCPU(cpu); err != nil || d <= 0 {
+				t.Fatalf("%s, %s: the agent's CPU time: %v, %v", agent, name, d, err)
+			}
 		}
 	}
 }
