@@ -31,37 +31,45 @@ command -v go >/dev/null || fail "go is not on PATH (Go 1.26 or newer is needed)
 command -v node >/dev/null || fail "node is not on PATH (Node.js 20 or newer is needed for pi)"
 command -v npm >/dev/null || fail "npm is not on PATH"
 
-want() { node -p "require('./$1/package.json').dependencies['$2']"; }
-have() { # installed version of npm package $2 in project $1, or nothing
-  node -p "try { require('./$1/node_modules/$2/package.json').version } catch { '' }" 2>/dev/null
+# One node start per question (each takes tens of milliseconds).
+# pins DIR PACKAGE...: the pinned versions, space-separated.
+pins() {
+  node -e 'const [d, ...ps] = process.argv.slice(1); const deps = require(`./${d}/package.json`).dependencies;
+console.log(ps.map((p) => deps[p]).join(" "))' "$@"
+}
+# missing DIR PACKAGE...: PACKAGE@PIN for each not installed at its pin.
+missing() {
+  node -e 'const [d, ...ps] = process.argv.slice(1); const deps = require(`./${d}/package.json`).dependencies;
+for (const p of ps) {
+  let have = "";
+  try { have = require(`./${d}/node_modules/${p}/package.json`).version; } catch {}
+  if (have !== deps[p]) console.log(`${p}@${deps[p]} (installed: ${have || "none"})`);
+}' "$@"
 }
 
 # install DIR WHAT PACKAGE...: npm install in DIR unless every pinned PACKAGE
 # is there at its version (DIR's lock pins the rest).
 install() {
-  local dir=$1 what=$2 missing=() p
+  local dir=$1 what=$2 left
   shift 2
-  for p in "$@"; do
-    [ "$(have "$dir" "$p")" = "$(want "$dir" "$p")" ] || missing+=("$p@$(want "$dir" "$p")")
-  done
-  if [ ${#missing[@]} -eq 0 ]; then
+  left=$(missing "$dir" "$@")
+  if [ -z "$left" ]; then
     step "$what already installed"
     return
   fi
-  step "installing ${missing[*]} from the npm registry into $dir/"
+  step "installing $(printf '%s\n' "$left" | cut -d' ' -f1 | paste -sd' ') from the npm registry into $dir/"
   local t0=$SECONDS
   # npm install, not npm ci: omp and copilot list optional native packages
   # for other platforms at versions the registry does not have, which npm ci
   # rejects as an out-of-sync lock. The lock still pins every installed version.
   (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)
-  for p in "$@"; do
-    [ "$(have "$dir" "$p")" = "$(want "$dir" "$p")" ] || fail "$p is at '$(have "$dir" "$p")' after npm install, want $(want "$dir" "$p")"
-  done
+  left=$(missing "$dir" "$@")
+  [ -z "$left" ] || fail "after npm install, still not at their pins: $(printf '%s\n' "$left" | paste -sd';')"
   step "$what installed in $((SECONDS - t0)) s"
 }
 
-install .tools "omp $(want .tools @oh-my-pi/pi-coding-agent), pi $(want .tools @mariozechner/pi-coding-agent), bun $(want .tools bun)" \
-  @oh-my-pi/pi-coding-agent @mariozechner/pi-coding-agent bun
+read -r v_omp v_pi v_bun <<<"$(pins .tools @oh-my-pi/pi-coding-agent @mariozechner/pi-coding-agent bun)"
+install .tools "omp $v_omp, pi $v_pi, bun $v_bun" @oh-my-pi/pi-coding-agent @mariozechner/pi-coding-agent bun
 if ! .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
   step "linking bun's platform binary"
   (cd .tools/node_modules/bun && node install.js)
@@ -69,7 +77,8 @@ fi
 step "bun $(.tools/node_modules/.bin/bun --version), node $(node --version)"
 
 if [ $acp = 1 ]; then
-  install .tools/acp "ACP agents: claude-agent-acp $(want .tools/acp @agentclientprotocol/claude-agent-acp), codex-acp $(want .tools/acp @agentclientprotocol/codex-acp), copilot $(want .tools/acp @github/copilot)" \
+  read -r v_claude v_codex v_copilot <<<"$(pins .tools/acp @agentclientprotocol/claude-agent-acp @agentclientprotocol/codex-acp @github/copilot)"
+  install .tools/acp "ACP agents: claude-agent-acp $v_claude, codex-acp $v_codex, copilot $v_copilot" \
     @agentclientprotocol/claude-agent-acp @agentclientprotocol/codex-acp @github/copilot
   # copilot unpacks ~235 MB into its cache on its first start: one cache shared by every run.
   mkdir -p .tools/cache
