@@ -78,9 +78,21 @@ func startCluster(t *testing.T, ctx context.Context, workers [3]bool) *testClust
 	return tc
 }
 
+// stop stops every host's rooms and cluster side together, then the NATS
+// nodes: one host after the other, the last ones waited out the timeouts of
+// a quorum already gone (about 12 s of a 20 s test).
 func (tc *testCluster) stop() {
+	var wg sync.WaitGroup
 	for _, h := range tc.hosts {
-		h.stop()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.stopRooms()
+		}()
+	}
+	wg.Wait()
+	for _, h := range tc.hosts {
+		h.stopNode()
 	}
 	for i := range 3 {
 		for j := range 3 {

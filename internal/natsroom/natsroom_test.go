@@ -36,6 +36,8 @@ type host struct {
 	tr      *fakeTransport
 	link    *latencyProxy // with hostOpts.slowLink
 	stopped bool
+	// roomsStopped: stopRooms ran (the node may still run).
+	roomsStopped bool
 }
 
 type hostOpts struct {
@@ -104,16 +106,31 @@ func (h *host) run(ctx context.Context) {
 
 // stop shuts the host down in serve's order.
 func (h *host) stop() {
-	if h.stopped {
+	h.stopRooms()
+	h.stopNode()
+}
+
+// stopRooms is the first half of stop: the rooms and the cluster side,
+// while the NATS node still runs.
+func (h *host) stopRooms() {
+	if h.stopped || h.roomsStopped {
 		return
 	}
-	h.stopped = true
+	h.roomsStopped = true
 	h.c.Stop()
 	_ = h.m.Close()
 	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	_ = h.m.Wait(wctx)
 	cancel()
 	h.c.Close()
+}
+
+// stopNode is the second half of stop: the connection and the node.
+func (h *host) stopNode() {
+	if h.stopped {
+		return
+	}
+	h.stopped = true
 	h.nc.Close()
 	h.node.Close()
 }
