@@ -235,23 +235,41 @@ func testRepo(t *testing.T) string {
 func TestServe_GitWorkspacesOnOmpAndPi(t *testing.T) {
 	url := testRepo(t)
 	s := newClientServer(t)
-	for _, tc := range []struct{ room, agent, ref string }{{"wa", "omp", "main"}, {"wb", "pi", "feature"}} {
+	rooms := []struct{ room, agent, ref string }{{"wa", "omp", "main"}, {"wb", "pi", "feature"}}
+	// Both rooms' messages first, then what came of them: the two agents
+	// start side by side (an agent's start is most of a turn's time).
+	seqs := map[string]int64{}
+	for _, tc := range rooms {
 		ws, _ := json.Marshal(map[string]string{"git": url, "ref": tc.ref})
 		if out, errs, code := s.cli("config", tc.room, "--set", "agent="+tc.agent, "--set", "approval_mode=yolo", "--set", "workspace="+string(ws)); code != 0 {
 			t.Fatalf("config %s: %d %q %q", tc.room, code, out, errs)
 		}
-		seq := s.send(tc.room, `Run it: [[tool:bash {"command":"git log --format=%s -1 && cat README && touch mine-`+tc.room+` && ls"}]]`)
+		seqs[tc.room] = s.send(tc.room, `Run it: [[tool:bash {"command":"git log --format=%s -1 && cat README && touch mine-`+tc.room+` && ls"}]]`)
+	}
+	other := map[string]string{"wa": "wb", "wb": "wa"}
+	for _, tc := range rooms {
+		seq := seqs[tc.room]
 		ready := s.wait(tc.room, 0, "workspace.ready")
 		if ready["ref"] != tc.ref || ready["kind"] != "branch" || len(ready["commit"].(string)) != 40 {
 			t.Fatalf("room %s: workspace.ready %v", tc.room, ready)
 		}
 		tool := s.wait(tc.room, seq, "tool.ended")
 		out, _ := tool["output"].(string)
-		if !strings.Contains(out, "commit on "+tc.ref) || !strings.Contains(out, "on "+tc.ref+"\n") || strings.Contains(out, "mine-w"+map[string]string{"wa": "b", "wb": "a"}[tc.room]) {
+		if !strings.Contains(out, "commit on "+tc.ref) || !strings.Contains(out, "on "+tc.ref+"\n") || strings.Contains(out, "mine-"+other[tc.room]) {
 			t.Fatalf("room %s (%s): the tool's output %q", tc.room, tc.agent, out)
 		}
 		if ended := s.wait(tc.room, seq, "turn.ended"); ended["outcome"] != "settled" {
 			t.Fatalf("room %s: %v", tc.room, ended)
+		}
+	}
+	// Each room's worktree holds its own file and not the other's: the
+	// rooms ran side by side, so one's listing may predate the other's
+	// file.
+	for _, tc := range rooms {
+		own, _ := filepath.Glob(filepath.Join(s.data, "workspaces", tc.room+"-*", "mine-"+tc.room))
+		theirs, _ := filepath.Glob(filepath.Join(s.data, "workspaces", tc.room+"-*", "mine-"+other[tc.room]))
+		if len(own) != 1 || len(theirs) != 0 {
+			t.Fatalf("room %s's worktree: its own file %v, the other room's %v", tc.room, own, theirs)
 		}
 	}
 	// Deleted for good (release --purge), the room's id takes the other

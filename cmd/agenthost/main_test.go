@@ -49,7 +49,16 @@ func TestMain(m *testing.M) {
 		// the exit code is main's.
 		os.Exit(mainRun(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(closingBrowser{m})
+}
+
+// closingBrowser runs the tests, then ends the page tests' shared browser
+// before goleak looks for goroutines left behind.
+type closingBrowser struct{ m *testing.M }
+
+func (c closingBrowser) Run() int {
+	defer closeBrowser()
+	return c.m.Run()
 }
 
 // fakeFloodUpdates is how many message_updates the fake agent streams.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	neturl "net/url"
+	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,17 +20,50 @@ import (
 // box runs omp, the server and Chromium on two cores.
 const browserWait = 120 * time.Second
 
-// newBrowser starts Debian's headless Chromium on a fresh profile. It
-// fails (never skips) when Chromium is missing: CI installs it.
+// browser is the one headless Chromium (Debian's) of the page tests,
+// started by the first of them and ended after the last (see TestMain):
+// each test gets a fresh browser context in it (newBrowser), which holds
+// no cookies, storage or cache of another, as a fresh profile would. A
+// browser start costs seconds of CPU that the tests share.
+var browser struct {
+	once   sync.Once
+	ctx    context.Context // the browser's own (first) context
+	cancel func()          // ends it and waits for the browser to exit
+	err    error
+}
+
+// newBrowser returns a context in a fresh browser context (a new tab, its
+// own cookies and storage) of the shared headless Chromium, closed when
+// the test ends. It fails (never skips) when Chromium is missing: CI
+// installs it.
 func newBrowser(t *testing.T) context.Context {
 	t.Helper()
 	path, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatalf("the browser test needs Chromium on PATH (Debian: apt-get install chromium; .ci/run installs it): %v", err)
 	}
+	browser.once.Do(func() { startBrowser(path) })
+	if browser.err != nil {
+		t.Fatalf("starting Chromium: %v", browser.err)
+	}
+	ctx, cancel := chromedp.NewContext(browser.ctx, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel) // closes the tab and disposes of its browser context
+	// The tab lives as long as the context of its first action: ctx.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("opening a tab in Chromium: %v", err)
+	}
+	return ctx
+}
+
+func startBrowser(path string) {
+	dir, err := os.MkdirTemp("", "agenthost-chromium-")
+	if err != nil {
+		browser.err = err
+		return
+	}
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
+		chromedp.UserDataDir(dir),
 		chromedp.Headless,
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
@@ -41,20 +76,26 @@ func newBrowser(t *testing.T) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true), // containers have a small /dev/shm
 		chromedp.WindowSize(1100, 800),
 	}
-	// The browser lives as long as the context of its first action (a
-	// timeout there would stop the browser): bound its whole life instead.
-	life, lcancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	actx, acancel := chromedp.NewExecAllocator(life, opts...)
+	// The browser lives as long as the context of its first action:
+	// the package's run, ended by closeBrowser.
+	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() {
+	browser.ctx = ctx
+	browser.cancel = func() {
 		cancel()
 		acancel() // waits for the browser to exit
-		lcancel()
-	})
-	if err := chromedp.Do(ctx); err != nil { // starts the browser
-		t.Fatalf("starting Chromium: %v", err)
+		_ = os.RemoveAll(dir)
 	}
-	return ctx
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		browser.err = err
+	}
+}
+
+// closeBrowser ends the shared browser, if a test started it.
+func closeBrowser() {
+	if browser.cancel != nil {
+		browser.cancel()
+	}
 }
 
 // pageState describes the page for a failure message.

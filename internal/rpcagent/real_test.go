@@ -341,9 +341,14 @@ func markerProcs(t *testing.T) []int {
 
 func TestRealShutdownLeavesNothingBehind(t *testing.T) {
 	h := startHost(t, "", nil, room.Options{Config: room.Config{ApprovalMode: room.ApprovalYolo}})
+	// Both rooms first, then their ends: the two agents start side by
+	// side (an agent's start is most of a turn's time).
+	accs := map[string]room.Accepted{}
 	for _, r := range []string{"a", "b"} {
-		acc := h.Submit(r, "Run it: "+roomtest.BashCall("/bin/sleep 300 & echo started"))
-		h.Settled(r, acc)
+		accs[r] = h.Submit(r, "Run it: "+roomtest.BashCall("/bin/sleep 300 & echo started"))
+	}
+	for _, r := range []string{"a", "b"} {
+		h.Settled(r, accs[r])
 	}
 	busy := h.Submit("a", "[[slow:30s]]long answer")
 	h.Wait("a", busy.Seq, "turn.started", nil)
