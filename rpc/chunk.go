@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -68,10 +69,93 @@ func (r *reassembler) push(line []byte) ([]byte, error) {
 	return out, err
 }
 
-func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
+// parseChunk decodes a chunk frame as encoding/json would, and returns its
+// data's contents undecoded (base64 to be checked). Every chunk omp writes
+// has its data as a string without escapes: that one is found by a scan
+// and left out of what encoding/json decodes, so the payload, nearly all
+// of the line, is not run through its validator, decoder and unquoting.
+// Anything else goes through encoding/json whole.
+func parseChunk(line []byte) (chunkFrame, []byte, error) {
 	var c chunkFrame
+	if vs, ve, ok := chunkDataSpan(line); ok {
+		meta := make([]byte, 0, len(line)-(ve-vs))
+		meta = append(append(meta, line[:vs]...), line[ve:]...)
+		if err := json.Unmarshal(meta, &c); err != nil {
+			return c, nil, fmt.Errorf("invalid rpc_chunk frame: %w", err)
+		}
+		return c, line[vs:ve], nil
+	}
 	if err := json.Unmarshal(line, &c); err != nil {
-		return nil, fmt.Errorf("invalid rpc_chunk frame: %w", err)
+		return c, nil, fmt.Errorf("invalid rpc_chunk frame: %w", err)
+	}
+	if c.Data == nil {
+		return c, nil, nil
+	}
+	return c, []byte(*c.Data), nil
+}
+
+// chunkDataSpan returns the bounds of the contents of line's last
+// top-level "data" member (the one encoding/json keeps) when line is one
+// valid JSON object and that member is a string without escapes. Its
+// contents are then the string's value, and they hold no control bytes.
+func chunkDataSpan(line []byte) (vs, ve int, ok bool) {
+	i := ws(line, 0)
+	if i >= len(line) || line[i] != '{' {
+		return 0, 0, false
+	}
+	if i = ws(line, i+1); i < len(line) && line[i] == '}' {
+		return 0, 0, false
+	}
+	for {
+		ks, ke, next, kesc, err := scanStr(line, ws(line, i))
+		if err != nil {
+			return 0, 0, false
+		}
+		if i = ws(line, next); i >= len(line) || line[i] != ':' {
+			return 0, 0, false
+		}
+		i = ws(line, i+1)
+		isData := keyIs(line[ks:ke], kesc, "data")
+		if i < len(line) && line[i] == '"' {
+			s, e, next, esc, err := scanStr(line, i)
+			if err != nil {
+				return 0, 0, false
+			}
+			if isData {
+				vs, ve, ok = s, e, !esc
+			}
+			i = next
+		} else {
+			next, err := scanValue(line, i, 1)
+			if err != nil {
+				return 0, 0, false
+			}
+			if isData {
+				ok = false
+			}
+			i = next
+		}
+		if i = ws(line, i); i >= len(line) {
+			return 0, 0, false
+		}
+		switch line[i] {
+		case ',':
+			i++
+		case '}':
+			if ws(line, i+1) != len(line) {
+				return 0, 0, false
+			}
+			return vs, ve, ok
+		default:
+			return 0, 0, false
+		}
+	}
+}
+
+func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
+	c, raw, err := parseChunk(line)
+	if err != nil {
+		return nil, err
 	}
 	if c.ChunkID == nil || c.Index == nil || c.Count == nil || c.ByteLength == nil || c.Data == nil {
 		return nil, errors.New("rpc_chunk frame lacks a required field")
@@ -88,7 +172,7 @@ func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
 	case byteLength < r.frameMax || byteLength > r.reassembledMax:
 		return nil, fmt.Errorf("invalid rpc_chunk byteLength %d", byteLength)
 	}
-	data, err := decodeCanonicalBase64(*c.Data)
+	data, err := decodeCanonicalBase64(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -136,21 +220,19 @@ func (r *reassembler) pushChunk(line []byte) ([]byte, error) {
 // decodeCanonicalBase64 accepts only the one canonical standard encoding of
 // some bytes: alphabet characters, correct padding, zero pad bits, no
 // whitespace.
-func decodeCanonicalBase64(s string) ([]byte, error) {
-	if s == "" || len(s)%4 != 0 {
+func decodeCanonicalBase64(s []byte) ([]byte, error) {
+	if len(s) == 0 || len(s)%4 != 0 {
 		return nil, errors.New("rpc_chunk data is not canonical base64")
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		ok := c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' ||
-			(c == '=' && i >= len(s)-2)
-		if !ok {
-			return nil, errors.New("rpc_chunk data is not canonical base64")
-		}
+	// The strict decoder rejects every other byte outside the alphabet,
+	// and padding anywhere but at the end; it skips only CR and LF.
+	if bytes.IndexByte(s, '\r') >= 0 || bytes.IndexByte(s, '\n') >= 0 {
+		return nil, errors.New("rpc_chunk data is not canonical base64")
 	}
-	b, err := base64.StdEncoding.Strict().DecodeString(s)
+	b := make([]byte, base64.StdEncoding.DecodedLen(len(s)))
+	n, err := base64.StdEncoding.Strict().Decode(b, s)
 	if err != nil {
 		return nil, errors.New("rpc_chunk data is not canonical base64")
 	}
-	return b, nil
+	return b[:n], nil
 }

@@ -244,3 +244,44 @@ func TestClient_ChunksRightAfterNegotiation(t *testing.T) {
 		t.Fatalf("protocol v%d", p.c.ProtocolVersion())
 	}
 }
+
+// FuzzParseChunk: parseChunk, which leaves an unescaped data string out of
+// what encoding/json decodes, decodes every frame the reader passes it
+// (one that scanFrame accepts) as encoding/json does.
+func FuzzParseChunk(f *testing.F) {
+	f.Add([]byte(`{"type":"rpc_chunk","chunkId":"x","index":0,"count":2,"byteLength":1048576,"data":"QUJD"}`))
+	f.Add([]byte(`{"data":"QUJD","Data":"QUJE","DATA":null}`))
+	f.Add([]byte(`{"data":"QU\u004AD","index":"1","d\u0061ta":"QUJD"}`))
+	f.Add([]byte(` { "data" : "QUJD" , "count" : 2.5 } `))
+	f.Add([]byte("{\"dAtA\":\"\x80\"}"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if _, err := scanFrame(line); err != nil {
+			return
+		}
+		c, raw, err := parseChunk(line)
+		var want chunkFrame
+		werr := json.Unmarshal(line, &want)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("%q: error %v, encoding/json %v", line, err, werr)
+		}
+		if err != nil {
+			return
+		}
+		same := func(a, b *int64) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+		if !same(c.Index, want.Index) || !same(c.Count, want.Count) || !same(c.ByteLength, want.ByteLength) ||
+			(c.ChunkID == nil) != (want.ChunkID == nil) || c.ChunkID != nil && *c.ChunkID != *want.ChunkID ||
+			(c.Data == nil) != (want.Data == nil) {
+			t.Fatalf("%q: decoded %+v, encoding/json %+v", line, c, want)
+		}
+		if want.Data == nil || string(raw) == *want.Data {
+			return
+		}
+		// Invalid UTF-8 stays as it is where encoding/json makes it U+FFFD:
+		// neither is base64.
+		_, err = decodeCanonicalBase64(raw)
+		_, werr = decodeCanonicalBase64([]byte(*want.Data))
+		if err == nil || werr == nil {
+			t.Fatalf("%q: data %q, encoding/json %q", line, raw, *want.Data)
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -212,6 +213,17 @@ func TestReal_ToolsStateAndCommands(t *testing.T) {
 	})
 }
 
+// writeFile writes content to path, creating its directory.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func modelSaw(sim *modelsim.Server, s string) bool {
 	for _, r := range sim.Requests() {
 		if strings.Contains(flatten(r), s) {
@@ -264,20 +276,39 @@ func TestReal_AbortMidTurn(t *testing.T) {
 
 // Large frames: omp over protocol v2 (chunked, reassembled), pi as one long
 // line. Both must arrive losslessly.
+//
+// The answer is just over omp's 1 MiB frame limit (it was 1.5 MB), so every
+// frame that carries it, even once (message_end, the get_messages page),
+// is chunked; each update carries it twice or three times, and a
+// megabyte less through the race detector saves seconds.
 func TestReal_LargeMessage(t *testing.T) {
-	const n = 1_500_000
+	const n = 1_100_000
 	bothAgents(t, func(t *testing.T, kind agents.Kind) {
 		a := startReal(t, kind, rpc.Options{})
 		ctx := tctx(t, 120*time.Second)
 		if kind == agents.OMP && a.c.ProtocolVersion() != 2 {
 			t.Fatalf("omp protocol v%d, want 2", a.c.ProtocolVersion())
 		}
-		turn, err := a.c.Run(ctx, "[[big:1500000]]", nil)
+		turn, err := a.c.Run(ctx, fmt.Sprintf("[[big:%d]]", n), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(turn.Text) != n || strings.Contains(turn.Text, "elided") {
 			t.Fatalf("text %d bytes, want %d: %.200q stop %s err %s", len(turn.Text), n, turn.Text, turn.StopReason, turn.ErrorMessage)
+		}
+		if kind == agents.OMP {
+			// A chunked frame takes more of the stream than its JSON (base64
+			// and chunk envelopes): message_end must have, or the answer was
+			// too small to cover reassembly.
+			var chunked bool
+			for _, e := range turn.Events {
+				if e.Type == rpc.EventMessageEnd && e.End()-e.Start() >= int64(e.Len())*4/3 {
+					chunked = true
+				}
+			}
+			if !chunked {
+				t.Fatal("omp's message_end was not chunked; the test no longer covers reassembly")
+			}
 		}
 		msgs, err := a.c.GetMessages(ctx)
 		if err != nil {
@@ -406,11 +437,26 @@ func TestReal_StdinEOF(t *testing.T) {
 // Provider errors: the agents retry (pi ends the failed run with agent_end
 // before it announces the retry). The turn must end with the retried answer,
 // not at the first failure.
+//
+// pi: three failures exhaust its SDK's two quick retries, so pi's own
+// auto-retry runs (the agent_end before auto_retry_start under test); its
+// project settings shorten that retry's delay from the default 2 s, which
+// only waited. omp retries inside its HTTP transport (0.5 s, 1 s, 2 s,
+// not configurable), invisibly to RPC: one failure takes that same path
+// with one wait, and its turn shows the same events as with three.
 func TestReal_RetryAfterProviderErrors(t *testing.T) {
 	bothAgents(t, func(t *testing.T, kind agents.Kind) {
-		a := startReal(t, kind, rpc.Options{})
+		prompt := "[[status:500 x3]] [[say:recovered]]"
+		if kind == agents.OMP {
+			prompt = "[[status:500]] [[say:recovered]]"
+		}
+		a := startRealWith(t, kind, rpc.SpawnOptions{}, func(s *rpc.Spec) {
+			if kind == agents.Pi {
+				writeFile(t, filepath.Join(s.Dir, ".pi", "settings.json"), `{"retry":{"baseDelayMs":50}}`)
+			}
+		})
 		ctx := tctx(t, 120*time.Second)
-		turn, err := a.c.Run(ctx, "[[status:500 x3]] [[say:recovered]]", nil)
+		turn, err := a.c.Run(ctx, prompt, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -430,6 +476,11 @@ func TestReal_RetryAfterProviderErrors(t *testing.T) {
 
 // Steering, follow-ups, abort-and-prompt and wait-for-idle on a running
 // turn: the turn goes on through them and ends with the last answer.
+//
+// The slow answers pause 300 ms between pieces: six pauses after the first
+// update leave the command, one round trip, well over a second to arrive
+// while the answer runs. Follow-up and steer wait for the whole answer, so
+// a longer pause (it was 500 ms) only waited.
 func TestReal_QueueIntoRunningTurn(t *testing.T) {
 	bothAgents(t, func(t *testing.T, kind agents.Kind) {
 		a := startReal(t, kind, rpc.Options{})
@@ -458,7 +509,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 
 		// Follow-up: delivered once the agent would stop.
-		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:2000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:300ms]] [[big:2000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()
@@ -471,7 +522,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 
 		// Steer: delivered after the current assistant message.
-		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:2000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:300ms]] [[big:2000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()
@@ -491,7 +542,7 @@ func TestReal_QueueIntoRunningTurn(t *testing.T) {
 		}
 		// abort_and_prompt (omp): the running answer is cut, the new prompt
 		// answers, and the one turn ends with it.
-		if err := a.c.Prompt(ctx, "[[slow:500ms]] [[big:20000]]", nil); err != nil {
+		if err := a.c.Prompt(ctx, "[[slow:300ms]] [[big:20000]]", nil); err != nil {
 			t.Fatal(err)
 		}
 		waitStreaming()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,7 +129,25 @@ func TestRealTurn_RefusedAbortAndPrompt(t *testing.T) {
 		default:
 		}
 	})
-	if err := a.c.Prompt(ctx, "[[slow:1s]] [[say:own answer]]", nil); err != nil {
+	// The refusal must come while the answer runs, or the test covers an
+	// idle agent only: listeners see frames in stream order, so the
+	// refusal's response must come before the run's agent_end.
+	var mu sync.Mutex
+	var order []string
+	a.c.On("", func(e rpc.Event) {
+		var r struct{ Command string }
+		switch {
+		case e.Type == rpc.EventResponse && e.Decode(&r) == nil && r.Command == "abort_and_prompt",
+			e.Type == rpc.EventAgentEnd:
+			mu.Lock()
+			order = append(order, e.Type+" "+r.Command)
+			mu.Unlock()
+		}
+	})
+	// 300 ms between the answer's pieces (six after the first update) leave
+	// the refusal, one round trip, well over a second; the turn waits for
+	// all of them, so a longer pause (it was 1 s) only waited.
+	if err := a.c.Prompt(ctx, "[[slow:300ms]] [[say:own answer]]", nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -145,6 +164,14 @@ func TestRealTurn_RefusedAbortAndPrompt(t *testing.T) {
 	if turn.Text != "own answer" {
 		t.Fatalf("turn text %q", turn.Text)
 	}
+	if err := a.c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(order) < 2 || order[0] != "response abort_and_prompt" || order[1] != "agent_end " {
+		t.Fatalf("the refusal did not come while the answer ran: %q", order)
+	}
+	mu.Unlock()
 	// With no turn running, the refusal leaves no turn open either.
 	if err := a.c.AbortAndPrompt(ctx, "[[say:x]]", nil); !errors.Is(err, rpc.ErrPromptFailed) {
 		t.Fatalf("abort_and_prompt on idle pi: %v", err)
