@@ -43,6 +43,7 @@ fuzz:
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzFramer$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzScanFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzReassembler$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzParseChunk$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./procd -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./procd -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/snapshot -run '^$$' -fuzz '^FuzzParseRawDiff$$' -fuzztime $(FUZZTIME)
