@@ -295,6 +295,37 @@ func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req msgGetReq)
 	return m, nil
 }
 
+// electionWait bounds how long a reader waits out a log that neither a
+// replica nor the leader answers. After kill -9 of a node that led the
+// log, no read was answered for over 7 s on a loaded host (the chaos
+// test): the stream elects its next leader after NATS's election timeout
+// (4 to 9 s, more under load). A reader that gave up then failed an event
+// stream through a surviving node that would have opened a moment later.
+const electionWait = 15 * time.Second
+
+// waitOut runs read again while nothing answers it (the log electing a
+// leader), until electionWait has passed since began or ctx ends.
+func waitOut[T any](ctx context.Context, began time.Time, read func() (T, error)) (T, error) {
+	for {
+		v, err := read()
+		if err == nil || !unavailable(err) || ctx.Err() != nil || time.Since(began) >= electionWait {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// unavailable: no replica and no leader answered a read, or JetStream
+// said it cannot serve one now.
+func unavailable(err error) bool {
+	var ae *jetstream.APIError
+	return unanswered(err) || errors.As(err, &ae) && ae.Code == 503
+}
+
 // readErr is a failed read of a room's log: the caller's own end as is,
 // anything else (no replica and no leader answered: an election, a node
 // paused) room.ErrUnavailable.
@@ -443,8 +474,17 @@ func (s *Store) foldLocked(ctx context.Context, room string, l *roomLog, upTo ui
 	subj := evSubject(room)
 	wait := 5 * time.Millisecond
 	var waited time.Duration
+	began := time.Now()
 	for {
-		ms, err := s.getRun(ctx, l.last+1, subj)
+		var ms []*jetstream.RawStreamMsg
+		var err error
+		if !strict && l.last == 0 {
+			// A reader with nothing folded has nothing to show
+			// instead: it waits out an election.
+			ms, err = waitOut(ctx, began, func() ([]*jetstream.RawStreamMsg, error) { return s.getRun(ctx, l.last+1, subj) })
+		} else {
+			ms, err = s.getRun(ctx, l.last+1, subj)
+		}
 		if errors.Is(err, jetstream.ErrMsgNotFound) && l.last < upTo {
 			if waited < replicaCatchUp {
 				select {
@@ -528,6 +568,7 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 	if limit <= 0 || limit > store.MaxEventsPage {
 		limit = store.MaxEventsPage
 	}
+	began := time.Now()
 	l := s.log(room)
 	l.mu.Lock()
 	if err := s.syncLocked(ctx, room, l); err != nil {
@@ -555,7 +596,8 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 			}
 			if m = run[r.seq]; m == nil {
 				var err error
-				if m, err = s.getBatch(ctx, r.seq); err != nil {
+				m, err = waitOut(ctx, began, func() (*jetstream.RawStreamMsg, error) { return s.getBatch(ctx, r.seq) })
+				if err != nil {
 					return nil, readErr(ctx, err)
 				}
 			}
