@@ -36,9 +36,9 @@ prompt's ratios to the floor and to pi's client.
 
 The flood agent (--agent) is a Go program by default, started through a small
 node file as pi's client requires (every consumer pays that node start-up);
---agent node is the node agent earlier figures were taken with, whose own
-pipe writes cost about 1 s of CPU for the default flood and so bound every
-consumer's wall time from below.
+--agent node is the node agent earlier figures were taken with: it loads the
+whole flood into memory as it starts (about 1 s of system time for the
+default flood) before its first frame, a wait every consumer shares.
 
 --cpuprofile FILE has each run of agenthost prompt write a CPU profile of its
 whole process (with several runs, FILE with the run's number before its
