@@ -128,13 +128,19 @@ extension; go tool pprof merges them).`,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// pi's client stops its agent with SIGTERM: the agent's CPU
-			// time is still written. The process ends either way.
+			// time is still written, and the process ends there.
 			term := make(chan os.Signal, 1)
 			signal.Notify(term, syscall.SIGTERM)
+			defer signal.Stop(term)
+			done := make(chan struct{})
+			defer close(done)
 			go func() {
-				<-term
-				_ = bench.WriteAgentCPU()
-				os.Exit(0)
+				select {
+				case <-term:
+					_ = bench.WriteAgentCPU()
+					os.Exit(0)
+				case <-done:
+				}
 			}()
 			return bench.FloodAgent(os.Stdin, os.Stdout)
 		},
