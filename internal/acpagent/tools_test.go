@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agenthost/agenthost/internal/mcpprobe"
 	"github.com/agenthost/agenthost/room"
@@ -56,6 +57,24 @@ func TestRealACPRoomToolsAndMCP(t *testing.T) {
 	}
 	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
+	}
+	// omp acp answers session/new before it has connected the room's
+	// stdio MCP servers, so a call in the first turn can find the tool
+	// missing (seen under load: "Tool mcp__probe_echo_upper not found"; a
+	// gap of omp's, named in the README). The next agent is started with
+	// a turn of its own first, and the call waits for its probe to start.
+	if err := os.Remove(started); err != nil {
+		t.Fatal(err)
+	}
+	h.Settled("r", h.Submit("r", "[[say:started]]"))
+	for deadline := time.Now().Add(time.Minute); ; {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the next agent never started the room's MCP server")
+		}
+		time.Sleep(50 * time.Millisecond) // the probe's file: no event says it started
 	}
 	acc = h.Submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
 	_, tool = h.Wait("r", acc.Seq, room.KindToolEnded, nil)
