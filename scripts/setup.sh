@@ -10,17 +10,19 @@
 #                    installs them itself when a command first needs them
 #   setup.sh --test  everything the tests need: the ACP agents, and Chromium
 #                    for the page's browser test (from Debian's packages when
-#                    run as root)
+#                    run as root); not bin/agenthost, which no test runs
+#                    (the tests build what they run, with make test's race
+#                    flags)
 #
 # Needs: go (1.26+), node (20+) and npm on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-acp=0 chromium=0
+acp=0 chromium=0 build=1
 case "${1:-}" in
 "") ;;
 --acp) acp=1 ;;
---test) acp=1 chromium=1 ;;
+--test) acp=1 chromium=1 build=0 ;;
 *) printf 'usage: %s [--acp|--test]\n' "$0" >&2; exit 2 ;;
 esac
 
@@ -95,6 +97,10 @@ if [ $chromium = 1 ]; then
   fi
 fi
 
+if [ $build = 0 ]; then
+  step "done: the tests build agenthost themselves (make run builds bin/agenthost)"
+  exit 0
+fi
 step "building bin/agenthost"
 mkdir -p bin
 # -buildvcs=auto: the binary names its revision (agenthost version) even

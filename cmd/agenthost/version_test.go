@@ -23,7 +23,10 @@ import (
 // TestVersion builds agenthost as `make` does and checks that --version,
 // `version`, /healthz and the OpenAPI document's info.version name the
 // same build, with the VCS revision `go version -m` finds in the binary.
-// (It builds the binary: the test binary carries no VCS information.)
+// (It builds the binary: the test binary carries no VCS information. The
+// build inherits GOFLAGS: under make test, the race flags the test binaries
+// were built with, so it links their compiled packages instead of
+// compiling every package again.)
 func TestVersion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

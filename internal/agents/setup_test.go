@@ -58,7 +58,7 @@ func setupCheckout(t *testing.T) (dir string, run func(args ...string) string, n
 
 // make run's setup installs what serve uses by default (omp, pi, Bun) and
 // nothing else: no ACP agent, no Chromium. --acp adds the ACP agents,
-// --test Chromium too; a second run installs nothing.
+// --test Chromium too (and builds no binary); a second run installs nothing.
 func TestSetup_RunInstallsOnlyWhatServeUses(t *testing.T) {
 	dir, run, npmLog, aptLog := setupCheckout(t)
 	out := run()
@@ -89,9 +89,17 @@ func TestSetup_RunInstallsOnlyWhatServeUses(t *testing.T) {
 	if len(runs) != 2 || !strings.HasSuffix(runs[1], " in "+filepath.Join(dir, ".tools", "acp")) || !strings.Contains(out, "omp 18.2.3, pi 0.73.1, bun 1.3.14 already installed") {
 		t.Fatalf("setup --acp: npm runs %q\n%s", runs, out)
 	}
+	// make test's setup builds no bin/agenthost: no test runs it, and the
+	// tests build with the race flags.
+	if err := os.Remove(filepath.Join(dir, "bin", "agenthost")); err != nil {
+		t.Fatal(err)
+	}
 	out = run("--test")
 	if runs := npmRuns(t, npmLog); len(runs) != 2 || !strings.Contains(out, "chromium for the browser test: Chromium 1.0") ||
 		!strings.Contains(out, "ACP agents: claude-agent-acp 0.101.0, codex-acp 2.6.0, copilot 1.0.102 already installed") {
 		t.Fatalf("setup --test: npm runs %q\n%s", runs, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bin", "agenthost")); !os.IsNotExist(err) {
+		t.Errorf("setup --test built bin/agenthost (%v):\n%s", err, out)
 	}
 }
