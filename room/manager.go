@@ -93,6 +93,9 @@ type Manager struct {
 	opts Options
 	st   Store
 	log  *slog.Logger
+	// exclusive: only this Manager changes the store's settings (see
+	// ExclusiveStore).
+	exclusive bool
 
 	ctx    context.Context // the manager's lifetime
 	cancel context.CancelFunc
@@ -128,12 +131,14 @@ type roomState struct {
 	mu  sync.Mutex
 	cfg *Config // filled and validated at first use
 	// settings are the room's own (SettingsStore), as last read
-	// (settingsRaw, settingsRead); startedCfg the config its resident
+	// (settingsRaw, settingsRead); settingsGen counts SetSettings' writes
+	// (a read begun before one is not applied); startedCfg the config its resident
 	// agent was started with; budgetNoted: budget.exhausted is written
 	// for the settings in force.
 	settings     Settings
 	settingsRaw  string
 	settingsRead bool
+	settingsGen  uint64
 	startedCfg   *Config
 	budgetNoted  bool
 	// wsReady is the workspace prepared from the settings (URL, ref and
@@ -216,9 +221,10 @@ func New(opts Options) (*Manager, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	es, ok := opts.Store.(ExclusiveStore)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{
-		opts: opts, st: opts.Store, log: opts.Logger, ctx: ctx, cancel: cancel,
+		opts: opts, st: opts.Store, log: opts.Logger, exclusive: ok && es.Exclusive(), ctx: ctx, cancel: cancel,
 		rooms:    map[string]*roomState{},
 		released: make(chan struct{}), joined: make(chan struct{}),
 	}, nil

@@ -108,6 +108,16 @@ type SettingsStore interface {
 	PutRoomSettings(ctx context.Context, room string, settings json.RawMessage) error
 }
 
+// ExclusiveStore is a SettingsStore that says whether this Manager alone
+// changes it (a database file the host holds locked). When it does, the
+// Manager reads a room's settings once and then keeps what it writes,
+// instead of reading them again before each message and each turn, as a
+// store that other hosts share needs.
+type ExclusiveStore interface {
+	SettingsStore
+	Exclusive() bool
+}
+
 // Bounds of settings.
 const (
 	maxInstructions = 64 << 10
@@ -411,24 +421,43 @@ func (m *Manager) kick(r *roomState) {
 }
 
 // refreshSettings reads the room's settings again (another host may have
-// changed them) and applies them if they changed.
+// changed them) and applies them if they changed. With an ExclusiveStore
+// it reads them only the first time.
 func (m *Manager) refreshSettings(ctx context.Context, r *roomState) error {
 	if _, ok := m.st.(SettingsStore); !ok {
+		return nil
+	}
+	r.mu.Lock()
+	known, gen := r.settingsRead && m.exclusive, r.settingsGen
+	r.mu.Unlock()
+	if known {
 		return nil
 	}
 	s, raw, err := m.loadSettings(ctx, r.id)
 	if err != nil {
 		return err
 	}
-	m.applySettings(r, s, raw)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.settingsGen != gen {
+		// SetSettings applied newer ones while this read ran.
+		return nil
+	}
+	m.applySettingsLocked(r, s, raw)
 	return nil
 }
 
-// applySettings makes s the room's settings when they differ from those
-// it has (its config is filled again at next use).
+// applySettings makes s, just written, the room's settings.
 func (m *Manager) applySettings(r *roomState, s Settings, raw json.RawMessage) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.settingsGen++
+	m.applySettingsLocked(r, s, raw)
+}
+
+// applySettingsLocked makes s the room's settings when they differ from
+// those it has (its config is filled again at next use).
+func (m *Manager) applySettingsLocked(r *roomState, s Settings, raw json.RawMessage) {
 	if r.settingsRaw == string(raw) && r.settingsRead {
 		return
 	}

@@ -1,12 +1,15 @@
 package room
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -262,5 +265,51 @@ func TestBudgetHoldsAcrossARestart(t *testing.T) {
 	}
 	if e, err := h.m.EffectiveSettings(ctx, "r"); err != nil || e.Instructions != "kept" || e.Budget.Tokens != 5 {
 		t.Fatalf("settings after a restart: %+v, %v", e, err)
+	}
+}
+
+// exclusiveStore is the SQLite store saying it is this Manager's alone
+// (as internal/roomsqlite's does), counting its settings reads.
+type exclusiveStore struct {
+	sqliteStore
+	reads atomic.Int64
+}
+
+func (s *exclusiveStore) Exclusive() bool { return true }
+
+func (s *exclusiveStore) RoomSettings(ctx context.Context, id string) (json.RawMessage, error) {
+	s.reads.Add(1)
+	return s.sqliteStore.RoomSettings(ctx, id)
+}
+
+// With a store only this Manager changes, a room's settings are read
+// once, not before every message and turn, and a change still takes
+// effect as with any store.
+func TestExclusiveStoreReadsSettingsOnce(t *testing.T) {
+	var st *exclusiveStore
+	h := newHarnessWith(t, Options{Config: Config{Model: "default-model"}}, func(s Store) Store {
+		st = &exclusiveStore{sqliteStore: s.(sqliteStore)}
+		return st
+	})
+	if _, err := h.m.SetSettings(t.Context(), "r", Settings{Model: "room-model"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		h.turnEnded("r", h.submit("r", fmt.Sprint("hello ", i)))
+	}
+	if n := st.reads.Load(); n > 1 {
+		t.Fatalf("settings read %d times for 5 messages", n)
+	}
+	if _, err := h.m.SetSettings(t.Context(), "r", Settings{Model: "newer-model"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	h.turnEnded("r", h.submit("r", "again"))
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if first, last := h.f.starts[0], h.f.starts[len(h.f.starts)-1]; first.Config.Model != "room-model" || last.Config.Model != "newer-model" {
+		t.Fatalf("agents started with %q, then %q", first.Config.Model, last.Config.Model)
 	}
 }

@@ -35,6 +35,12 @@ func (s sqliteStore) PutRoomSettings(ctx context.Context, id string, settings js
 	return s.DB.Write(ctx, func(w *store.Writer) error { return w.SetConfig(id, settings) })
 }
 
+var _ room.ExclusiveStore = sqliteStore{}
+
+// Exclusive implements room.ExclusiveStore: the DB is a file this process
+// holds locked, and one Manager serves it.
+func (s sqliteStore) Exclusive() bool { return true }
+
 var _ room.Purger = sqliteStore{}
 
 // PurgeRoom implements room.Purger.

@@ -22,6 +22,9 @@ func (db *DB) Events(ctx context.Context, room string, after int64, limit int) (
 	if limit <= 0 || limit > MaxEventsPage {
 		limit = MaxEventsPage
 	}
+	if evs, ok := db.recent.events(room, after, limit); ok {
+		return evs, nil
+	}
 	rows, err := db.query(ctx,
 		"SELECT seq, type, time_ns, data FROM events WHERE room = ? AND seq > ? ORDER BY seq LIMIT ?", room, after, limit)
 	if err != nil {

@@ -110,6 +110,8 @@ type DB struct {
 	// seqs caches each room's last sequence number; only the writer
 	// goroutine touches it.
 	seqs map[string]int64
+	// recent answers a live stream's reads of what was just committed.
+	recent *recent
 	// wstmts are the writer's statements, prepared once on its one
 	// connection and used by every batch's transaction (SQLite otherwise
 	// parses a statement at every exec); only the writer goroutine
@@ -225,12 +227,13 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	}
 	db := &DB{
 		opts: opts, log: opts.Logger, lock: lock,
-		reqs:  make(chan *writeReq, opts.Queue),
-		quit:  make(chan struct{}),
-		done:  make(chan struct{}),
-		watch: map[string]map[chan struct{}]struct{}{},
-		taps:  map[*tap]struct{}{},
-		seqs:  map[string]int64{},
+		reqs:   make(chan *writeReq, opts.Queue),
+		quit:   make(chan struct{}),
+		done:   make(chan struct{}),
+		watch:  map[string]map[chan struct{}]struct{}{},
+		taps:   map[*tap]struct{}{},
+		seqs:   map[string]int64{},
+		recent: newRecent(),
 	}
 	sync := "FULL"
 	if opts.NoSync {
@@ -307,12 +310,14 @@ func (db *DB) Watch(room string) (<-chan struct{}, func()) {
 		db.watch[room] = set
 	}
 	set[ch] = struct{}{}
+	db.recent.watch(room)
 	return ch, func() {
 		db.mu.Lock()
 		defer db.mu.Unlock()
 		if s := db.watch[room]; s != nil {
 			if _, ok := s[ch]; ok {
 				delete(s, ch)
+				db.recent.unwatch(room)
 				if len(s) == 0 {
 					delete(db.watch, room)
 				}
@@ -493,9 +498,9 @@ func (db *DB) commit(batch []*writeReq) {
 	taps := db.tapsNow()
 	w := &Writer{tx: tx, db: db, tapped: taps != nil}
 	for _, r := range live {
-		mark := len(w.appended)
+		mark, rmark := len(w.appended), len(w.recent)
 		if err := db.runOne(ctx, w, r); err != nil {
-			w.appended = w.appended[:mark]
+			w.appended, w.recent = w.appended[:mark], w.recent[:rmark]
 			r.err = err
 			continue
 		}
@@ -503,16 +508,19 @@ func (db *DB) commit(batch []*writeReq) {
 			touched[room] = struct{}{}
 		}
 	}
+	db.recent.committing(w.recent)
 	if err := tx.Commit(); err != nil {
 		// Nothing of the batch landed: forget cached sequence numbers.
 		clear(db.seqs)
+		db.recent.clear()
 		db.log.Error("store: commit failed", "err", err, "writes", len(live))
 		finish(fmt.Errorf("store: commit: %w", err))
 		return
 	}
-	// The taps see the batch before anyone learns of its commit, so a
-	// count read after a Write returns (or after a watcher wakes)
-	// includes it.
+	// The taps, and the recent events, see the batch before anyone
+	// learns of its commit, so a count or a read after a Write returns
+	// (or after a watcher wakes) includes it.
+	db.recent.add(w.recent)
 	if len(w.appended) > 0 {
 		for _, t := range taps {
 			t.fn(w.appended)

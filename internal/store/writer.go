@@ -24,7 +24,10 @@ type Writer struct {
 	// only while a tap is set.
 	appended []Event
 	tapped   bool
-	stmts    map[string]*sql.Stmt // prepared in this batch's transaction
+	// recent holds the batch's events, and its deletions of a room's
+	// events, for DB.recent (added once the batch commits).
+	recent []Event
+	stmts  map[string]*sql.Stmt // prepared in this batch's transaction
 }
 
 func (w *Writer) exec(query string, args ...any) (sql.Result, error) {
@@ -124,6 +127,7 @@ func (w *Writer) Append(room, typ string, data any) (Event, error) {
 	if w.tapped {
 		w.appended = append(w.appended, ev)
 	}
+	w.recent = append(w.recent, ev)
 	return ev, nil
 }
 
@@ -157,6 +161,7 @@ func (w *Writer) DeleteRoom(room string) error {
 		return wrap("delete room", err)
 	}
 	delete(w.db.seqs, room)
+	w.recent = append(w.recent, Event{Room: room, Seq: deletedSeq})
 	return nil
 }
 
