@@ -132,9 +132,9 @@ type roomState struct {
 	cfg *Config // filled and validated at first use
 	// settings are the room's own (SettingsStore), as last read
 	// (settingsRaw, settingsRead); settingsGen counts SetSettings' writes
-	// (a read begun before one is not applied); startedCfg the config its resident
-	// agent was started with; budgetNoted: budget.exhausted is written
-	// for the settings in force.
+	// (a read begun before one is not applied); startedCfg the config its
+	// resident agent was started with; budgetNoted: budget.exhausted is
+	// written for the settings in force.
 	settings     Settings
 	settingsRaw  string
 	settingsRead bool

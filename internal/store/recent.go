@@ -20,9 +20,9 @@ import (
 //
 // It keeps the rooms someone watches (DB.Watch: a live stream) and only
 // while they are watched; others are read from SQLite. It is bounded:
-// recentPerRoom events a room, recentMaxBytes in all (past
-// that, whole rooms' runs are dropped), and an event over recentMaxEvent
-// bytes is not kept (its room's run starts again after it).
+// recentPerRoom events a room, recentMaxBytes in all (past that, whole
+// rooms' runs are dropped), and an event over recentMaxEvent bytes is not
+// kept (its room's run starts again after it).
 type recent struct {
 	mu      sync.Mutex
 	rooms   map[string]*tail
