@@ -36,6 +36,14 @@ type testCluster struct {
 func startCluster(t *testing.T, ctx context.Context, workers [3]bool) *testCluster {
 	t.Helper()
 	tc := &testCluster{journal: filepath.Join(t.TempDir(), "journal")}
+	started := false
+	defer func() {
+		if !started {
+			// A host that failed stopped the test (t.Fatal): the nodes
+			// and proxies already up must not outlive it.
+			tc.stop()
+		}
+	}()
 	var cport [3]int
 	for i := range cport {
 		cport[i] = freePort(t)
@@ -71,10 +79,10 @@ func startCluster(t *testing.T, ctx context.Context, workers [3]bool) *testClust
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
-			tc.stop()
 			t.Fatal(err)
 		}
 	}
+	started = true
 	return tc
 }
 

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -346,9 +348,40 @@ func appendEv2(ctx context.Context, s *Store, rm string) error {
 	})
 }
 
-// freePort reserves a loopback port number (closed again at once).
+// freePort finds a loopback port number free now, for a node to listen
+// on later (a NATS node takes an address, not a listener). It picks below
+// the kernel's ephemeral range: a port from that range, free when looked
+// at, may be taken before the node binds it by any connection made
+// meanwhile, by this test binary or by the tests running beside it (a
+// cluster failed to start so once). Only a program binding that very
+// port can take one of these.
 func freePort(t *testing.T) int {
 	t.Helper()
+	low := 32768 // Linux's default ephemeral range starts here
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000 // clear of the well-known ports tests must not use
+	for range 100 {
+		if low <= first+1000 {
+			break
+		}
+		port := first + rand.IntN(low-first)
+		if port == 11434 {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use: another
+		}
+		_ = l.Close()
+		return port
+	}
+	// No room below the ephemeral range: any free port.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
