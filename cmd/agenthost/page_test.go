@@ -127,6 +127,30 @@ func act(t *testing.T, ctx context.Context, what string, actions ...chromedp.Act
 	}
 }
 
+// press clicks sel with the mouse until took (a JavaScript condition)
+// says the click reached the page's handler. The page keeps rendering
+// the stream's events while the browser computes where to click (a tool
+// card appears above, the log grows); a click at where the button was
+// then lands beside it, and nothing would ever happen.
+func press(t *testing.T, ctx context.Context, what, sel, took string) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		act(t, ctx, what, chromedp.Click(chromedp.CSS(sel)))
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := chromedp.Run(wctx, chromedp.Poll[chromedp.Void](took,
+			chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(0)))
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 3 {
+			waitFor(t, ctx, what+" to take", took) // fails, saying what the page shows
+			return
+		}
+		t.Logf("page: %s: the click did not reach the button (the page moved under it); again", what)
+	}
+}
+
 func eval[T any](t *testing.T, ctx context.Context, expr string) T {
 	t.Helper()
 	actx, cancel := context.WithTimeout(ctx, browserWait)
@@ -216,7 +240,8 @@ func TestServePage_Chromium(t *testing.T) {
 	if tool := eval[string](t, ctx, `document.querySelector("#approvals li p").textContent`); tool != "Allow bash?" {
 		t.Fatalf("approval shows %q", tool)
 	}
-	act(t, ctx, "allowing", chromedp.Click(chromedp.CSS("#approvals li button.allow")))
+	press(t, ctx, "allowing", "#approvals li button.allow",
+		`document.getElementById("approvals").children.length === 0 || [...document.querySelectorAll("#approvals li button")].every(b => b.disabled)`)
 	waitFor(t, ctx, "the approval to go", `document.getElementById("approvals").children.length === 0 && document.getElementById("pending").hidden`)
 	waitFor(t, ctx, "the tool's output", `[...document.querySelectorAll("#log .tool.done pre.output")].some(p => p.textContent.includes("hi-from-the-page"))`)
 	waitFor(t, ctx, "the second turn to settle", `document.querySelectorAll("#log .msg.assistant")[1]?.dataset.outcome === "settled"`)
@@ -229,7 +254,8 @@ func TestServePage_Chromium(t *testing.T) {
 	if opts := eval[string](t, ctx, `[...document.querySelectorAll("#questions li [role=group] button")].map(b => b.textContent).join(",")`); !strings.HasPrefix(opts, "red,blue") {
 		t.Fatalf("question options on the page: %q", opts)
 	}
-	act(t, ctx, "answering", chromedp.Click(chromedp.CSS(`#questions li [role="group"] button:nth-child(2)`)))
+	press(t, ctx, "answering", `#questions li [role="group"] button:nth-child(2)`,
+		`document.getElementById("questions").children.length === 0 || [...document.querySelectorAll("#questions li button")].every(b => b.disabled)`)
 	waitFor(t, ctx, "the question to go", `document.getElementById("questions").children.length === 0 && document.getElementById("pending").hidden`)
 	waitFor(t, ctx, "the ask tool's output", `[...document.querySelectorAll("#log .msg.assistant")[2]?.querySelectorAll(".tool.done pre.output") ?? []].some(p => p.textContent.includes("blue"))`)
 	waitFor(t, ctx, "the third turn to settle", `document.querySelectorAll("#log .msg.assistant")[2]?.dataset.outcome === "settled"`)
