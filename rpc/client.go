@@ -204,6 +204,12 @@ type Client struct {
 	w     io.WriteCloser
 	owned Process // nil when attached to a plain reader/writer
 	stder *tailBuffer
+	// resizePipe raises r's pipe while the agent floods (nil when r is
+	// not a pipe or the platform cannot): see pipeResizer.
+	resizePipe func(flooding bool)
+	// runEnded: the reader just handled an agent_end, so a flood is over
+	// (see framer.settle). The reader's own.
+	runEnded bool
 
 	// wlock serialises whole frames on w. A channel, not a mutex, so a
 	// call waiting behind a write stuck on a full pipe can give up when its
@@ -326,6 +332,7 @@ func New(r io.Reader, w io.WriteCloser, opts Options) *Client {
 		log:          opts.Logger,
 		r:            r,
 		w:            w,
+		resizePipe:   pipeResizer(r),
 		pending:      map[string]*pendingCall{},
 		byCommand:    map[string][]*pendingCall{},
 		abandoned:    map[string]struct{}{},

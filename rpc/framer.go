@@ -14,9 +14,19 @@ const (
 
 	// framerInitialBuf: large reads keep syscalls few under a flood.
 	framerInitialBuf = 256 << 10
-	// stableBuf is a stable framer's buffer: a pipe delivers at most 64 KiB
-	// per read, and a kept line keeps its whole buffer alive, so no more.
+	// stableBuf is a stable framer's buffer: a default pipe delivers at
+	// most 64 KiB per read, and a kept line keeps its whole buffer alive,
+	// so no more while the agent is not flooding.
 	stableBuf = 64 << 10
+	// floodBuf is a stable framer's buffer while the agent writes faster
+	// than the client reads (see framer.flooding): one read then takes up
+	// to this much, so a flood costs an eighth of the reads and wake-ups
+	// (with the pipe raised to match, see Client.resizePipe).
+	floodBuf = 512 << 10
+	// floodMark: a read of at least this much (half a default pipe) means
+	// the agent is ahead of the reader; a shorter one, with room for more,
+	// means the reader has caught up.
+	floodMark = stableBuf / 2
 	// framerShrinkAbove: a buffer grown past this for one long line is
 	// released once that line is consumed, so one big frame does not pin
 	// memory for the rest of the session.
@@ -62,6 +72,11 @@ type framer struct {
 	segs       [][]byte // stable only: the earlier parts of the pending line
 	segLen     int      // bytes in segs
 	total      int64    // bytes read from r so far
+	// flooding (stable only): the last read that had room for floodMark
+	// bytes got them (and settle has not been called since); new buffers
+	// are floodBuf long meanwhile. onFlood, if set, is told each change.
+	flooding bool
+	onFlood  func(flooding bool)
 }
 
 // offset is the stream position just past the last line next returned
@@ -192,10 +207,19 @@ func (f *framer) fill() {
 // the new buffer; a long one stays where it is, as a segment, and the new
 // buffer grows with the line (up to segmentMax, and never past the cap in
 // total), so no byte of a long line is copied before its LF.
+//
+// The buffer is floodBuf long while the agent floods, stableBuf otherwise;
+// once a flood is over and every line in a flood buffer has been handed
+// out, the framer moves to a fresh small buffer, so an idle client keeps
+// no more than one small buffer alive.
 func (f *framer) fillStable() {
+	size := min(stableBuf, f.max+1)
+	if f.flooding {
+		size = min(floodBuf, f.max+1)
+	}
 	if f.end == len(f.buf) {
-		if pending := f.end - f.start; f.segLen == 0 && pending*2 <= stableBuf {
-			nb := make([]byte, stableBuf)
+		if pending := f.end - f.start; f.segLen == 0 && pending*2 <= size {
+			nb := make([]byte, size)
 			f.end = copy(nb, f.buf[f.start:f.end])
 			f.start = 0
 			f.buf = nb
@@ -205,21 +229,44 @@ func (f *framer) fillStable() {
 				f.segLen += pending
 			}
 			// pending() <= max here, so the size is at least 1.
-			size := min(max(f.segLen, stableBuf), segmentMax, f.max+1-f.segLen)
+			size := min(max(f.segLen, size), segmentMax, f.max+1-f.segLen)
 			f.buf = make([]byte, size)
 			f.start, f.end, f.scanned = 0, 0, 0
 		}
+	} else if !f.flooding && f.start == f.end && f.segLen == 0 && len(f.buf) > size {
+		f.buf = make([]byte, size)
+		f.start, f.end, f.scanned = 0, 0, 0
 	}
-	f.read()
+	room := len(f.buf) - f.end
+	n := f.read()
+	if room >= floodMark && f.err == nil {
+		f.setFlooding(n >= floodMark)
+	}
 }
 
-func (f *framer) read() {
+func (f *framer) setFlooding(flooding bool) {
+	if flooding != f.flooding {
+		f.flooding = flooding
+		if f.onFlood != nil {
+			f.onFlood(flooding)
+		}
+	}
+}
+
+// settle ends a flood: the stream has reached a point after which the
+// agent writes little (its run ended). Without it, a flood whose last read
+// was a large one would keep its buffer and pipe size until the agent next
+// writes, however long it stays quiet.
+func (f *framer) settle() { f.setFlooding(false) }
+
+func (f *framer) read() int {
 	n, err := f.r.Read(f.buf[f.end:])
 	f.end += n
 	f.total += int64(n)
 	if err != nil {
 		f.err = err
 	}
+	return n
 }
 
 // skipLong discards the rest of a line that is over the cap, reading until

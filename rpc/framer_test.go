@@ -321,3 +321,111 @@ func TestFramer_StableRandomLongLines(t *testing.T) {
 		}
 	}
 }
+
+// scriptedReader returns the stream in reads of the sizes given, in turn
+// (the last size repeats).
+type scriptedReader struct {
+	b     []byte
+	sizes []int
+}
+
+func (r *scriptedReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(r.sizes[0], len(p), len(r.b))
+	if len(r.sizes) > 1 {
+		r.sizes = r.sizes[1:]
+	}
+	copy(p, r.b[:n])
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// TestFramer_FloodBuffers: a stable framer reads a flood (reads that fill
+// half a default pipe or more) into flood-sized buffers and says so once;
+// when reads come back short it says that once, and as soon as its lines
+// are all handed out it reads into a small buffer again, so an idle client
+// holds no flood buffer. Every line stays what it was.
+func TestFramer_FloodBuffers(t *testing.T) {
+	line := strings.Repeat("x", 99) + "\n" // 100 bytes
+	flood := strings.Repeat(line, 40_000)  // about 4 MB
+	trickle := strings.Repeat(line, 50)
+	sizes := []int{100} // the start: short reads
+	for range len(flood) / (64 << 10) {
+		sizes = append(sizes, 64<<10) // a full default pipe each time
+	}
+	sizes = append(sizes, 100) // then caught up
+	r := &scriptedReader{b: []byte(line + flood + trickle), sizes: sizes}
+	f := newFramer(r, DefaultMaxLineBytes, true)
+	var changes []bool
+	f.onFlood = func(flooding bool) { changes = append(changes, flooding) }
+	var kept [][]byte
+	sawFloodBuf := false
+	for {
+		l, err := f.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(l)+"\n" != line {
+			t.Fatalf("line %d: %q", len(kept), l)
+		}
+		kept = append(kept, l)
+		if len(f.buf) == floodBuf {
+			sawFloodBuf = true
+		}
+		if !f.flooding && f.start == f.end && len(kept) > 1 && len(r.sizes) == 1 && f.segLen == 0 {
+			// Caught up and drained: the next read must go to a small buffer.
+			f.fill()
+			if len(f.buf) != stableBuf {
+				t.Fatalf("after the flood the framer reads into a %d byte buffer, want %d", len(f.buf), stableBuf)
+			}
+		}
+	}
+	if want := 1 + 40_000 + 50; len(kept) != want {
+		t.Fatalf("%d lines, want %d", len(kept), want)
+	}
+	for i, k := range kept {
+		if string(k)+"\n" != line {
+			t.Fatalf("line %d changed after later reads: %q", i, k)
+		}
+	}
+	if !sawFloodBuf {
+		t.Fatalf("the flood was never read into a %d byte buffer", floodBuf)
+	}
+	if len(changes) != 2 || !changes[0] || changes[1] {
+		t.Fatalf("flood changes %v, want [true false]", changes)
+	}
+}
+
+// TestFramer_SettleEndsAFlood: a flood whose last read was a large one
+// ends when the reader says the run is over (settle): the framer says so,
+// and reads on into a small buffer, not the flood's.
+func TestFramer_SettleEndsAFlood(t *testing.T) {
+	line := strings.Repeat("y", 127) + "\n"
+	in := strings.Repeat(line, 2_048) // 256 KiB: four full-pipe reads
+	f := newFramer(&scriptedReader{b: []byte(in), sizes: []int{64 << 10}}, DefaultMaxLineBytes, true)
+	var changes []bool
+	f.onFlood = func(flooding bool) { changes = append(changes, flooding) }
+	for range 2_048 {
+		if l, err := f.next(); err != nil || string(l)+"\n" != line {
+			t.Fatalf("line: %q, %v", l, err)
+		}
+	}
+	if !f.flooding || len(f.buf) != floodBuf {
+		t.Fatalf("flooding %v with a %d byte buffer after full-pipe reads", f.flooding, len(f.buf))
+	}
+	f.settle()
+	if _, err := f.next(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last line: %v", err)
+	}
+	if len(f.buf) != stableBuf {
+		t.Fatalf("after settle the framer reads into a %d byte buffer, want %d", len(f.buf), stableBuf)
+	}
+	if len(changes) != 2 || !changes[0] || changes[1] {
+		t.Fatalf("flood changes %v, want [true false]", changes)
+	}
+}

@@ -20,6 +20,7 @@ func (c *Client) readLoop() {
 	// Stable lines: events keep slices of the read buffers instead of
 	// copies (see Event).
 	fr := newFramer(c.r, c.opts.MaxLineBytes, true)
+	fr.onFlood = c.resizePipe
 	first := true
 	for {
 		line, err := fr.next()
@@ -53,6 +54,10 @@ func (c *Client) readLoop() {
 		c.readEnd = c.opts.Adopt.offset() + fr.offset()
 		c.readStart = c.lineStart
 		c.handleLine(line)
+		if c.runEnded {
+			c.runEnded = false
+			fr.settle()
+		}
 	}
 }
 
@@ -62,9 +67,12 @@ func (c *Client) handleLine(line []byte) {
 	if typ, ok := fastType(line); ok && !c.reasm.pending() {
 		// A frequent event the reader neither acts on nor ends turns by:
 		// the dispatcher validates it, on the other core, before any
-		// listener sees it, unless the dispatcher is falling behind; then
-		// the reader shares the work.
-		deferred := c.qlen.Load() < int32(c.opts.Backlog/4)
+		// listener sees it, unless the dispatcher is falling behind (the
+		// backlog three quarters full); then the reader shares the work.
+		// Not sooner: one flood read hands the queue hundreds of frames at
+		// once, and a reader validating them would do the work the
+		// dispatcher is idle for.
+		deferred := c.qlen.Load() < int32(c.opts.Backlog*3/4)
 		if !deferred {
 			if h, err := scanFrame(line); err != nil {
 				c.frameError(h, line, err)
@@ -148,6 +156,9 @@ func (c *Client) handleChunk(line []byte) {
 }
 
 func (c *Client) handleFrame(typ string, line []byte) {
+	if typ == EventAgentEnd {
+		c.runEnded = true
+	}
 	switch typ {
 	case "response":
 		c.noteNegotiation(line)

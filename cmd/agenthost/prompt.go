@@ -207,7 +207,7 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 }
 
 // floodGC sets the collector for a turn's stream and returns the restore.
-// The client reads into a fresh 64 KiB buffer per pipe-full and drops it
+// The client reads into a fresh buffer per pipe-full and drops it
 // moments later, while prompt's live heap stays near nothing: at the
 // default goal (4 MB) the collector ran about 85 times in a 200k-frame
 // flood, a fifth of the process's CPU. A goal five times the live heap

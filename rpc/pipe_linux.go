@@ -1,0 +1,54 @@
+//go:build linux
+
+package rpc
+
+import (
+	"io"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// pipeResizer returns what raises the pipe r reads from to floodBuf bytes
+// while the agent floods and sets it back to its own size after, or nil
+// when r is not a pipe (a file, a socket, a test's reader). A bigger pipe
+// lets the agent write on while the reader works, and the reader take a
+// flood in a sixteenth of the reads: both sides sleep and wake far less.
+//
+// Raised only while flooding, because an unprivileged user's pipes share
+// an allowance (fs.pipe-user-pages-soft, 64 MiB by default): a pipe kept at
+// 1 MiB for every idle agent would use it up, and then every new pipe of
+// that user is created at 8 KiB.
+func pipeResizer(r io.Reader) func(flooding bool) {
+	sc, ok := r.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	base := 0
+	_ = rc.Control(func(fd uintptr) {
+		var st unix.Stat_t
+		if unix.Fstat(int(fd), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			return
+		}
+		if n, err := unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0); err == nil {
+			base = n
+		}
+	})
+	if base <= 0 || base >= floodBuf {
+		return nil
+	}
+	return func(flooding bool) {
+		size := base
+		if flooding {
+			size = floodBuf
+		}
+		// A refusal only costs speed: EPERM past the user's allowance or
+		// fs.pipe-max-size, EBUSY when the pipe holds more than the
+		// smaller size (it is tried again after the next flood).
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, size) })
+	}
+}
