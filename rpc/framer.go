@@ -23,6 +23,12 @@ const (
 	// to this much, so a flood costs an eighth of the reads and wake-ups
 	// (with the pipe raised to match, see Client.resizePipe).
 	floodBuf = 512 << 10
+	// floodLines: a flood buffer follows only a buffer that ended at least
+	// this many lines. A kept line keeps its whole buffer alive, and a
+	// buffer of a few long lines is mostly the dead head of the next one:
+	// lines of 256 KiB in 512 KiB buffers held twice their bytes, where
+	// small buffers hand a long line out as one exact allocation.
+	floodLines = 8
 	// floodMark: a read of at least this much (half a default pipe) means
 	// the agent is ahead of the reader; a shorter one, with room for more,
 	// means the reader has caught up.
@@ -77,6 +83,8 @@ type framer struct {
 	// are floodBuf long meanwhile. onFlood, if set, is told each change.
 	flooding bool
 	onFlood  func(flooding bool)
+	// lines ended in the current buffer (stable only).
+	lines int
 }
 
 // offset is the stream position just past the last line next returned
@@ -108,6 +116,7 @@ func (f *framer) next() ([]byte, error) {
 			line := f.buf[f.start:lineEnd]
 			f.start = lineEnd + 1
 			f.scanned = 0
+			f.lines++
 			if n := f.segLen + len(line); n > f.max {
 				// Only a buffer larger than the cap holds a whole line over
 				// it; the cap still applies.
@@ -214,10 +223,11 @@ func (f *framer) fill() {
 // no more than one small buffer alive.
 func (f *framer) fillStable() {
 	size := min(stableBuf, f.max+1)
-	if f.flooding {
+	if f.flooding && f.lines >= floodLines {
 		size = min(floodBuf, f.max+1)
 	}
 	if f.end == len(f.buf) {
+		f.lines = 0
 		if pending := f.end - f.start; f.segLen == 0 && pending*2 <= size {
 			nb := make([]byte, size)
 			f.end = copy(nb, f.buf[f.start:f.end])
@@ -234,6 +244,7 @@ func (f *framer) fillStable() {
 			f.start, f.end, f.scanned = 0, 0, 0
 		}
 	} else if !f.flooding && f.start == f.end && f.segLen == 0 && len(f.buf) > size {
+		f.lines = 0
 		f.buf = make([]byte, size)
 		f.start, f.end, f.scanned = 0, 0, 0
 	}
@@ -276,6 +287,7 @@ func (f *framer) skipLong() error {
 	f.dropSegs()
 	f.start, f.end, f.scanned = 0, 0, 0
 	if f.stable {
+		f.lines = 0
 		f.buf = make([]byte, stableBuf) // the old one may hold lines handed out
 	} else if len(f.buf) > framerShrinkAbove {
 		f.buf = make([]byte, framerInitialBuf)

@@ -429,3 +429,35 @@ func TestFramer_SettleEndsAFlood(t *testing.T) {
 		t.Fatalf("flood changes %v, want [true false]", changes)
 	}
 }
+
+// TestFramer_LongLinesInAFloodKeepTheirSize: a flood of long lines (pi
+// repeats the whole partial message in each update) is not read into
+// flood buffers: kept lines hold about their own bytes, not the twice as
+// much that buffers of one line and the next one's head held.
+func TestFramer_LongLinesInAFloodKeepTheirSize(t *testing.T) {
+	const n, size = 40, 256<<10 + 100
+	line := strings.Repeat("z", size-1) + "\n"
+	in := []byte(strings.Repeat(line, n))
+	f := newFramer(&scriptedReader{b: in, sizes: []int{64 << 10}}, DefaultMaxLineBytes, true)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	kept := make([][]byte, 0, n)
+	for range n {
+		l, err := f.next()
+		if err != nil || len(l) != size-1 {
+			t.Fatalf("line %d: %d bytes, %v", len(kept), len(l), err)
+		}
+		kept = append(kept, l)
+	}
+	f = nil
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d lines of %d KiB hold %d KiB", n, size>>10, held>>10)
+	if held > n*size*5/4 {
+		t.Fatalf("%d lines of %d KiB hold %d KiB; want at most a quarter more than their bytes", n, size>>10, held>>10)
+	}
+	runtime.KeepAlive(kept)
+	runtime.KeepAlive(in)
+}

@@ -5,9 +5,24 @@ package rpc
 import (
 	"io"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
+
+// The pipe size commands of fcntl(2) (Linux 2.6.35), which the syscall
+// package does not name; the protocol client uses the standard library
+// alone.
+const (
+	fSetPipeSize = 1031 // F_SETPIPE_SZ
+	fGetPipeSize = 1032 // F_GETPIPE_SZ
+)
+
+// fcntl runs fcntl(2) with an int argument.
+func fcntl(fd uintptr, cmd, arg int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, fd, uintptr(cmd), uintptr(arg))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(r), nil
+}
 
 // pipeResizer returns what raises the pipe r reads from to floodBuf bytes
 // while the agent floods and sets it back to its own size after, or nil
@@ -30,11 +45,11 @@ func pipeResizer(r io.Reader) func(flooding bool) {
 	}
 	base := 0
 	_ = rc.Control(func(fd uintptr) {
-		var st unix.Stat_t
-		if unix.Fstat(int(fd), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		var st syscall.Stat_t
+		if syscall.Fstat(int(fd), &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
 			return
 		}
-		if n, err := unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0); err == nil {
+		if n, err := fcntl(fd, fGetPipeSize, 0); err == nil {
 			base = n
 		}
 	})
@@ -49,6 +64,6 @@ func pipeResizer(r io.Reader) func(flooding bool) {
 		// A refusal only costs speed: EPERM past the user's allowance or
 		// fs.pipe-max-size, EBUSY when the pipe holds more than the
 		// smaller size (it is tried again after the next flood).
-		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, size) })
+		_ = rc.Control(func(fd uintptr) { _, _ = fcntl(fd, fSetPipeSize, size) })
 	}
 }

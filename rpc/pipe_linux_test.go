@@ -9,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 func pipeSize(t *testing.T, f *os.File) int {
@@ -20,7 +18,7 @@ func pipeSize(t *testing.T, f *os.File) int {
 		t.Fatal(err)
 	}
 	n := -1
-	if err := rc.Control(func(fd uintptr) { n, err = unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { n, err = fcntl(fd, fGetPipeSize, 0) }); err != nil {
 		t.Fatal(err)
 	}
 	if err != nil {
