@@ -28,12 +28,12 @@ func fcntl(fd uintptr, cmd, arg int) (int, error) {
 // while the agent floods and sets it back to its own size after, or nil
 // when r is not a pipe (a file, a socket, a test's reader). A bigger pipe
 // lets the agent write on while the reader works, and the reader take a
-// flood in a sixteenth of the reads: both sides sleep and wake far less.
+// flood in an eighth of the reads: both sides sleep and wake far less.
 //
 // Raised only while flooding, because an unprivileged user's pipes share
 // an allowance (fs.pipe-user-pages-soft, 64 MiB by default): a pipe kept at
-// 1 MiB for every idle agent would use it up, and then every new pipe of
-// that user is created at 8 KiB.
+// 512 KiB for every idle agent would use it up at 128 agents, and then
+// every new pipe of that user is created at 8 KiB.
 func pipeResizer(r io.Reader) func(flooding bool) {
 	sc, ok := r.(syscall.Conn)
 	if !ok {
