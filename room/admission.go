@@ -105,6 +105,10 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 	if direct {
 		status = record.MessageAccepted
 	}
+	// A room with a budget checks it again before each turn (turnBudget):
+	// its messages never start a turn in the write that accepts them.
+	atOnce := !direct && m.budget(settings).IsZero()
+	var begun *begunTurn
 	err = m.st.Write(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
 			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
@@ -137,11 +141,27 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
 		}
 		r.insertLocked(queued{id: id, text: msg.Text, seq: ev.Seq, pending: true, place: !direct})
+		if atOnce {
+			if begun = m.beginLocked(r); begun != nil {
+				return recordStart(tx, r.id, begun.t, now)
+			}
+		}
 		return nil
 	})
 	if err != nil {
+		if begun != nil {
+			m.unbegin(r, begun)
+		}
 		m.settle(r, id, false) // its place, if the write failed after taking it
 		return Accepted{}, err
+	}
+	if begun != nil {
+		// Its turn is recorded as started: the reserved worker runs it.
+		r.mu.Lock()
+		begun.t.accepting = false
+		r.mu.Unlock()
+		go m.work(r)
+		return acc, nil
 	}
 	switch {
 	case question != "":
@@ -180,7 +200,9 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id string, msg Message) bool {
 	r.mu.Lock()
 	a := r.agent
-	live := r.turn == t
+	// A turn begun by a write not committed yet may never be: what is
+	// delivered into it would have no turn to end with.
+	live := r.turn == t && !t.accepting
 	if live {
 		t.joined = append(t.joined, id)
 		if !t.prompted {

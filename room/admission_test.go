@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -447,5 +448,122 @@ func TestEveryAcceptedMessageEndsOnce(t *testing.T) {
 		if msg.Status != store.MessageEnded || msg.Outcome != want[msg.ID] {
 			t.Fatalf("message record %+v, want ended %s", msg, want[msg.ID])
 		}
+	}
+}
+
+// TestIdleRoomStartsTheTurnInTheWriteThatAcceptsIt: a message to an idle
+// room is accepted and its turn started in one store commit (one fsync
+// before turn.started, not two). A message that waits behind a running
+// turn, and any message of a room with a budget (checked again before
+// each turn), starts in a write of its own.
+func TestIdleRoomStartsTheTurnInTheWriteThatAcceptsIt(t *testing.T) {
+	h := newHarness(t, Options{})
+	ctx := t.Context()
+	if _, err := h.m.SetSettings(ctx, "b", Settings{Budget: Budget{Turns: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var batches [][]store.Event
+	stop := h.db.Tap(func(evs []store.Event) {
+		mu.Lock()
+		batches = append(batches, slices.Clone(evs))
+		mu.Unlock()
+	})
+	defer stop()
+	// batchOf is the types, in order, of the message's events committed
+	// with its message.accepted.
+	batchOf := func(acc Accepted) []string {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, b := range batches {
+			if !slices.ContainsFunc(b, func(ev store.Event) bool {
+				return ev.Type == "message.accepted" && strings.Contains(string(ev.Data), acc.ID)
+			}) {
+				continue
+			}
+			var types []string
+			for _, ev := range b {
+				if strings.Contains(string(ev.Data), acc.ID) {
+					types = append(types, ev.Type)
+				}
+			}
+			return types
+		}
+		t.Fatalf("no batch holds message %s's acceptance", acc.ID)
+		return nil
+	}
+	together := []string{"message.accepted", "message.queued", "turn.started"}
+	apart := []string{"message.accepted", "message.queued"}
+
+	idle := h.submit("r", "one")
+	if d := h.turnEnded("r", idle); d["outcome"] != OutcomeSettled {
+		t.Fatalf("the idle room's turn: %v", d)
+	}
+	if got := batchOf(idle); !slices.Equal(got, together) {
+		t.Fatalf("an idle room's message was committed as %v, want %v", got, together)
+	}
+
+	hung := h.submit("r", "hang")
+	h.waitEvent("r", hung.Seq, "turn.started", nil)
+	behind := h.submit("r", "two")
+	if err := h.m.Cancel(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.turnEnded("r", behind); d["outcome"] != OutcomeSettled {
+		t.Fatalf("the message behind a turn: %v", d)
+	}
+	if got := batchOf(behind); !slices.Equal(got, apart) {
+		t.Fatalf("a message behind a running turn was committed as %v, want %v", got, apart)
+	}
+
+	budgeted := h.submit("b", "one")
+	if d := h.turnEnded("b", budgeted); d["outcome"] != OutcomeSettled {
+		t.Fatalf("the budgeted room's turn: %v", d)
+	}
+	if got := batchOf(budgeted); !slices.Equal(got, apart) {
+		t.Fatalf("a budgeted room's message was committed as %v, want %v", got, apart)
+	}
+	turnOrder(t, h.log("r"))
+	checkMessageEnds(t, h.log("r"))
+}
+
+// TestRefusedStartInTheAcceptingWriteRefusesTheMessage: when the write
+// that would accept a message to an idle room and start its turn fails,
+// the message is refused (no 202, nothing of it recorded) and the room
+// is left as it was: the next message runs.
+func TestRefusedStartInTheAcceptingWriteRefusesTheMessage(t *testing.T) {
+	fs := &faultStore{changed: make(chan struct{}, 1)}
+	h := newHarnessWith(t, Options{}, func(s Store) Store { fs.Store = s; return fs })
+	first := h.submit("r", "one")
+	h.turnEnded("r", first)
+	fs.mu.Lock()
+	fs.armed = true
+	fs.mu.Unlock()
+	if _, err := h.m.Submit(t.Context(), "r", Message{Text: "refused", Sender: "ann"}); !errors.Is(err, errDiskFull) {
+		t.Fatalf("submit while the store refuses the turn's start: %v", err)
+	}
+	fs.free()
+	next := h.submit("r", "two")
+	if d := h.turnEnded("r", next); d["outcome"] != OutcomeSettled {
+		t.Fatalf("the message after the refused one: %v", d)
+	}
+	l := h.log("r")
+	for i, ev := range l.evs {
+		if strings.Contains(string(ev.Data), "refused") {
+			t.Fatalf("the refused message is in the log: %s %v", ev.Type, l.data[i])
+		}
+	}
+	turnOrder(t, l)
+	ends := checkMessageEnds(t, l)
+	if len(ends) != 2 {
+		t.Fatalf("messages ended: %v", ends)
+	}
+	st, err := h.m.State(t.Context(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Turn != nil || st.Queued != 0 {
+		t.Fatalf("the room after: turn %v, %d queued", st.Turn, st.Queued)
 	}
 }

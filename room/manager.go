@@ -143,20 +143,23 @@ type roomState struct {
 	budgetNoted  bool
 	// wsReady is the workspace prepared from the settings (URL, ref and
 	// commit; "": none yet here), wsShared what its agent may read beside.
-	wsReady   string
-	wsShared  []string
-	purging   bool          // Purge deletes the room: messages are refused
-	queue     []queued      // in order of acceptance (see queued)
-	cont      *contTurn     // a turn an attached agent runs, continued first
-	working   bool          // a worker goroutine serves the queue
-	ending    bool          // a turn's end is being recorded (turn is nil)
-	endDone   chan struct{} // closed when ending is cleared
-	agent     Agent
-	session   string
-	lost      bool // the next prompt carries the transcript
-	turn      *turnRun
-	lastUsed  time.Time
-	approvals map[string]chan bool
+	wsReady  string
+	wsShared []string
+	purging  bool       // Purge deletes the room: messages are refused
+	queue    []queued   // in order of acceptance (see queued)
+	cont     *contTurn  // a turn an attached agent runs, continued first
+	begun    *begunTurn // a turn started as its message was accepted, run next
+	working  bool       // a worker goroutine serves the queue
+	// workerDone is closed when the worker that working announces is gone.
+	workerDone chan struct{}
+	ending     bool          // a turn's end is being recorded (turn is nil)
+	endDone    chan struct{} // closed when ending is cleared
+	agent      Agent
+	session    string
+	lost       bool // the next prompt carries the transcript
+	turn       *turnRun
+	lastUsed   time.Time
+	approvals  map[string]chan bool
 	// inheritedA are the approvals pending in a continued turn when the
 	// previous host let go: the agent asks again (its request lies past
 	// the recorded offset), and the asking takes the pending one over.
@@ -186,10 +189,13 @@ type turnRun struct {
 	messageSeq    int64
 	// stored: its start is recorded (turn.started); the worker's alone.
 	stored bool
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	clock  *clock
-	joined []string // messages steered or followed up into it
+	// accepting: begun in the write accepting its message (begunTurn),
+	// which has not committed yet; nothing is delivered into it.
+	accepting bool
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	clock     *clock
+	joined    []string // messages steered or followed up into it
 	// prompted: the agent is about to get (or has) the prompt; before
 	// that, deliveries join the prompt's text (early).
 	prompted bool

@@ -55,6 +55,20 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 		return nil, err
 	}
 	r.mu.Lock()
+	for r.working && r.turn == nil && r.begun == nil && r.cont == nil && len(r.queue) == 0 {
+		// The worker records its last turn's end and winds down (the
+		// budget's note after message.ended): a client that saw the
+		// turn end is not told the room is busy. The loop looks again
+		// after it: a message may have come meanwhile.
+		done := r.workerDone
+		r.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		r.mu.Lock()
+	}
 	if r.turn != nil || r.ending || r.working || len(r.queue) > 0 || r.reverting || r.purging {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w: cancel the running turn, and let waiting messages end, before deleting the room", ErrBusy)

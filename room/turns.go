@@ -13,15 +13,91 @@ func (m *Manager) ensureWorkerLocked(r *roomState) {
 	if r.working || r.dropped {
 		return
 	}
+	if m.reserveWorkerLocked(r) {
+		go m.work(r)
+	}
+}
+
+// reserveWorkerLocked marks the room as served by a worker the caller
+// starts (go m.work); false when the manager closes.
+func (m *Manager) reserveWorkerLocked(r *roomState) bool {
 	m.wgMu.Lock()
 	defer m.wgMu.Unlock()
 	if m.ctx.Err() != nil {
-		return
+		return false
 	}
 	r.working = true
+	r.workerDone = make(chan struct{})
 	m.wg.Add(1)
 	r.worker.Add(1)
-	go m.work(r)
+	return true
+}
+
+// stopWorkingLocked marks the room's worker gone (r.mu held).
+func (r *roomState) stopWorkingLocked() {
+	r.working = false
+	close(r.workerDone)
+}
+
+// begunTurn is a turn started in the write that accepted its message:
+// an idle room's message needs no second write (and fsync) before its
+// turn.started. The room's worker, reserved with it, runs it first.
+type begunTurn struct {
+	t   *turnRun
+	cfg Config
+	q   queued
+}
+
+// beginLocked makes the message at the head of the queue, just inserted
+// by the write accepting it, the room's turn when the room is idle: no
+// worker, turn, continued turn or revert, the message alone in the queue.
+// It reserves the worker (see unbegin); nil when the room is not idle.
+func (m *Manager) beginLocked(r *roomState) *begunTurn {
+	if r.working || r.dropped || r.turn != nil || r.cont != nil || r.reverting || len(r.queue) != 1 {
+		return nil
+	}
+	if !m.reserveWorkerLocked(r) {
+		return nil
+	}
+	q := r.queue[0]
+	q.pending = false
+	r.queue = r.queue[:0]
+	t, cfg := m.newTurnLocked(r, q)
+	t.accepting = true
+	b := &begunTurn{t: t, cfg: cfg, q: q}
+	r.begun = b
+	return b
+}
+
+// unbegin undoes beginLocked when the write accepting the message failed:
+// nothing of it is recorded. Messages that arrived meanwhile get a worker.
+func (m *Manager) unbegin(r *roomState, b *begunTurn) {
+	b.t.cancel(nil)
+	r.mu.Lock()
+	if r.turn == b.t {
+		r.turn = nil
+	}
+	r.begun = nil
+	r.stopWorkingLocked()
+	r.worker.Done()
+	m.wg.Done()
+	if len(r.queue) > 0 && !r.queue[0].pending {
+		m.ensureWorkerLocked(r)
+	}
+	r.mu.Unlock()
+	m.slotWake.signal() // the room may have gone idle
+}
+
+// recordStart records turn t's start (turn.started) in tx.
+func recordStart(tx Tx, room string, t *turnRun, at time.Time) error {
+	if err := tx.PutTurn(record.Turn{ID: t.id, Room: room, MessageID: t.messageID, Started: at}); err != nil {
+		return err
+	}
+	if err := tx.UpdateMessage(t.messageID, record.MessageStarted, t.id, "", ""); err != nil {
+		return err
+	}
+	_, err := appendEvent(tx, room, event.TurnStarted{TurnID: t.id, MessageID: t.messageID})
+	return err
 }
 
 // work serves the room's queue, one turn at a time, in order, until it is
@@ -30,11 +106,14 @@ func (m *Manager) work(r *roomState) {
 	defer m.wg.Done()
 	defer r.worker.Done()
 	r.mu.Lock()
-	cont := r.cont
-	r.cont = nil
+	cont, begun := r.cont, r.begun
+	r.cont, r.begun = nil, nil
 	r.mu.Unlock()
 	if cont != nil {
 		m.continueTurn(r, *cont)
+	}
+	if begun != nil {
+		m.runTurn(r, begun.t, begun.cfg, begun.q, true)
 	}
 	for {
 		limit, checked := "", ""
@@ -47,7 +126,7 @@ func (m *Manager) work(r *roomState) {
 			r.mu.Lock()
 		}
 		if r.noTurnLocked(m) {
-			r.working = false
+			r.stopWorkingLocked()
 			r.mu.Unlock()
 			m.slotWake.signal() // the room may have gone idle
 			return
@@ -72,7 +151,7 @@ func (m *Manager) work(r *roomState) {
 		// queue: the room is never idle (evictable) in between.
 		t, cfg := m.newTurnLocked(r, q)
 		r.mu.Unlock()
-		m.runTurn(r, t, cfg, q)
+		m.runTurn(r, t, cfg, q, false)
 	}
 }
 
@@ -148,20 +227,16 @@ func (m *Manager) newTurnLocked(r *roomState, q queued) (*turnRun, Config) {
 	return t, cfg
 }
 
-func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued) {
+// runTurn runs turn t of message q to its end; started: its start is
+// recorded already (a begunTurn).
+func (m *Manager) runTurn(r *roomState, t *turnRun, cfg Config, q queued, started bool) {
 	tctx, cancel := t.ctx, t.cancel
 	defer cancel(nil)
 
-	err := m.write(func(tx Tx) error {
-		if err := tx.PutTurn(record.Turn{ID: t.id, Room: r.id, MessageID: q.id, Started: time.Now()}); err != nil {
-			return err
-		}
-		if err := tx.UpdateMessage(q.id, record.MessageStarted, t.id, "", ""); err != nil {
-			return err
-		}
-		_, err := appendEvent(tx, r.id, event.TurnStarted{TurnID: t.id, MessageID: q.id})
-		return err
-	})
+	var err error
+	if !started {
+		err = m.write(func(tx Tx) error { return recordStart(tx, r.id, t, time.Now()) })
+	}
 	var res turnEnd
 	if err != nil {
 		// Nothing of the turn is recorded: its message ends failed (see
