@@ -906,3 +906,69 @@ func TestStatementsPreparedOnce(t *testing.T) {
 		t.Errorf("%d reader statements for one query", n)
 	}
 }
+
+// TestCheckpointerMovesTheWAL: commits leave the WAL to the checkpointer
+// (SQLite would otherwise checkpoint inside the commit that takes the WAL
+// past 1000 pages, and every write behind it would wait). One commit of
+// well over 1000 pages is moved into the database file by the
+// checkpointer, all of it; the writer's own threshold is the fallback's.
+func TestCheckpointerMovesTheWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agenthost.db")
+	db, err := Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type ckpt struct{ frames, moved int }
+	seen := make(chan ckpt, 16)
+	db.onCheckpoint = func(frames, moved int) {
+		select {
+		case seen <- ckpt{frames, moved}:
+		default:
+		}
+	}
+	big := strings.Repeat("x", 4000)
+	const events = 2000
+	err = db.Write(t.Context(), func(w *Writer) error {
+		var auto int
+		if err := w.queryRow("PRAGMA wal_autocheckpoint").Scan(&auto); err != nil {
+			return err
+		}
+		if auto != walFallbackPages {
+			return fmt.Errorf("the writer checkpoints past %d pages, want %d", auto, walFallbackPages)
+		}
+		for i := range events {
+			if _, err := w.Append("r", "x", map[string]any{"i": i, "pad": big}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case c := <-seen:
+			if c.frames < events/2 || c.moved != c.frames {
+				t.Logf("a checkpoint moved %d of %d frames", c.moved, c.frames)
+				continue
+			}
+		case <-deadline:
+			t.Fatal("no checkpoint moved the commit's WAL")
+		}
+		break
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = Open(t.Context(), path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	evs, err := db.Events(t.Context(), "r", 0, 0)
+	if err != nil || len(evs) != events {
+		t.Fatalf("after reopening: %d events, %v", len(evs), err)
+	}
+}
