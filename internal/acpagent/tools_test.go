@@ -62,19 +62,21 @@ func TestRealACPRoomToolsAndMCP(t *testing.T) {
 	// stdio MCP servers, so a call in the first turn can find the tool
 	// missing (seen under load: "Tool mcp__probe_echo_upper not found"; a
 	// gap of omp's, named in the README). The next agent is started with
-	// a turn of its own first, and the call waits for its probe to start.
-	if err := os.Remove(started); err != nil {
+	// a turn of its own first, and the call waits for its probe to have
+	// listed its tools.
+	listed := started + ".listed"
+	if err := os.Remove(listed); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
 	h.Settled("r", h.Submit("r", "[[say:started]]"))
 	for deadline := time.Now().Add(time.Minute); ; {
-		if _, err := os.Stat(started); err == nil {
+		if _, err := os.Stat(listed); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the next agent never started the room's MCP server")
+			t.Fatal("the next agent's MCP server never listed its tools")
 		}
-		time.Sleep(50 * time.Millisecond) // the probe's file: no event says it started
+		time.Sleep(50 * time.Millisecond) // the probe's file: no event says it listed
 	}
 	acc = h.Submit("r", `[[tool:mcp__probe_echo_upper {"text":"hi"}]]`)
 	_, tool = h.Wait("r", acc.Seq, room.KindToolEnded, nil)

@@ -14,7 +14,9 @@ import (
 
 // Serve answers MCP requests from in on out until in ends, and returns the
 // exit code for the process. It first creates the file started (when not
-// ""), so a test can tell whether the agent started this server.
+// ""), so a test can tell whether the agent started this server, and
+// started+".listed" once it has answered tools/list (the agent knows its
+// tools).
 // echo_upper answers "probe:" and its text argument in upper case.
 func Serve(in io.Reader, out io.Writer, started string) int {
 	if started != "" {
@@ -62,6 +64,9 @@ func Serve(in io.Reader, out io.Writer, started string) int {
 			continue
 		}
 		_ = enc.Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
+		if req.Method == "tools/list" && started != "" {
+			_ = os.WriteFile(started+".listed", []byte("listed"), 0o600)
+		}
 	}
 	return 0
 }

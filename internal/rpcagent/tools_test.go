@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agenthost/agenthost/internal/mcpprobe"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
@@ -71,9 +72,20 @@ func TestRealRoomToolsAndMCP(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	listed := started + ".listed"
+	if err := os.Remove(listed); err != nil {
+		t.Fatal(err)
+	}
 	if err := h.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
+	// omp waits 250 ms for MCP servers as it starts, then connects them
+	// in the background (the README says so): a turn started sooner may
+	// not have the tool yet. The restarted agent's first turn starts it;
+	// the MCP call comes once the server has listed its tools to it.
+	acc = h.Submit("r", `[[tool:room_info {}]]`)
+	h.Settled("r", acc)
+	waitFile(t, listed)
 	acc = h.Submit("r", `[[tool:mcp__probe_echo_upper {"text":"again"}]]`)
 	_, tool := h.Wait("r", acc.Seq, "tool.ended", nil)
 	if !strings.Contains(tool["output"].(string), "probe:AGAIN") {
@@ -97,5 +109,23 @@ func TestRoomMCPNamesAreChecked(t *testing.T) {
 		Tools: []room.Tool{{Name: "room_post", Run: func(context.Context, room.ToolCall) (string, error) { return "", nil }}}})
 	if err == nil {
 		t.Error("a tool named like a built-in was accepted")
+	}
+}
+
+// waitFile waits for a file a helper process writes (no event says so).
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s never appeared", filepath.Base(path))
+		}
 	}
 }
