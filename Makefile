@@ -53,8 +53,14 @@ TEST_GOFLAGS = $(strip $(GOFLAGS) $(RACEFLAGS))
 # to start last and run alone. The longest start first (figures of a CI
 # run); ./... still names every package, and each runs once.
 TEST_FIRST = ./cmd/agenthost ./internal/rpcagent ./internal/roomclaims ./rpc ./internal/natsroom ./internal/acpagent ./internal/server
-test: setup-test
-	GOFLAGS="$(TEST_GOFLAGS)" $(GO) vet ./...
+# Setup (downloads: the agents from the npm registry, Chromium) runs beside
+# vet (the CPU: compiling every dependency), not before it; the tests start
+# once both are done, and not if either failed.
+test:
+	@./scripts/setup.sh --test & setup=$$!; \
+	GOFLAGS="$(TEST_GOFLAGS)" $(GO) vet ./...; vet=$$?; \
+	wait $$setup || { echo "make test: setup failed" >&2; exit 1; }; \
+	exit $$vet
 	GOFLAGS="$(TEST_GOFLAGS)" GORACE="$(GORACE)" AGENTHOST_CLUSTER_TESTS=1 $(GO) test -vet=off -count=1 -timeout 20m $(TEST_FIRST) ./...
 
 # Static checks beyond vet (staticcheck is fetched through the Go module proxy).
