@@ -160,7 +160,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		r.mu.Lock()
 		begun.t.accepting = false
 		r.mu.Unlock()
-		go m.work(r)
+		go m.work(r, begun)
 		return acc, nil
 	}
 	switch {

@@ -145,11 +145,10 @@ type roomState struct {
 	// commit; "": none yet here), wsShared what its agent may read beside.
 	wsReady  string
 	wsShared []string
-	purging  bool       // Purge deletes the room: messages are refused
-	queue    []queued   // in order of acceptance (see queued)
-	cont     *contTurn  // a turn an attached agent runs, continued first
-	begun    *begunTurn // a turn started as its message was accepted, run next
-	working  bool       // a worker goroutine serves the queue
+	purging  bool      // Purge deletes the room: messages are refused
+	queue    []queued  // in order of acceptance (see queued)
+	cont     *contTurn // a turn an attached agent runs, continued first
+	working  bool      // a worker goroutine serves the queue
 	// workerDone is closed when the worker that working announces is gone.
 	workerDone chan struct{}
 	ending     bool          // a turn's end is being recorded (turn is nil)

@@ -55,7 +55,7 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 		return nil, err
 	}
 	r.mu.Lock()
-	for r.working && r.turn == nil && r.begun == nil && r.cont == nil && len(r.queue) == 0 {
+	for r.working && r.turn == nil && r.cont == nil && len(r.queue) == 0 {
 		// The worker records its last turn's end and winds down (the
 		// budget's note after message.ended): a client that saw the
 		// turn end is not told the room is busy. The loop looks again

@@ -14,7 +14,7 @@ func (m *Manager) ensureWorkerLocked(r *roomState) {
 		return
 	}
 	if m.reserveWorkerLocked(r) {
-		go m.work(r)
+		go m.work(r, nil)
 	}
 }
 
@@ -41,7 +41,8 @@ func (r *roomState) stopWorkingLocked() {
 
 // begunTurn is a turn started in the write that accepted its message:
 // an idle room's message needs no second write (and fsync) before its
-// turn.started. The room's worker, reserved with it, runs it first.
+// turn.started. The room's worker, reserved with it and started once the
+// write has committed, runs it first.
 type begunTurn struct {
 	t   *turnRun
 	cfg Config
@@ -64,9 +65,7 @@ func (m *Manager) beginLocked(r *roomState) *begunTurn {
 	r.queue = r.queue[:0]
 	t, cfg := m.newTurnLocked(r, q)
 	t.accepting = true
-	b := &begunTurn{t: t, cfg: cfg, q: q}
-	r.begun = b
-	return b
+	return &begunTurn{t: t, cfg: cfg, q: q}
 }
 
 // unbegin undoes beginLocked when the write accepting the message failed:
@@ -77,7 +76,6 @@ func (m *Manager) unbegin(r *roomState, b *begunTurn) {
 	if r.turn == b.t {
 		r.turn = nil
 	}
-	r.begun = nil
 	r.stopWorkingLocked()
 	r.worker.Done()
 	m.wg.Done()
@@ -101,13 +99,14 @@ func recordStart(tx Tx, room string, t *turnRun, at time.Time) error {
 }
 
 // work serves the room's queue, one turn at a time, in order, until it is
-// empty or its head is not settled yet (settle starts it again).
-func (m *Manager) work(r *roomState) {
+// empty or its head is not settled yet (settle starts it again); begun,
+// when not nil, is the turn it runs first.
+func (m *Manager) work(r *roomState, begun *begunTurn) {
 	defer m.wg.Done()
 	defer r.worker.Done()
 	r.mu.Lock()
-	cont, begun := r.cont, r.begun
-	r.cont, r.begun = nil, nil
+	cont := r.cont
+	r.cont = nil
 	r.mu.Unlock()
 	if cont != nil {
 		m.continueTurn(r, *cont)
