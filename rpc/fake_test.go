@@ -165,6 +165,21 @@ var fakeAgents = map[string]func(){
 		})
 		time.Sleep(time.Hour) // stdin closed: keep hanging until killed
 	},
+	// start-after-eof: acknowledges a prompt but starts its run only once
+	// stdin is closed (the host's Close has begun); then hangs like hang.
+	"start-after-eof": func() {
+		signal.Ignore(syscall.SIGTERM)
+		f := newFakeIO()
+		f.serve(func(cmd map[string]any) bool {
+			if cmd["type"] == "prompt" {
+				f.send(map[string]any{"id": cmd["id"], "type": "response", "command": "prompt", "success": true})
+				return true
+			}
+			return false
+		})
+		f.send(map[string]any{"type": "agent_start"})
+		time.Sleep(time.Hour)
+	},
 	// flood: on a prompt, writes FAKE_FLOOD message_update events (default
 	// 100000) as fast as it can, then ends the turn.
 	"flood": func() {

@@ -136,6 +136,46 @@ func TestSpawn_HangEndedByClose(t *testing.T) {
 	}
 }
 
+// A run the agent starts once Close has begun is not tracked as a turn:
+// a waiter gets ErrClosed at once, not when the agent is at last killed.
+// (The reader may read such a run's agent_start after Close settled the
+// turn; it used to open an unsolicited turn that only the agent's death
+// ended.)
+func TestSpawn_RunStartedAfterCloseIsNotWaitedFor(t *testing.T) {
+	started := make(chan struct{}, 1)
+	c := spawnFake(t, "start-after-eof", SpawnOptions{Grace: time.Second, Options: Options{OnEvent: func(ev Event) {
+		if ev.Type == EventAgentStart {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+		}
+	}}})
+	ctx := ctxT(t, 30*time.Second)
+	if err := c.Prompt(ctx, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	// The fake writes agent_start only after stdin's EOF, which Close
+	// sends after settling the turn.
+	select {
+	case <-started:
+	case <-closed:
+		t.Fatal("Close ended before the run's agent_start was read")
+	}
+	_, err := c.WaitTurn(ctx)
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("WaitTurn = %v, want ErrClosed", err)
+	}
+	select {
+	case <-closed:
+		t.Fatal("WaitTurn returned only once Close had ended")
+	default:
+	}
+	<-closed
+}
+
 func TestSpawn_FloodOverflowsBacklog(t *testing.T) {
 	c := spawnFake(t, "flood", SpawnOptions{Options: Options{Backlog: 16, StallTimeout: 50 * time.Millisecond}}, "FAKE_FLOOD=20000")
 	block := make(chan struct{})

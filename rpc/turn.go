@@ -451,10 +451,13 @@ func (c *Client) trackTurn(typ string, line []byte, ev *Event, unchecked bool) (
 	switch typ {
 	case EventAgentStart:
 		c.track.runOpen = true
-		if c.turn == nil || c.turn.settled {
+		if (c.turn == nil || c.turn.settled) && c.exitErr == nil && !c.closed {
 			// A run no prompt of ours is waiting for: a follow-up or steer
 			// that reached the agent idle, or omp's own run. Track it as a
 			// turn, so it ends like any other and WaitTurn returns it.
+			// Not once the transport is retired (Close, a backlog
+			// overflow, a broken write): nothing is sure to settle that
+			// turn, and a waiter would hang on it.
 			t := newTurn()
 			t.result.Unsolicited = true
 			t.starts = 1
