@@ -89,6 +89,28 @@ func (f *fakeIO) serve(on func(cmd map[string]any) bool) {
 	}
 }
 
+// hangAgent acknowledges prompts and starts a run it never ends: at once,
+// or with lateStart only once stdin is closed. It ignores SIGTERM and,
+// after stdin's EOF, hangs until killed.
+func hangAgent(lateStart bool) {
+	signal.Ignore(syscall.SIGTERM)
+	f := newFakeIO()
+	f.serve(func(cmd map[string]any) bool {
+		if cmd["type"] != "prompt" {
+			return false
+		}
+		f.send(map[string]any{"id": cmd["id"], "type": "response", "command": "prompt", "success": true})
+		if !lateStart {
+			f.send(map[string]any{"type": "agent_start"})
+		}
+		return true
+	})
+	if lateStart {
+		f.send(map[string]any{"type": "agent_start"})
+	}
+	time.Sleep(time.Hour)
+}
+
 func assistantEnd(text string) map[string]any {
 	return map[string]any{"type": "message_end", "message": map[string]any{
 		"role": "assistant", "content": []any{map[string]any{"type": "text", "text": text}}, "stopReason": "stop",
@@ -152,34 +174,10 @@ var fakeAgents = map[string]func(){
 	},
 	// hang: starts a turn and never ends it; ignores SIGTERM; exits on
 	// stdin EOF only after a long time (so Close must escalate).
-	"hang": func() {
-		signal.Ignore(syscall.SIGTERM)
-		f := newFakeIO()
-		f.serve(func(cmd map[string]any) bool {
-			if cmd["type"] == "prompt" {
-				f.send(map[string]any{"id": cmd["id"], "type": "response", "command": "prompt", "success": true})
-				f.send(map[string]any{"type": "agent_start"})
-				return true
-			}
-			return false
-		})
-		time.Sleep(time.Hour) // stdin closed: keep hanging until killed
-	},
-	// start-after-eof: acknowledges a prompt but starts its run only once
-	// stdin is closed (the host's Close has begun); then hangs like hang.
-	"start-after-eof": func() {
-		signal.Ignore(syscall.SIGTERM)
-		f := newFakeIO()
-		f.serve(func(cmd map[string]any) bool {
-			if cmd["type"] == "prompt" {
-				f.send(map[string]any{"id": cmd["id"], "type": "response", "command": "prompt", "success": true})
-				return true
-			}
-			return false
-		})
-		f.send(map[string]any{"type": "agent_start"})
-		time.Sleep(time.Hour)
-	},
+	"hang": func() { hangAgent(false) },
+	// start-after-eof: like hang, but acknowledges a prompt and starts its
+	// run only once stdin is closed (the host's Close has begun).
+	"start-after-eof": func() { hangAgent(true) },
 	// flood: on a prompt, writes FAKE_FLOOD message_update events (default
 	// 100000) as fast as it can, then ends the turn.
 	"flood": func() {
