@@ -12,7 +12,7 @@ import (
 // a listener cannot change what other listeners or a retained Turn see.
 //
 // To avoid a copy per frame, an Event shares the buffer it was read into
-// (up to 64 KiB with its neighbours, 512 KiB while the agent floods):
+// (up to 64 KiB with its neighbours, 128 KiB while the agent floods):
 // keeping a few Events for a long time keeps those buffers alive. Store
 // Raw() for long-term keeping instead.
 type Event struct {

@@ -28,11 +28,11 @@ func fcntl(fd uintptr, cmd, arg int) (int, error) {
 // while the agent floods and sets it back to its own size after, or nil
 // when r is not a pipe (a file, a socket, a test's reader). A bigger pipe
 // lets the agent write on while the reader works, and the reader take a
-// flood in an eighth of the reads: both sides sleep and wake far less.
+// flood in fuller reads: both sides sleep and wake less.
 //
 // Raised only while flooding, because an unprivileged user's pipes share
 // an allowance (fs.pipe-user-pages-soft, 64 MiB by default): a pipe kept at
-// 512 KiB for every idle agent would use it up at 128 agents, and then
+// 128 KiB for every idle agent would use it up at 512 agents, and then
 // every new pipe of that user is created at 8 KiB.
 func pipeResizer(r io.Reader) func(flooding bool) {
 	sc, ok := r.(syscall.Conn)
