@@ -31,8 +31,9 @@ const (
 	// floodLines: a flood buffer follows only a buffer that ended at least
 	// this many lines. A kept line keeps its whole buffer alive, and a
 	// buffer of a few long lines is mostly the dead head of the next one:
-	// lines of 256 KiB in 512 KiB buffers held twice their bytes, where
-	// small buffers hand a long line out as one exact allocation.
+	// lines of 256 KiB in flood buffers of 512 KiB (their earlier size)
+	// held twice their bytes, where small buffers hand a long line out as
+	// one exact allocation.
 	floodLines = 8
 	// floodMark: a read of at least this much (half a default pipe) means
 	// the agent is ahead of the reader; a shorter one, with room for more,
