@@ -416,23 +416,6 @@ func (e *Engine) Get(room string) (Ready, bool, error) {
 	return r, true, nil
 }
 
-// Holds reports whether room has a worktree (ready, or left half-made) and, if so, whether it is
-// of spec's repository and ref: a Prepare of another would be ErrSpecChanged.
-func (e *Engine) Holds(room string, spec Spec) (has, same bool, err error) {
-	if err := checkRoom(room); err != nil {
-		return false, false, err
-	}
-	rm, err := e.parseSpec(spec)
-	if err != nil {
-		return false, false, err
-	}
-	st, err := e.readRecord(room)
-	if err != nil || st == nil || st.Status != statusReady || !isDir(st.Dir) {
-		return false, false, err
-	}
-	return true, st.Mirror == rm.key && st.Ref == spec.Ref, nil
-}
-
 // Held returns the repository and ref room's worktree holds: one ready, or one being prepared
 // right now. false means none (a prepare that never finished starts over with any spec).
 func (e *Engine) Held(room string) (Spec, bool, error) {

@@ -568,16 +568,16 @@ func TestEngine_FileURLBounds(t *testing.T) {
 }
 
 // PrepareAt puts a room's worktree where the caller says, names the
-// mirror it borrows from, and Holds tells whether a room has a worktree of
-// a spec (another would be ErrSpecChanged).
-func TestEngine_PrepareAtAndHolds(t *testing.T) {
+// mirror it borrows from, and Held tells what a room's worktree holds
+// (another spec would be ErrSpecChanged).
+func TestEngine_PrepareAtAndHeld(t *testing.T) {
 	r := newRepo(t)
 	e := newEngine(t, gitws.Options{})
 	ctx := tctx(t)
 	dir := filepath.Join(t.TempDir(), "ws")
 	main := gitws.Spec{Git: r.url, Ref: "main"}
-	if has, _, err := e.Holds("room", main); has || err != nil {
-		t.Fatalf("Holds before: %v %v", has, err)
+	if _, has, err := e.Held("room"); has || err != nil {
+		t.Fatalf("Held before: %v %v", has, err)
 	}
 	if _, err := e.PrepareAt(ctx, "room", "relative/dir", main); !errors.Is(err, gitws.ErrBadSpec) {
 		t.Fatalf("a relative folder: %v", err)
@@ -595,16 +595,16 @@ func TestEngine_PrepareAtAndHolds(t *testing.T) {
 	if again, err := e.PrepareAt(ctx, "room", dir, main); err != nil || again != ready {
 		t.Fatalf("again: %+v %v, first %+v", again, err, ready)
 	}
-	if has, same, err := e.Holds("room", main); !has || !same || err != nil {
-		t.Fatalf("Holds of its spec: %v %v %v", has, same, err)
+	if spec, has, err := e.Held("room"); !has || spec != main || err != nil {
+		t.Fatalf("Held: %+v %v %v", spec, has, err)
 	}
-	if has, same, err := e.Holds("room", gitws.Spec{Git: r.url, Ref: "dev"}); !has || same || err != nil {
-		t.Fatalf("Holds of another ref: %v %v %v", has, same, err)
+	if _, err := e.PrepareAt(ctx, "room", dir, gitws.Spec{Git: r.url, Ref: "dev"}); !errors.Is(err, gitws.ErrSpecChanged) {
+		t.Fatalf("another ref: %v, want ErrSpecChanged", err)
 	}
 	if err := e.Remove(ctx, "room"); err != nil {
 		t.Fatal(err)
 	}
-	if has, _, err := e.Holds("room", main); has || err != nil || exists(dir) {
+	if _, has, err := e.Held("room"); has || err != nil || exists(dir) {
 		t.Fatalf("after Remove: %v %v, folder left: %v", has, err, exists(dir))
 	}
 }
