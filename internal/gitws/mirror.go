@@ -306,6 +306,8 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (unlock func(), err e
 type flights struct {
 	mu sync.Mutex
 	m  map[string]*flight
+	// waiting, if set (by tests), is called when a caller starts waiting for another's fetch.
+	waiting func(key string)
 }
 
 type flight struct {
@@ -338,6 +340,9 @@ func (f *flights) do(ctx context.Context, key string, fn func() error) error {
 			return err
 		}
 		f.mu.Unlock()
+		if f.waiting != nil {
+			f.waiting(key)
+		}
 		select {
 		case <-fl.done:
 			if !fl.abandoned {
