@@ -3,6 +3,7 @@ package gitws
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +66,28 @@ func TestFlights(t *testing.T) {
 	}
 	if len(f.m) != 0 {
 		t.Errorf("flights left: %v", f.m)
+	}
+}
+
+// Every git, local steps and network ones (whose upload-pack inherits it), runs with lazy
+// fetches from promisor remotes off.
+func TestEnvNoLazyFetch(t *testing.T) {
+	e, err := New(Options{Root: t.TempDir(), Env: []string{"PATH=/usr/bin", "GIT_NO_LAZY_FETCH=0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, network := range []bool{false, true} {
+		n := 0
+		for _, kv := range e.env(network) {
+			if strings.HasPrefix(kv, "GIT_NO_LAZY_FETCH=") {
+				if kv != "GIT_NO_LAZY_FETCH=1" {
+					t.Errorf("network %v: %s", network, kv)
+				}
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("network %v: GIT_NO_LAZY_FETCH set %d times", network, n)
+		}
 	}
 }
