@@ -237,7 +237,8 @@ type Reverted struct {
 	// Files are the paths removed or written back.
 	Files []string `json:"files"`
 	// Kept are paths left alone because something snapshots never touch
-	// (an ignored path, a file over the size bound) occupies them.
+	// (a file over the size bound, a nested repository, a folder that is
+	// not empty) occupies them; an ignored file or link there is replaced.
 	Kept []string `json:"kept"`
 }
 

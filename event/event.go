@@ -380,8 +380,9 @@ type WorkspaceReverted struct {
 	// FilesOmitted counts the paths restored but not listed.
 	FilesOmitted int `json:"files_omitted,omitempty"`
 	// Kept lists paths the revert left alone, because something
-	// snapshots never touch (an ignored path, a file over the size bound)
-	// occupies them.
+	// snapshots never touch (a file over the size bound, a nested
+	// repository, a folder that is not empty) occupies them; an ignored
+	// file or link there is replaced.
 	Kept   []string `json:"kept,omitempty"`
 	TurnID string   `json:"turn_id"`
 }

@@ -285,15 +285,19 @@ func (m *Manager) room(id string) (*roomState, error) {
 	}
 	r := m.rooms[id]
 	if r == nil {
-		d := dirName(id)
-		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, d), workspace: filepath.Join(m.opts.Root, d, "workspace")}
-		if m.opts.Workspaces != "" {
-			r.workspace = filepath.Join(m.opts.Workspaces, d)
-		}
+		r = &roomState{id: id, dir: filepath.Join(m.opts.Root, dirName(id)), workspace: m.workspaceDir(id)}
 		r.events = newEventLog(m, id)
 		m.rooms[id] = r
 	}
 	return r, nil
+}
+
+// workspaceDir is the folder of the room's workspace.
+func (m *Manager) workspaceDir(id string) string {
+	if m.opts.Workspaces != "" {
+		return filepath.Join(m.opts.Workspaces, dirName(id))
+	}
+	return filepath.Join(m.opts.Root, dirName(id), "workspace")
 }
 
 // config returns the room's filled configuration.

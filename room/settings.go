@@ -323,7 +323,7 @@ func (m *Manager) effective(room string, s Settings) Effective {
 	c.fill()
 	e := Effective{Settings: Settings{Agent: c.Agent, Model: c.Model, Thinking: c.Thinking, Instructions: c.Instructions,
 		ApprovalMode: c.ApprovalMode, TurnTimeout: Duration(c.TurnTimeout), ApprovalTimeout: Duration(c.ApprovalTimeout),
-		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: s.Workspace, Budget: m.budget(s)}, NextStart: []string{}}
+		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: m.heldWorkspace(room, s.Workspace), Budget: m.budget(s)}, NextStart: []string{}}
 	if e.MCP == nil {
 		e.MCP = map[string]MCPServer{}
 	}

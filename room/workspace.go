@@ -32,11 +32,16 @@ type WorkspaceReady struct {
 // (Options.Sources; internal/roomgit over git). Its methods are called
 // with no Manager lock held; calls for one room do not overlap.
 type WorkspaceSource interface {
-	// Check says whether w can be the room's workspace, as far as is cheap
-	// to know before its first turn: the URL and ref, that the repository
-	// answers and has that branch or tag, and that the room holds no
-	// workspace of another repository or ref.
-	Check(ctx context.Context, room string, w Workspace) error
+	// Check says whether w can be the room's workspace (its folder dir),
+	// as far as is cheap to know before its first turn: the URL and ref,
+	// that the room holds no workspace of another repository or ref, and,
+	// when it holds none yet, that dir holds no files and the repository
+	// answers and has that branch or tag.
+	Check(ctx context.Context, room, dir string, w Workspace) error
+	// Held returns the workspace the room holds (checked out, or being
+	// checked out now), nil when none. A room keeps it until it is
+	// deleted, whatever its settings say later.
+	Held(room string) (*Workspace, error)
 	// Prepare fills the room's workspace folder (empty or missing the
 	// first time) with w, or returns the one already prepared.
 	Prepare(ctx context.Context, room, dir string, w Workspace) (WorkspaceReady, error)
@@ -49,6 +54,7 @@ type WorkspaceSource interface {
 const checkTimeout = 30 * time.Second
 
 // checkWorkspace refuses a workspace this Manager cannot give the room.
+// Settings without one leave the room the workspace it holds.
 func (m *Manager) checkWorkspace(ctx context.Context, room string, w *Workspace) error {
 	if w == nil {
 		return nil
@@ -58,13 +64,26 @@ func (m *Manager) checkWorkspace(ctx context.Context, room string, w *Workspace)
 	}
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
-	if err := m.opts.Sources.Check(ctx, room, *w); err != nil {
+	if err := m.opts.Sources.Check(ctx, room, m.workspaceDir(room), *w); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
 			return fmt.Errorf("%w: workspace: git did not answer within %s", ErrBadSettings, checkTimeout)
 		}
 		return fmt.Errorf("%w: workspace: %s", ErrBadSettings, strings.TrimPrefix(err.Error(), "room: "))
 	}
 	return nil
+}
+
+// heldWorkspace is the workspace the room holds (see WorkspaceSource.Held),
+// or else the one its settings name: what GET /config shows, so that it
+// never says none while the room's workspace is a checkout.
+func (m *Manager) heldWorkspace(room string, w *Workspace) *Workspace {
+	if m.opts.Sources == nil {
+		return w
+	}
+	if held, err := m.opts.Sources.Held(room); err == nil && held != nil {
+		return held
+	}
+	return w
 }
 
 // prepareWorkspace gives the room its workspace from its settings before
@@ -75,7 +94,9 @@ func (m *Manager) prepareWorkspace(ctx context.Context, r *roomState, cfg Config
 	r.mu.Lock()
 	w := r.settings.Workspace
 	r.mu.Unlock()
-	if w == nil {
+	// Settings that name none leave the room the one it holds (whose
+	// shared objects its agent must still read).
+	if w = m.heldWorkspace(r.id, w); w == nil {
 		return nil
 	}
 	if m.opts.Sources == nil {

@@ -234,6 +234,8 @@ func testRepo(t *testing.T) string {
 // where git itself works (the shared mirror it borrows from is readable).
 func TestServe_GitWorkspacesOnOmpAndPi(t *testing.T) {
 	url := testRepo(t)
+	// file:// repositories only under the folders the operator lists.
+	t.Setenv("AGENTHOST_GIT_FILE_ROOTS", filepath.Dir(strings.TrimPrefix(url, "file://")))
 	s := newClientServer(t)
 	rooms := []struct{ room, agent, ref string }{{"wa", "omp", "main"}, {"wb", "pi", "feature"}}
 	// Both rooms' messages first, then what came of them: the two agents

@@ -62,6 +62,7 @@ type serveFlags struct {
 	daemon                                  bool
 	snapshots                               bool
 	snapshotMaxFile                         int64
+	gitFileRoots                            []string
 	// NATS modes
 	node, natsListen, natsClusterListen, role string
 	natsClusterAdvertise                      string
@@ -80,6 +81,7 @@ var serveEnv = map[string]string{
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
+	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -155,6 +157,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
 	fl.BoolVar(&f.snapshots, "snapshots", true, "snapshot each room's workspace before and after every turn (diff and revert)")
 	fl.Int64Var(&f.snapshotMaxFile, "snapshot-max-file", snapshot.DefaultMaxFileSize, "files over this many bytes are left out of snapshots")
+	fl.StringSliceVar(&f.gitFileRoots, "git-file-roots", nil, "folders whose git repositories rooms may name as file:// workspaces, comma-separated (default: none; the data dir and the workspaces never)")
 	fl.BoolVar(&f.daemon, "daemon", false, "run the agents in the process daemon; SIGUSR2 restarts the server and keeps them running")
 	fl.StringVar(&f.node, "node", "", "this node's name in a NATS cluster (needed with --nats or --nats-embedded)")
 	fl.StringSliceVar(&f.nats, "nats", nil, "external JetStream: server URL(s), comma-separated")
@@ -493,7 +496,11 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	// Workspaces from git (a room's config names a repository): one
 	// mirror per repository under the data dir, a worktree per room.
-	gitEngine, err := gitws.New(gitws.Options{Root: filepath.Join(f.data, "git"), Logger: log})
+	// file:// repositories only under the operator's roots, and never in
+	// the data dir (other rooms' snapshots, homes, mirrors) or a room's
+	// workspace.
+	gitEngine, err := gitws.New(gitws.Options{Root: filepath.Join(f.data, "git"), Logger: log,
+		FileRoots: f.gitFileRoots, Denied: []string{f.data, f.workspaces}})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

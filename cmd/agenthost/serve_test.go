@@ -244,6 +244,17 @@ func TestServe_ConfigEnvAndFlags(t *testing.T) {
 	if err := applyOverrides(newServeCmd(func() bool { return false }).Flags(), yml); err == nil || !strings.Contains(err.Error(), "twice") {
 		t.Fatalf("a key given twice: %v", err)
 	}
+	// The git workspaces' file roots: a list, from a config file or the environment.
+	_ = os.WriteFile(yml, []byte("git_file_roots: /srv/a,/srv/b\n"), 0o600)
+	cmd = newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), yml); err != nil || cmd.Flags().Lookup("git-file-roots").Value.String() != "[/srv/a,/srv/b]" {
+		t.Fatalf("git_file_roots: %v %s", err, cmd.Flags().Lookup("git-file-roots").Value)
+	}
+	t.Setenv("AGENTHOST_GIT_FILE_ROOTS", "/srv/c")
+	cmd = newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), yml); err != nil || cmd.Flags().Lookup("git-file-roots").Value.String() != "[/srv/c]" {
+		t.Fatalf("AGENTHOST_GIT_FILE_ROOTS: %v %s", err, cmd.Flags().Lookup("git-file-roots").Value)
+	}
 	t.Setenv("AGENTHOST_CONFINE", "landlock")
 	cmd = newServeCmd(func() bool { return false })
 	if err := applyOverrides(cmd.Flags(), ""); err != nil || cmd.Flags().Lookup("confine").Value.String() != "landlock" {
@@ -439,5 +450,46 @@ func TestServe_KilledMidTurnEveryMessageEnds(t *testing.T) {
 	}
 	if left := pgrep(t, data); len(left) > 0 {
 		t.Fatalf("processes left running: %v", left)
+	}
+}
+
+// serve --git-file-roots: file:// workspaces only under the listed
+// folders, never into the data dir (another room's workspace or
+// snapshots) even when a root holds it, and none by default.
+func TestServe_GitFileRoots(t *testing.T) {
+	root := t.TempDir()
+	repo := filepath.Join(root, "repo")
+	for _, args := range [][]string{{"init", "-q", "-b", "main", repo},
+		{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "--allow-empty", "-m", "x"}} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	other := t.TempDir()
+	data := filepath.Join(root, "data")
+	put := func(url, tok, rm, git string) (int, string) {
+		code, body := call(t, "PUT", url+"v1/rooms/"+rm+"/config", tok, `{"workspace":{"git":"file://`+git+`","ref":"main"}}`)
+		return code, string(body)
+	}
+	t.Setenv("AGENTHOST_GIT_FILE_ROOTS", root)
+	url, tok, stop := startServe(t, append([]string{"--data", data}, fakeAgentArgs(t)...)...)
+	if code, body := put(url, tok, "a", repo); code != 200 {
+		t.Fatalf("a repository under the root: %d %s", code, body)
+	}
+	for _, p := range []string{data, filepath.Join(data, "workspaces"), filepath.Join(data, "rooms"), filepath.Join(data, "git", "mirrors")} {
+		if code, body := put(url, tok, "b", p); code != 400 || !strings.Contains(body, "server's own folders") {
+			t.Errorf("file://%s: %d %s", p, code, body)
+		}
+	}
+	if code, body := put(url, tok, "c", other); code != 400 || !strings.Contains(body, "allowed only under "+root) {
+		t.Errorf("a folder outside the root: %d %s", code, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AGENTHOST_GIT_FILE_ROOTS", "")
+	url, tok, _ = startServe(t, append([]string{"--data", data}, fakeAgentArgs(t)...)...)
+	if code, body := put(url, tok, "d", repo); code != 400 || !strings.Contains(body, "not allowed on this server") {
+		t.Errorf("file:// with no --git-file-roots: %d %s", code, body)
 	}
 }

@@ -116,7 +116,7 @@ func (e *Engine) run(ctx context.Context, c call) ([]byte, error) {
 		}
 		stderr := errb.String()
 		if c.remote != nil {
-			stderr = strings.ReplaceAll(stderr, c.remote.raw, c.remote.redacted)
+			stderr = strings.ReplaceAll(strings.ReplaceAll(stderr, c.remote.raw, c.remote.redacted), c.remote.arg, c.remote.redacted)
 		}
 		return nil, &GitError{Op: c.op, URL: url, Err: err, Stderr: Redact(stderr)}
 	}
@@ -159,6 +159,10 @@ func (e *Engine) env(network bool) []string {
 		"GIT_ALLOW_PROTOCOL=file:https:ssh",
 		"GIT_CEILING_DIRECTORIES="+e.opts.Root,
 		"GIT_NO_REPLACE_OBJECTS=1",
+		// No fetch from a promisor remote on a missing object, in git and in the upload-pack
+		// a local fetch starts in the source repository (whose configuration, a promisor
+		// remote with core.sshCommand, say, is not the engine's).
+		"GIT_NO_LAZY_FETCH=1",
 	)
 	if network && !sshSet {
 		// The host's own ssh: its agent, keys and known_hosts, but never a prompt.

@@ -16,13 +16,26 @@
 // collected (gc.auto=0), so borrowed objects never vanish; it is deleted when the last room
 // using it is removed.
 //
-// git runs with no hooks, no prompts, no terminal, only the file, https and ssh transports, and
-// is killed (with its process group) when the caller's context ends. Steps that reach the
-// network use the host's own git configuration for credentials (credential helpers, ssh agent);
-// steps on local folders read no host configuration, so nothing there (filters, fsmonitor,
-// attributes files) runs a program when a repository's files are checked out. Neither
-// submodules nor Git LFS content is fetched (LFS files stay pointer files). Only SHA-1
-// repositories are supported.
+// Which repositories a room may name: https and ssh ones, and file:// ones only under
+// Options.FileRoots, never in the engine's Root or Options.Denied (see Engine.checkFile). No
+// credentials go in a URL (see Spec.Git).
+//
+// Locks: calls for one room run one at a time. A fetch brings one ref (a branch or a tag) into
+// the mirror, and one fetch per mirror and ref runs at a time: a prepare that wants a ref being
+// fetched shares that fetch and waits for it only as long as its own context lets it (a fetch
+// whose own caller gave up is run again by the one still waiting). Fetches of other refs, and
+// checkouts of what the mirror already has, never wait for it. The mirror's own lock is held
+// only for short local steps (creating it, registering a room on it, deleting it), never
+// across a fetch, so a Remove never waits for another room's fetch.
+//
+// git runs with no hooks, no prompts, no terminal, only the file, https and ssh transports, no
+// lazy fetches from promisor remotes (GIT_NO_LAZY_FETCH, honoured by git 2.45 and later; an
+// older upload-pack ignores the variable), and is killed (with its process group) when the
+// caller's context ends. Steps that reach the network use the host's own git configuration for
+// credentials (credential helpers, ssh agent); steps on local folders read no host
+// configuration, so nothing there (filters, fsmonitor, attributes files) runs a program when a
+// repository's files are checked out. Neither submodules nor Git LFS content is fetched (LFS
+// files stay pointer files). Only SHA-1 repositories are supported.
 package gitws
 
 import (
@@ -34,9 +47,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -61,9 +72,9 @@ var (
 // MaxRoomLen bounds a room id.
 const MaxRoomLen = 256
 
-// cleanupTimeout bounds the cleanup after a failed Prepare (waiting for the mirror's lock),
-// which runs even when the caller's context has ended.
-const cleanupTimeout = 30 * time.Second
+// cleanupTimeout bounds the cleanup after a failed Prepare, which runs even when the caller's
+// context has ended: it waits only for the mirror's lock, which no one holds across a fetch.
+const cleanupTimeout = 5 * time.Second
 
 // Options configure an [Engine]. Root is required; the zero value of every other field is a
 // working default.
@@ -73,10 +84,13 @@ type Options struct {
 	// Worktree, if set, gives the folder of a room's worktree (absolute; it must not exist, or
 	// be empty, when the room is first prepared). nil puts it at Root/worktrees/<room>.
 	Worktree func(room string) string
-	// FileRoots, if set, are the only folders file:// URLs may name repositories in (a server
-	// whose API users must not read every repository on its disk sets them). Whatever it
-	// holds, file:// URLs into Root (other rooms' worktrees, the mirrors) are refused.
+	// FileRoots are the only folders file:// URLs may name repositories in; none (the zero
+	// value) refuses file:// URLs. Whatever it holds, repositories in Root (the mirrors, the
+	// rooms' worktrees) or Denied are refused.
 	FileRoots []string
+	// Denied are folders no file:// URL may reach, whatever FileRoots says: a server lists
+	// its data dir and the rooms' workspaces (other rooms' files and snapshots).
+	Denied []string
 	// Git is the git program; "" means "git" on PATH. Version 2.29 or later.
 	Git string
 	// Env is the environment git starts from; nil means the host's. git's own variables in it
@@ -112,21 +126,17 @@ const (
 	KindCommit = "commit"
 )
 
-// Engine prepares and removes rooms' worktrees. It is safe for concurrent use: calls for one
-// room run one at a time, fetches of one mirror run one at a time (a prepare that waited for
-// another's fetch uses it), and checkouts of different rooms run in parallel. It starts no
-// goroutines, so it needs no Close. One Engine per Root: two engines (or processes) on one Root
-// are not coordinated.
+// Engine prepares and removes rooms' worktrees. It is safe for concurrent use (see the package
+// doc for what waits for what). It starts no goroutines, so it needs no Close. One Engine per
+// Root: two engines (or processes) on one Root are not coordinated.
 type Engine struct {
 	opts     Options
 	log      *slog.Logger
 	emptyDir string
 
-	rooms   keyedLocks
-	mirrors keyedLocks
-
-	mu      sync.Mutex
-	fetched map[string]time.Time // mirror key → when its last successful fetch started
+	rooms   keyedLocks // per room: its prepare, remove
+	mirrors keyedLocks // per mirror: short local steps only
+	fetches flights    // per mirror and refspecs: the fetch in progress
 }
 
 // New returns an engine on opts.Root, creating the folder if needed. It runs no git.
@@ -139,6 +149,21 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("gitws: root: %w", err)
 	}
 	opts.Root = root
+	// Folders compare by absolute path (a relative one is taken from the current folder now).
+	for _, list := range []*[]string{&opts.FileRoots, &opts.Denied} {
+		abs := make([]string, 0, len(*list))
+		for _, d := range *list {
+			if d == "" {
+				return nil, errors.New("gitws: an empty folder in Options.FileRoots or Options.Denied")
+			}
+			a, err := filepath.Abs(d)
+			if err != nil {
+				return nil, fmt.Errorf("gitws: %w", err)
+			}
+			abs = append(abs, a)
+		}
+		*list = abs
+	}
 	if opts.Git == "" {
 		opts.Git = "git"
 	}
@@ -152,7 +177,7 @@ func New(opts Options) (*Engine, error) {
 	if lg == nil {
 		lg = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{opts: opts, log: lg, emptyDir: filepath.Join(root, "empty"), fetched: map[string]time.Time{}}
+	e := &Engine{opts: opts, log: lg, emptyDir: filepath.Join(root, "empty")}
 	for _, d := range []string{e.emptyDir, filepath.Join(root, "mirrors"), filepath.Join(root, "rooms")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gitws: %w", err)
@@ -174,21 +199,32 @@ func (e *Engine) Validate(ctx context.Context, spec Spec) error {
 	if err != nil {
 		return err
 	}
-	out, err := e.run(ctx, call{op: "ls-remote", remote: &rm,
-		args: []string{"ls-remote", "--", rm.raw, "refs/heads/" + spec.Ref, "refs/tags/" + spec.Ref}})
-	if err != nil {
-		return unreachable(err)
-	}
-	for line := range strings.SplitSeq(string(out), "\n") {
-		_, name, ok := strings.Cut(line, "\t")
-		if ok && (name == "refs/heads/"+spec.Ref || strings.TrimSuffix(name, "^{}") == "refs/tags/"+spec.Ref) {
-			return nil
-		}
-	}
-	if hexRef.MatchString(spec.Ref) {
-		return nil
+	kind, err := e.lsRemote(ctx, rm, spec.Ref)
+	if err != nil || kind != "" || hexRef.MatchString(spec.Ref) {
+		return err
 	}
 	return fmt.Errorf("%w: %s has no branch or tag %q", ErrUnknownRef, rm.redacted, spec.Ref)
+}
+
+// lsRemote says what ref names in the repository: KindBranch, KindTag, or "" for neither.
+func (e *Engine) lsRemote(ctx context.Context, rm remote, ref string) (string, error) {
+	out, err := e.run(ctx, call{op: "ls-remote", remote: &rm,
+		args: []string{"ls-remote", "--", rm.arg, "refs/heads/" + ref, "refs/tags/" + ref}})
+	if err != nil {
+		return "", unreachable(err)
+	}
+	kind := ""
+	for line := range strings.SplitSeq(string(out), "\n") {
+		_, name, ok := strings.Cut(line, "\t")
+		switch {
+		case !ok:
+		case name == "refs/heads/"+ref:
+			return KindBranch, nil
+		case strings.TrimSuffix(name, "^{}") == "refs/tags/"+ref:
+			kind = KindTag
+		}
+	}
+	return kind, nil
 }
 
 // parseSpec checks a Spec's URL and ref, and where a file:// URL points.
@@ -201,26 +237,15 @@ func (e *Engine) parseSpec(spec Spec) (remote, error) {
 		return remote{}, err
 	}
 	if rm.file != "" {
-		p := rm.file
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			p = real
-		}
-		if within(p, e.opts.Root) {
-			return remote{}, fmt.Errorf("%w: git URL %q: inside the workspaces' own folder", ErrBadSpec, rm.redacted)
-		}
-		if e.opts.FileRoots != nil && !slices.ContainsFunc(e.opts.FileRoots, func(root string) bool { return within(p, root) }) {
-			return remote{}, fmt.Errorf("%w: git URL %q: file:// repositories are allowed only under %s", ErrBadSpec,
-				rm.redacted, strings.Join(e.opts.FileRoots, ", "))
+		if rm.arg, err = e.checkFile(rm); err != nil {
+			return remote{}, err
 		}
 	}
 	return rm, nil
 }
 
-// within reports whether path p is root or below it.
+// within reports whether path p is root or below it, by their names alone.
 func within(p, root string) bool {
-	if real, err := filepath.EvalSymlinks(root); err == nil {
-		root = real
-	}
 	rel, err := filepath.Rel(root, p)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
@@ -301,19 +326,11 @@ func (e *Engine) PrepareAt(ctx context.Context, room, dir string, spec Spec) (Re
 		return Ready{}, fmt.Errorf("%w: %s", ErrNotEmpty, dir)
 	}
 
-	// Recorded first, so that a Remove of another room never deletes the mirror under this one.
-	rec := record{Room: room, Mirror: rm.key, URL: rm.redacted, Ref: spec.Ref, Dir: dir, Status: statusPreparing}
-	if err := e.writeRecord(rec); err != nil {
-		return Ready{}, err
-	}
-	if st != nil && st.Mirror != rm.key {
-		if err := e.pruneMirror(ctx, st.Mirror); err != nil {
-			return Ready{}, err
-		}
-	}
-	ready, err := e.prepare(ctx, rm, spec.Ref, dir)
+	rec := record{Room: room, Mirror: rm.key, Git: rm.raw, URL: rm.redacted, Ref: spec.Ref, Dir: dir, Status: statusPreparing}
+	ready, err := e.prepare(ctx, rm, rec, st)
 	if err != nil {
-		// Nothing is left: the half-made worktree, the record, and a mirror no room uses.
+		// Nothing is left: the half-made worktree, the record, and a mirror no room uses. The
+		// mirror's lock is never held across a fetch, so this waits for short steps only.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		_ = removeAll(dir)
@@ -329,15 +346,36 @@ func (e *Engine) PrepareAt(ctx context.Context, room, dir string, spec Spec) (Re
 	return ready, nil
 }
 
-func (e *Engine) prepare(ctx context.Context, rm remote, ref, dir string) (Ready, error) {
-	mirror, commit, kind, err := e.sync(ctx, rm, ref)
+// prepare registers the room on the mirror (its record, written while the mirror's lock is held,
+// so that a Remove of another room never deletes the mirror under this one), brings the ref
+// into the mirror and checks it out. old is the room's earlier record, if any.
+func (e *Engine) prepare(ctx context.Context, rm remote, rec record, old *record) (Ready, error) {
+	mirror := e.mirrorDir(rm.key)
+	unlock, err := e.mirrors.lock(ctx, rm.key)
 	if err != nil {
 		return Ready{}, err
 	}
-	if err := e.checkout(ctx, mirror, commit, dir); err != nil {
+	err = e.writeRecord(rec)
+	if err == nil {
+		err = e.ensureMirror(ctx, mirror)
+	}
+	unlock()
+	if err != nil {
 		return Ready{}, err
 	}
-	return Ready{URL: rm.redacted, Ref: ref, Kind: kind, Commit: commit, Dir: dir}, nil
+	if old != nil && old.Mirror != rm.key {
+		if err := e.pruneMirror(ctx, old.Mirror); err != nil {
+			return Ready{}, err
+		}
+	}
+	commit, kind, err := e.sync(ctx, rm, rec.Ref, mirror)
+	if err != nil {
+		return Ready{}, err
+	}
+	if err := e.checkout(ctx, mirror, commit, rec.Dir); err != nil {
+		return Ready{}, err
+	}
+	return Ready{URL: rm.redacted, Ref: rec.Ref, Kind: kind, Commit: commit, Dir: rec.Dir}, nil
 }
 
 // Remove deletes room's worktree (its files and its repository) and its record, and deletes the
@@ -378,21 +416,61 @@ func (e *Engine) Get(room string) (Ready, bool, error) {
 	return r, true, nil
 }
 
-// Holds reports whether room has a worktree (ready, or left half-made) and, if so, whether it is
-// of spec's repository and ref: a Prepare of another would be ErrSpecChanged.
-func (e *Engine) Holds(room string, spec Spec) (has, same bool, err error) {
-	if err := checkRoom(room); err != nil {
-		return false, false, err
+// Held returns the repository and ref room's worktree holds: one ready, or one being prepared
+// right now. false means none (a prepare that never finished starts over with any spec).
+func (e *Engine) Held(room string) (Spec, bool, error) {
+	st, err := e.held(room)
+	if err != nil || st == nil {
+		return Spec{}, false, err
 	}
-	rm, err := e.parseSpec(spec)
-	if err != nil {
-		return false, false, err
+	git := st.Git
+	if git == "" {
+		git = st.URL // a record from before Git was kept
+	}
+	return Spec{Git: git, Ref: st.Ref}, true, nil
+}
+
+func (e *Engine) held(room string) (*record, error) {
+	if err := checkRoom(room); err != nil {
+		return nil, err
 	}
 	st, err := e.readRecord(room)
-	if err != nil || st == nil || st.Status != statusReady || !isDir(st.Dir) {
-		return false, false, err
+	if err != nil || st == nil {
+		return nil, err
 	}
-	return true, st.Mirror == rm.key && st.Ref == spec.Ref, nil
+	if st.Status == statusReady && isDir(st.Dir) || st.Status == statusPreparing && e.rooms.held(room) {
+		return st, nil
+	}
+	return nil, nil
+}
+
+// Admit says whether room may be given spec, with its worktree in dir, as far as is cheap to
+// know before the checkout: a room that holds a worktree (or is being given one) takes only
+// the same repository and ref again (ErrSpecChanged otherwise), and no network step then; a
+// room without one needs dir empty or missing (ErrNotEmpty) and a spec that Validate takes.
+func (e *Engine) Admit(ctx context.Context, room, dir string, spec Spec) error {
+	rm, err := e.parseSpec(spec)
+	if err != nil {
+		return err
+	}
+	st, err := e.held(room)
+	if err != nil {
+		return err
+	}
+	if st != nil {
+		if st.Mirror == rm.key && st.Ref == spec.Ref {
+			return nil
+		}
+		return fmt.Errorf("%w: room %q has %s at %q", ErrSpecChanged, room, st.URL, st.Ref)
+	}
+	// A record left by a prepare that never finished: the next prepare starts over, deleting
+	// what it left in dir.
+	if rec, err := e.readRecord(room); err != nil {
+		return err
+	} else if rec == nil && !emptyOrMissing(dir) {
+		return fmt.Errorf("%w: %s", ErrNotEmpty, dir)
+	}
+	return e.Validate(ctx, spec)
 }
 
 // worktreeDir is where room's worktree goes.
@@ -413,7 +491,8 @@ const (
 type record struct {
 	Room   string `json:"room"`
 	Mirror string `json:"mirror"`
-	URL    string `json:"url"` // redacted
+	Git    string `json:"git,omitempty"` // as given (it holds no credentials)
+	URL    string `json:"url"`           // redacted
 	Ref    string `json:"ref"`
 	Kind   string `json:"kind,omitempty"`
 	Commit string `json:"commit,omitempty"`

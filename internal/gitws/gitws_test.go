@@ -200,8 +200,8 @@ func TestEngine_PrepareFailuresLeaveNothing(t *testing.T) {
 	}{
 		{gitws.Spec{Git: r.url, Ref: "no-such-branch"}, gitws.ErrUnknownRef, `no branch or tag "no-such-branch"`},
 		{gitws.Spec{Git: r.url, Ref: strings.Repeat("ab", 20)}, gitws.ErrUnknownRef, "no branch, tag or commit"},
-		{gitws.Spec{Git: "file://" + filepath.Join(t.TempDir(), "nothing"), Ref: "main"}, gitws.ErrUnreachable, "gitws: git fetch file://"},
-		{gitws.Spec{Git: "https://127.0.0.1:" + closedPort(t) + "/repo.git", Ref: "main"}, gitws.ErrUnreachable, "gitws: git fetch https://127.0.0.1"},
+		{gitws.Spec{Git: "file://" + filepath.Join(t.TempDir(), "nothing"), Ref: "main"}, gitws.ErrUnreachable, "gitws: git ls-remote file://"},
+		{gitws.Spec{Git: "https://127.0.0.1:" + closedPort(t) + "/repo.git", Ref: "main"}, gitws.ErrUnreachable, "gitws: git ls-remote https://127.0.0.1"},
 	}
 	for _, c := range cases {
 		_, err := e.Prepare(ctx, "room", c.spec)
@@ -244,8 +244,8 @@ func TestEngine_PrepareNotEmpty(t *testing.T) {
 func TestEngine_ConcurrentPrepares(t *testing.T) {
 	t.Parallel()
 	r := newRepo(t)
-	// A git that fails a fetch of a mirror while another fetch of it runs: the engine must
-	// never overlap two fetches of one mirror.
+	// A git that fails a fetch of a ref of a mirror while another fetch of that ref runs: the
+	// engine must never overlap two fetches of one ref (rooms on the same ref share one).
 	e := newEngine(t, gitws.Options{Git: exclusiveFetchGit(t)})
 	ctx := tctx(t)
 	rooms := []string{"one", "two", "three", "four"}
@@ -282,7 +282,8 @@ func TestEngine_ConcurrentPrepares(t *testing.T) {
 }
 
 // exclusiveFetchGit writes a git wrapper whose fetches take a lock file exclusively (failing if
-// another fetch of the same mirror holds it) and hold it a moment, so overlapping fetches fail.
+// another fetch of the same refs into the same mirror holds it) and hold it a moment, so
+// overlapping fetches of one ref fail.
 func exclusiveFetchGit(t *testing.T) string {
 	real, err := execLookGit()
 	if err != nil {
@@ -292,12 +293,13 @@ func exclusiveFetchGit(t *testing.T) string {
 case " $* " in
 *" fetch "*)
 	for a in "$@"; do case "$a" in --git-dir=*) d="${a#--git-dir=}";; esac; done
+	lock="$d/fetch-$(printf '%s' "$*" | cksum | cut -d' ' -f1)"
 	set -C
-	if ! : > "$d/fetch-in-progress" 2>/dev/null; then echo "overlapping fetch" >&2; exit 99; fi
+	if ! : > "$lock" 2>/dev/null; then echo "overlapping fetch" >&2; exit 99; fi
 	set +C
 	sleep 0.2
 	"` + real + `" "$@"; rc=$?
-	rm -f "$d/fetch-in-progress"
+	rm -f "$lock"
 	exit $rc;;
 esac
 exec "` + real + `" "$@"
@@ -390,8 +392,8 @@ func TestEngine_ContextKillsGit(t *testing.T) {
 		t.Fatalf("Prepare = %v, want the context's deadline", err)
 	}
 	var ge *gitws.GitError
-	if !errors.As(err, &ge) || ge.Op != "fetch" {
-		t.Errorf("error %v is not a *GitError of the fetch", err)
+	if !errors.As(err, &ge) || ge.Op != "ls-remote" {
+		t.Errorf("error %v is not a *GitError of the first network step", err)
 	}
 	select {
 	case err := <-closed:
@@ -491,24 +493,34 @@ func TestEngine_BadSpecs(t *testing.T) {
 	}
 }
 
+// TestEngine_ErrorsRedactUserinfo: credentials in a URL are refused without being shown
+// (a token as an https user name, the usual form for GitHub and GitLab), and an ssh user name,
+// which is kept, is not shown in errors either.
 func TestEngine_ErrorsRedactUserinfo(t *testing.T) {
 	t.Parallel()
 	e := newEngine(t, gitws.Options{})
 	ctx := tctx(t)
 	port := closedPort(t)
-	for _, u := range []string{"https://token-abc123@127.0.0.1:" + port + "/repo.git", "ssh://token-abc123@127.0.0.1:" + port + "/repo.git"} {
+	for _, u := range []string{"https://ghp_FAKE0123456789abcdefTOKEN@127.0.0.1:" + port + "/repo.git",
+		"https://oauth2:glpat-FAKETOKEN@127.0.0.1:" + port + "/repo.git",
+		"https://ghp_FAKE0123456789abcdefTOKEN@github.com/o/r.git",
+		"file://token-FAKE@" + t.TempDir(),
+		"ssh://git:FAKETOKEN@127.0.0.1:" + port + "/repo.git"} {
 		for name, err := range map[string]error{
 			"Validate": e.Validate(ctx, gitws.Spec{Git: u, Ref: "main"}),
 			"Prepare":  func() error { _, err := e.Prepare(ctx, "room", gitws.Spec{Git: u, Ref: "main"}); return err }(),
 		} {
-			if !errors.Is(err, gitws.ErrUnreachable) {
-				t.Errorf("%s(%s) = %v, want ErrUnreachable", name, u, err)
-				continue
+			if !errors.Is(err, gitws.ErrBadSpec) || !strings.Contains(err.Error(), "credential helper") {
+				t.Errorf("%s(%s) = %v, want ErrBadSpec saying how to give credentials", name, u, err)
 			}
-			if strings.Contains(err.Error(), "token-abc123") {
-				t.Errorf("%s: the error shows the userinfo: %v", name, err)
+			if strings.Contains(err.Error(), "FAKE") {
+				t.Errorf("%s: the error shows the credentials: %v", name, err)
 			}
 		}
+	}
+	u := "ssh://token-abc123@127.0.0.1:" + port + "/repo.git"
+	if err := e.Validate(ctx, gitws.Spec{Git: u, Ref: "main"}); !errors.Is(err, gitws.ErrUnreachable) || strings.Contains(err.Error(), "token-abc123") {
+		t.Errorf("Validate(%s) = %v, want ErrUnreachable without the user name", u, err)
 	}
 	if got := gitws.Redact("fatal: unable to access 'https://me:pw@example.com/r.git/': 403"); strings.Contains(got, "me:pw") {
 		t.Errorf("Redact left the userinfo: %s", got)
@@ -556,16 +568,16 @@ func TestEngine_FileURLBounds(t *testing.T) {
 }
 
 // PrepareAt puts a room's worktree where the caller says, names the
-// mirror it borrows from, and Holds tells whether a room has a worktree of
-// a spec (another would be ErrSpecChanged).
-func TestEngine_PrepareAtAndHolds(t *testing.T) {
+// mirror it borrows from, and Held tells what a room's worktree holds
+// (another spec would be ErrSpecChanged).
+func TestEngine_PrepareAtAndHeld(t *testing.T) {
 	r := newRepo(t)
 	e := newEngine(t, gitws.Options{})
 	ctx := tctx(t)
 	dir := filepath.Join(t.TempDir(), "ws")
 	main := gitws.Spec{Git: r.url, Ref: "main"}
-	if has, _, err := e.Holds("room", main); has || err != nil {
-		t.Fatalf("Holds before: %v %v", has, err)
+	if _, has, err := e.Held("room"); has || err != nil {
+		t.Fatalf("Held before: %v %v", has, err)
 	}
 	if _, err := e.PrepareAt(ctx, "room", "relative/dir", main); !errors.Is(err, gitws.ErrBadSpec) {
 		t.Fatalf("a relative folder: %v", err)
@@ -583,16 +595,16 @@ func TestEngine_PrepareAtAndHolds(t *testing.T) {
 	if again, err := e.PrepareAt(ctx, "room", dir, main); err != nil || again != ready {
 		t.Fatalf("again: %+v %v, first %+v", again, err, ready)
 	}
-	if has, same, err := e.Holds("room", main); !has || !same || err != nil {
-		t.Fatalf("Holds of its spec: %v %v %v", has, same, err)
+	if spec, has, err := e.Held("room"); !has || spec != main || err != nil {
+		t.Fatalf("Held: %+v %v %v", spec, has, err)
 	}
-	if has, same, err := e.Holds("room", gitws.Spec{Git: r.url, Ref: "dev"}); !has || same || err != nil {
-		t.Fatalf("Holds of another ref: %v %v %v", has, same, err)
+	if _, err := e.PrepareAt(ctx, "room", dir, gitws.Spec{Git: r.url, Ref: "dev"}); !errors.Is(err, gitws.ErrSpecChanged) {
+		t.Fatalf("another ref: %v, want ErrSpecChanged", err)
 	}
 	if err := e.Remove(ctx, "room"); err != nil {
 		t.Fatal(err)
 	}
-	if has, _, err := e.Holds("room", main); has || err != nil || exists(dir) {
+	if _, has, err := e.Held("room"); has || err != nil || exists(dir) {
 		t.Fatalf("after Remove: %v %v, folder left: %v", has, err, exists(dir))
 	}
 }

@@ -93,11 +93,15 @@ func newRepo(t testing.TB) *repo {
 	return &repo{dir: dir, url: "file://" + dir, first: first, second: second, dev: dev}
 }
 
-// newEngine returns an engine on a fresh root.
+// newEngine returns an engine on a fresh root that takes file:// repositories under the
+// temporary folder (where the fixtures are) unless opts says otherwise.
 func newEngine(t testing.TB, opts gitws.Options) *gitws.Engine {
 	t.Helper()
 	if opts.Root == "" {
 		opts.Root = t.TempDir()
+	}
+	if opts.FileRoots == nil {
+		opts.FileRoots = []string{os.TempDir()}
 	}
 	e, err := gitws.New(opts)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 )
 
 // mirrorConfig is the whole config of every mirror. The engine writes it before each use, so
@@ -32,65 +31,78 @@ func (e *Engine) mirrorDir(key string) string {
 	return filepath.Join(e.opts.Root, "mirrors", key+".git")
 }
 
-// sync brings the repository's mirror up to date as far as ref needs and resolves ref to a
-// commit; it returns the mirror's folder, the commit and the ref's kind. One sync per mirror
-// runs at a time; a sync that waited for another's fetch, begun after it was called, does not
-// fetch again.
-func (e *Engine) sync(ctx context.Context, rm remote, ref string) (mirror, commit, kind string, err error) {
-	called := time.Now()
-	unlock, err := e.mirrors.lock(ctx, rm.key)
-	if err != nil {
-		return "", "", "", err
-	}
-	defer unlock()
-	mirror = e.mirrorDir(rm.key)
-	if err := e.ensureMirror(ctx, mirror); err != nil {
-		return "", "", "", err
-	}
+// sync brings what ref names into the mirror (which exists) and resolves it to a commit; it
+// returns the commit and the ref's kind. A commit the mirror has needs no network at all; a
+// branch or a tag is fetched alone (see fetch), so a fetch of another ref that hangs holds up
+// nothing here.
+func (e *Engine) sync(ctx context.Context, rm remote, ref, mirror string) (commit, kind string, err error) {
 	// A commit the mirror already has never changes: no fetch.
 	if hexRef.MatchString(ref) {
 		if c, err := e.resolve(ctx, mirror, ref); err != nil || c != "" {
-			return mirror, c, KindCommit, err
+			return c, KindCommit, err
 		}
 	}
-	e.mu.Lock()
-	fresh := e.fetched[rm.key].After(called)
-	e.mu.Unlock()
-	if !fresh {
-		started := time.Now()
-		_, err := e.run(ctx, call{op: "fetch", remote: &rm, args: []string{"--git-dir=" + mirror,
-			"fetch", "--quiet", "--prune", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head",
-			"--", rm.raw, "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"}})
-		if err != nil {
-			return "", "", "", unreachable(err)
-		}
-		e.mu.Lock()
-		e.fetched[rm.key] = started
-		e.mu.Unlock()
+	kind, err = e.lsRemote(ctx, rm, ref)
+	if err != nil {
+		return "", "", err
 	}
-	for _, k := range []struct{ prefix, kind string }{{"refs/heads/", KindBranch}, {"refs/tags/", KindTag}} {
-		c, err := e.resolve(ctx, mirror, k.prefix+ref)
+	if kind != "" {
+		name := "refs/heads/" + ref
+		if kind == KindTag {
+			name = "refs/tags/" + ref
+		}
+		if err := e.fetch(ctx, rm, mirror, false, "+"+name+":"+name); err != nil {
+			return "", "", err
+		}
+		c, err := e.resolve(ctx, mirror, name)
 		if err != nil || c != "" {
-			return mirror, c, k.kind, err
+			return c, kind, err
 		}
+		return "", "", fmt.Errorf("%w: %s has no %s %q any more", ErrUnknownRef, rm.redacted, kind, ref)
 	}
 	if !hexRef.MatchString(ref) {
-		return "", "", "", fmt.Errorf("%w: %s has no branch or tag %q", ErrUnknownRef, rm.redacted, ref)
+		return "", "", fmt.Errorf("%w: %s has no branch or tag %q", ErrUnknownRef, rm.redacted, ref)
 	}
 	// A commit no branch or tag reaches: servers that allow it send it when asked by its full id.
 	if len(ref) == 40 || len(ref) == 64 {
-		if _, err := e.run(ctx, call{op: "fetch", remote: &rm, args: []string{"--git-dir=" + mirror,
-			"fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head", "--", rm.raw, ref}}); err != nil {
+		if err := e.fetch(ctx, rm, mirror, false, ref); err != nil {
 			if ctx.Err() != nil {
-				return "", "", "", err
+				return "", "", err
 			}
 			e.log.Debug("gitws: fetch by commit id refused", "url", rm.redacted, "err", err)
 		}
 		if c, err := e.resolve(ctx, mirror, ref); err != nil || c != "" {
-			return mirror, c, KindCommit, err
+			return c, KindCommit, err
 		}
 	}
-	return "", "", "", fmt.Errorf("%w: %s has no branch, tag or commit %q", ErrUnknownRef, rm.redacted, ref)
+	// An abbreviated id, or a server that sends no commit by id: every branch and tag, into refs
+	// of their own (so that this fetch never touches a ref another room's fetch writes).
+	if err := e.fetch(ctx, rm, mirror, true, "+refs/heads/*:refs/scan/heads/*", "+refs/tags/*:refs/scan/tags/*"); err != nil {
+		return "", "", err
+	}
+	if c, err := e.resolve(ctx, mirror, ref); err != nil || c != "" {
+		return c, KindCommit, err
+	}
+	return "", "", fmt.Errorf("%w: %s has no branch, tag or commit %q", ErrUnknownRef, rm.redacted, ref)
+}
+
+// fetch runs git fetch of refspecs into mirror, or shares the same fetch another prepare runs
+// (see flights): two fetches never write one ref at once, and fetches of different refs run
+// side by side.
+func (e *Engine) fetch(ctx context.Context, rm remote, mirror string, prune bool, refspecs ...string) error {
+	args := []string{"--git-dir=" + mirror, "fetch", "--quiet", "--no-tags", "--no-recurse-submodules", "--no-write-fetch-head"}
+	if prune {
+		args = append(args, "--prune")
+	}
+	args = append(append(args, "--", rm.arg), refspecs...)
+	key := rm.key + "\x00" + strings.Join(refspecs, "\x00")
+	return e.fetches.do(ctx, key, func() error {
+		_, err := e.run(ctx, call{op: "fetch", remote: &rm, args: args})
+		if err != nil {
+			return unreachable(err)
+		}
+		return nil
+	})
 }
 
 // resolve returns the commit name names in mirror, or "" when it names none.
@@ -164,7 +176,8 @@ func (e *Engine) checkout(ctx context.Context, mirror, commit, dir string) error
 	return err
 }
 
-// pruneMirror deletes the mirror when no room's record names it.
+// pruneMirror deletes the mirror when no room's record names it. A room whose prepare is
+// fetching into it has a record naming it, so this never waits for, nor breaks, a fetch.
 func (e *Engine) pruneMirror(ctx context.Context, key string) error {
 	unlock, err := e.mirrors.lock(ctx, key)
 	if err != nil {
@@ -175,9 +188,6 @@ func (e *Engine) pruneMirror(ctx context.Context, key string) error {
 	if err != nil || used {
 		return err
 	}
-	e.mu.Lock()
-	delete(e.fetched, key)
-	e.mu.Unlock()
 	return removeAll(e.mirrorDir(key))
 }
 
@@ -253,6 +263,14 @@ type keyedLock struct {
 	refs int           // holders and waiters
 }
 
+// held reports whether someone holds key's lock now.
+func (k *keyedLocks) held(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.m[key]
+	return l != nil && len(l.ch) > 0
+}
+
 // lock takes key's lock, or returns ctx's error if ctx ends first; unlock releases it.
 func (k *keyedLocks) lock(ctx context.Context, key string) (unlock func(), err error) {
 	k.mu.Lock()
@@ -279,5 +297,59 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (unlock func(), err e
 	case <-ctx.Done():
 		release()
 		return nil, context.Cause(ctx)
+	}
+}
+
+// flights are the fetches in progress, by key. A caller that wants a fetch already in progress
+// waits for it rather than running its own, but only as long as its own context lets it; one
+// whose context ended keeps nobody waiting past theirs.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+	// waiting, if set (by tests), is called when a caller starts waiting for another's fetch.
+	waiting func(key string)
+}
+
+type flight struct {
+	done chan struct{}
+	err  error
+	// abandoned is set when the fetch was ended by its caller's context (a turn's timeout or
+	// cancel): its error is no answer for the others waiting, who run it again.
+	abandoned bool
+}
+
+// do runs fn as the fetch of key, or waits for the one in progress and returns its error. ctx
+// is the caller's: fn must run under it.
+func (f *flights) do(ctx context.Context, key string, fn func() error) error {
+	for {
+		f.mu.Lock()
+		if f.m == nil {
+			f.m = map[string]*flight{}
+		}
+		fl := f.m[key]
+		if fl == nil {
+			fl = &flight{done: make(chan struct{})}
+			f.m[key] = fl
+			f.mu.Unlock()
+			err := fn()
+			f.mu.Lock()
+			delete(f.m, key)
+			fl.err, fl.abandoned = err, ctx.Err() != nil
+			close(fl.done)
+			f.mu.Unlock()
+			return err
+		}
+		f.mu.Unlock()
+		if f.waiting != nil {
+			f.waiting(key)
+		}
+		select {
+		case <-fl.done:
+			if !fl.abandoned {
+				return fl.err
+			}
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
 	}
 }

@@ -14,8 +14,10 @@ import (
 // Spec is a room's workspace from git: the repository's URL and the ref to check out.
 type Spec struct {
 	// Git is the repository's URL: file:///path, https://host/path or ssh (ssh://[user@]host/path
-	// or the scp-like user@host:path). Credentials never go in it: a password in the URL is
-	// refused, and the host's own git configuration (credential helpers, ssh agent) supplies them.
+	// or the scp-like user@host:path). Credentials never go in it: a user name or password in a
+	// file:// or https:// URL (a token is often given as the user name) and a password in an ssh
+	// URL are refused, and the host's own git configuration (credential helpers, ssh agent)
+	// supplies them. An ssh user name (git@host:path) is no secret and is kept.
 	Git string `json:"git"`
 	// Ref is a branch, a tag (tried in that order) or a commit id (4 to 64 hex digits).
 	Ref string `json:"ref"`
@@ -29,10 +31,13 @@ const (
 
 // remote is a checked Spec.Git.
 type remote struct {
-	raw      string // as given: what git is run with
+	raw      string // as given: what records and settings keep
 	redacted string // without userinfo: what messages and logs show
 	key      string // the mirror's name: a hash of the normalised URL
-	file     string // a file:// URL's path, cleaned
+	file     string // a file:// URL's path (absolute, with no "." or ".." component)
+	// arg is what git is run with: raw, or for a file:// URL the folder its path resolves to
+	// now (see Engine.checkFile), so that git opens the repository that was checked.
+	arg string
 }
 
 // hexRef matches a commit id (abbreviated or full SHA-1, full SHA-256).
@@ -43,7 +48,7 @@ var scpLike = regexp.MustCompile(`^(?:([A-Za-z0-9._~-]+)@)?([A-Za-z0-9][A-Za-z0-
 
 // parseRemote checks a repository URL: only file://, https:// and ssh (URL or scp-like) are
 // taken; transport helpers (ext::, fd::, ...), local paths without file://, option-like values
-// and passwords in the URL are refused with [ErrBadSpec].
+// and credentials in the URL are refused with [ErrBadSpec].
 func parseRemote(s string) (remote, error) {
 	bad := func(why string) (remote, error) {
 		return remote{}, fmt.Errorf("%w: git URL %q: %s", ErrBadSpec, Redact(s), why)
@@ -75,7 +80,7 @@ func parseRemote(s string) (remote, error) {
 		if user != "" {
 			norm = "ssh://" + user + "@" + host + "/" + strings.TrimRight(p, "/")
 		}
-		return remote{raw: s, redacted: redacted, key: mirrorKey(norm)}, nil
+		return remote{raw: s, redacted: redacted, key: mirrorKey(norm), arg: s}, nil
 	}
 	u, err := url.Parse(s)
 	if err != nil {
@@ -85,14 +90,17 @@ func parseRemote(s string) (remote, error) {
 	if scheme != "file" && scheme != "https" && scheme != "ssh" {
 		return bad("scheme " + u.Scheme + " is not file, https or ssh")
 	}
-	if _, set := u.User.Password(); set {
-		return bad("has a password: give credentials through the host's git configuration (a credential helper)")
+	// Whatever is in the URL is stored with the room's settings and shown by GET /config: a
+	// token there (https://<token>@host/..., the usual form for GitHub and GitLab) would be too.
+	if _, set := u.User.Password(); set || (u.User != nil && scheme != "ssh") {
+		return bad("has a user name or password: credentials never go in the URL (it is stored and shown); " +
+			"give them to the server's git instead (a credential helper in its git configuration, or an ssh key)")
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
 		return bad("has a query or fragment")
 	}
 	host := strings.ToLower(u.Host)
-	if strings.HasPrefix(host, "-") || strings.HasPrefix(u.Path, "-") {
+	if strings.HasPrefix(host, "-") || strings.HasPrefix(u.Path, "-") || strings.HasPrefix(u.User.Username(), "-") {
 		return bad("looks like an option")
 	}
 	switch scheme {
@@ -102,6 +110,14 @@ func parseRemote(s string) (remote, error) {
 		}
 		if !path.IsAbs(u.Path) {
 			return bad("file:// needs an absolute path")
+		}
+		// The path is checked as named and then resolved (links followed) before git opens
+		// it: a "." or ".." component would be read one way here and another way by the
+		// kernel after a link.
+		for part := range strings.SplitSeq(u.Path[1:], "/") {
+			if part == "." || part == ".." {
+				return bad(`file:// path has a "." or ".." component`)
+			}
 		}
 		host = ""
 	default:
@@ -124,7 +140,7 @@ func parseRemote(s string) (remote, error) {
 	norm += host + p
 	red := *u
 	red.User = nil
-	rm := remote{raw: s, redacted: red.String(), key: mirrorKey(norm)}
+	rm := remote{raw: s, redacted: red.String(), key: mirrorKey(norm), arg: s}
 	if scheme == "file" {
 		rm.file = p
 	}

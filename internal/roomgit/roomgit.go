@@ -7,6 +7,7 @@ package roomgit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/agenthost/agenthost/internal/gitws"
@@ -22,21 +23,36 @@ var _ room.WorkspaceSource = (*Source)(nil)
 func New(e *gitws.Engine) *Source { return &Source{e: e} }
 
 // Check implements room.WorkspaceSource: a room keeps the repository and
-// ref it was first given (another would need its files deleted); a new one
-// must answer and have the branch or tag (a commit id is checked at the
-// checkout).
-func (s *Source) Check(ctx context.Context, rm string, w room.Workspace) error {
-	spec := gitws.Spec{Git: w.Git, Ref: w.Ref}
-	has, same, err := s.e.Holds(rm, spec)
+// ref of its first checkout (another would need its files deleted: the
+// error says what it holds); a room without one takes a repository that
+// answers and has the branch or tag (a commit id is checked at the
+// checkout), into a workspace that holds no files yet.
+func (s *Source) Check(ctx context.Context, rm, dir string, w room.Workspace) error {
+	err := s.e.Admit(ctx, rm, dir, gitws.Spec{Git: w.Git, Ref: w.Ref})
 	switch {
-	case err != nil:
-		return plain(err)
-	case has && !same:
+	case errors.Is(err, gitws.ErrSpecChanged):
+		if held, ok, herr := s.e.Held(rm); herr == nil && ok {
+			return fmt.Errorf("the room's workspace holds %s at %q (a room keeps the repository and ref of its first checkout): "+
+				"delete the room (DELETE /v1/rooms/{room}?purge=true, which deletes its files) to give it another", gitws.Redact(held.Git), held.Ref)
+		}
 		return errors.New("the room's workspace already holds another repository or ref: delete the room (DELETE /v1/rooms/{room}?purge=true) to change it")
-	case has:
-		return nil
+	case errors.Is(err, gitws.ErrNotEmpty):
+		return errNotEmpty
 	}
-	return plain(s.e.Validate(ctx, spec))
+	return plain(err)
+}
+
+// errNotEmpty says why a room with files takes no checkout, and what to do.
+var errNotEmpty = errors.New("git: the room's workspace already holds files: a git workspace is checked out into an empty one " +
+	"(delete the room with DELETE /v1/rooms/{room}?purge=true, which deletes its files, first)")
+
+// Held implements room.WorkspaceSource.
+func (s *Source) Held(rm string) (*room.Workspace, error) {
+	spec, ok, err := s.e.Held(rm)
+	if err != nil || !ok {
+		return nil, plain(err)
+	}
+	return &room.Workspace{Git: spec.Git, Ref: spec.Ref}, nil
 }
 
 // Prepare implements room.WorkspaceSource.
@@ -44,7 +60,7 @@ func (s *Source) Prepare(ctx context.Context, rm, dir string, w room.Workspace) 
 	r, err := s.e.PrepareAt(ctx, rm, dir, gitws.Spec{Git: w.Git, Ref: w.Ref})
 	if err != nil {
 		if errors.Is(err, gitws.ErrNotEmpty) {
-			return room.WorkspaceReady{}, errors.New("git: the room's workspace already holds files: a git workspace is checked out into an empty one (delete the room with ?purge=true first)")
+			return room.WorkspaceReady{}, errNotEmpty
 		}
 		return room.WorkspaceReady{}, plain(err)
 	}

@@ -65,7 +65,10 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, db: db, f: newFakeTransport(), seen: &observed{m: map[string]map[int]bool{}}}
-	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), h.f, filepath.Join(dir, "rooms")
+	ropts.Store, ropts.Transport = roomsqlite.New(db), h.f
+	if ropts.Root == "" {
+		ropts.Root = filepath.Join(dir, "rooms")
+	}
 	if ropts.Agents == nil {
 		ropts.Agents = []string{"omp", "pi"}
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -296,7 +295,7 @@ func versionAtLeast(out, min string) bool {
 
 // lsEntry is one path git listed.
 type lsEntry struct {
-	tag  byte // '?' not recorded, 'C' recorded and changed or gone, 'H' recorded
+	tag  byte // '?' not recorded, 'C' recorded and changed or gone
 	path string
 }
 
@@ -321,19 +320,6 @@ type status struct {
 	// staged is set when the index differs from the latest snapshot (a
 	// snapshot was interrupted after updating the index).
 	staged bool
-}
-
-// gitignoreTouched says whether a .gitignore file is among the paths
-// status listed: then the set of ignored paths may have changed.
-func (s status) gitignoreTouched() bool {
-	for _, l := range [][]lsEntry{s.changed, s.ignored} {
-		for _, e := range l {
-			if path.Base(strings.TrimSuffix(e.path, "/")) == ".gitignore" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // parseStatus reads `git status --porcelain=v2 -z` output:

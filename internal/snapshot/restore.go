@@ -27,18 +27,21 @@ type Restored struct {
 	// Paths are the paths Restore removed or wrote, sorted.
 	Paths []string `json:"paths"`
 	// Kept are the paths the snapshot holds that Restore left alone
-	// because something it never touches (an ignored path, a file over
-	// the size bound, a nested repository) occupies them or their parent
-	// directory, sorted.
+	// because something it never touches (a file over the size bound, a
+	// nested repository, a folder that is not empty, a special file)
+	// occupies them or their parent directory, sorted. An ignored file or
+	// link there is no reason: it is replaced.
 	Kept []string `json:"kept,omitempty"`
 }
 
 // Restore brings the workspace back to snapshot to: files added since are
 // removed, deleted ones come back, modified ones are reverted (content,
-// executable bit, symbolic links as links). What snapshots leave out
-// (ignored paths, files over the size bound, nested repositories, special
-// files) is left untouched, and nothing is written through a symbolic
-// link or outside the workspace. Restore first snapshots the workspace
+// executable bit, symbolic links as links). Every file to holds comes
+// back, whatever the ignore files say now: an ignored file or link where
+// one goes (or where a folder above one goes) is replaced. Otherwise what
+// snapshots leave out (ignored paths, files over the size bound, nested
+// repositories, special files) is left untouched, and nothing is written
+// through a symbolic link or outside the workspace. Restore first snapshots the workspace
 // (Restored.Before); it waits behind the Repo's other snapshots and
 // restores, and ctx bounds the wait and the work.
 //
@@ -58,10 +61,11 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 		return Restored{}, err
 	}
 	defer r.release()
-	before, _, err := r.snapshot(ctx)
+	first, err := r.snapshot(ctx, nil)
 	if err != nil {
 		return Restored{}, err
 	}
+	before := first.id
 	res = Restored{Before: before, Paths: []string{}}
 	defer func() { // on every return, errors included
 		slices.Sort(res.Paths)
@@ -79,7 +83,7 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 		return res, fmt.Errorf("%w: %w", ErrWorkspace, err)
 	}
 	defer root.Close()
-	w := &restorer{root: root, res: &res}
+	w := &restorer{root: root, res: &res, ignored: first.ignored}
 	// Removals first, so a directory can take a removed file's place and
 	// a file an emptied directory's.
 	for _, c := range cs {
@@ -117,9 +121,10 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 		}
 		blobs = nil
 	}
-	// Record the restored state, so the index's stat data is fresh and the
-	// next snapshot stays incremental.
-	if _, _, err := r.snapshot(ctx); err != nil {
+	// Record the restored state (the files written are recorded again,
+	// even where an ignore rule matches them), so the index's stat data is
+	// fresh and the next snapshot stays incremental.
+	if _, err := r.snapshot(ctx, w.written); err != nil {
 		return res, err
 	}
 	return res, nil
@@ -129,6 +134,24 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 type restorer struct {
 	root *os.Root
 	res  *Restored
+	// ignored are the paths the snapshot before the restore left out as
+	// ignored (a folder with a trailing slash).
+	ignored map[string]bool
+	// written are the files written.
+	written []string
+}
+
+// isIgnored says whether p, or a folder above it, was left out as ignored.
+func (w *restorer) isIgnored(p string) bool {
+	if w.ignored[p] || w.ignored[p+"/"] {
+		return true
+	}
+	for dir := path.Dir(p); dir != "."; dir = path.Dir(dir) {
+		if w.ignored[dir+"/"] {
+			return true
+		}
+	}
+	return false
 }
 
 // safe refuses a path git would never record: absolute, with empty, "."
@@ -171,8 +194,10 @@ func (w *restorer) write(c change, blobs *catFile) error {
 	}
 	if c.Status == StatusAdded {
 		// Not in the snapshot just taken, yet present: something snapshots
-		// leave out (ignored, too large...) is there, and wins.
-		if _, err := w.root.Lstat(p); err == nil {
+		// leave out is there. An ignored file or link is replaced (the
+		// rename below fails on a folder); what else (too large, special)
+		// wins.
+		if _, err := w.root.Lstat(p); err == nil && !w.isIgnored(p) {
 			w.res.Kept = append(w.res.Kept, p)
 			return nil
 		}
@@ -199,12 +224,14 @@ func (w *restorer) write(c change, blobs *catFile) error {
 		return fmt.Errorf("snapshot: restore: %w", err)
 	}
 	w.res.Paths = append(w.res.Paths, p)
+	w.written = append(w.written, p)
 	return nil
 }
 
 // mkdirs makes dir and its parents real directories, following no
-// symbolic link: it reports false when a component is something else
-// (then the path is kept as it is).
+// symbolic link: an ignored file or link in the way is removed; it reports
+// false when a component is something else (then the path is kept as it
+// is).
 func (w *restorer) mkdirs(dir string) (bool, error) {
 	if dir == "." {
 		return true, nil
@@ -216,6 +243,11 @@ func (w *restorer) mkdirs(dir string) (bool, error) {
 		switch {
 		case err == nil && fi.IsDir():
 			continue
+		case err == nil && w.isIgnored(d):
+			if err := w.root.Remove(d); err != nil {
+				return false, fmt.Errorf("snapshot: restore: %w", err)
+			}
+			w.res.Paths = append(w.res.Paths, d)
 		case err == nil:
 			return false, nil
 		case !errors.Is(err, os.ErrNotExist):

@@ -9,10 +9,20 @@
 // never read or written: git skips every path named .git, and the shadow
 // repository is addressed by GIT_DIR alone.
 //
-// Left out of every snapshot, and listed in its Report: paths ignored by
-// the workspace's .gitignore files (nested ones too), files over
+// Left out of every snapshot, and listed in its Report: new paths ignored
+// by the workspace's .gitignore files (nested ones too), files over
 // Options.MaxFileSize, nested git repositories and special files. Restore
-// leaves them alone.
+// leaves them alone unless they stand where a file it restores goes.
+//
+// Ignore rules work as they do for git's tracked files: they keep paths
+// out of the record only until a snapshot has recorded them. A recorded
+// file stays recorded whatever ignore rule later matches it, so a
+// .gitignore written during a turn (or a repository's "*") never makes a
+// changed or unchanged file look deleted, and never keeps its change out
+// of a diff. Restore brings back every file the target snapshot holds,
+// whatever the ignore files say by then: an ignored file or link in the way
+// (where the snapshot has a file, or a folder above one) is replaced, and
+// the restored files are recorded again.
 //
 // The engine runs the system git (2.32 or newer) with a scrubbed
 // environment and forced settings, so neither the user's, the system's nor
@@ -183,9 +193,6 @@ type Repo struct {
 	// first); guarded by sem.
 	head     ID
 	headTree string
-	// ignoresChecked is set once a snapshot looked for recorded files
-	// that a .gitignore matches; guarded by sem.
-	ignoresChecked bool
 }
 
 // Open opens the shadow repository in dir for workspace, creating it if
@@ -345,13 +352,24 @@ func (r *Repo) Snapshot(ctx context.Context) (ID, Report, error) {
 		return "", Report{}, err
 	}
 	defer r.release()
-	return r.snapshot(ctx)
+	t, err := r.snapshot(ctx, nil)
+	return t.id, t.report, err
 }
 
-// snapshot does Snapshot's work; the caller holds sem.
-func (r *Repo) snapshot(ctx context.Context) (ID, Report, error) {
+// taken is what one snapshot recorded and found.
+type taken struct {
+	id     ID
+	report Report
+	// ignored are the paths left out as ignored (a wholly ignored folder
+	// with a trailing slash), all of them.
+	ignored map[string]bool
+}
+
+// snapshot does Snapshot's work; the caller holds sem. force are paths to
+// record though an ignore rule matches them (the files a restore wrote).
+func (r *Repo) snapshot(ctx context.Context, force []string) (taken, error) {
 	if err := checkWorkspace(r.workspace); err != nil {
-		return "", Report{}, err
+		return taken{}, err
 	}
 	r.removeStaleLocks()
 	// One walk of the workspace tells what changed since the index was
@@ -360,54 +378,54 @@ func (r *Repo) snapshot(ctx context.Context) (ID, Report, error) {
 	out, err := r.output(ctx, nil, "status", "--porcelain=v2", "-z", "--untracked-files=all", "--ignored=matching",
 		"--no-renames", "--ignore-submodules=all")
 	if err != nil {
-		return "", Report{}, err
+		return taken{}, err
 	}
 	st := parseStatus(out)
-	// A recorded file that a .gitignore matches now is not in status'
-	// listing; look for those only when a .gitignore may have changed.
-	if !r.ignoresChecked || st.gitignoreTouched() {
-		out, err := r.output(ctx, nil, "ls-files", "-z", "-c", "-i", "--exclude-standard")
-		if err != nil {
-			return "", Report{}, err
+	if len(force) > 0 {
+		forced := map[string]bool{}
+		for _, p := range force {
+			forced[p] = true
+			st.changed = append(st.changed, lsEntry{tag: '?', path: p})
 		}
-		for _, path := range splitNul(out) {
-			st.ignored = append(st.ignored, lsEntry{tag: 'H', path: path})
-		}
+		st.ignored = slices.DeleteFunc(st.ignored, func(e lsEntry) bool { return forced[e.path] })
 	}
 	plan, err := r.plan(st.changed, st.ignored)
 	if err != nil {
-		return "", Report{}, err
+		return taken{}, err
 	}
 	if len(plan.forget) > 0 {
 		if err := r.run(ctx, nulList(plan.forget), "update-index", "-z", "--force-remove", "--stdin"); err != nil {
-			return "", Report{}, err
+			return taken{}, err
 		}
 	}
 	switch {
 	case len(plan.files) >= bulkFiles:
 		if err := r.bulkUpdate(ctx, &plan); err != nil {
-			return "", Report{}, err
+			return taken{}, err
 		}
 	case len(plan.update) > 0:
 		if err := r.run(ctx, nulList(plan.update), "update-index", "-z", "--add", "--remove", "--replace", "--stdin"); err != nil {
-			return "", Report{}, err
+			return taken{}, err
 		}
 	}
-	r.ignoresChecked = true
 	id := r.head
 	if r.head == "" || st.staged || len(plan.update) > 0 || len(plan.forget) > 0 {
 		if id, err = r.commit(ctx); err != nil {
-			return "", Report{}, err
+			return taken{}, err
 		}
 	}
 	rep := Report{Updated: len(plan.update) + len(plan.forget)}
+	ignored := map[string]bool{}
+	for _, e := range st.ignored {
+		ignored[e.path] = true
+	}
 	slices.SortFunc(plan.skipped, func(a, b Skipped) int { return strings.Compare(a.Path, b.Path) })
 	if n := len(plan.skipped); n > r.opts.MaxReported {
 		rep.SkippedOmitted = n - r.opts.MaxReported
 		plan.skipped = plan.skipped[:r.opts.MaxReported]
 	}
 	rep.Skipped = plan.skipped
-	return id, rep, nil
+	return taken{id: id, report: rep, ignored: ignored}, nil
 }
 
 // plan is what a snapshot does to the index.
@@ -429,11 +447,10 @@ type planned struct {
 func (r *Repo) plan(changed, ignored []lsEntry) (plan, error) {
 	var p plan
 	forget := map[string]bool{}
+	// Ignored paths are never recorded ones (status lists those as
+	// changed, whatever the ignore files say): they stay out.
 	for _, e := range ignored {
 		p.skipped = append(p.skipped, Skipped{Path: e.path, Reason: ReasonIgnored})
-		if e.tag == 'H' { // recorded before a .gitignore matched it
-			forget[e.path] = true
-		}
 	}
 	seen := map[string]bool{}
 	realDirs := map[string]bool{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -142,7 +143,9 @@ func TestRepo_SnapshotIncremental(t *testing.T) {
 
 // Ignored paths (by .gitignore files at any depth), files over the size
 // bound and nested repositories are left out and reported, never in a
-// diff, and a restore leaves them alone.
+// diff, and a restore leaves them alone; a recorded file that an ignore
+// rule matches later stays recorded (its change is in the diff, and a
+// restore brings it back).
 func TestRepo_LeftOut(t *testing.T) {
 	ctx := testCtx(t)
 	ws := t.TempDir()
@@ -181,8 +184,8 @@ func TestRepo_LeftOut(t *testing.T) {
 		t.Errorf("recorded %v, want the 6 paths that are not left out", recorded)
 	}
 
-	// The turn touches only what is left out, grows a recorded file over
-	// the bound, and ignores another.
+	// The turn touches what is left out, grows a recorded file over the
+	// bound, and ignores another, which it changes.
 	write(t, ws, "build/out/a.o", "object 2\n")
 	write(t, ws, "build/new.o", "new\n")
 	write(t, ws, "run.log", "log 2\n")
@@ -191,6 +194,7 @@ func TestRepo_LeftOut(t *testing.T) {
 	write(t, ws, "vendor/lib/lib.go", "package lib // 2\n")
 	write(t, ws, "grows.txt", big)
 	write(t, ws, ".gitignore", "build/\n*.log\nwas-tracked.txt\n")
+	write(t, ws, "was-tracked.txt", "changed\n")
 	after, rep := snap(t, r)
 	want = []Skipped{
 		{Path: "big.bin", Reason: ReasonTooLarge, Size: DefaultMaxFileSize + 2},
@@ -198,7 +202,6 @@ func TestRepo_LeftOut(t *testing.T) {
 		{Path: "grows.txt", Reason: ReasonTooLarge, Size: DefaultMaxFileSize + 1},
 		{Path: "run.log", Reason: ReasonIgnored},
 		{Path: "vendor/lib/", Reason: ReasonRepository},
-		{Path: "was-tracked.txt", Reason: ReasonIgnored},
 	}
 	if diff := cmp.Diff(want, rep.Skipped); diff != "" {
 		t.Errorf("skipped after the turn (-want +got):\n%s", diff)
@@ -211,7 +214,7 @@ func TestRepo_LeftOut(t *testing.T) {
 	for _, f := range d.Files {
 		paths = append(paths, f.Path+" "+string(f.Status))
 	}
-	if want := []string{".gitignore modified", "grows.txt deleted", "was-tracked.txt deleted"}; !slices.Equal(paths, want) {
+	if want := []string{".gitignore modified", "grows.txt deleted", "was-tracked.txt modified"}; !slices.Equal(paths, want) {
 		t.Errorf("diff lists %v, want %v", paths, want)
 	}
 
@@ -224,11 +227,16 @@ func TestRepo_LeftOut(t *testing.T) {
 	if got[".gitignore"] != "file 0644 build/\n*.log\n" {
 		t.Errorf(".gitignore not restored: %q", got[".gitignore"])
 	}
-	delete(got, ".gitignore")
-	delete(leftOut, ".gitignore")
+	if got["was-tracked.txt"] != "file 0644 tracked\n" {
+		t.Errorf("was-tracked.txt not restored: %q", got["was-tracked.txt"])
+	}
+	for _, p := range []string{".gitignore", "was-tracked.txt"} {
+		delete(got, p)
+		delete(leftOut, p)
+	}
 	sameState(t, "what snapshots leave out, after a restore", leftOut, got)
-	if !slices.Equal(res.Paths, []string{".gitignore"}) || !slices.Equal(res.Kept, []string{"grows.txt", "was-tracked.txt"}) {
-		t.Errorf("Restored %+v, want .gitignore restored and grows.txt, was-tracked.txt kept", res)
+	if !slices.Equal(res.Paths, []string{".gitignore", "was-tracked.txt"}) || !slices.Equal(res.Kept, []string{"grows.txt"}) {
+		t.Errorf("Restored %+v, want .gitignore and was-tracked.txt restored and grows.txt kept", res)
 	}
 }
 
@@ -524,5 +532,94 @@ func TestRepo_SnapshotBulk(t *testing.T) {
 	}
 	if again, rep := snap(t, r); rep.Updated != 0 || treeOf(t, r, again)["d3/f003.txt"] == "" {
 		t.Errorf("after the restore: read %d paths, recorded %d", rep.Updated, len(treeOf(t, r, again)))
+	}
+}
+
+// An ignore file written during a turn (here "*", which also matches
+// itself) never hides or fakes a change: the files a snapshot recorded
+// stay recorded, so the turn's diff calls them modified (not deleted), and
+// a restore brings back every file the target snapshot holds whatever the
+// ignore files say by then, ignored files in the way included; the files
+// it writes are recorded again.
+func TestRepo_IgnoreFileWrittenInATurn(t *testing.T) {
+	ctx := testCtx(t)
+	ws := t.TempDir()
+	r := openRepo(t, ws, Options{})
+	empty, _ := snap(t, r)
+	write(t, ws, "a.txt", "a\n")
+	write(t, ws, "sub/s.txt", "s\n")
+	t1, _ := snap(t, r)
+	t1State := state(t, ws, false)
+
+	write(t, ws, ".gitignore", "*\n")
+	write(t, ws, "a.txt", "a\nb\n")
+	write(t, ws, "sub/s.txt", "evil\n")
+	write(t, ws, "sub/n.txt", "new\n")
+	t2, rep := snap(t, r)
+	d, err := r.Diff(ctx, t1, t2, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, f := range d.Files {
+		files = append(files, f.Path+" "+string(f.Status))
+	}
+	if want := []string{"a.txt modified", "sub/s.txt modified"}; !slices.Equal(files, want) {
+		t.Errorf("the turn's diff lists %v, want %v", files, want)
+	}
+	if want := []Skipped{{Path: ".gitignore", Reason: ReasonIgnored}, {Path: "sub/n.txt", Reason: ReasonIgnored}}; !slices.Equal(rep.Skipped, want) {
+		t.Errorf("skipped %v, want %v", rep.Skipped, want)
+	}
+
+	// Back to before the first turn: what it recorded goes; what was never
+	// recorded (ignored since it appeared) stays.
+	res, err := r.Restore(ctx, empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a.txt", "sub/s.txt"}; !slices.Equal(res.Paths, want) || len(res.Kept) != 0 {
+		t.Errorf("restore to the empty snapshot: %+v, want %v removed", res, want)
+	}
+	if got, want := state(t, ws, false), map[string]string{".gitignore": "file 0644 *\n", "sub": "dir", "sub/n.txt": "file 0644 new\n"}; !maps.Equal(got, want) {
+		t.Errorf("after the restore to empty: %v, want %v", got, want)
+	}
+
+	// Forward again to after the first turn, while "*" ignores everything:
+	// every file comes back, and is recorded.
+	remove(t, ws, "sub/n.txt")
+	res, err = r.Restore(ctx, t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := maps.Clone(t1State)
+	want[".gitignore"] = "file 0644 *\n"
+	sameState(t, "after the restore to the first turn, under *", want, state(t, ws, false))
+	if len(res.Kept) != 0 {
+		t.Errorf("kept %v", res.Kept)
+	}
+	now, _ := snap(t, r)
+	if d, err := r.Diff(ctx, t1, now, Limits{}); err != nil || len(d.Files) != 0 {
+		t.Errorf("the restored files are not recorded as they are: %+v %v", d.Files, err)
+	}
+
+	// A file deleted in a turn, then made again under the ignore rule (so
+	// never recorded), and an ignored file where a folder goes: a restore
+	// replaces both.
+	remove(t, ws, "a.txt")
+	remove(t, ws, "sub")
+	snap(t, r)
+	write(t, ws, "a.txt", "junk\n")
+	write(t, ws, "sub", "a file where a folder was\n")
+	_, rep = snap(t, r)
+	if !slices.Contains(rep.Skipped, Skipped{Path: "a.txt", Reason: ReasonIgnored}) {
+		t.Fatalf("the remade a.txt is not left out as ignored: %v", rep.Skipped)
+	}
+	res, err = r.Restore(ctx, t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, "after replacing ignored files in the way", want, state(t, ws, false))
+	if len(res.Kept) != 0 {
+		t.Errorf("kept %v", res.Kept)
 	}
 }
