@@ -113,7 +113,9 @@ func TestStart_UnusedDirectionsShut(t *testing.T) {
 // host's stdin end is that descendant's EOF too, and the host reads what it
 // writes until it exits.
 func TestStart_DescendantHoldingTheEnds(t *testing.T) {
-	cmd := exec.Command("/bin/sh", "-c", "(cat >/dev/null; echo descendant saw EOF) & echo started")
+	// fd 3: an asynchronous list's stdin is /dev/null in a shell without
+	// job control.
+	cmd := exec.Command("/bin/sh", "-c", "exec 3<&0; (cat <&3 >/dev/null; echo descendant saw EOF) & echo started")
 	p, err := Start(cmd)
 	if err != nil {
 		t.Fatal(err)
