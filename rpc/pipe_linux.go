@@ -34,6 +34,15 @@ func fcntl(fd uintptr, cmd, arg int) (int, error) {
 // an allowance (fs.pipe-user-pages-soft, 64 MiB by default): a pipe kept at
 // 128 KiB for every idle agent would use it up at 512 agents, and then
 // every new pipe of that user is created at 8 KiB.
+//
+// An agent started through GroupStarter or custody writes to a unix socket
+// on Linux (internal/procio), not a pipe: nothing to resize. A socket
+// buffers up to its sender's SO_SNDBUF (net.core.wmem_default, 208 KiB by
+// default, counting the kernel's overhead per write), charged only while
+// it holds data, so a flood's reads already come near floodBuf (109 KiB
+// on average in procio's BenchmarkStdout, 1 MiB writes). A larger
+// SO_SNDBUF (up to 4 MiB) made no measurable difference there, with 1 KiB
+// frames written one a write either.
 func pipeResizer(r io.Reader) func(flooding bool) {
 	sc, ok := r.(syscall.Conn)
 	if !ok {
