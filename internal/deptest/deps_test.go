@@ -40,6 +40,9 @@ var allowed = map[string][]string{
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
 	module + "/internal/confine": landlockDeps,
+	// File operations in folders an agent can write: the standard library
+	// (os.Root) only, so that every package that writes there can use it.
+	module + "/internal/agentfs": nil,
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/detail":   nil,
