@@ -35,11 +35,11 @@ var allowed = map[string][]string{
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
-	module + "/internal/confine": landlockDeps,
+	module + "/internal/confine": append([]string{module + "/internal/agentfs"}, landlockDeps...),
 	// File operations in folders an agent can write: the standard library
 	// (os.Root) only, so that every package that writes there can use it.
 	module + "/internal/agentfs": nil,
