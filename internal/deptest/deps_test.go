@@ -52,15 +52,18 @@ var allowed = map[string][]string{
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
 	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
-	module + "/internal/agents": nil,
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/agentfs", module + "/internal/modelsim"}, sqliteDeps...),
+	// The agents' installs and homes: the standard library, and agentfs
+	// for what goes into a home.
+	module + "/internal/agents": {module + "/internal/agentfs"},
 	// Git workspaces: the standard library and the git program only.
 	module + "/internal/gitws": nil,
 	// Usage normalisation: the standard library and the records (its Usage is
 	// record.Usage), so every agent path (rpc, acp) and rooms can use it.
 	module + "/internal/usage": {module + "/record"},
-	// agenthost's pi extension and its wire: the standard library only.
-	module + "/internal/rpcagent/piext": nil,
+	// agenthost's pi extension and its wire: the standard library, and
+	// agentfs for what goes into a home.
+	module + "/internal/rpcagent/piext": {module + "/internal/agentfs"},
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
 	// Workspace snapshots: the standard library and the system git binary;
