@@ -108,7 +108,7 @@ type uidRecord struct {
 // workspace, home and TMPDIR to it whole (agentfs.OwnTree); every Policy
 // gives it the folders themselves.
 func (c *Confiner) RoomUser(dir string) (*User, error) {
-	if !c.Enforced() || c.users == nil || c.euid != 0 {
+	if c.AgentUsers().Empty() {
 		return nil, nil
 	}
 	dir, err := filepath.Abs(dir)
@@ -116,6 +116,15 @@ func (c *Confiner) RoomUser(dir string) (*User, error) {
 		return nil, fmt.Errorf("confine: the room's folder: %w", err)
 	}
 	return c.users.get(dir)
+}
+
+// AgentUsers is the range rooms' agents get uids from: empty when they run
+// as the server's own user (see RoomUser).
+func (c *Confiner) AgentUsers() UIDRange {
+	if !c.Enforced() || c.users == nil || c.euid != 0 {
+		return UIDRange{}
+	}
+	return c.users.rng
 }
 
 func (u *roomUsers) get(dir string) (*User, error) {

@@ -60,7 +60,7 @@ func TestRoomUserOnlyWhenRootRangeAndEnforced(t *testing.T) {
 	rooms := t.TempDir()
 	dir := roomDir(t, rooms, "r")
 	for name, c := range map[string]*Confiner{
-		"nil": nil,
+		"nil":      nil,
 		"no range": usersConfiner(t, UIDRange{}),
 		"not enforced": func() *Confiner {
 			c := usersConfiner(t, DefaultAgentUIDs)
