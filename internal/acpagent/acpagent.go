@@ -201,6 +201,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: ws, Env: env}, acp.Options{
 		Custodian:         t.opts.Custodian,
 		FSRoot:            ws,
+		FSOwner:           fsOwner(user),
 		Events:            a.event,
 		Permission:        a.permission,
 		Ask:               a.ask,
@@ -317,6 +318,15 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 // Confinement implements room.Confined: what confines the agents this
 // Transport starts.
 func (t *Transport) Confinement() room.Confinement { return room.Confinement(t.opts.Confine.Report()) }
+
+// fsOwner is who gets the files the agent's fs/write_text_file creates:
+// the room's user (nil: the server's).
+func fsOwner(u *confine.User) *acp.FileOwner {
+	if u == nil {
+		return nil
+	}
+	return &acp.FileOwner{UID: u.UID, GID: u.GID}
+}
 
 func cmpOr[T comparable](a, b T) T {
 	var zero T
