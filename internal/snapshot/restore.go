@@ -79,7 +79,7 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 		return res, fmt.Errorf("%w: %w", ErrWorkspace, err)
 	}
 	defer root.Close()
-	w := &restorer{root: root, res: &res}
+	w := &restorer{root: root, res: &res, owner: folderOwner(root)}
 	// Removals first, so a directory can take a removed file's place and
 	// a file an emptied directory's.
 	for _, c := range cs {
@@ -129,6 +129,21 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 type restorer struct {
 	root *os.Root
 	res  *Restored
+	// owner gets what the restore creates (the workspace's owner, when
+	// the host is root and that is another user: an agent running as a
+	// uid of its own); nil: the host's user.
+	owner *[2]int
+}
+
+// own gives name (a link itself) to w's owner.
+func (w *restorer) own(name string) error {
+	if w.owner == nil {
+		return nil
+	}
+	if err := w.root.Lchown(name, w.owner[0], w.owner[1]); err != nil {
+		return fmt.Errorf("snapshot: restore: %w", err)
+	}
+	return nil
 }
 
 // safe refuses a path git would never record: absolute, with empty, "."
@@ -224,6 +239,9 @@ func (w *restorer) mkdirs(dir string) (bool, error) {
 		if err := w.root.Mkdir(d, 0o777); err != nil {
 			return false, fmt.Errorf("snapshot: restore: %w", err)
 		}
+		if err := w.own(d); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
@@ -246,7 +264,7 @@ func (w *restorer) create(tmp string, c change, blobs *catFile) error {
 		if err := w.root.Symlink(string(target), tmp); err != nil {
 			return fmt.Errorf("snapshot: restore: %w", err)
 		}
-		return nil
+		return w.own(tmp)
 	}
 	perm := os.FileMode(0o666)
 	if c.newMode == "100755" {
@@ -260,6 +278,12 @@ func (w *restorer) create(tmp string, c change, blobs *catFile) error {
 	if err := blobs.copy(f, size); err != nil {
 		_ = f.Close()
 		return err
+	}
+	if w.owner != nil {
+		if err := f.Chown(w.owner[0], w.owner[1]); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("snapshot: restore: %w", err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("snapshot: restore: %w", err)
