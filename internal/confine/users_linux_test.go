@@ -323,3 +323,47 @@ func TestPolicyGivesTheRoomsFoldersToItsUser(t *testing.T) {
 		t.Fatalf("the second start: workspace %d, a file in it %d", ownerOf(t, ws), ownerOf(t, late))
 	}
 }
+
+// A room's first start among 1,000 rooms that hold uids (the allocation
+// scans their folders under the lock), and a later start (its record).
+func BenchmarkRoomUser(b *testing.B) {
+	rooms := b.TempDir()
+	c, err := New(Options{Mode: ModeLandlock, KernelABI: abi(MaxABI), Exe: "/bin/true", AgentUIDs: DefaultAgentUIDs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.euid = 0
+	for i := range 1000 {
+		d := filepath.Join(rooms, fmt.Sprintf("r%d", i))
+		if err := os.Mkdir(d, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.RoomUser(d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("allocate", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			d := filepath.Join(rooms, fmt.Sprintf("new%d", i))
+			i++
+			if err := os.Mkdir(d, 0o700); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := c.RoomUser(d); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			_ = os.RemoveAll(d)
+			b.StartTimer()
+		}
+	})
+	b.Run("again", func(b *testing.B) {
+		d := filepath.Join(rooms, "r500")
+		for b.Loop() {
+			if _, err := c.RoomUser(d); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
