@@ -32,6 +32,14 @@ const (
 	uidLock     = ".agent-uids" // serialises allocations between processes, in the rooms' folder
 )
 
+// launcherSwitchesUser says whether the launcher runs the agent as
+// Policy.User. Until it does, rooms get no uid (AgentUsers is empty): a
+// room's folders given to a uid its agent does not run as would lock the
+// agent's own tools out of them (git refuses a repository another user
+// owns). The launcher's switch sets it (README, "Agents as uids of their
+// own", describes it set).
+const launcherSwitchesUser = false
+
 // ErrNoAgentUID: every uid of Options.AgentUIDs is held by a room; the
 // room's agent does not start.
 var ErrNoAgentUID = errors.New("confine: every uid of the agents' range is taken")
@@ -97,9 +105,9 @@ type uidRecord struct {
 // (the parent of its home, which the server owns) runs as: a uid of
 // Options.AgentUIDs of its own (its gid the same number), allocated at its
 // first start and kept in dir (agent-uid, 0600); nil when agents run as
-// the server's own user (the server is not root, the range is empty, or
-// agents run unconfined). No two rooms whose folders exist hold the same
-// uid: the first call scans the rooms' folders (dir's parent), a room's
+// the server's own user (the server is not root, the range is empty,
+// agents run unconfined, or the launcher does not switch users). No two
+// rooms whose folders exist hold the same uid: the first call scans the rooms' folders (dir's parent), a room's
 // purge (its folder gone) frees its uid, and a room whose record names
 // another room's folder (a copy) or a uid outside the range gets a new one.
 // ErrNoAgentUID when none is free. Safe for concurrent use.
@@ -121,7 +129,7 @@ func (c *Confiner) RoomUser(dir string) (*User, error) {
 // AgentUsers is the range rooms' agents get uids from: empty when they run
 // as the server's own user (see RoomUser).
 func (c *Confiner) AgentUsers() UIDRange {
-	if !c.Enforced() || c.users == nil || c.euid != 0 {
+	if !c.Enforced() || c.users == nil || c.euid != 0 || !c.switchesUser {
 		return UIDRange{}
 	}
 	return c.users.rng

@@ -19,7 +19,7 @@ func usersConfiner(t *testing.T, rng UIDRange) *Confiner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.euid = 0
+	c.euid, c.switchesUser = 0, true
 	return c
 }
 
@@ -70,6 +70,11 @@ func TestRoomUserOnlyWhenRootRangeAndEnforced(t *testing.T) {
 		"not root": func() *Confiner {
 			c := usersConfiner(t, DefaultAgentUIDs)
 			c.euid = 1000
+			return c
+		}(),
+		"the launcher does not switch": func() *Confiner {
+			c := usersConfiner(t, DefaultAgentUIDs)
+			c.switchesUser = false
 			return c
 		}(),
 	} {
@@ -332,7 +337,7 @@ func BenchmarkRoomUser(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.euid = 0
+	c.euid, c.switchesUser = 0, true
 	for i := range 1000 {
 		d := filepath.Join(rooms, fmt.Sprintf("r%d", i))
 		if err := os.Mkdir(d, 0o700); err != nil {
