@@ -473,6 +473,35 @@ func TestFSConfined(t *testing.T) {
 	}
 }
 
+// With FSOwner (the agent runs as a user of its own), what a write
+// creates is that user's, folders included; a file that was there keeps
+// its owner.
+func TestFSWriteOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to another user needs root")
+	}
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "old.txt"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := startFake(t, Options{FSRoot: root, FSOwner: &FileOwner{UID: 4321, GID: 4322}})
+	s := newSession(t, c)
+	for _, p := range []string{filepath.Join(root, "a", "b", "new.txt"), filepath.Join(root, "old.txt")} {
+		if r := prompt(t, c, s, "write:"+p); r.Text != "ok {}" {
+			t.Fatalf("write %s: %q", p, r.Text)
+		}
+	}
+	for p, want := range map[string]uint32{"a": 4321, "a/b": 4321, "a/b/new.txt": 4321, "old.txt": 0} {
+		fi, err := os.Lstat(filepath.Join(root, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != want || want != 0 && st.Gid != 4322 {
+			t.Errorf("%s: owned by %d:%d, want %d", p, st.Uid, st.Gid, want)
+		}
+	}
+}
+
 func TestFSNotAdvertisedWithoutRoot(t *testing.T) {
 	c, _ := startFake(t, Options{})
 	s := newSession(t, c)

@@ -114,6 +114,10 @@ type Options struct {
 	// confined to this directory: a path outside it (after resolving
 	// symlinks and "..") is refused. "" advertises neither.
 	FSRoot string
+	// FSOwner, if set, gets the files and folders fs/write_text_file
+	// creates (the agent runs as a user of its own, the host as root): the
+	// agent may then change them itself. nil: the host's user.
+	FSOwner *FileOwner
 	// Events receives every session/update and every malformed line, in
 	// the order read. It is called from the reader goroutine and must not
 	// block. Nil drops them (Prompt still collects the turn's text).
@@ -244,6 +248,7 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 		if err != nil {
 			return nil, err
 		}
+		fs.owner = opts.FSOwner
 		c.fs = fs
 	}
 	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)

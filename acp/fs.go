@@ -21,9 +21,13 @@ var ErrOutsideRoot = errors.New("acp: path outside the workspace")
 // fsRoot serves fs/* requests inside one directory through os.Root, so a
 // symlink or ".." can never lead out of it.
 type fsRoot struct {
-	dirs []string // the root as given and with symlinks resolved
-	root *os.Root
+	dirs  []string // the root as given and with symlinks resolved
+	root  *os.Root
+	owner *FileOwner // gets what write creates; nil: the host's user
 }
+
+// FileOwner is a user and group that get files (see Options.FSOwner).
+type FileOwner struct{ UID, GID int }
 
 func openFSRoot(dir string) (*fsRoot, error) {
 	abs, err := filepath.Abs(dir)
@@ -147,13 +151,20 @@ func (f *fsRoot) write(path, content string) error {
 	if err != nil {
 		return err
 	}
-	if dir := filepath.Dir(rel); dir != "." {
-		if err := f.root.MkdirAll(dir, 0o755); err != nil {
-			return escaped(err)
-		}
+	if err := f.mkdirs(filepath.Dir(rel)); err != nil {
+		return escaped(err)
 	}
-	// Truncated only once it is known to be a regular file.
-	fh, err := f.openRegular(rel, os.O_WRONLY|os.O_CREATE)
+	// Truncated only once it is known to be a regular file; a new one is
+	// the owner's, an existing one keeps its own.
+	fh, err := f.openRegular(rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
+	if err == nil && f.owner != nil {
+		err = fh.Chown(f.owner.UID, f.owner.GID)
+		if err != nil {
+			fh.Close()
+		}
+	} else if errors.Is(err, os.ErrExist) {
+		fh, err = f.openRegular(rel, os.O_WRONLY)
+	}
 	if err != nil {
 		return err
 	}
@@ -165,4 +176,22 @@ func (f *fsRoot) write(path, content string) error {
 		return err
 	}
 	return fh.Close()
+}
+
+// mkdirs makes dir's missing folders (0755, the owner's).
+func (f *fsRoot) mkdirs(dir string) error {
+	if dir == "." {
+		return nil
+	}
+	if err := f.mkdirs(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	err := f.root.Mkdir(dir, 0o755)
+	switch {
+	case errors.Is(err, os.ErrExist):
+		return nil
+	case err == nil && f.owner != nil:
+		return f.root.Lchown(dir, f.owner.UID, f.owner.GID)
+	}
+	return err
 }

@@ -90,6 +90,11 @@ func TestPipe_SeparateStderr(t *testing.T) {
 	ctx := testCtx(t)
 	spec := pipeSpec(t, `echo out; echo err >&2`)
 	spec.StderrPath = filepath.Join(filepath.Dir(spec.OutputPath), "err")
+	// An older file there, left readable: the process's output is its
+	// owner's alone all the same.
+	if err := os.WriteFile(spec.StderrPath, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	info, err := c.CreatePipe(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +107,11 @@ func TestPipe_SeparateStderr(t *testing.T) {
 	e, _ := os.ReadFile(spec.StderrPath)
 	if string(o) != "out\n" || string(e) != "err\n" {
 		t.Fatalf("out %q err %q", o, e)
+	}
+	for _, p := range []string{spec.OutputPath, spec.StderrPath} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", p, fi.Mode(), err)
+		}
 	}
 }
 

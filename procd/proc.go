@@ -158,8 +158,9 @@ func command(argv []string, cwd string, env []string) *exec.Cmd {
 	return cmd
 }
 
-// openOutput opens an output file: created or truncated, never through a
-// symlink, and only a regular file (a FIFO would block the daemon).
+// openOutput opens an output file: created or truncated (0600: a process's
+// output is its owner's alone), never through a symlink, and only a
+// regular file (a FIFO would block the daemon).
 func openOutput(op, field, path string) (*os.File, error) {
 	if !filepath.IsAbs(path) {
 		return nil, invalid(op, "%s must be an absolute path", field)
@@ -167,7 +168,14 @@ func openOutput(op, field, path string) (*os.File, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink == 0 && !fi.Mode().IsRegular() {
 		return nil, invalid(op, "%s is not a regular file", field)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o666)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err == nil {
+		// One that was there keeps no looser mode.
+		err = f.Chmod(0o600)
+		if err != nil {
+			f.Close()
+		}
+	}
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
 			return nil, invalid(op, "%s is a symlink", field)

@@ -169,8 +169,8 @@ type PipeSpec struct {
 	// Env is the child's exact environment (custody adds only its scope
 	// marker, AGENTHOST_SCOPE).
 	Env []string `json:"env"`
-	// OutputPath (absolute) is created or truncated, never through a
-	// symlink; stdout goes there, and stderr too unless StderrPath is set.
+	// OutputPath (absolute) is created or truncated (0600), never through
+	// a symlink; stdout goes there, and stderr too unless StderrPath is set.
 	OutputPath string `json:"output_path"`
 	// StderrPath (absolute), if set, gets stderr alone, opened the same way.
 	StderrPath string          `json:"stderr_path,omitempty"`

@@ -144,6 +144,13 @@ func mkdirNoLink(dir string) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("room: %s is not a plain directory", filepath.Base(dir))
 	}
+	if fi.Mode().Perm() != 0o700 {
+		// Back to the room's own: an agent of another room sharing the
+		// server's uid may have chmodded it (000 locks the room out).
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("room: %w", err)
+		}
+	}
 	return nil
 }
 

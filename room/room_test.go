@@ -424,6 +424,33 @@ func TestSymlinkedWorkspaceIsRefused(t *testing.T) {
 	}
 }
 
+// A room's workspace and home locked (mode 000) by a process of another
+// room that shares the server's uid are the room's own again at its next
+// start, and its turn settles.
+func TestLockedRoomFoldersAreRestored(t *testing.T) {
+	h := newHarness(t, Options{})
+	if d := h.turnEnded("r", h.submit("r", "hi")); d["outcome"] != OutcomeSettled {
+		t.Fatalf("turn: %v", d)
+	}
+	if err := h.m.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(h.m.opts.Root, dirName("r"))
+	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, "home")} {
+		if err := os.Chmod(d, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := h.turnEnded("r", h.submit("r", "again")); d["outcome"] != OutcomeSettled {
+		t.Fatalf("turn: %v", d)
+	}
+	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, "home")} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: %v %v", d, fi.Mode(), err)
+		}
+	}
+}
+
 func TestUnsafeFlagsNeedYolo(t *testing.T) {
 	for _, cmd := range [][]string{{"omp", "--yolo"}, {"omp", "--approval-mode", "yolo"}, {"omp", "--auto-approve"}, {"omp", "--approval-mode=write"}} {
 		_, err := New(Options{Store: SQLite(nil), Transport: newFakeTransport(), Root: t.TempDir(), Config: Config{Command: cmd}})

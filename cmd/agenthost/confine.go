@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -13,9 +14,10 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// confineFlags are --confine and --confine-net (serve and prompt).
+// confineFlags are --confine and --confine-net (serve and prompt), and
+// serve's --agent-uids ("": off).
 type confineFlags struct {
-	mode, net string
+	mode, net, uids string
 }
 
 func addConfineFlags(fl *pflag.FlagSet, f *confineFlags) {
@@ -23,6 +25,12 @@ func addConfineFlags(fl *pflag.FlagSet, f *confineFlags) {
 		"confine each agent and what it starts with Landlock: auto (when the kernel has it), landlock (refuse to start without it) or off")
 	fl.StringVar(&f.net, "confine-net", "any",
 		"network for confined agents: any, or the TCP ports they may connect to, comma-separated (the built-in model's and the room tools' are added; bind is denied)")
+}
+
+// addAgentUIDsFlag adds serve's --agent-uids.
+func addAgentUIDsFlag(fl *pflag.FlagSet, f *confineFlags) {
+	fl.StringVar(&f.uids, "agent-uids", confine.DefaultAgentUIDs.String(),
+		"when the server runs as root, each room's agent runs as a uid (and gid) of its own from FIRST-LAST, which owns the room's workspace and home; off: as the server's user")
 }
 
 // check refuses bad values (exit 2) before anything starts.
@@ -33,7 +41,18 @@ func (f confineFlags) check() error {
 	if _, err := confine.ParseNet(f.net); err != nil {
 		return &exitError{2, err}
 	}
+	if _, err := f.agentUIDs(); err != nil {
+		return &exitError{2, err}
+	}
 	return nil
+}
+
+// agentUIDs is --agent-uids' range (empty: off, or not given).
+func (f confineFlags) agentUIDs() (confine.UIDRange, error) {
+	if f.uids == "" {
+		return confine.UIDRange{}, nil
+	}
+	return confine.ParseUIDs(f.uids)
 }
 
 // enforced reports whether the flags confine agents on this kernel.
@@ -57,11 +76,15 @@ func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string) (*confi
 	if err != nil {
 		return nil, &exitError{2, err}
 	}
+	uids, err := f.agentUIDs()
+	if err != nil {
+		return nil, &exitError{2, err}
+	}
 	var extra []uint16
 	if p := urlPort(modelURL); p != 0 {
 		extra = append(extra, p)
 	}
-	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools})
+	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools, AgentUIDs: uids})
 	if err != nil {
 		return nil, err
 	}
@@ -169,4 +192,12 @@ func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv,
 	}
 	log.Debug("the agent runs confined: " + confineReport(p.Report()))
 	return cleanup, nil
+}
+
+// printAgentUsers says at start that rooms' agents run as uids of their
+// own, when they do.
+func printAgentUsers(w io.Writer, c *confine.Confiner) {
+	if r := c.AgentUsers(); !r.Empty() {
+		fmt.Fprintf(w, "agenthost: each room's agent runs as a uid of its own (%s)\n", r)
+	}
 }

@@ -80,6 +80,7 @@ var serveEnv = map[string]string{
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
+	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
 }
@@ -108,7 +109,9 @@ the kernel has it (--confine auto, the default; landlock refuses to start
 without it; off): they read and write only the room's workspace, the agent's
 home and a temporary folder of their own, read the system and the installed
 agents, and cannot signal the server or other rooms. --confine-net PORTS
-limits their TCP connects to those ports (and the built-in model's).
+limits their TCP connects to those ports (and the built-in model's). A server
+run as root gives each room's agent a uid of its own from --agent-uids
+(default 2000000000-2000999999; off: agents run as the server's user).
 
 One server per data dir: a second one refuses to start.
 
@@ -168,6 +171,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.StringVar(&f.role, "role", natsroom.RoleBoth, "in a NATS cluster: both, frontend (API only) or worker (runs agents only)")
 	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
 	addConfineFlags(fl, &f.confine)
+	addAgentUIDsFlag(fl, &f.confine)
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -332,6 +336,11 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if err := os.MkdirAll(f.data, 0o700); err != nil {
 		return fmt.Errorf("serve: data dir: %w", err)
+	}
+	// The server's alone, whatever made it looser (a chmod by an agent of a
+	// server that shares its uid, an older version).
+	if err := os.Chmod(f.data, 0o700); err != nil {
+		log.Warn("serve: the data dir could not be made 0700", "err", err)
 	}
 	var restartSig chan os.Signal
 	if f.daemon {
@@ -547,6 +556,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		fmt.Fprintf(stdout, "agenthost: node %s running rooms (worker)\n", f.node)
 		printGaps(stdout, f, kind, custom)
 		fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
+		printAgentUsers(stdout, cf)
 		<-ctx.Done()
 		log.Info("shutting down")
 		return nil
@@ -577,6 +587,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	printGaps(stdout, f, kind, custom)
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
+	printAgentUsers(stdout, cf)
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that

@@ -370,8 +370,8 @@ func TestServeDaemon_LostHandoffStartsFresh(t *testing.T) {
 	// The old agent's output files went with it; only the new agent's
 	// are there (they were kept for good).
 	for _, ext := range []string{"out", "err"} {
-		if m, _ := filepath.Glob(filepath.Join(data, "rooms", "*", "home", "agent-*."+ext)); len(m) != 1 {
-			t.Fatalf("agent .%s files in the room's home: %v, want the running agent's only", ext, m)
+		if m, _ := filepath.Glob(filepath.Join(data, "rooms", "*", "agent-output", "agent-*."+ext)); len(m) != 1 {
+			t.Fatalf("agent .%s files in the room's folder: %v, want the running agent's only", ext, m)
 		}
 	}
 	s2.stop(syscall.SIGTERM)

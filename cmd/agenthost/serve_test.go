@@ -266,6 +266,26 @@ func TestServe_ConfigEnvAndFlags(t *testing.T) {
 			t.Fatalf("%v: %d %q", bad, rc, errs)
 		}
 	}
+	// --agent-uids: the default range, the key agent_uids, AGENTHOST_AGENT_UIDS, off.
+	cmd = newServeCmd(func() bool { return false })
+	if got := cmd.Flags().Lookup("agent-uids").Value.String(); got != "2000000000-2000999999" {
+		t.Fatalf("agent-uids default %s", got)
+	}
+	_ = os.WriteFile(yml, []byte("agent_uids: 100000-100999\n"), 0o600)
+	if err := applyOverrides(cmd.Flags(), yml); err != nil || cmd.Flags().Lookup("agent-uids").Value.String() != "100000-100999" {
+		t.Fatalf("agent_uids: %v %s", err, cmd.Flags().Lookup("agent-uids").Value)
+	}
+	t.Setenv("AGENTHOST_AGENT_UIDS", "off")
+	cmd = newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), yml); err != nil || cmd.Flags().Lookup("agent-uids").Value.String() != "off" {
+		t.Fatalf("AGENTHOST_AGENT_UIDS: %v %s", err, cmd.Flags().Lookup("agent-uids").Value)
+	}
+	for _, bad := range []string{"1000-2000", "7-", "many"} {
+		_, errs, rc := runCLI(t, "serve", "--data", dir, "--agent-uids", bad)
+		if rc != 2 || !strings.Contains(errs, "agent uids") {
+			t.Fatalf("--agent-uids %s: %d %q", bad, rc, errs)
+		}
+	}
 }
 
 // serve --confine landlock --confine-net PORTS: the room's agent (pi) and
@@ -491,5 +511,98 @@ func TestServe_GitFileRoots(t *testing.T) {
 	url, tok, _ = startServe(t, append([]string{"--data", data}, fakeAgentArgs(t)...)...)
 	if code, body := put(url, tok, "d", repo); code != 400 || !strings.Contains(body, "not allowed on this server") {
 		t.Errorf("file:// with no --git-file-roots: %d %s", code, body)
+	}
+}
+
+// The data dir and what the server keeps there are the server's alone
+// (0700; the token and the store's files 0600), a looser data dir narrowed
+// at start: what an agent of a server sharing its uid can chmod by path
+// is then all another user could read. A server run as root gives each
+// room's agent a uid of its own from --agent-uids: each room's folder
+// records it (agent-uid, 0600, the server's), no two rooms share one, and
+// it owns the room's workspace and home.
+func TestServe_AgentUIDsAndPrivateData(t *testing.T) {
+	data := t.TempDir()
+	if err := os.Chmod(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	url, token, stop := startServe(t, "--data", data, "--agent", "pi", "--approval-mode", "yolo", "--confine", "landlock",
+		"--agent-uids", "3000000-3000009")
+	for _, r := range []string{"a", "b"} {
+		if code, body := call(t, "POST", url+"v1/rooms/"+r+"/messages", token, `{"text":"hello"}`); code != 202 {
+			t.Fatalf("post: %d %s", code, body)
+		}
+		if ev := waitTurnEnded(t, url, token, r); ev["outcome"] != "settled" {
+			t.Fatalf("room %s: turn ended %v", r, ev)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) os.FileMode {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode().Perm()
+	}
+	if m := mode(data); m != 0o700 {
+		t.Errorf("the data dir: %v", m)
+	}
+	for _, n := range []string{"token", "agenthost.db", "agenthost.db-wal", "agenthost.db-shm", "agenthost.db.lock"} {
+		if _, err := os.Stat(filepath.Join(data, n)); err == nil && mode(filepath.Join(data, n)) != 0o600 {
+			t.Errorf("%s: %v", n, mode(filepath.Join(data, n)))
+		}
+	}
+	// Rooms get uids where the server runs as root and the launcher runs
+	// agents as them.
+	cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, AgentUIDs: confine.DefaultAgentUIDs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inForce := !cf.AgentUsers().Empty()
+	if !inForce {
+		t.Log("rooms get no uid of their own here (not root, or the launcher does not switch users): the rooms' folders are checked to have none")
+	}
+	uids := map[int]string{}
+	for _, r := range []string{"a", "b"} {
+		dirs, _ := filepath.Glob(filepath.Join(data, "rooms", r+"-*"))
+		ws, _ := filepath.Glob(filepath.Join(data, "workspaces", r+"-*"))
+		if len(dirs) != 1 || len(ws) != 1 {
+			t.Fatalf("room %s: %v %v", r, dirs, ws)
+		}
+		b, err := os.ReadFile(filepath.Join(dirs[0], "agent-uid"))
+		if !inForce {
+			if err == nil {
+				t.Fatalf("room %s has a uid it does not run as: %s", r, b)
+			}
+			continue
+		}
+		var rec struct{ UID, GID int }
+		if err != nil || json.Unmarshal(b, &rec) != nil || rec.UID < 3000000 || rec.UID > 3000009 || rec.GID != rec.UID {
+			t.Fatalf("room %s's agent-uid: %s, %v", r, b, err)
+		}
+		if other, dup := uids[rec.UID]; dup {
+			t.Fatalf("rooms %s and %s share uid %d", other, r, rec.UID)
+		}
+		uids[rec.UID] = r
+		if m := mode(filepath.Join(dirs[0], "agent-uid")); m != 0o600 {
+			t.Errorf("room %s's agent-uid: %v", r, m)
+		}
+		for _, p := range []string{filepath.Join(dirs[0], "home"), ws[0], filepath.Join(dirs[0], "home", "sessions"), filepath.Join(dirs[0], "home", ".pi", "agent", "models.json")} {
+			fi, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := fi.Sys().(*syscall.Stat_t); int(st.Uid) != rec.UID {
+				t.Errorf("room %s: %s owned by %d, want %d", r, p, st.Uid, rec.UID)
+			}
+		}
+		for _, p := range []string{dirs[0], filepath.Join(dirs[0], "agent-uid")} {
+			fi, _ := os.Lstat(p)
+			if st := fi.Sys().(*syscall.Stat_t); st.Uid != 0 {
+				t.Errorf("room %s: %s owned by %d, want the server", r, p, st.Uid)
+			}
+		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agentfs"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
@@ -113,7 +114,7 @@ func New(opts Options) (*Transport, error) {
 // ErrNoSteer: ACP has no way to deliver text into a running turn.
 var ErrNoSteer = errors.New("acpagent: ACP agents take no text during a turn (steer and follow-up queue as the next message)")
 
-func (t *Transport) recipe(spec room.AgentSpec, ws string) (Recipe, error) {
+func (t *Transport) recipe(spec room.AgentSpec, ws string, user *confine.User) (Recipe, error) {
 	cfg := spec.Config
 	if len(cfg.Command) > 0 {
 		return Recipe{Argv: cfg.Command, Env: append(os.Environ(), cfg.Env...)}, nil
@@ -123,7 +124,7 @@ func (t *Transport) recipe(spec room.AgentSpec, ws string) (Recipe, error) {
 		kind = agents.OMP
 	}
 	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo,
-		Instructions: cfg.Instructions, Workspace: ws, Confined: t.opts.Confine.Enforced()}
+		Instructions: cfg.Instructions, Workspace: ws, Confined: t.opts.Confine.Enforced(), Owner: user.Owner()}
 	var r Recipe
 	var err error
 	switch {
@@ -155,14 +156,25 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
-	if err := os.MkdirAll(spec.Home, 0o700); err != nil {
+	home, err := filepath.Abs(spec.Home)
+	if err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
+	// The room's folder is its home's parent (see confine.Confiner.RoomUser).
+	user, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	if err != nil {
+		return nil, fmt.Errorf("acpagent: the agent's user: %w", err)
+	}
+	d, err := agentfs.Create(spec.Home, 0o700, user.Owner())
+	if err != nil {
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	d.Close()
 	ws, err := filepath.Abs(spec.Workspace)
 	if err != nil {
 		return nil, fmt.Errorf("acpagent: %w", err)
 	}
-	r, err := t.recipe(spec, ws)
+	r, err := t.recipe(spec, ws, user)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +189,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		}
 		ports = append(ports, a.tools.port())
 	}
-	argv, env, err := t.confine(spec, ws, r, ports, a)
+	argv, env, err := t.confine(spec, ws, r, ports, a, user)
 	if err != nil {
 		return nil, errors.Join(err, a.tools.close())
 	}
@@ -189,6 +201,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: ws, Env: env}, acp.Options{
 		Custodian:         t.opts.Custodian,
 		FSRoot:            ws,
+		FSOwner:           fsOwner(user),
 		Events:            a.event,
 		Permission:        a.permission,
 		Ask:               a.ask,
@@ -279,8 +292,8 @@ func (t *Transport) keepSessionCost(id string, cost float64) {
 }
 
 // confine wraps the recipe's command in the room's confinement (as given
-// when unconfined), and records it on a.
-func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent) ([]string, []string, error) {
+// when unconfined), as user, and records it on a.
+func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent, user *confine.User) ([]string, []string, error) {
 	exec := []string{r.Argv[0]}
 	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
 		if s := spec.MCP[name]; len(s.Command) > 0 {
@@ -289,6 +302,7 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 	}
 	cr := confine.AgentRoom(ws, spec.Home, exec, ports)
 	cr.Read = spec.ReadOnly
+	cr.User = user
 	pol, err := t.opts.Confine.Policy(cr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
@@ -304,6 +318,15 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 // Confinement implements room.Confined: what confines the agents this
 // Transport starts.
 func (t *Transport) Confinement() room.Confinement { return room.Confinement(t.opts.Confine.Report()) }
+
+// fsOwner is who gets the files the agent's fs/write_text_file creates:
+// the room's user (nil: the server's).
+func fsOwner(u *confine.User) *acp.FileOwner {
+	if u == nil {
+		return nil
+	}
+	return &acp.FileOwner{UID: u.UID, GID: u.GID}
+}
 
 func cmpOr[T comparable](a, b T) T {
 	var zero T

@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 // The agents that agenthost runs over ACP only.
@@ -41,6 +43,9 @@ type ACPOptions struct {
 	// Confined: agenthost confines the agent (Landlock), inside which an
 	// agent's own sandbox may not start (codex's bubblewrap).
 	Confined bool
+	// Owner, if set, gets what the recipe writes into Home (the agent
+	// runs as a user of its own).
+	Owner *agentfs.Owner
 }
 
 // ErrUnsupported means the agent cannot do what ACPOptions ask over ACP.
@@ -103,16 +108,16 @@ func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	}
 	r := ACPRecipe{Argv: append(argv, "acp")}
 	if opts.ModelURL != "" {
-		if r.Env, err = Home(opts.Home, OMP, opts.ModelURL); err != nil {
+		if r.Env, err = HomeWith(opts.Home, OMP, opts.ModelURL, HomeOptions{Owner: opts.Owner}); err != nil {
 			return ACPRecipe{}, err
 		}
 		r.Model = ModelID
-	} else if r.Env, err = plainHome(opts.Home); err != nil {
+	} else if r.Env, err = plainHome(opts.Home, opts.Owner); err != nil {
 		return ACPRecipe{}, err
 	}
 	// Room tools and MCP servers come in session/new, not from the home: omp's own provider goes
 	// too, and with it the workspace's .omp/tools modules.
-	overlay, err := WriteOMPOverlay(opts.Home, OMPOverlay{BuiltinModel: opts.ModelURL != "", NoNative: true})
+	overlay, err := WriteOMPOverlayAs(opts.Home, OMPOverlay{BuiltinModel: opts.ModelURL != "", NoNative: true}, opts.Owner)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -127,12 +132,14 @@ func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	return r, nil
 }
 
-// plainHome makes dir the agent's HOME with nothing in it; the provider's
-// key comes in the room's environment.
-func plainHome(dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// plainHome makes dir the agent's HOME with nothing in it (created for
+// owner); the provider's key comes in the room's environment.
+func plainHome(dir string, owner *agentfs.Owner) ([]string, error) {
+	d, err := agentfs.Create(dir, 0o700, owner)
+	if err != nil {
 		return nil, fmt.Errorf("agents: %w", err)
 	}
+	d.Close()
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
 	return append(env, "HOME="+dir), nil
 }

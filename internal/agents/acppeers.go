@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 // The recipes of the three ACP agents besides omp (claude-agent-acp, codex-acp, copilot --acp).
@@ -60,7 +62,7 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	// background, which the turn's usage does not count but the provider bills.
 	settings := map[string]any{"permissions": map[string]any{"defaultMode": mode}, "disableAllHooks": true,
 		"promptSuggestionEnabled": false}
-	if err := writeJSON(filepath.Join(home, ".claude", "settings.json"), settings); err != nil {
+	if err := writeJSON(home, opts.Owner, filepath.Join(".claude", "settings.json"), settings); err != nil {
 		return ACPRecipe{}, err
 	}
 	env = append(env,
@@ -124,7 +126,7 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	b.WriteString("[analytics]\nenabled = false\n\n")
 	// Without these codex resolves DNS names and runs `git ls-remote` at start.
 	b.WriteString("[features]\nplugins = false\nremote_plugin = false\nplugin_discovery_prefetch = false\napps = false\ntool_suggest = false\n")
-	if err := writeFile(filepath.Join(codexHome, "config.toml"), []byte(b.String())); err != nil {
+	if err := writeFile(home, opts.Owner, filepath.Join(".codex", "config.toml"), []byte(b.String())); err != nil {
 		return ACPRecipe{}, err
 	}
 	env = append(env, "CODEX_HOME="+codexHome, "INITIAL_AGENT_MODE="+mode)
@@ -224,11 +226,13 @@ func acpHome(opts ACPOptions) (string, []string, error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("agents: home dir: %w", err)
 	}
-	if err := os.MkdirAll(home, 0o700); err != nil {
+	d, err := agentfs.Create(home, 0o700, opts.Owner)
+	if err != nil {
 		return "", nil, fmt.Errorf("agents: %w", err)
 	}
+	d.Close()
 	if opts.ModelURL == "" {
-		env, err := plainHome(home)
+		env, err := plainHome(home, opts.Owner)
 		return home, env, err
 	}
 	return home, agentEnv(os.Environ(), home), nil
@@ -249,16 +253,6 @@ func (in *Install) nodeScript(k Kind, script string) ([]string, error) {
 		return nil, err
 	}
 	return []string{node, path}, nil
-}
-
-func writeFile(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("agents: %w", err)
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		return fmt.Errorf("agents: %w", err)
-	}
-	return nil
 }
 
 // checkCopilotHooks refuses a workspace whose repository hooks copilot would run: every

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 // ModelID is the --model flag value that selects the scripted model in a [Home].
@@ -53,6 +55,8 @@ type HomeOptions struct {
 	// API is the wire API the agent speaks to the model: APICompletions (the default when
 	// empty) or APIResponses.
 	API string
+	// Owner, if set, gets what HomeWith writes (the agent runs as a user of its own).
+	Owner *agentfs.Owner
 }
 
 // Home writes a fresh agent home under dir for kind k whose only provider is the scripted model
@@ -62,7 +66,8 @@ func Home(dir string, k Kind, modelURL string) ([]string, error) {
 	return HomeWith(dir, k, modelURL, HomeOptions{})
 }
 
-// HomeWith is [Home] with options. It creates dir if needed and writes, for OMP,
+// HomeWith is [Home] with options. It creates dir if needed and writes (through agentfs: a link
+// the agent planted there is replaced, never written through), for OMP,
 // .omp/agent/models.yml (auth none, the model priced at PriceInput etc.) and .omp/agent/config.yml (no update checks, no plugin
 // auto-update, no local model server probes, no auto-QA); for Pi, .pi/agent/models.json (with a
 // placeholder apiKey, which pi requires).
@@ -100,9 +105,9 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 	switch k {
 	case OMP:
 		provider["auth"] = "none"
-		agentDir := filepath.Join(dir, ".omp", "agent")
+		agentDir := filepath.Join(".omp", "agent")
 		// JSON is valid YAML, and encoding it with encoding/json quotes the URL safely.
-		if err := writeJSON(filepath.Join(agentDir, "models.yml"), models); err != nil {
+		if err := writeJSON(dir, opts.Owner, filepath.Join(agentDir, "models.yml"), models); err != nil {
 			return nil, err
 		}
 		config := map[string]any{
@@ -112,12 +117,12 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 			"disabledProviders": []string{"ollama", "llama.cpp", "lm-studio"},
 			"dev":               map[string]any{"autoqa": false},
 		}
-		if err := writeJSON(filepath.Join(agentDir, "config.yml"), config); err != nil {
+		if err := writeJSON(dir, opts.Owner, filepath.Join(agentDir, "config.yml"), config); err != nil {
 			return nil, err
 		}
 	case Pi:
 		provider["apiKey"] = piAPIKey
-		if err := writeJSON(filepath.Join(dir, ".pi", "agent", "models.json"), models); err != nil {
+		if err := writeJSON(dir, opts.Owner, filepath.Join(".pi", "agent", "models.json"), models); err != nil {
 			return nil, err
 		}
 	default:
@@ -186,15 +191,25 @@ func dropVar(name string) bool {
 		strings.HasSuffix(name, "_API_KEY") || strings.HasSuffix(name, "_TOKEN")
 }
 
-func writeJSON(path string, v any) error {
+// writeJSON writes v, indented, to name in the agent's home (created if needed): see writeFile.
+func writeJSON(home string, owner *agentfs.Owner, name string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("agents: encoding %s: %w", filepath.Base(path), err)
+		return fmt.Errorf("agents: encoding %s: %w", filepath.Base(name), err)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("agents: %w", err)
+	return writeFile(home, owner, name, append(data, '\n'))
+}
+
+// writeFile writes data to name (0600) in the agent's home (created 0700 if needed), given to
+// owner: through agentfs, so that a link the agent planted at name or at a folder on the way is
+// replaced, never written through.
+func writeFile(home string, owner *agentfs.Owner, name string, data []byte) error {
+	d, err := agentfs.Create(home, 0o700, owner)
+	if err != nil {
+		return fmt.Errorf("agents: home dir: %w", err)
 	}
-	if err := os.WriteFile(path, append(data, '\n'), 0o600); err != nil {
+	defer d.Close()
+	if err := d.WriteFile(name, data, 0o600); err != nil {
 		return fmt.Errorf("agents: %w", err)
 	}
 	return nil

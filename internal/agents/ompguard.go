@@ -3,8 +3,9 @@ package agents
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 // What keeps a workspace's own omp configuration from loosening what the host decided. omp merges
@@ -40,20 +41,24 @@ type OMPOverlay struct {
 	UserConfig bool
 }
 
-// WriteOMPOverlay writes the overlay into home (created if needed) and returns its path.
+// WriteOMPOverlay writes the overlay into home (created if needed) and returns its path: see
+// WriteOMPOverlayAs.
 func WriteOMPOverlay(home string, o OMPOverlay) (string, error) {
+	return WriteOMPOverlayAs(home, o, nil)
+}
+
+// WriteOMPOverlayAs writes the overlay into home (created if needed), given to owner (nil: the
+// server's user), and returns its path. A link the agent planted in its place is replaced, never
+// written through (agentfs).
+func WriteOMPOverlayAs(home string, o OMPOverlay, owner *agentfs.Owner) (string, error) {
 	abs, err := filepath.Abs(home)
 	if err != nil {
 		return "", fmt.Errorf("agents: home dir: %w", err)
 	}
-	if err := os.MkdirAll(abs, 0o700); err != nil {
-		return "", fmt.Errorf("agents: %w", err)
+	if err := writeFile(abs, owner, OMPOverlayName, []byte(OMPOverlayText(o))); err != nil {
+		return "", err
 	}
-	path := filepath.Join(abs, OMPOverlayName)
-	if err := os.WriteFile(path, []byte(OMPOverlayText(o)), 0o600); err != nil {
-		return "", fmt.Errorf("agents: %w", err)
-	}
-	return path, nil
+	return filepath.Join(abs, OMPOverlayName), nil
 }
 
 // OMPOverlayText is what WriteOMPOverlay writes.

@@ -30,6 +30,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 // Mode is the --confine setting.
@@ -121,16 +123,37 @@ type UIDRange struct{ First, Last int }
 type User struct {
 	UID int `json:"uid"`
 	GID int `json:"gid"`
+
+	// file is the room's agent-uid file (RoomUser's; "" for a User made
+	// otherwise), owned whether the room's folders were given to the uid
+	// whole since it was allocated (see ownFolders).
+	file  string
+	owned bool
+}
+
+// Owner is the owner of what the server writes into the agent's folders
+// (nil for a nil User: the server's user).
+func (u *User) Owner() *agentfs.Owner {
+	if u == nil {
+		return nil
+	}
+	return &agentfs.Owner{UID: u.UID, GID: u.GID}
 }
 
 // Confiner builds each agent's confinement from the server's settings. It
-// is immutable after New and safe for concurrent use; a nil *Confiner
-// confines nothing.
+// is immutable after New (but for the rooms' uids, which RoomUser
+// allocates under its own lock) and safe for concurrent use; a nil
+// *Confiner confines nothing.
 type Confiner struct {
 	opts    Options
 	kernel  int // the kernel's ABI
 	abi     int // min(kernel, MaxABI), the rules in force; 0 when not enforced
 	warning string
+	euid    int        // the server's (tests pretend)
+	users   *roomUsers // nil: the range is empty
+	// switchesUser: the launcher runs agents as Policy.User (see
+	// launcherSwitchesUser; tests pretend).
+	switchesUser bool
 }
 
 // New resolves opts.Mode on this kernel: ModeAuto falls back to none (see
@@ -147,7 +170,13 @@ func New(opts Options) (*Confiner, error) {
 	if opts.Net != nil {
 		opts.Net = sortPorts(append(slices.Clone(opts.Net), opts.Ports...))
 	}
-	c := &Confiner{opts: opts, kernel: opts.KernelABI()}
+	c := &Confiner{opts: opts, kernel: opts.KernelABI(), euid: os.Geteuid(), switchesUser: launcherSwitchesUser}
+	if !opts.AgentUIDs.Empty() {
+		if _, err := ParseUIDs(opts.AgentUIDs.String()); err != nil {
+			return nil, err
+		}
+		c.users = &roomUsers{rng: opts.AgentUIDs}
+	}
 	if mode == ModeOff {
 		return c, nil
 	}
@@ -353,6 +382,14 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		}
 	}
 	p := &Policy{ABI: c.abi, Tmp: r.Tmp, exe: c.opts.Exe}
+	if r.User != nil {
+		// The agent's own folders are its uid's (everything beneath too,
+		// the first time: a room from before it had one).
+		if err := ownFolders(r.User, own...); err != nil {
+			return nil, err
+		}
+		p.User = &User{UID: r.User.UID, GID: r.User.GID}
+	}
 	add := func(a Access, optional bool, paths ...string) {
 		for _, path := range paths {
 			p.Rules = append(p.Rules, Rule{Path: path, Access: a, Optional: optional})
@@ -389,15 +426,6 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		p.Net = sortPorts(append(slices.Clone(c.opts.Net), r.Ports...))
 	}
 	return p, nil
-}
-
-// RoomUser returns the user the agent of the room whose folder is dir
-// (the parent of its home, which the server owns) runs as: a uid of
-// Options.AgentUIDs of its own, allocated at its first start and kept in
-// dir; nil when agents run as the server's own user (the server is not
-// root, the range is empty, or agents run unconfined).
-func (c *Confiner) RoomUser(dir string) (*User, error) {
-	return nil, nil
 }
 
 // executable resolves a command name (on PATH) to its file, links

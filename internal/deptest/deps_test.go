@@ -35,11 +35,14 @@ var allowed = map[string][]string{
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
-	module + "/internal/confine": landlockDeps,
+	module + "/internal/confine": append([]string{module + "/internal/agentfs"}, landlockDeps...),
+	// File operations in folders an agent can write: the standard library
+	// (os.Root) only, so that every package that writes there can use it.
+	module + "/internal/agentfs": nil,
 	// The scripted model and the agent installs are leaves too.
 	module + "/internal/modelsim": nil,
 	module + "/internal/detail":   nil,
@@ -49,15 +52,18 @@ var allowed = map[string][]string{
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
 	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
-	module + "/internal/agents": nil,
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/agentfs", module + "/internal/modelsim"}, sqliteDeps...),
+	// The agents' installs and homes: the standard library, and agentfs
+	// for what goes into a home.
+	module + "/internal/agents": {module + "/internal/agentfs"},
 	// Git workspaces: the standard library and the git program only.
 	module + "/internal/gitws": nil,
 	// Usage normalisation: the standard library and the records (its Usage is
 	// record.Usage), so every agent path (rpc, acp) and rooms can use it.
 	module + "/internal/usage": {module + "/record"},
-	// agenthost's pi extension and its wire: the standard library only.
-	module + "/internal/rpcagent/piext": nil,
+	// agenthost's pi extension and its wire: the standard library, and
+	// agentfs for what goes into a home.
+	module + "/internal/rpcagent/piext": {module + "/internal/agentfs"},
 	// The claims table lives in its tests; the package itself is a doc.
 	module + "/internal/roomclaims": nil,
 	// Workspace snapshots: the standard library and the system git binary;

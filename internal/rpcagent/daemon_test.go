@@ -272,7 +272,7 @@ func TestRealDaemonOutputTrimmed(t *testing.T) {
 	sim := roomtest.StartSim(t)
 	h1 := startDaemonHost(t, dir, sim, d, room.Options{})
 	outputs := func() []string {
-		m, _ := filepath.Glob(filepath.Join(dir, "rooms", "*", "home", "agent-*.out"))
+		m, _ := filepath.Glob(filepath.Join(dir, "rooms", "*", "agent-output", "agent-*.out"))
 		return m
 	}
 	const bound = 2 * daemonproc.TrimEvery

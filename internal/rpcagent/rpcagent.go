@@ -6,12 +6,13 @@ package rpcagent
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agentfs"
 	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
@@ -100,17 +102,26 @@ const maxWaitRuns = 8
 // launch is how the transport starts spec's agent, the session to resume
 // aside: the command, and the settings the agent reads from files at its
 // start (for the daemon's launch fingerprint). It writes the agent's home
-// (configuration, MCP servers, the overlay, pi's extension and room file):
-// at an attach too, where a running agent whose launch matches has read
-// the same at its start, and one whose launch differs is not attached.
-func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, settings launchSettings, err error) {
+// (configuration, MCP servers, the overlay, pi's extension and room file),
+// given to user (the room's, nil: the server's), through agentfs: a link
+// the agent planted there is replaced or refused, never written through.
+// It does at an attach too, where a running agent whose launch matches has
+// read the same at its start, and one whose launch differs is not
+// attached.
+func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec, kind agents.Kind, settings launchSettings, err error) {
 	cfg := spec.Config
 	kind = agents.Kind(cfg.Agent)
 	if kind == "" {
 		kind = agents.OMP
 	}
-	sessions := filepath.Join(spec.Home, "sessions")
-	if err := os.MkdirAll(sessions, 0o700); err != nil {
+	owner := user.Owner()
+	home, err := agentfs.Create(spec.Home, 0o700, owner)
+	if err != nil {
+		return rs, kind, settings, fmt.Errorf("rpcagent: the agent's home: %w", err)
+	}
+	defer home.Close()
+	sessions := filepath.Join(spec.Home, sessionsDir)
+	if err := home.MkdirAll(sessionsDir, 0o700); err != nil {
 		return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 	}
 	if len(cfg.Command) > 0 {
@@ -128,7 +139,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	if err != nil {
 		return rs, kind, settings, err
 	}
-	env, err := t.home(spec.Home, kind)
+	env, err := t.home(spec.Home, kind, owner)
 	if err != nil {
 		return rs, kind, settings, err
 	}
@@ -139,8 +150,14 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 		rs.Model = agents.ModelID
 	}
 	if len(spec.MCP) == 0 && kind == agents.OMP {
-		// A room whose servers were removed must not keep them.
-		if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
+		// A room whose servers were removed must not keep them; the
+		// folders on the way are made real ones (a link there replaced),
+		// so that the file omp would read is the one removed.
+		err := home.MkdirAll(ompAgentDir, 0o700)
+		if err == nil {
+			err = home.Remove(filepath.Join(ompAgentDir, mcpFile))
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
 	}
@@ -148,7 +165,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 		if kind != agents.OMP {
 			return rs, kind, settings, fmt.Errorf("%w: %s, and the room configures %d MCP server(s)", ErrNoMCP, kind, len(spec.MCP))
 		}
-		if err := writeMCP(spec.Home, spec.MCP); err != nil {
+		if err := writeMCP(home, spec.MCP); err != nil {
 			return rs, kind, settings, err
 		}
 		settings.MCP = spec.MCP
@@ -156,7 +173,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	if kind == agents.Pi {
 		// pi has no approvals, questions or host tools: agenthost's
 		// extension adds them, and pi reads nothing from the workspace.
-		setup, pr, err := t.piSetup(spec)
+		setup, pr, err := t.piSetup(spec, owner)
 		if err != nil {
 			return rs, kind, settings, err
 		}
@@ -171,7 +188,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 		// foreign tool modules) is not the room's: see agents.OMPWorkspaceArgs. omp's own
 		// provider stays on, for the room's MCP file in the home.
 		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != ""}
-		overlay, err := agents.WriteOMPOverlay(spec.Home, o)
+		overlay, err := agents.WriteOMPOverlayAs(spec.Home, o, owner)
 		if err != nil {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
@@ -198,18 +215,19 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
-	rs, kind, settings, err := t.launch(spec)
+	user, err := t.roomUser(spec)
+	if err != nil {
+		return nil, err
+	}
+	rs, kind, settings, err := t.launch(spec, user)
 	if err != nil {
 		return nil, err
 	}
 	custom := len(cfg.Command) > 0
 	var resume []string
 	if !custom && spec.SessionID != "" {
-		file, err := findSession(filepath.Join(spec.Home, "sessions"), spec.SessionID)
+		file, err := resumeSession(spec.Home, spec.SessionID, user.Owner())
 		if err != nil {
-			return nil, err
-		}
-		if err := repairTail(file); err != nil {
 			return nil, err
 		}
 		// An absolute path: an id given where a path is expected
@@ -225,7 +243,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
 	}
-	pol, err := t.confine(spec, &rs, true)
+	pol, err := t.confine(spec, &rs, true, user)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +253,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
 	}
 	if t.opts.Daemon != nil {
-		opts.Starter = &daemonproc.Starter{Runner: t.opts.Daemon, Dir: spec.Home, Settings: settings, Resume: resume}
+		opts.Starter = &daemonproc.Starter{Runner: t.opts.Daemon, Dir: outputDir(spec), Settings: settings, Resume: resume}
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
@@ -324,15 +342,19 @@ func (t *Transport) attachProc(ctx context.Context, spec room.AgentSpec, h daemo
 	if err := t.opts.Daemon.Running(ctx, h); err != nil {
 		return nil, err // gone: whatever it was started with
 	}
-	rs, _, settings, err := t.launch(spec)
+	user, err := t.roomUser(spec)
+	if err != nil {
+		return nil, err
+	}
+	rs, _, settings, err := t.launch(spec, user)
 	if err != nil {
 		return nil, err
 	}
 	// The running agent's TMPDIR is kept: it is not started again.
-	if _, err := t.confine(spec, &rs, false); err != nil {
+	if _, err := t.confine(spec, &rs, false, user); err != nil {
 		return nil, err
 	}
-	st := &daemonproc.Starter{Runner: t.opts.Daemon, Dir: spec.Home, Settings: settings}
+	st := &daemonproc.Starter{Runner: t.opts.Daemon, Dir: outputDir(spec), Settings: settings}
 	want, err := st.Fingerprint(rs.Command())
 	if err != nil {
 		return nil, err
@@ -369,8 +391,8 @@ func (a *agent) setup(ctx context.Context, c *rpc.Client, spec room.AgentSpec, m
 }
 
 // piSetup writes agenthost's pi extension into the room's home with the
-// room's approval mode and tools.
-func (t *Transport) piSetup(spec room.AgentSpec) (piext.Setup, piext.Room, error) {
+// room's approval mode and tools, given to owner.
+func (t *Transport) piSetup(spec room.AgentSpec, owner *agentfs.Owner) (piext.Setup, piext.Room, error) {
 	pkg, err := t.opts.Install.PackageDir(agents.Pi)
 	if err != nil {
 		return piext.Setup{}, piext.Room{}, err
@@ -380,7 +402,7 @@ func (t *Transport) piSetup(spec room.AgentSpec) (piext.Setup, piext.Room, error
 		tools = append(tools, piext.Tool{Name: tl.Name, Description: tl.Description, Parameters: tl.Parameters})
 	}
 	pr := piext.Room{ApprovalMode: spec.Config.ApprovalMode, Tools: tools}
-	setup, err := piext.Write(spec.Home, pkg, pr)
+	setup, err := piext.WriteAs(spec.Home, pkg, pr, owner)
 	if err != nil {
 		return piext.Setup{}, pr, fmt.Errorf("rpcagent: %w", err)
 	}
@@ -406,7 +428,7 @@ func toHostTools(tools []room.Tool) []rpc.HostTool {
 
 // writeMCP writes the room's MCP servers into its own omp agent dir (never
 // the user's); the overlay keeps workspace files from adding others.
-func writeMCP(home string, servers map[string]room.MCPServer) error {
+func writeMCP(home *agentfs.Dir, servers map[string]room.MCPServer) error {
 	type entry struct {
 		Type    string            `json:"type,omitempty"`
 		Command string            `json:"command,omitempty"`
@@ -429,82 +451,176 @@ func writeMCP(home string, servers map[string]room.MCPServer) error {
 	if err != nil {
 		return fmt.Errorf("rpcagent: %w", err)
 	}
-	dir := filepath.Join(home, ".omp", "agent")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("rpcagent: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "mcp.json"), b, 0o600); err != nil {
+	if err := home.WriteFile(filepath.Join(ompAgentDir, mcpFile), b, 0o600); err != nil {
 		return fmt.Errorf("rpcagent: writing the room's MCP configuration: %w", err)
 	}
 	return nil
 }
 
-// home writes the room's agent home: pointed at the built-in model when
-// there is one, and otherwise an empty home whose provider key comes in
-// the room's environment.
-func (t *Transport) home(dir string, kind agents.Kind) ([]string, error) {
+// home writes the room's agent home (given to owner): pointed at the
+// built-in model when there is one, and otherwise an empty home whose
+// provider key comes in the room's environment.
+func (t *Transport) home(dir string, kind agents.Kind, owner *agentfs.Owner) ([]string, error) {
 	if t.opts.ModelURL != "" {
-		return agents.Home(dir, kind, t.opts.ModelURL)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("rpcagent: %w", err)
+		return agents.HomeWith(dir, kind, t.opts.ModelURL, agents.HomeOptions{Owner: owner})
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
 	return append(env, "HOME="+dir), nil
 }
 
-// findSession returns the session file of id in dir (named
-// "<time>_<id>.jsonl" by both agents), or room.ErrSessionNotFound.
-func findSession(dir, id string) (string, error) {
-	if strings.ContainsAny(id, "/\\") || id == "" {
+// The agent's home's folders and files the transport writes or reads.
+const (
+	sessionsDir = "sessions"
+	ompAgentDir = ".omp/agent"
+	mcpFile     = "mcp.json"
+)
+
+// resumeSession finds the session file of id in the home's sessions and
+// repairs its tail (see repairTail), all through agentfs: a link or a
+// special file named like a session file is never read (nor copied, nor
+// written through); the result is the file's absolute path, for the
+// agent's resume flag.
+func resumeSession(homeDir, id string, owner *agentfs.Owner) (string, error) {
+	home, err := agentfs.Open(homeDir, owner)
+	if err != nil {
+		return "", fmt.Errorf("rpcagent: the agent's home: %w", err)
+	}
+	defer home.Close()
+	name, err := findSession(home, id)
+	if err != nil {
+		return "", err
+	}
+	if err := repairTail(home, name); err != nil {
+		return "", err
+	}
+	return filepath.Join(homeDir, name), nil
+}
+
+// findSession returns the session file of id in the home's sessions
+// (named "<time>_<id>.jsonl" by both agents; the last by name when there
+// are several), or room.ErrSessionNotFound. Only regular files count: a
+// link or a FIFO the agent put there is passed over.
+func findSession(home *agentfs.Dir, id string) (string, error) {
+	if strings.ContainsAny(id, "/\\*?[") || id == "" {
 		return "", fmt.Errorf("%w: %q", room.ErrSessionNotFound, id)
 	}
-	m, _ := filepath.Glob(filepath.Join(dir, "*_"+id+".jsonl"))
+	m, err := home.Glob(filepath.Join(sessionsDir, "*_"+id+".jsonl"))
+	if err != nil && !errors.Is(err, agentfs.ErrLink) {
+		return "", fmt.Errorf("rpcagent: the agent's sessions: %w", err)
+	}
 	if len(m) == 0 {
 		return "", fmt.Errorf("%w: no file for session %s", room.ErrSessionNotFound, id)
 	}
 	return m[len(m)-1], nil
 }
 
-// repairTail drops a torn last line (a crash mid-write) from a session
-// file, keeping the original beside it: pi appends onto a torn line and
-// then loses the history before it.
-func repairTail(path string) error {
-	data, err := os.ReadFile(path)
+// maxLastLine bounds the last line of a session file repairTail reads to
+// tell whether it is whole: one longer is left alone.
+const maxLastLine = 64 << 20
+
+// repairTail drops a torn last line (a crash mid-write) from the session
+// file name of home, keeping the original beside it (name.torn): pi
+// appends onto a torn line and then loses the history before it. The
+// file is read through agentfs (a regular file, not a link) and rewritten
+// whole (a new file renamed over it).
+func repairTail(home *agentfs.Dir, name string) error {
+	f, err := home.OpenFile(name, os.O_RDONLY)
 	if err != nil {
 		return fmt.Errorf("rpcagent: session file: %w", err)
 	}
-	if len(data) == 0 {
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("rpcagent: session file: %w", err)
+	}
+	start, end, newline, err := lastLine(f, fi.Size())
+	if err != nil || end-start > maxLastLine {
+		return err
+	}
+	last := make([]byte, end-start)
+	if _, err := f.ReadAt(last, start); err != nil {
+		return fmt.Errorf("rpcagent: session file: %w", err)
+	}
+	switch {
+	case fi.Size() == 0 || json.Valid(last) && newline:
 		return nil
+	case json.Valid(last):
+		return appendNewline(home, name)
 	}
-	body := bytes.TrimRight(data, "\n")
-	last := body[bytes.LastIndexByte(body, '\n')+1:]
-	if json.Valid(last) && data[len(data)-1] == '\n' {
-		return nil
-	}
-	if json.Valid(last) {
-		return appendNewline(path)
-	}
-	if err := os.WriteFile(path+".torn", data, 0o600); err != nil {
+	if err := home.WriteFrom(name+".torn", io.NewSectionReader(f, 0, fi.Size()), 0o600); err != nil {
 		return fmt.Errorf("rpcagent: keeping the torn session file: %w", err)
 	}
-	keep := body[:len(body)-len(last)]
-	if err := os.WriteFile(path+".tmp", keep, 0o600); err != nil {
-		return fmt.Errorf("rpcagent: repairing the session file: %w", err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := home.WriteFrom(name, io.NewSectionReader(f, 0, start), 0o600); err != nil {
 		return fmt.Errorf("rpcagent: repairing the session file: %w", err)
 	}
 	return nil
 }
 
-func appendNewline(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+// lastLine finds the last line of the file f of size bytes, trailing
+// newlines aside: its bytes are [start, end), and newline says whether one
+// follows it. A line longer than maxLastLine is reported from where the
+// search stopped.
+func lastLine(f io.ReaderAt, size int64) (start, end int64, newline bool, err error) {
+	buf := make([]byte, 64<<10)
+	end = -1 // until the last byte that is not a newline is found
+	for pos := size; pos > 0; {
+		n := min(int64(len(buf)), pos)
+		pos -= n
+		if _, err := f.ReadAt(buf[:n], pos); err != nil {
+			return 0, 0, false, fmt.Errorf("rpcagent: session file: %w", err)
+		}
+		for i := n - 1; i >= 0; i-- {
+			switch {
+			case end < 0 && buf[i] != '\n':
+				end = pos + i + 1
+			case end >= 0 && buf[i] == '\n':
+				return pos + i + 1, end, end < size, nil
+			}
+		}
+		if end >= 0 && end-pos > maxLastLine {
+			return pos, end, end < size, nil
+		}
+	}
+	end = max(end, 0)
+	return 0, end, end < size, nil
+}
+
+// appendNewline ends the session file name with a newline (appended to
+// the regular file itself, never through a link).
+func appendNewline(home *agentfs.Dir, name string) error {
+	f, err := home.OpenFile(name, os.O_WRONLY|os.O_APPEND)
 	if err != nil {
 		return fmt.Errorf("rpcagent: session file: %w", err)
 	}
 	_, err = f.Write([]byte("\n"))
 	return errors.Join(err, f.Close())
+}
+
+// roomUser is the user spec's agent runs as (nil: the server's; see
+// confine.Confiner.RoomUser): the room's folder is its home's parent.
+func (t *Transport) roomUser(spec room.AgentSpec) (*confine.User, error) {
+	home, err := filepath.Abs(spec.Home)
+	if err != nil {
+		return nil, fmt.Errorf("rpcagent: %w", err)
+	}
+	u, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	if err != nil {
+		return nil, fmt.Errorf("rpcagent: the agent's user: %w", err)
+	}
+	return u, nil
+}
+
+// outputDir holds the output files of spec's agent in the process daemon:
+// in the room's own folder beside its home, which the server owns and the
+// agent cannot reach, so that the daemon (the server's user) never opens
+// them through a link the agent planted, and the agent cannot read or
+// forge them.
+func outputDir(spec room.AgentSpec) string {
+	home, err := filepath.Abs(spec.Home)
+	if err != nil {
+		home = spec.Home
+	}
+	return filepath.Join(filepath.Dir(home), "agent-output")
 }
 
 // verifySelection checks that the agent runs the model and thinking level
@@ -528,10 +644,10 @@ func (t *Transport) Confinement() room.Confinement { return room.Confinement(t.o
 
 // confine wraps rs's command in the room's confinement (as it is when
 // agents run unconfined): what the agent may use (see confine.AgentRoom),
-// its own command and its MCP servers' commands run; fresh empties its
-// TMPDIR (a start), else it is kept (the launch an attached agent is
-// compared with, which must be the same as at its start).
-func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool) (*confine.Policy, error) {
+// its own command and its MCP servers' commands run, as user; fresh
+// empties its TMPDIR (a start), else it is kept (the launch an attached
+// agent is compared with, which must be the same as at its start).
+func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool, user *confine.User) (*confine.Policy, error) {
 	exec := []string{rs.Argv[0]}
 	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
 		if s := spec.MCP[name]; len(s.Command) > 0 {
@@ -541,6 +657,7 @@ func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool) (*con
 	r := confine.AgentRoom(spec.Workspace, spec.Home, exec, nil)
 	r.FreshTmp = fresh
 	r.Read = spec.ReadOnly
+	r.User = user
 	pol, err := t.opts.Confine.Policy(r)
 	if err == nil {
 		rs.Argv, rs.Env, err = pol.Wrap(rs.Argv, rs.Env)

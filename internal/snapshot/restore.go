@@ -83,7 +83,7 @@ func (r *Repo) Restore(ctx context.Context, to ID) (res Restored, err error) {
 		return res, fmt.Errorf("%w: %w", ErrWorkspace, err)
 	}
 	defer root.Close()
-	w := &restorer{root: root, res: &res, ignored: first.ignored}
+	w := &restorer{root: root, res: &res, ignored: first.ignored, owner: folderOwner(root)}
 	// Removals first, so a directory can take a removed file's place and
 	// a file an emptied directory's.
 	for _, c := range cs {
@@ -139,6 +139,10 @@ type restorer struct {
 	ignored map[string]bool
 	// written are the files written.
 	written []string
+	// owner gets what the restore creates (the workspace's owner, when
+	// the host is root and that is another user: an agent running as a
+	// uid of its own); nil: the host's user.
+	owner *[2]int
 }
 
 // isIgnored says whether p, or a folder above it, was left out as ignored.
@@ -152,6 +156,17 @@ func (w *restorer) isIgnored(p string) bool {
 		}
 	}
 	return false
+}
+
+// own gives name (a link itself) to w's owner.
+func (w *restorer) own(name string) error {
+	if w.owner == nil {
+		return nil
+	}
+	if err := w.root.Lchown(name, w.owner[0], w.owner[1]); err != nil {
+		return fmt.Errorf("snapshot: restore: %w", err)
+	}
+	return nil
 }
 
 // safe refuses a path git would never record: absolute, with empty, "."
@@ -256,6 +271,9 @@ func (w *restorer) mkdirs(dir string) (bool, error) {
 		if err := w.root.Mkdir(d, 0o777); err != nil {
 			return false, fmt.Errorf("snapshot: restore: %w", err)
 		}
+		if err := w.own(d); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
@@ -278,7 +296,7 @@ func (w *restorer) create(tmp string, c change, blobs *catFile) error {
 		if err := w.root.Symlink(string(target), tmp); err != nil {
 			return fmt.Errorf("snapshot: restore: %w", err)
 		}
-		return nil
+		return w.own(tmp)
 	}
 	perm := os.FileMode(0o666)
 	if c.newMode == "100755" {
@@ -292,6 +310,12 @@ func (w *restorer) create(tmp string, c change, blobs *catFile) error {
 	if err := blobs.copy(f, size); err != nil {
 		_ = f.Close()
 		return err
+	}
+	if w.owner != nil {
+		if err := f.Chown(w.owner[0], w.owner[1]); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("snapshot: restore: %w", err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("snapshot: restore: %w", err)

@@ -45,3 +45,21 @@ func killGroup(cmd *exec.Cmd) {
 func readable(path string) bool {
 	return syscall.Access(path, 4 /* R_OK */) == nil
 }
+
+// folderOwner is the uid and gid of the folder root when the host runs as
+// root and the folder is another user's (nil otherwise): what a restore
+// creates there is theirs.
+func folderOwner(root *os.Root) *[2]int {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	fi, err := root.Stat(".")
+	if err != nil {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == 0 {
+		return nil
+	}
+	return &[2]int{int(st.Uid), int(st.Gid)}
+}

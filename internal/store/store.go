@@ -23,6 +23,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -245,6 +246,10 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := private(path); err != nil {
+		_ = lock.Close()
+		return nil, err
+	}
 	db := &DB{
 		opts: opts, log: opts.Logger, lock: lock,
 		reqs:     make(chan *writeReq, opts.Queue),
@@ -292,6 +297,30 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	go db.writeLoop()
 	go db.checkpointLoop()
 	return db, nil
+}
+
+// private makes the store's file the server's alone (0600) before SQLite
+// opens it, creating it empty if needed, and narrows an older store's
+// looser mode and that of its WAL and shared-memory files (SQLite creates
+// those with the store file's mode).
+func private(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	err = f.Chmod(0o600)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	for _, side := range []string{"-wal", "-shm"} {
+		if cerr := os.Chmod(path+side, 0o600); err == nil && !errors.Is(cerr, fs.ErrNotExist) {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
 }
 
 // checkpointLoop checkpoints the WAL a while after commits (see

@@ -20,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/agenthost/agenthost/internal/agentfs"
 )
 
 //go:embed agenthost.ts
@@ -69,8 +71,14 @@ const (
 
 // Write writes the extension and room into home (a pi room's own agent home, created if needed),
 // with a manifest of pi's package at pkgDir whose project folder is renamed, and returns the
-// setup that loads them. Everything it writes is rewritten at every call, so what a tool changed
-// there in an earlier run does not last.
+// setup that loads them: see WriteAs.
+func Write(home, pkgDir string, room Room) (Setup, error) {
+	return WriteAs(home, pkgDir, room, nil)
+}
+
+// WriteAs is Write giving what it writes to owner (nil: the server's user). Everything it writes is
+// rewritten at every call, so what a tool changed there in an earlier run does not last, and
+// through agentfs: a link the agent planted in the home is removed or replaced, never followed.
 //
 // pi reads a project folder (.pi) in its working directory: settings (the shell it runs, its
 // command prefix, packages), extensions, skills, prompt templates, themes and SYSTEM.md. Its flags
@@ -79,41 +87,45 @@ const (
 // repository can hold it) and links the package's files. The agent's own folder stays
 // HOME/.pi/agent (PI_CODING_AGENT_DIR). The repository's AGENTS.md and CLAUDE.md are still read:
 // they are text for the model, as omp reads them.
-func Write(home, pkgDir string, room Room) (Setup, error) {
+func WriteAs(home, pkgDir string, room Room, owner *agentfs.Owner) (Setup, error) {
 	if room.Tools == nil {
 		room.Tools = []Tool{}
 	}
-	dir := filepath.Join(home, dirName)
+	d, err := agentfs.Create(home, 0o700, owner)
+	if err != nil {
+		return Setup{}, fmt.Errorf("piext: %w", err)
+	}
+	defer d.Close()
 	// A clean folder each time: nothing a tool left there survives.
-	if err := os.RemoveAll(dir); err != nil {
+	if err := d.RemoveAll(dirName); err != nil {
 		return Setup{}, fmt.Errorf("piext: %w", err)
 	}
-	pkg := filepath.Join(dir, packageName)
-	if err := os.MkdirAll(pkg, 0o700); err != nil {
+	pkg := filepath.Join(dirName, packageName)
+	if err := d.MkdirAll(pkg, 0o700); err != nil {
 		return Setup{}, fmt.Errorf("piext: %w", err)
 	}
-	ext := filepath.Join(dir, extName)
-	if err := os.WriteFile(ext, source, 0o600); err != nil {
+	ext := filepath.Join(dirName, extName)
+	if err := d.WriteFile(ext, source, 0o600); err != nil {
 		return Setup{}, fmt.Errorf("piext: writing the extension: %w", err)
 	}
 	b, err := json.Marshal(room)
 	if err != nil {
 		return Setup{}, fmt.Errorf("piext: %w", err)
 	}
-	roomFile := filepath.Join(dir, roomName)
-	if err := os.WriteFile(roomFile, b, 0o600); err != nil {
+	roomFile := filepath.Join(dirName, roomName)
+	if err := d.WriteFile(roomFile, b, 0o600); err != nil {
 		return Setup{}, fmt.Errorf("piext: writing the room file: %w", err)
 	}
-	if err := shadowPackage(pkg, pkgDir); err != nil {
+	if err := shadowPackage(d, pkg, pkgDir); err != nil {
 		return Setup{}, err
 	}
 	return Setup{
 		Args: []string{
 			"--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
-			"--extension", ext, "--" + Flag + "=" + roomFile,
+			"--extension", filepath.Join(home, ext), "--" + Flag + "=" + filepath.Join(home, roomFile),
 		},
 		Env: []string{
-			"PI_PACKAGE_DIR=" + pkg,
+			"PI_PACKAGE_DIR=" + filepath.Join(home, pkg),
 			"PI_CODING_AGENT_DIR=" + filepath.Join(home, ".pi", "agent"),
 			// pi compiles extensions with jiti, which by default keeps the
 			// result in a cache shared through the temporary folder: any
@@ -124,10 +136,10 @@ func Write(home, pkgDir string, room Room) (Setup, error) {
 	}, nil
 }
 
-// shadowPackage makes dst stand for pi's package at src: its manifest with a project folder
-// nobody has (pi reads its name, version and project folder from there), and links to the rest
-// (pi finds its themes, docs and templates under the package folder).
-func shadowPackage(dst, src string) error {
+// shadowPackage makes dst (in the home d) stand for pi's package at src: its manifest with a
+// project folder nobody has (pi reads its name, version and project folder from there), and links
+// to the rest (pi finds its themes, docs and templates under the package folder).
+func shadowPackage(d *agentfs.Dir, dst, src string) error {
 	data, err := os.ReadFile(filepath.Join(src, "package.json"))
 	if err != nil {
 		return fmt.Errorf("piext: pi's package: %w", err)
@@ -151,7 +163,7 @@ func shadowPackage(dst, src string) error {
 	if err != nil {
 		return fmt.Errorf("piext: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dst, "package.json"), out, 0o600); err != nil {
+	if err := d.WriteFile(filepath.Join(dst, "package.json"), out, 0o600); err != nil {
 		return fmt.Errorf("piext: %w", err)
 	}
 	ents, err := os.ReadDir(src)
@@ -162,7 +174,7 @@ func shadowPackage(dst, src string) error {
 		if e.Name() == "package.json" {
 			continue
 		}
-		if err := os.Symlink(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+		if err := d.Symlink(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
 			return fmt.Errorf("piext: linking pi's package: %w", err)
 		}
 	}

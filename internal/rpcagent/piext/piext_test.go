@@ -205,3 +205,45 @@ func TestPiRefusesToStartWithoutItsRoom(t *testing.T) {
 		}
 	}
 }
+
+// The extension's folder replaced by a link to another room's folder (or
+// the home's own planted there): Write removes the link itself, never what
+// it names, and writes its files into a folder of its own.
+func TestWriteReplacesAPlantedLink(t *testing.T) {
+	_, pkg := piPackage(t)
+	base := t.TempDir()
+	victim := filepath.Join(base, "victim")
+	if err := os.MkdirAll(victim, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{roomName, extName, "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(victim, n), []byte("the victim's"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	home := filepath.Join(base, "home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(home, dirName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Write(home, pkg, Room{ApprovalMode: "always-ask"}); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(victim)
+	for _, e := range ents {
+		if b, _ := os.ReadFile(filepath.Join(victim, e.Name())); string(b) != "the victim's" {
+			t.Errorf("the victim's %s: %q", e.Name(), b)
+		}
+	}
+	if len(ents) != 3 {
+		t.Errorf("the victim's folder holds %d entries", len(ents))
+	}
+	for _, n := range []string{dirName, filepath.Join(dirName, roomName), filepath.Join(dirName, packageName, "package.json")} {
+		fi, err := os.Lstat(filepath.Join(home, n))
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			t.Fatalf("%s: %v, %v", n, fi, err)
+		}
+	}
+}
