@@ -289,7 +289,13 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 	}
 	cr := confine.AgentRoom(ws, spec.Home, exec, ports)
 	cr.Read = spec.ReadOnly
-	pol, err := t.opts.Confine.Policy(cr)
+	// The room's folder (the home's parent) keeps which uid its agent runs as.
+	u, err := t.opts.Confine.RoomUser(filepath.Dir(spec.Home))
+	cr.User = u
+	var pol *confine.Policy
+	if err == nil {
+		pol, err = t.opts.Confine.Policy(cr)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}

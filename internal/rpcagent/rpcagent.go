@@ -541,7 +541,13 @@ func (t *Transport) confine(spec room.AgentSpec, rs *rpc.Spec, fresh bool) (*con
 	r := confine.AgentRoom(spec.Workspace, spec.Home, exec, nil)
 	r.FreshTmp = fresh
 	r.Read = spec.ReadOnly
-	pol, err := t.opts.Confine.Policy(r)
+	// The room's folder (the home's parent) keeps which uid its agent runs as.
+	u, err := t.opts.Confine.RoomUser(filepath.Dir(spec.Home))
+	r.User = u
+	var pol *confine.Policy
+	if err == nil {
+		pol, err = t.opts.Confine.Policy(r)
+	}
 	if err == nil {
 		rs.Argv, rs.Env, err = pol.Wrap(rs.Argv, rs.Env)
 	}
