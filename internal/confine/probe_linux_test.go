@@ -12,8 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -36,6 +39,7 @@ const (
 	probeWrite         = "PROBE_WRITE"          // folders it writes, ':'-separated
 	probeHidden        = "PROBE_HIDDEN"         // paths it must not see, ':'-separated
 	probeNode          = "PROBE_NODE"           // "1": run node with a worker thread
+	probeNetRestricted = "PROBE_NET_RESTRICTED" // "1": the policy restricts the network
 )
 
 func testRole(m *testing.M) bool {
@@ -45,8 +49,25 @@ func testRole(m *testing.M) bool {
 		os.Exit(0)
 	case "nonroot":
 		os.Exit(nonRootServer())
+	case "nosysadmin":
+		os.Exit(withoutSysAdmin())
 	}
 	return false
+}
+
+// withoutSysAdmin executes its arguments (after "--") as root without
+// CAP_SYS_ADMIN, as a restricted container's root is: dropped from the
+// bounding set on this thread, so the executed program lacks it.
+func withoutSysAdmin() int {
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	args := os.Args[slices.Index(os.Args, "--")+1:]
+	err := syscall.Exec(args[0], args, os.Environ())
+	fmt.Fprintln(os.Stderr, err)
+	return 2
 }
 
 // errName is err's errno name ("ok" for nil).
@@ -99,10 +120,14 @@ func agentProbe() {
 	sock("socket.mptcp", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP)
 	sock("socket.mptcp-high", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP|high)
 	sock("socket.mptcp6", unix.AF_INET6, unix.SOCK_STREAM, unix.IPPROTO_MPTCP)
-	sock("socket.sctp", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
 	sock("socket.udp", unix.AF_INET, unix.SOCK_DGRAM, 0)
 	sock("socket.udp6", unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
-	sock("socket.vsock", unix.AF_VSOCK, unix.SOCK_STREAM, 0)
+	if os.Getenv(probeNetRestricted) == "1" {
+		// Only where the filter refuses them: elsewhere the kernel
+		// could load a protocol's module for the attempt.
+		sock("socket.sctp", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+		sock("socket.vsock", unix.AF_VSOCK, unix.SOCK_STREAM, 0)
+	}
 
 	cwd := unix.AT_FDCWD
 	node := func(name string, mode uint32, high uintptr) {
@@ -314,7 +339,7 @@ func nonRootServer() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := runProbe(ctx, exe, p, ws, probeWrite+"="+strings.Join([]string{ws, home, p.Tmp}, ":"),
+	out, err := runProbe(ctx, exe, p, ws, probeNetRestricted+"=1", probeWrite+"="+strings.Join([]string{ws, home, p.Tmp}, ":"),
 		probeConnectOK+"=127.0.0.1:"+strconv.Itoa(int(port)))
 	fmt.Print(out)
 	if err != nil {

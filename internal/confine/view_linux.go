@@ -54,13 +54,19 @@ func needsView(p *Policy, u *User) (string, error) {
 // mounts do not propagate to the host's.
 func enterView(u *User, covered string) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("uid %d cannot search %s, above its folders, and a mount namespace to show it them was refused (%w): "+
-			"this host cannot run agents as uids of their own (serve --agent-uids off runs them as the server's user)", u.UID, covered, err)
+		return viewRefused(u, covered, "the mount namespace that would show it its folders was refused", err)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("making the agent's mounts private: %w", err)
+		return viewRefused(u, covered, "making its mounts private was refused", err)
 	}
 	return nil
+}
+
+// viewRefused says that this host cannot give u a view of its folders,
+// and the way out.
+func viewRefused(u *User, covered, what string, err error) error {
+	return fmt.Errorf("uid %d cannot search %s, which holds its folders, and %s (%w): "+
+		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, covered, what, err)
 }
 
 // buildView covers each folder above a rule's path that u cannot search
@@ -114,7 +120,7 @@ func buildView(u *User, rules []openedRule) error {
 				continue
 			}
 			if err := unix.Mount("tmpfs", a, "tmpfs", viewTmpfsFlags, viewTmpfs); err != nil {
-				return fmt.Errorf("the agent's view: covering %s: %w", a, err)
+				return viewRefused(u, a, "covering it with a tmpfs was refused", err)
 			}
 			mounts[a] = true
 		}
@@ -135,7 +141,7 @@ func buildView(u *User, rules []openedRule) error {
 			}
 		}
 		if err := bindFD(r.fd, r.Path); err != nil {
-			return fmt.Errorf("the agent's view: binding %s: %w", r.Path, err)
+			return fmt.Errorf("the view of uid %d's folders: binding %s: %w (serve --agent-uids off runs agents as the server's user)", u.UID, r.Path, err)
 		}
 		mounts[r.Path] = false
 	}
