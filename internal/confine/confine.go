@@ -286,11 +286,11 @@ type Room struct {
 // but never rename or replace it, and the name is the same at every start
 // (an attached agent's launch is compared with the one it had).
 func AgentRoom(workspace, home string, exec []string, ports []uint16) Room {
-	return Room{Workspace: workspace, Home: home, Tmp: AgentTmp(home), FreshTmp: true, Exec: exec, Ports: ports}
+	return Room{Workspace: workspace, Home: home, Tmp: agentTmp(home), FreshTmp: true, Exec: exec, Ports: ports}
 }
 
-// AgentTmp is the TMPDIR AgentRoom gives the agent whose home is home.
-func AgentTmp(home string) string { return filepath.Join(filepath.Dir(home), "tmp") }
+// agentTmp is the TMPDIR AgentRoom gives the agent whose home is home.
+func agentTmp(home string) string { return filepath.Join(filepath.Dir(home), "tmp") }
 
 // Access is what a rule allows.
 type Access string

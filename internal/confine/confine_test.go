@@ -128,8 +128,8 @@ func TestPolicy(t *testing.T) {
 	// The TMPDIR is beside the home, in its parent (the room's folder),
 	// which the agent cannot write.
 	tmp := filepath.Join(filepath.Dir(home), "tmp")
-	if AgentTmp(home) != tmp {
-		t.Fatalf("AgentTmp(%s) = %s", home, AgentTmp(home))
+	if agentTmp(home) != tmp {
+		t.Fatalf("agentTmp(%s) = %s", home, agentTmp(home))
 	}
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestPolicy_Wrap(t *testing.T) {
 	for _, kv := range env {
 		switch {
 		case strings.HasPrefix(kv, "TMPDIR="):
-			if kv != "TMPDIR="+AgentTmp(home) {
+			if kv != "TMPDIR="+agentTmp(home) {
 				t.Errorf("env %s", kv)
 			}
 			n++

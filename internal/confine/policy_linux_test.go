@@ -109,7 +109,7 @@ func TestPolicy_TmpOfTheAgentsUser(t *testing.T) {
 	}
 	u := &User{UID: 3999002, GID: 3999003}
 	for _, fresh := range []bool{true, false} {
-		if err := os.Chown(AgentTmp(home), 0, 0); err != nil && !os.IsNotExist(err) {
+		if err := os.Chown(agentTmp(home), 0, 0); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
 		r := AgentRoom(ws, home, nil, nil)

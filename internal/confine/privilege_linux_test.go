@@ -103,7 +103,7 @@ func TestLaunch_NoPrivilege(t *testing.T) {
 		}
 		return p, probeResults(t, p, ws, probeNetRestricted+"="+restricted, probeConnectOK+"="+allowed, probeConnectDenied+"="+denied,
 			probeTerminals+"="+strings.Join([]string{pts, "/dev/ptmx", "/dev/tty"}, ":"),
-			probeWrite+"="+strings.Join([]string{ws, home, AgentTmp(home)}, ":"), probeNode+"=1")
+			probeWrite+"="+strings.Join([]string{ws, home, agentTmp(home)}, ":"), probeNode+"=1")
 	}
 
 	p, res := launch([]uint16{port(allowed)})
