@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -164,8 +161,11 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 }
 
 // confinementReport says what the kernel's Landlock lets --confine
-// enforce, and checks the launcher on a shell: without Landlock nothing is
-// a problem (auto runs agents unconfined).
+// enforce, and runs the launcher on a probe shell in each mode this
+// machine enforces (agents as the server's user; as root, agents as a uid
+// of their own), reporting what the shell held: its uid, capabilities,
+// no_new_privs, seccomp mode and the Landlock ABI. Without Landlock
+// nothing is a problem (auto runs agents unconfined).
 func confinementReport(ctx context.Context, rep *doctorReport) {
 	const section = "confinement (serve and prompt --confine; Landlock)"
 	abi := confine.KernelABI()
@@ -175,54 +175,51 @@ func confinementReport(ctx context.Context, rep *doctorReport) {
 	}
 	rep.add(section, true, "kernel Landlock ABI %d; agenthost enforces up to ABI %d: %s", abi, confine.MaxABI, strings.Join(confine.Enforces(abi), "; "))
 	rep.add(section, true, "--confine auto (the default) and landlock enforce this; off runs agents unconfined")
-	if err := checkLauncher(ctx); err != nil {
+	c, err := confine.New(confine.Options{Mode: confine.ModeLandlock})
+	if err != nil {
 		rep.add(section, false, "the confinement launcher: %s", oneLine(err.Error()))
 		return
 	}
+	root := os.Geteuid() == 0
+	res, err := c.Probe(ctx, nil)
+	switch {
+	case err != nil:
+		rep.add(section, false, "the confinement launcher: %s", oneLine(err.Error()))
+		return
+	case !res.Wrote:
+		rep.add(section, false, "the confinement launcher: the shell could not write its workspace")
+		return
+	case !res.Denied:
+		rep.add(section, false, "the confinement launcher: the shell read a file outside its workspace: the kernel does not enforce Landlock")
+		return
+	}
 	rep.add(section, true, "launcher: a confined shell wrote its workspace and was denied another folder")
+	probeLine(rep, section, fmt.Sprintf("agents as the server's user (uid %d)", os.Geteuid()), res, root, c.Report().ABI)
+	if !root {
+		rep.add(section, true, "not root: agents run as the server's user; its bounding set stays (moot under no_new_privs), and Landlock does not stop chmod or utime of the server's own files by path")
+		return
+	}
+	u := &confine.User{UID: doctorAgentUID, GID: doctorAgentUID}
+	res, err = c.Probe(ctx, u)
+	if err != nil {
+		rep.add(section, false, "launcher, agents as a uid of their own (serve --agent-uids): %s", oneLine(err.Error()))
+		return
+	}
+	probeLine(rep, section, fmt.Sprintf("agents as a uid of their own (serve --agent-uids; probed as uid %d)", u.UID), res, root, c.Report().ABI)
 }
 
-// checkLauncher runs a shell confined to a workspace: it must write there
-// and be denied a file beside it.
-func checkLauncher(ctx context.Context) error {
-	dir, err := os.MkdirTemp("", "agenthost-doctor-")
-	if err != nil {
-		return err
+// doctorAgentUID is the uid doctor probes an agent of its own uid as:
+// high, unlikely to be anyone's.
+const doctorAgentUID = 2147480000
+
+// probeLine reports what the probe shell held in one mode.
+func probeLine(rep *doctorReport, section, mode string, res confine.ProbeResult, root bool, abi int) {
+	problems := res.Problems(root)
+	detail := fmt.Sprintf("launcher, %s: %s; Landlock ABI %d", mode, res, abi)
+	if len(problems) > 0 {
+		detail += ": " + strings.Join(problems, "; ")
 	}
-	defer os.RemoveAll(dir)
-	ws, home, other := filepath.Join(dir, "ws"), filepath.Join(dir, "home"), filepath.Join(dir, "other")
-	for _, d := range []string{ws, home, other} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return err
-		}
-	}
-	if err := os.WriteFile(filepath.Join(other, "secret"), []byte("the other folder's content"), 0o600); err != nil {
-		return err
-	}
-	c, err := confine.New(confine.Options{Mode: confine.ModeLandlock})
-	if err != nil {
-		return err
-	}
-	p, err := c.Policy(confine.AgentRoom(ws, home, []string{"sh"}, nil))
-	if err != nil {
-		return err
-	}
-	argv, env, err := p.Wrap([]string{"sh", "-c", "echo ok > mine && cat ../other/secret"}, nil)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir = env, ws
-	out, err := cmd.CombinedOutput()
-	if _, werr := os.Stat(filepath.Join(ws, "mine")); werr != nil {
-		return fmt.Errorf("the shell could not write its workspace: %v %s", err, bytes.TrimSpace(out))
-	}
-	if err == nil || bytes.Contains(out, []byte("the other folder's content")) {
-		return errors.New("the shell read a file outside its workspace: the kernel does not enforce Landlock")
-	}
-	return nil
+	rep.add(section, len(problems) == 0, "%s", detail)
 }
 
 // probe spawns the agent on the built-in model and times spawn → get_state

@@ -334,7 +334,13 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("doctor:\n%s", out)
 	}
 	// The ACP agents: installed version and initialize answered, each on the built-in model.
-	confined := []string{fmt.Sprintf("kernel Landlock ABI %d", confine.KernelABI()), "launcher: a confined shell wrote its workspace and was denied another folder"}
+	confined := []string{fmt.Sprintf("kernel Landlock ABI %d", confine.KernelABI()), "launcher: a confined shell wrote its workspace and was denied another folder",
+		// The launcher's probe in each mode: what the agent holds.
+		fmt.Sprintf("ok       launcher, agents as the server's user (uid %d): uid %[1]d ", os.Geteuid()),
+		"capabilities effective 0 permitted 0 inheritable 0 ambient 0", "NoNewPrivs 1; Seccomp 2 (filter)"}
+	if os.Geteuid() == 0 {
+		confined = append(confined, "ok       launcher, agents as a uid of their own (serve --agent-uids; probed as uid 2147480000): uid 2147480000 gid 2147480000; capabilities effective 0 permitted 0 inheritable 0 ambient 0 bounding 0;")
+	}
 	if confine.KernelABI() < 1 {
 		confined = []string{"the kernel has no Landlock"}
 	}

@@ -1,9 +1,12 @@
 // Package confine confines a room's agent, and everything it starts, to
-// what that room may touch, with Landlock: the system read-only, the
-// installed agents read and execute, and the room's own workspace, agent
-// home and temporary folder read and write; signals and abstract unix
-// sockets scoped to the room's own processes; TCP connect limited to given
-// ports when a network policy is set.
+// what that room may touch: Landlock for files, TCP ports, signals and
+// abstract unix sockets (the system read-only, the installed agents read
+// and execute, the room's own workspace, agent home and temporary folder
+// read and write), no capability and no_new_privs, a seccomp filter for
+// what Landlock does not mediate (raw and packet sockets, device nodes,
+// terminal input injection, keys, BPF, mounts, io_uring, user namespaces;
+// MPTCP and, unless DNS is allowed, UDP when the network is restricted),
+// no terminal, and, when the server runs as root, a uid of the room's own.
 //
 // A restriction must be in place before the agent runs and covers its
 // descendants, so it is applied by a launcher: the host's own program
@@ -12,12 +15,16 @@
 // an agent's command line into the launcher's. The policy travels to the
 // launcher in the environment (PolicyEnv), which the launcher removes.
 //
-// The rules are given as paths and bound, when the launcher applies them,
-// to the folders those paths name: an agent started ahead of its room (a
-// warm pool) is confined to its slot's own workspace and home, and
-// renaming those folders into a new room's place (the host does it, on the
-// same file system) hands the confined agent that room and nothing else.
-// A room that already has folders needs a freshly started agent.
+// The rules are given as absolute, canonical paths, and the launcher binds
+// each to what it opened itself without following any link (a path that
+// names a link, or passes through one, is refused, never followed); the
+// room's own folders must be real folders of the agent's owner. A path
+// the agent could have swapped between the server's check and the
+// launcher's open therefore gets the agent nothing. An agent started ahead
+// of its room is confined to its slot's own folders; renaming those into a
+// new room's place (the host does it, on the same file system) hands the
+// confined agent that room and nothing else. A room that already has
+// folders needs a freshly started agent.
 package confine
 
 import (
@@ -197,6 +204,16 @@ func New(opts Options) (*Confiner, error) {
 			return nil, fmt.Errorf("confine: the launcher: %w", err)
 		}
 	}
+	// The launcher opens rule paths without following links: the tools
+	// folder's are resolved once, here.
+	if c.opts.Tools != "" {
+		if t, err := filepath.Abs(c.opts.Tools); err == nil {
+			c.opts.Tools = t
+		}
+		if t, err := filepath.EvalSymlinks(c.opts.Tools); err == nil {
+			c.opts.Tools = t
+		}
+	}
 	c.abi = min(c.kernel, MaxABI)
 	return c, nil
 }
@@ -267,8 +284,9 @@ type Room struct {
 	// Workspace and Home are read and written (absolute, existing; no
 	// Home: "").
 	Workspace, Home string
-	// Tmp is the agent's TMPDIR (created if missing), read and written;
-	// FreshTmp empties it first.
+	// Tmp is the agent's TMPDIR (created if missing, a folder of the
+	// agent's owner), read and written; FreshTmp empties it first. Its
+	// parent must be a folder the agent cannot write (see AgentRoom).
 	Tmp      string
 	FreshTmp bool
 	// Exec are more executable files the agent may run (the agent's own
@@ -288,11 +306,20 @@ type Room struct {
 }
 
 // AgentRoom is the Room of a room's agent: its workspace and home, a
-// TMPDIR in the home emptied at each start, the commands it runs (its own,
-// its MCP servers') and the ports it reaches (the room's tools).
+// TMPDIR emptied at each start, the commands it runs (its own, its MCP
+// servers') and the ports it reaches (the room's tools).
+//
+// The TMPDIR is "tmp" beside the home, in the home's parent: that must be
+// the room's own folder, which the server owns and the agent cannot write
+// (Landlock grants it nothing there), so the agent can empty its TMPDIR
+// but never rename or replace it, and the name is the same at every start
+// (an attached agent's launch is compared with the one it had).
 func AgentRoom(workspace, home string, exec []string, ports []uint16) Room {
-	return Room{Workspace: workspace, Home: home, Tmp: filepath.Join(home, "tmp"), FreshTmp: true, Exec: exec, Ports: ports}
+	return Room{Workspace: workspace, Home: home, Tmp: agentTmp(home), FreshTmp: true, Exec: exec, Ports: ports}
 }
+
+// agentTmp is the TMPDIR AgentRoom gives the agent whose home is home.
+func agentTmp(home string) string { return filepath.Join(filepath.Dir(home), "tmp") }
 
 // Access is what a rule allows.
 type Access string
@@ -304,10 +331,9 @@ const (
 	// AccessReadExec: AccessRead and execute files.
 	AccessReadExec Access = "rx"
 	// AccessReadWrite: everything on files and folders beneath, executing,
-	// renaming and linking within and between such folders included.
+	// renaming and linking within and between such folders included,
+	// but making a device node.
 	AccessReadWrite Access = "rw"
-	// AccessDevice: read and write a device, and its ioctls (a terminal).
-	AccessDevice Access = "dev"
 )
 
 // Rule allows Access beneath Path.
@@ -316,6 +342,10 @@ type Rule struct {
 	Access Access `json:"access"`
 	// Optional: a Path that does not exist is skipped.
 	Optional bool `json:"optional,omitempty"`
+	// Own: one of the room's own folders (workspace, home, TMPDIR),
+	// which must be a folder owned by the agent's user (Policy.User's
+	// uid, else the launcher's).
+	Own bool `json:"own,omitempty"`
 }
 
 // Policy is one agent's confinement, as the launcher applies it.
@@ -329,7 +359,8 @@ type Policy struct {
 	// Tmp is the agent's TMPDIR.
 	Tmp string `json:"tmp"`
 	// User, when set, is the uid and gid the launcher switches to
-	// before it executes the agent (the launcher runs as root).
+	// before it executes the agent (the launcher must run as root); it
+	// then has no supplementary group.
 	User *User `json:"user,omitempty"`
 
 	exe string
@@ -343,64 +374,63 @@ var System = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/lib
 var Kernel = []string{"/proc", "/sys"}
 
 // Devices are the device nodes every agent reads and writes (those
-// missing are skipped); terminals get their ioctls.
+// missing are skipped). No terminal: an agent's stdio are pipes, and a
+// terminal an agent could open is someone's (the operator's shell).
 var Devices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"}
 
-// Terminals are the terminal devices agents use (a tool's pty).
-var Terminals = []string{"/dev/tty", "/dev/ptmx", "/dev/pts"}
-
 // Policy builds the agent's policy for r; nil (and no error) when agents
-// run unconfined. It creates r.Tmp.
+// run unconfined. It creates r.Tmp (emptied first with r.FreshTmp), a
+// folder of r.User's when set, and copies r.User into the policy.
 func (c *Confiner) Policy(r Room) (*Policy, error) {
 	if !c.Enforced() {
 		return nil, nil
 	}
-	own := []string{r.Workspace, r.Tmp}
-	if r.Home != "" {
-		own = append(own, r.Home)
-	}
-	// The launcher may run elsewhere (the process daemon): paths absolute.
-	for i, d := range own {
-		abs, err := filepath.Abs(d)
-		if err != nil || d == "" {
-			return nil, fmt.Errorf("confine: the agent's folder %q: %v", d, err)
+	// The launcher may run elsewhere (the process daemon) and opens each
+	// path without following links: absolute and canonical. The links of
+	// the folders holding the room's own (the server's folders) are
+	// resolved here; the room's own folder itself never is (the agent
+	// may have made it a link, which the launcher refuses).
+	var own []string
+	for _, f := range []struct{ what, path string }{{"workspace", r.Workspace}, {"TMPDIR", r.Tmp}, {"home", r.Home}} {
+		if f.path == "" && f.what == "home" {
+			continue
 		}
-		own[i] = abs
-	}
-	r.Tmp = own[1]
-	if r.FreshTmp {
-		if err := os.RemoveAll(r.Tmp); err != nil {
-			return nil, fmt.Errorf("confine: emptying the agent's TMPDIR: %w", err)
+		d, err := canonical(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("confine: the agent's %s %q: %w", f.what, f.path, err)
 		}
+		own = append(own, d)
 	}
-	if err := os.MkdirAll(r.Tmp, 0o700); err != nil {
-		return nil, fmt.Errorf("confine: the agent's TMPDIR: %w", err)
+	tmp := own[1]
+	if err := prepareTmp(tmp, r.FreshTmp, r.User); err != nil {
+		return nil, fmt.Errorf("confine: the agent's TMPDIR %s: %w", tmp, err)
 	}
 	for _, d := range own {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
 			return nil, fmt.Errorf("confine: %s is not a folder", d)
 		}
 	}
-	p := &Policy{ABI: c.abi, Tmp: r.Tmp, exe: c.opts.Exe}
+	p := &Policy{ABI: c.abi, Tmp: tmp, exe: c.opts.Exe}
 	if r.User != nil {
 		// The agent's own folders are its uid's (everything beneath too,
 		// the first time: a room from before it had one).
 		if err := ownFolders(r.User, own...); err != nil {
 			return nil, err
 		}
-		p.User = &User{UID: r.User.UID, GID: r.User.GID}
+		u := *r.User
+		p.User = &u
 	}
 	add := func(a Access, optional bool, paths ...string) {
 		for _, path := range paths {
 			p.Rules = append(p.Rules, Rule{Path: path, Access: a, Optional: optional})
 		}
 	}
-	add(AccessReadExec, true, System...)
-	add(AccessRead, true, Kernel...)
-	add(AccessReadWrite, true, Devices...)
-	add(AccessDevice, true, Terminals...)
+	system := existing(System)
+	add(AccessReadExec, true, system...)
+	add(AccessRead, true, existing(Kernel)...)
+	add(AccessReadWrite, true, existing(Devices)...)
 	// /etc/resolv.conf is often a link into /run, which is not read.
-	if t, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !under(t, System) {
+	if t, err := filepath.EvalSymlinks("/etc/resolv.conf"); err == nil && !under(t, system) {
 		add(AccessRead, true, t)
 	}
 	if c.opts.Tools != "" {
@@ -411,7 +441,7 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !under(path, System) && !(c.opts.Tools != "" && under(path, []string{c.opts.Tools})) {
+		if !under(path, system) && !(c.opts.Tools != "" && under(path, []string{c.opts.Tools})) {
 			add(AccessReadExec, false, path)
 		}
 	}
@@ -419,13 +449,54 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("confine: the agent's read-only folder %q is not absolute", d)
 		}
-		add(AccessRead, false, d)
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil {
+			return nil, fmt.Errorf("confine: the agent's read-only folder: %w", err)
+		}
+		add(AccessRead, false, real)
 	}
-	add(AccessReadWrite, false, own...)
+	for _, d := range own {
+		p.Rules = append(p.Rules, Rule{Path: d, Access: AccessReadWrite, Own: true})
+	}
 	if c.opts.Net != nil {
 		p.Net = sortPorts(append(slices.Clone(c.opts.Net), r.Ports...))
 	}
 	return p, nil
+}
+
+// canonical is path absolute, with the links of the folders above it
+// resolved and its own last element kept as it is.
+func canonical(path string) (string, error) {
+	if path == "" {
+		return "", errors.New("no path")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if abs == "/" {
+		return abs, nil
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, filepath.Base(abs)), nil
+}
+
+// existing is paths with their links resolved, those missing left out,
+// and those beneath one already listed too (merged-/usr systems' /bin is
+// /usr/bin).
+func existing(paths []string) []string {
+	var out []string
+	for _, path := range paths {
+		real, err := filepath.EvalSymlinks(path)
+		if err != nil || under(real, out) {
+			continue
+		}
+		out = append(out, real)
+	}
+	return out
 }
 
 // executable resolves a command name (on PATH) to its file, links
@@ -514,13 +585,20 @@ func sortPorts(ports []uint16) []uint16 {
 }
 
 // Enforces says, one line each, what a confined agent is held to on a
-// kernel of Landlock ABI abi (nothing below 1).
+// kernel of Landlock ABI abi (nothing below 1) on this architecture.
 func Enforces(abi int) []string {
 	if abi < 1 {
 		return nil
 	}
 	out := []string{
-		"files: the room's workspace, agent home and TMPDIR read and written; the system and the agents' folder read (and executed); /proc and /sys read; nothing else",
+		"files: the room's workspace, agent home and TMPDIR read and written (no device node made there); the system and the agents' folder read (and executed); /proc and /sys read; nothing else; each rule bound to the folder the launcher opened itself, a link refused",
+		"terminals: none (no /dev/tty, /dev/ptmx or /dev/pts)",
+		"privilege: no capability (effective, permitted, inheritable, ambient; as root also the bounding set, and securebits locked so that uid 0 gains none by executing) and no_new_privs; as root each room's agent runs as a uid of its own (serve --agent-uids), in a view of only its own folders where the server's are closed to it",
+	}
+	if seccompSupported {
+		out = append(out, "seccomp: refused (EPERM): AF_PACKET, raw and packet sockets; mknod of devices; TIOCSTI, TIOCLINUX; keyctl, add_key, request_key; bpf; perf_event_open; kexec; kernel modules; mount, umount, pivot_root and the new mount API; io_uring; user namespaces (clone3 answers ENOSYS); other architectures' and x32 syscalls")
+	} else {
+		out = append(out, "seccomp: none on this architecture (amd64 and arm64 only): raw and packet sockets and device nodes still need capabilities the agent lacks, but io_uring, user namespaces, TIOCSTI, MPTCP and UDP are not refused")
 	}
 	if abi < abiRefer {
 		out = append(out, "renaming or linking between folders fails with EXDEV (ABI 2 allows it within the room's folders)")
@@ -528,13 +606,16 @@ func Enforces(abi int) []string {
 	if abi < 3 {
 		out = append(out, "truncating a file the agent may read is not restricted (ABI 3)")
 	}
-	if abi >= abiNet {
-		out = append(out, "network: any, or with --confine-net PORTS TCP connect to those ports only and no TCP bind (UDP is not restricted)")
-	} else {
+	switch {
+	case abi >= abiNet && seccompSupported:
+		out = append(out, "network: any, or with --confine-net PORTS TCP connect to those ports only and no TCP bind; then sockets are unix, netlink and IPv4/IPv6 TCP only (no MPTCP, SCTP, ICMP or raw), and UDP only when 53 is among the ports (DNS; then UDP to any port)")
+	case abi >= abiNet:
+		out = append(out, "network: any, or with --confine-net PORTS TCP connect to those ports only and no TCP bind (UDP and MPTCP are not restricted on this architecture)")
+	default:
 		out = append(out, "network: not restricted (ABI 4); --confine-net is refused by landlock, ignored with a warning by auto")
 	}
 	if abi >= abiIoctl {
-		out = append(out, "device ioctls: terminals only")
+		out = append(out, "device ioctls: none")
 	}
 	if abi >= abiScoping {
 		out = append(out, "signals and abstract unix sockets: the room's own processes only (not the server, not other rooms)")

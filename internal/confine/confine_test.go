@@ -8,12 +8,19 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	// This test binary is the launcher of TestLaunch's commands.
+	// This test binary is the launcher of TestLaunch's commands, and
+	// the confined agent of the probes (agentProbe) and the non-root
+	// server of TestLaunch_NonRoot (nonRootServer).
 	Launch()
-	os.Exit(m.Run())
+	if testRole(m) {
+		return
+	}
+	goleak.VerifyTestMain(m)
 }
 
 func TestParseMode(t *testing.T) {
@@ -118,7 +125,12 @@ func TestPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws, home := t.TempDir(), t.TempDir()
-	tmp := filepath.Join(home, "tmp")
+	// The TMPDIR is beside the home, in its parent (the room's folder),
+	// which the agent cannot write.
+	tmp := filepath.Join(filepath.Dir(home), "tmp")
+	if agentTmp(home) != tmp {
+		t.Fatalf("agentTmp(%s) = %s", home, agentTmp(home))
+	}
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -142,10 +154,18 @@ func TestPolicy(t *testing.T) {
 		if r.Optional && (r.Path == ws || r.Path == home || r.Path == tmp || r.Path == tools) {
 			t.Errorf("the room's own %s is optional", r.Path)
 		}
+		// The room's own folders, and only they, are checked as the
+		// agent's.
+		if own := r.Path == ws || r.Path == home || r.Path == tmp; r.Own != own {
+			t.Errorf("rule for %s: own %v", r.Path, r.Own)
+		}
+		// Canonical: the launcher refuses a link anywhere in a path.
+		if real, err := filepath.EvalSymlinks(r.Path); err != nil || real != r.Path {
+			t.Errorf("rule for %s is not canonical (%s, %v)", r.Path, real, err)
+		}
 	}
 	want := map[string]Access{
-		"/usr": AccessReadExec, "/etc": AccessReadExec, "/proc": AccessRead, "/sys": AccessRead,
-		"/dev/null": AccessReadWrite, "/dev/pts": AccessDevice,
+		"/usr": AccessReadExec, "/etc": AccessReadExec, "/proc": AccessRead, "/sys": AccessRead, "/dev/null": AccessReadWrite,
 		tools: AccessReadExec, extra: AccessReadExec, ws: AccessReadWrite, home: AccessReadWrite, tmp: AccessReadWrite,
 	}
 	for path, a := range want {
@@ -156,7 +176,8 @@ func TestPolicy(t *testing.T) {
 	// A command under the tools or the system needs no rule of its own;
 	// nothing else of the machine is reachable.
 	for path := range rules {
-		if path == inTools || strings.HasPrefix(path, "/bin/sh") || path == "/tmp" || path == "/" || path == "/root" || path == "/home" || path == "/run" {
+		if path == inTools || strings.HasPrefix(path, "/bin/sh") || path == "/tmp" || path == "/" || path == "/root" || path == "/home" || path == "/run" ||
+			strings.HasPrefix(path, "/dev/pts") || path == "/dev/tty" || path == "/dev/ptmx" {
 			t.Errorf("unexpected rule for %s", path)
 		}
 	}
@@ -225,7 +246,7 @@ func TestPolicy_Wrap(t *testing.T) {
 	for _, kv := range env {
 		switch {
 		case strings.HasPrefix(kv, "TMPDIR="):
-			if kv != "TMPDIR="+filepath.Join(home, "tmp") {
+			if kv != "TMPDIR="+agentTmp(home) {
 				t.Errorf("env %s", kv)
 			}
 			n++

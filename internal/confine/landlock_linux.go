@@ -3,11 +3,12 @@ package confine
 import (
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
+	"path/filepath"
+	"strings"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
 )
 
 // KernelABI returns the running kernel's Landlock ABI (0: none, or
@@ -27,69 +28,145 @@ var configs = []landlock.Config{landlock.V1, landlock.V2, landlock.V3, landlock.
 // fileRights are the rights that apply to files (the rest are folders').
 const fileRights = ll.AccessFSExecute | ll.AccessFSWriteFile | ll.AccessFSReadFile | ll.AccessFSTruncate | ll.AccessFSIoctlDev
 
-// rights are each Access's rights on a folder (fileRights of them on a file).
-var rights = map[Access]landlock.AccessFSSet{
+// rights are each Access's rights on a folder (fileRights of them on a
+// file). Read-write folders get no device nodes (MakeChar, MakeBlock).
+var rights = map[Access]uint64{
 	AccessRead:     ll.AccessFSReadFile | ll.AccessFSReadDir,
 	AccessReadExec: ll.AccessFSReadFile | ll.AccessFSReadDir | ll.AccessFSExecute,
 	AccessReadWrite: ll.AccessFSExecute | ll.AccessFSWriteFile | ll.AccessFSReadFile | ll.AccessFSReadDir |
-		ll.AccessFSRemoveDir | ll.AccessFSRemoveFile | ll.AccessFSMakeChar | ll.AccessFSMakeDir | ll.AccessFSMakeReg |
-		ll.AccessFSMakeSock | ll.AccessFSMakeFifo | ll.AccessFSMakeBlock | ll.AccessFSMakeSym | ll.AccessFSRefer |
-		ll.AccessFSTruncate,
-	AccessDevice: ll.AccessFSReadFile | ll.AccessFSReadDir | ll.AccessFSWriteFile | ll.AccessFSTruncate | ll.AccessFSIoctlDev,
+		ll.AccessFSRemoveDir | ll.AccessFSRemoveFile | ll.AccessFSMakeDir | ll.AccessFSMakeReg |
+		ll.AccessFSMakeSock | ll.AccessFSMakeFifo | ll.AccessFSMakeSym | ll.AccessFSRefer | ll.AccessFSTruncate,
 }
 
-// config is the Landlock configuration of p, and its rules.
-func config(p *Policy) (landlock.Config, []landlock.Rule, error) {
-	if p.ABI < 1 || p.ABI > len(configs) {
-		return landlock.Config{}, nil, fmt.Errorf("the policy is for Landlock ABI %d; this build enforces 1 to %d", p.ABI, len(configs))
-	}
-	cfg := configs[p.ABI-1]
-	var rules []landlock.Rule
-	if p.Net == nil {
-		cfg.HandledAccessNet = 0
-	} else {
-		if p.ABI < abiNet {
-			return landlock.Config{}, nil, fmt.Errorf("a network policy needs Landlock ABI %d, the policy is for %d", abiNet, p.ABI)
-		}
-		// Bind is handled and never allowed: no listening socket.
-		cfg.HandledAccessNet = ll.AccessNetBindTCP | ll.AccessNetConnectTCP
-		for _, port := range p.Net {
-			rules = append(rules, landlock.ConnectTCP(port))
-		}
-	}
+// openedRule is a rule with what the launcher opened for it.
+type openedRule struct {
+	Rule
+	fd  int // O_PATH
+	dir bool
+}
+
+// openRules opens each rule's path without following links (see
+// openNoLinks); the room's own folders must be folders of owner. A
+// missing optional path is left out.
+func openRules(p *Policy, owner int) ([]openedRule, error) {
+	var out []openedRule
 	for _, r := range p.Rules {
-		set, ok := rights[r.Access]
-		if !ok {
-			return landlock.Config{}, nil, fmt.Errorf("rule for %s: unknown access %q", r.Path, r.Access)
+		if _, ok := rights[r.Access]; !ok {
+			return nil, fmt.Errorf("rule for %s: unknown access %q", r.Path, r.Access)
 		}
-		fi, err := os.Stat(r.Path)
-		if errors.Is(err, os.ErrNotExist) && r.Optional {
+		fd, err := openNoLinks(r.Path, r.Own)
+		if errors.Is(err, unix.ENOENT) && r.Optional {
 			continue
 		}
 		if err != nil {
-			return landlock.Config{}, nil, fmt.Errorf("rule for %s: %w", r.Path, err)
+			return nil, fmt.Errorf("rule for %s: %w", r.Path, err)
 		}
-		if !fi.IsDir() {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("rule for %s: %w", r.Path, err)
+		}
+		o := openedRule{Rule: r, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR}
+		if r.Own && int(st.Uid) != owner {
+			unix.Close(fd)
+			return nil, fmt.Errorf("rule for %s: the folder is uid %d's, not the agent's (uid %d): refused", r.Path, st.Uid, owner)
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// openNoLinks opens path (absolute and canonical) with O_PATH, refusing
+// a link anywhere in it (ELOOP): openat2 with RESOLVE_NO_SYMLINKS, or
+// where that is refused a walk of O_NOFOLLOW opens from the root. dir
+// also refuses anything but a folder.
+func openNoLinks(path string, dir bool) (int, error) {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return -1, fmt.Errorf("%q is not an absolute, canonical path", path)
+	}
+	flags := uint64(unix.O_PATH | unix.O_CLOEXEC)
+	if dir {
+		flags |= unix.O_DIRECTORY
+	}
+	fd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{Flags: flags, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		// A kernel before 5.6, or a container's seccomp profile.
+		fd, err = walkNoLinks(path, dir)
+	}
+	if errors.Is(err, unix.ELOOP) {
+		return -1, fmt.Errorf("%w: it is a link, or beneath one (refused: a rule is bound to the folder itself)", err)
+	}
+	return fd, err
+}
+
+// walkNoLinks is openNoLinks one element at a time.
+func walkNoLinks(path string, dir bool) (int, error) {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil || path == "/" {
+		return fd, err
+	}
+	elems := strings.Split(path[1:], "/")
+	for i, e := range elems {
+		next, err := unix.Openat(fd, e, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(next, &st); err != nil {
+			unix.Close(next)
+			return -1, err
+		}
+		switch mode := st.Mode & unix.S_IFMT; {
+		case mode == unix.S_IFLNK:
+			unix.Close(next)
+			return -1, unix.ELOOP
+		case mode != unix.S_IFDIR && (dir || i < len(elems)-1):
+			unix.Close(next)
+			return -1, unix.ENOTDIR
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// landlockRuleset is p's Landlock ruleset, each rule added on the fd the
+// launcher opened for it.
+func landlockRuleset(p *Policy, rules []openedRule) (int, error) {
+	if p.ABI < 1 || p.ABI > len(configs) {
+		return -1, fmt.Errorf("the policy is for Landlock ABI %d; this build enforces 1 to %d", p.ABI, len(configs))
+	}
+	cfg := configs[p.ABI-1]
+	attr := ll.RulesetAttr{HandledAccessFS: uint64(cfg.HandledAccessFS), Scoped: uint64(cfg.Scoped)}
+	if p.Net != nil {
+		if p.ABI < abiNet {
+			return -1, fmt.Errorf("a network policy needs Landlock ABI %d, the policy is for %d", abiNet, p.ABI)
+		}
+		// Bind is handled and never allowed: no listening socket.
+		attr.HandledAccessNet = ll.AccessNetBindTCP | ll.AccessNetConnectTCP
+	}
+	fd, err := ll.LandlockCreateRuleset(&attr, 0)
+	if err != nil {
+		return -1, fmt.Errorf("creating the Landlock ruleset (ABI %d): %w", p.ABI, err)
+	}
+	for _, r := range rules {
+		set := rights[r.Access] & attr.HandledAccessFS
+		if !r.dir {
 			set &= fileRights
 		}
-		rules = append(rules, landlock.PathAccess(set&cfg.HandledAccessFS, r.Path))
+		if set == 0 {
+			continue
+		}
+		if err := ll.LandlockAddPathBeneathRule(fd, &ll.PathBeneathAttr{AllowedAccess: set, ParentFd: r.fd}, 0); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("rule for %s: %w", r.Path, err)
+		}
 	}
-	return cfg, rules, nil
-}
-
-// restrict restricts this process (every thread) by p.
-func restrict(p *Policy) error {
-	cfg, rules, err := config(p)
-	if err != nil {
-		return err
+	for _, port := range p.Net {
+		if err := ll.LandlockAddNetPortRule(fd, &ll.NetPortAttr{AllowedAccess: ll.AccessNetConnectTCP, Port: uint64(port)}, 0); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("rule for port %d: %w", port, err)
+		}
 	}
-	if err := cfg.Restrict(rules...); err != nil {
-		return fmt.Errorf("restricting with Landlock: %w", err)
-	}
-	return nil
-}
-
-func execve(path string, argv, env []string) error {
-	err := syscall.Exec(path, argv, env)
-	return fmt.Errorf("executing %s: %w", path, err)
+	return fd, nil
 }

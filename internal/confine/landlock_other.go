@@ -7,6 +7,10 @@ import "errors"
 // KernelABI returns 0: Landlock is Linux's.
 func KernelABI() int { return 0 }
 
-func restrict(*Policy) error { return errors.New("confinement needs Landlock, which is Linux-only") }
+const seccompSupported = false
 
-func execve(string, []string, []string) error { return errors.New("not supported on this platform") }
+func start(*Policy, []string, []string) error {
+	return errors.New("confinement needs Landlock, which is Linux-only")
+}
+
+func prepareTmp(string, bool, *User) error { return errors.New("confinement is Linux-only") }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 )
@@ -30,6 +31,12 @@ func Launch() {
 	if len(os.Args) < 2 || os.Args[1] != LauncherArg {
 		return
 	}
+	// Credentials, capabilities, securebits, no_new_privs, the seccomp
+	// filter, the Landlock domain, the mount namespace and the working
+	// folder are each a thread's: the launcher sets them all on this one
+	// thread and executes the agent from it (execve keeps the caller's).
+	// It never unlocks: the thread is the agent's.
+	runtime.LockOSThread()
 	err := launch(os.Args[2:])
 	fmt.Fprintf(os.Stderr, "agenthost %s: %v\n", LauncherArg, err)
 	os.Exit(126)
@@ -50,8 +57,5 @@ func launch(args []string) error {
 		return fmt.Errorf("the policy: %w", err)
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, PolicyEnv+"=") })
-	if err := restrict(&p); err != nil {
-		return err
-	}
-	return execve(argv[0], argv, env)
+	return start(&p, argv, env)
 }

@@ -1,0 +1,185 @@
+package confine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+)
+
+// start is the launcher's work on its locked thread, in order: open the
+// command and what the rules name, checked (as the launcher's user: root
+// reaches any folder), make the agent's view of them when it gets a uid
+// of its own, build the Landlock ruleset and the seccomp filter, drop
+// every privilege, set no_new_privs, restrict, filter, execute.
+func start(p *Policy, argv, env []string) error {
+	cmd, err := openCommand(argv[0])
+	if err != nil {
+		return err
+	}
+	euid := os.Geteuid()
+	owner, covered := euid, ""
+	if p.User != nil {
+		if euid != 0 {
+			return fmt.Errorf("the policy runs the agent as uid %d, which needs the launcher to run as root (it runs as uid %d)", p.User.UID, euid)
+		}
+		if p.User.UID <= 0 || p.User.GID <= 0 {
+			return fmt.Errorf("the policy's user %d:%d is not an agent's uid and gid", p.User.UID, p.User.GID)
+		}
+		owner = p.User.UID
+		if covered, err = needsView(p, p.User); err != nil {
+			return err
+		}
+		if covered != "" {
+			// The rules are opened in the new namespace, so that they
+			// can be bound there.
+			if err := enterView(p.User, covered); err != nil {
+				return err
+			}
+		}
+	}
+	rules, err := openRules(p, owner)
+	if err != nil {
+		return err
+	}
+	if covered != "" {
+		if err := buildView(p.User, rules); err != nil {
+			return err
+		}
+	}
+	ruleset, err := landlockRuleset(p, rules)
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		unix.Close(r.fd)
+	}
+	filter, err := seccompFilter(p)
+	if err != nil {
+		return err
+	}
+	if err := dropPrivilege(p.User); err != nil {
+		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
+	}
+	// This thread only: it executes the agent, and the others end then.
+	if err := ll.LandlockRestrictSelf(ruleset, 0); err != nil {
+		return fmt.Errorf("restricting with Landlock: %w", err)
+	}
+	unix.Close(ruleset)
+	if filter != nil {
+		if err := installSeccomp(filter); err != nil {
+			return err
+		}
+	}
+	return cmd.exec(argv, env)
+}
+
+// command is the agent's executable, opened by the launcher (as root
+// when the agent gets a uid of its own, which may not reach it by path).
+type command struct {
+	path string // as given (argv[0])
+	fd   int
+	// script is a #! script's own path, links resolved: the interpreter
+	// opens the script by the path it is given, so it is executed by
+	// that path (the same file the launcher opened) rather than by fd.
+	script string
+}
+
+// openCommand opens path (absolute, as Wrap gives it), links followed:
+// what it leads to runs only where a rule lets the agent execute it.
+func openCommand(path string) (*command, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EACCES) {
+		// Execute-only (not root): no script then.
+		fd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the command %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("the command %s: not a file (%v)", path, err)
+	}
+	c := &command{path: path, fd: fd}
+	var magic [2]byte
+	if n, _ := unix.Pread(fd, magic[:], 0); n == 2 && string(magic[:]) == "#!" {
+		real, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return nil, fmt.Errorf("the command %s: %w", path, err)
+		}
+		sfd, err := openNoLinks(real, false)
+		if err != nil {
+			return nil, fmt.Errorf("the command %s: %w", real, err)
+		}
+		var sst unix.Stat_t
+		err = unix.Fstat(sfd, &sst)
+		unix.Close(sfd)
+		if err != nil || sst.Dev != st.Dev || sst.Ino != st.Ino {
+			return nil, fmt.Errorf("the command %s changed while it was opened", path)
+		}
+		c.script = real
+	}
+	return c, nil
+}
+
+// exec executes the command with argv and env: a script by its path, a
+// binary by the file the launcher opened (fexecve through /proc/self/fd,
+// as the C library does, so that Go's exec bookkeeping holds: no thread
+// created during it, the file limit restored).
+func (c *command) exec(argv, env []string) error {
+	if c.script != "" {
+		return fmt.Errorf("executing %s: %w", c.script, syscall.Exec(c.script, argv, env))
+	}
+	err := syscall.Exec("/proc/self/fd/"+strconv.Itoa(c.fd), argv, env)
+	if errors.Is(err, unix.ENOENT) {
+		// No /proc here: the path, which the rules let the agent reach.
+		err = syscall.Exec(c.path, argv, env)
+	}
+	return fmt.Errorf("executing %s: %w", c.path, err)
+}
+
+// prepareTmp makes tmp (emptied first when fresh) a folder of the agent's
+// owner (u, else this process's user), never following a link: os.RemoveAll
+// opens nothing through one, and the folder made is checked, not its
+// name.
+func prepareTmp(tmp string, fresh bool, u *User) error {
+	if fresh {
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mkdir(tmp, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	fd, err := unix.Open(tmp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		return fmt.Errorf("not a folder (%w)", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	uid, gid := os.Geteuid(), int(st.Gid)
+	if u != nil {
+		uid, gid = u.UID, u.GID
+	}
+	if int(st.Uid) != uid || int(st.Gid) != gid {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return fmt.Errorf("giving it to uid %d: %w", uid, err)
+		}
+	}
+	return nil
+}
