@@ -158,9 +158,6 @@ type Confiner struct {
 	warning string
 	euid    int        // the server's (tests pretend)
 	users   *roomUsers // nil: the range is empty
-	// switchesUser: the launcher runs agents as Policy.User (see
-	// launcherSwitchesUser; tests pretend).
-	switchesUser bool
 }
 
 // New resolves opts.Mode on this kernel: ModeAuto falls back to none (see
@@ -177,7 +174,7 @@ func New(opts Options) (*Confiner, error) {
 	if opts.Net != nil {
 		opts.Net = sortPorts(append(slices.Clone(opts.Net), opts.Ports...))
 	}
-	c := &Confiner{opts: opts, kernel: opts.KernelABI(), euid: os.Geteuid(), switchesUser: launcherSwitchesUser}
+	c := &Confiner{opts: opts, kernel: opts.KernelABI(), euid: os.Geteuid()}
 	if !opts.AgentUIDs.Empty() {
 		if _, err := ParseUIDs(opts.AgentUIDs.String()); err != nil {
 			return nil, err

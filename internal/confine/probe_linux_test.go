@@ -192,6 +192,30 @@ func agentProbe() {
 		_, _, e = unix.Syscall(uintptr(x32Bit)|unix.SYS_GETPID, 0, 0, 0)
 		say("x32", errOrNil(e))
 	}
+	// Another process of the room (here the probe's own child, which a
+	// parent may trace unless the filter says no): no attaching, no
+	// reading its memory, no copying its descriptors.
+	if child := exec.Command("sleep", "60"); child.Start() == nil {
+		pid := uintptr(child.Process.Pid)
+		_, _, e = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, pid, 0, 0, 0, 0)
+		say("ptrace.seize", errOrNil(e))
+		_, _, e = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_ATTACH, pid, 0, 0, 0, 0)
+		say("ptrace.attach", errOrNil(e))
+		var buf [8]byte
+		local := []unix.Iovec{{Base: &buf[0], Len: 8}}
+		remote := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&buf[0])), Len: 8}}
+		_, err := unix.ProcessVMReadv(int(pid), local, remote, 0)
+		say("process_vm_readv", err)
+		if pidfd, err := unix.PidfdOpen(int(pid), 0); err == nil {
+			_, err = unix.PidfdGetfd(pidfd, 0, 0)
+			say("pidfd_getfd", err)
+			unix.Close(pidfd)
+		} else {
+			say("pidfd_getfd", err)
+		}
+		child.Process.Kill()
+		child.Wait()
+	}
 
 	// Ordinary work.
 	cmd := exec.Command("sh", "-c", "echo forked")
@@ -380,6 +404,7 @@ var deniedAlways = map[string]string{
 	"ioctl.tiocsti": "EPERM", "ioctl.tiocsti-high": "EPERM", "ioctl.tioclinux": "EPERM", "ioctl.tioclinux-high": "EPERM",
 	"io_uring_setup": "EPERM", "unshare.user": "EPERM", "clone3": "ENOSYS", "keyctl": "EPERM", "add_key": "EPERM",
 	"bpf": "EPERM", "perf_event_open": "EPERM", "mount": "EPERM", "fsopen": "EPERM", "finit_module": "EPERM",
+	"ptrace.seize": "EPERM", "ptrace.attach": "EPERM", "process_vm_readv": "EPERM", "pidfd_getfd": "EPERM",
 	// Ordinary work.
 	"socket.netlink": "ok", "socket.unix": "ok", "socket.tcp": "ok", "socket.tcp6": "ok",
 	"mknodat.fifo": "ok", "ioctl.fionread": "ok", "sh": "ok",

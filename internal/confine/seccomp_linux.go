@@ -38,6 +38,9 @@ var seccompDenied = []struct {
 	// io_uring makes sockets (and opens files) without the syscalls
 	// this filter reads.
 	{"io_uring_setup", unix.SYS_IO_URING_SETUP}, {"io_uring_enter", unix.SYS_IO_URING_ENTER}, {"io_uring_register", unix.SYS_IO_URING_REGISTER},
+	// Another process's memory and descriptors (see ptrace below).
+	{"process_vm_readv", unix.SYS_PROCESS_VM_READV}, {"process_vm_writev", unix.SYS_PROCESS_VM_WRITEV},
+	{"pidfd_getfd", unix.SYS_PIDFD_GETFD},
 }
 
 // seccomp_data's layout: nr (int), arch (u32), ip (u64), args (6 x u64).
@@ -89,6 +92,7 @@ func seccompFilter(p *Policy) ([]unix.SockFilter, error) {
 	}
 	a.jeq(unix.SYS_CLONE, "newuser", "")
 	a.jeq(unix.SYS_UNSHARE, "newuser", "")
+	a.jeq(unix.SYS_PTRACE, "ptrace", "")
 	a.ret(allow)
 
 	// socket(domain, type, protocol)
@@ -159,6 +163,17 @@ func seccompFilter(p *Policy) ([]unix.SockFilter, error) {
 	a.label("newuser")
 	a.ld(argLow(0))
 	a.jset(unix.CLONE_NEWUSER, "eperm", "allow")
+
+	// ptrace(request, pid, ...): no process of the room attaches to
+	// another, the room's agent above all (same uid, same Landlock
+	// domain): it would take the agent's channel to the host (its stdio
+	// sockets) and so answer the room's approvals. PTRACE_TRACEME, a
+	// child offering itself to its parent, stays. request is a long;
+	// refusing on the low 32 bits alone refuses more, never less.
+	a.label("ptrace")
+	a.ld(argLow(0))
+	a.jeq(unix.PTRACE_ATTACH, "eperm", "")
+	a.jeq(unix.PTRACE_SEIZE, "eperm", "allow")
 
 	a.label("allow")
 	a.ret(allow)

@@ -32,14 +32,6 @@ const (
 	uidLock     = ".agent-uids" // serialises allocations between processes, in the rooms' folder
 )
 
-// launcherSwitchesUser says whether the launcher runs the agent as
-// Policy.User. Until it does, rooms get no uid (AgentUsers is empty): a
-// room's folders given to a uid its agent does not run as would lock the
-// agent's own tools out of them (git refuses a repository another user
-// owns). The launcher's switch sets it (README, "Agents as uids of their
-// own", describes it set).
-const launcherSwitchesUser = false
-
 // ErrNoAgentUID: every uid of Options.AgentUIDs is held by a room; the
 // room's agent does not start.
 var ErrNoAgentUID = errors.New("confine: every uid of the agents' range is taken")
@@ -129,7 +121,7 @@ func (c *Confiner) RoomUser(dir string) (*User, error) {
 // AgentUsers is the range rooms' agents get uids from: empty when they run
 // as the server's own user (see RoomUser).
 func (c *Confiner) AgentUsers() UIDRange {
-	if !c.Enforced() || c.users == nil || c.euid != 0 || !c.switchesUser {
+	if !c.Enforced() || c.users == nil || c.euid != 0 {
 		return UIDRange{}
 	}
 	return c.users.rng

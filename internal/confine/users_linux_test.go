@@ -19,7 +19,7 @@ func usersConfiner(t *testing.T, rng UIDRange) *Confiner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.euid, c.switchesUser = 0, true
+	c.euid = 0
 	return c
 }
 
@@ -70,11 +70,6 @@ func TestRoomUserOnlyWhenRootRangeAndEnforced(t *testing.T) {
 		"not root": func() *Confiner {
 			c := usersConfiner(t, DefaultAgentUIDs)
 			c.euid = 1000
-			return c
-		}(),
-		"the launcher does not switch": func() *Confiner {
-			c := usersConfiner(t, DefaultAgentUIDs)
-			c.switchesUser = false
 			return c
 		}(),
 	} {
@@ -255,7 +250,9 @@ func TestPolicyGivesTheRoomsFoldersToItsUser(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(base, "token-file"), []byte("t"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop, done := make(chan struct{}), make(chan int)
+	// The swapper has swapped once before Policy starts, and goes on
+	// until it ends.
+	stop, done, swapping := make(chan struct{}), make(chan int), make(chan struct{})
 	go func() {
 		n := 0
 		defer func() { done <- n }()
@@ -270,10 +267,13 @@ func TestPolicyGivesTheRoomsFoldersToItsUser(t *testing.T) {
 				_ = os.Symlink(other, src)
 				_ = os.Remove(src)
 				_ = os.Rename(real, src)
-				n++
+				if n++; n == 1 {
+					close(swapping)
+				}
 			}
 		}
 	}()
+	<-swapping
 	c := usersConfiner(t, DefaultAgentUIDs)
 	u, err := c.RoomUser(dir)
 	if err != nil {
@@ -337,7 +337,7 @@ func BenchmarkRoomUser(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.euid, c.switchesUser = 0, true
+	c.euid = 0
 	for i := range 1000 {
 		d := filepath.Join(rooms, fmt.Sprintf("r%d", i))
 		if err := os.Mkdir(d, 0o700); err != nil {

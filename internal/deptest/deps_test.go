@@ -56,8 +56,9 @@ var allowed = map[string][]string{
 	// The agents' installs and homes: the standard library, and agentfs
 	// for what goes into a home.
 	module + "/internal/agents": {module + "/internal/agentfs"},
-	// Git workspaces: the standard library and the git program only.
-	module + "/internal/gitws": nil,
+	// Git workspaces: the standard library, the git program, and agentfs to
+	// give a worktree to the uid of the room that owns its folder.
+	module + "/internal/gitws": {module + "/internal/agentfs"},
 	// Usage normalisation: the standard library and the records (its Usage is
 	// record.Usage), so every agent path (rpc, acp) and rooms can use it.
 	module + "/internal/usage": {module + "/record"},
@@ -75,7 +76,7 @@ var allowed = map[string][]string{
 		sqliteDeps...),
 	// Rooms' workspaces from git: the engine, and rooms (whose interface it
 	// implements); never the server, a transport or an agent.
-	module + "/internal/roomgit": {module + "/room", module + "/internal/gitws", module + "/record", module + "/event"},
+	module + "/internal/roomgit": {module + "/room", module + "/internal/gitws", module + "/internal/agentfs", module + "/record", module + "/event"},
 	// The store is SQLite and the public record types: rooms own the
 	// interface they need from it, so it can be swapped for another engine.
 	module + "/internal/store": append([]string{module + "/record"}, sqliteDeps...),

@@ -17,10 +17,16 @@ import (
 // mirrorConfig is the whole config of every mirror. The engine writes it before each use, so
 // nothing written into a mirror's config by anyone else (a room's agent, without confinement)
 // stays in effect: no filters, hooks, fsmonitor or alternates but the engine's.
+//
+// sharedRepository makes what git writes there readable by everyone whatever the server's umask:
+// a room's agent running as a uid of its own reads its worktree's objects from the mirror (the
+// data dir above keeps other users out, and Landlock other rooms' agents out of mirrors not
+// theirs).
 const mirrorConfig = `[core]
 	repositoryformatversion = 0
 	filemode = true
 	bare = true
+	sharedRepository = 0644
 [gc]
 	auto = 0
 [maintenance]
@@ -131,7 +137,11 @@ func (e *Engine) ensureMirror(ctx context.Context, mirror string) error {
 		if err != nil {
 			return fmt.Errorf("gitws: %w", err)
 		}
-		if _, err := e.run(ctx, call{op: "init", args: []string{"init", "--quiet", "--bare", "--template=", tmp}}); err != nil {
+		if err := os.Chmod(tmp, 0o755); err != nil {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("gitws: %w", err)
+		}
+		if _, err := e.run(ctx, call{op: "init", args: []string{"init", "--quiet", "--bare", "--shared=0644", "--template=", tmp}}); err != nil {
 			os.RemoveAll(tmp)
 			return err
 		}
@@ -139,6 +149,10 @@ func (e *Engine) ensureMirror(ctx context.Context, mirror string) error {
 			os.RemoveAll(tmp)
 			return fmt.Errorf("gitws: %w", err)
 		}
+	}
+	// A mirror made before sharedRepository was a folder of the server's alone.
+	if err := os.Chmod(mirror, 0o755); err != nil {
+		return fmt.Errorf("gitws: %w", err)
 	}
 	if err := writeAtomic(filepath.Join(mirror, "config"), []byte(mirrorConfig)); err != nil {
 		return err
@@ -171,9 +185,11 @@ func (e *Engine) checkout(ctx context.Context, mirror, commit, dir string) error
 	if err := os.WriteFile(filepath.Join(gitDir, "objects", "info", "alternates"), []byte(alt), 0o600); err != nil {
 		return fmt.Errorf("gitws: %w", err)
 	}
-	_, err := e.run(ctx, call{op: "checkout", args: []string{"--git-dir=" + gitDir, "--work-tree=" + dir,
-		"checkout", "--quiet", "--detach", commit, "--"}})
-	return err
+	if _, err := e.run(ctx, call{op: "checkout", args: []string{"--git-dir=" + gitDir, "--work-tree=" + dir,
+		"checkout", "--quiet", "--detach", commit, "--"}}); err != nil {
+		return err
+	}
+	return giveToOwner(dir)
 }
 
 // pruneMirror deletes the mirror when no room's record names it. A room whose prepare is
