@@ -593,7 +593,7 @@ func Enforces(abi int) []string {
 		"privilege: no capability (effective, permitted, inheritable, ambient; as root also the bounding set, and securebits locked so that uid 0 gains none by executing) and no_new_privs; as root each room's agent runs as a uid of its own (serve --agent-uids), in a view of only its own folders where the server's are closed to it",
 	}
 	if seccompSupported {
-		out = append(out, "seccomp: refused (EPERM): AF_PACKET, raw and packet sockets; mknod of devices; TIOCSTI, TIOCLINUX; keyctl, add_key, request_key; bpf; perf_event_open; kexec; kernel modules; mount, umount, pivot_root and the new mount API; io_uring; user namespaces (clone3 answers ENOSYS); other architectures' and x32 syscalls")
+		out = append(out, "seccomp: refused (EPERM): AF_PACKET, raw and packet sockets; mknod of devices; TIOCSTI, TIOCLINUX; keyctl, add_key, request_key; bpf; perf_event_open; kexec; kernel modules; mount, umount, pivot_root and the new mount API; io_uring; user namespaces (clone3 answers ENOSYS); ptrace attach, process_vm_readv/writev and pidfd_getfd (within the room too); other architectures' and x32 syscalls")
 	} else {
 		out = append(out, "seccomp: none on this architecture (amd64 and arm64 only): raw and packet sockets and device nodes still need capabilities the agent lacks, but io_uring, user namespaces, TIOCSTI, MPTCP and UDP are not refused")
 	}
