@@ -76,8 +76,11 @@ func New(opts Options) *Snapshots {
 var _ room.Snapshots = (*Snapshots)(nil)
 
 // open returns the room's repository, opening it (and reading its
-// journal) at first use; the caller unlocks rr.mu.
-func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace) (*roomRepo, error) {
+// journal) at first use; the caller unlocks rr.mu. Only create (a turn's
+// first snapshot) makes the room's folder and repository: a diff or a
+// revert of a room that has none (a room being deleted) finds no
+// snapshots rather than making them.
+func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace, create bool) (*roomRepo, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -92,6 +95,12 @@ func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace) (*roomRepo, 
 	rr.mu.Lock()
 	if rr.repo != nil {
 		return rr, nil
+	}
+	if !create {
+		if _, err := os.Lstat(filepath.Join(p.Dir, "repo")); errors.Is(err, fs.ErrNotExist) {
+			rr.mu.Unlock()
+			return nil, fmt.Errorf("%w: no snapshots in this room", room.ErrNotFound)
+		}
 	}
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		rr.mu.Unlock()
@@ -190,7 +199,7 @@ func (rr *roomRepo) record(e journalEntry) error {
 
 // Before records the workspace as turn starts.
 func (s *Snapshots) Before(ctx context.Context, p room.SnapshotPlace, turn string) error {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, true)
 	if err != nil {
 		return err
 	}
@@ -204,7 +213,7 @@ func (s *Snapshots) Before(ctx context.Context, p room.SnapshotPlace, turn strin
 
 // After records the workspace as turn ends and counts its changes.
 func (s *Snapshots) After(ctx context.Context, p room.SnapshotPlace, turn string) (room.Changes, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.Changes{}, err
 	}
@@ -314,7 +323,7 @@ func (rr *roomRepo) ids(turn string) (turnIDs, error) {
 
 // Diff tells what turn changed.
 func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string) (room.TurnDiff, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.TurnDiff{}, err
 	}
@@ -346,7 +355,7 @@ func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string)
 
 // Revert restores the workspace to its snapshot before turn.
 func (s *Snapshots) Revert(ctx context.Context, p room.SnapshotPlace, turn string) (room.Reverted, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.Reverted{}, err
 	}
