@@ -1154,7 +1154,11 @@ func TestCloseWhileStreamsJoin(t *testing.T) {
 		// A join that gets past the request's checks after Close (its
 		// context is cancelled asynchronously) must not start a hub:
 		// that would add to the WaitGroup Close already waited on.
-		if _, _, leave, err := h.s.hubs.join("c0"); err == nil {
+		inc, err := h.s.m.Incarnation(t.Context(), "c0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, leave, err := h.s.hubs.join("c0", inc); err == nil {
 			leave()
 			t.Fatalf("round %d: a hub started after Close", round)
 		}
