@@ -40,6 +40,7 @@ type harness struct {
 	ts   *httptest.Server
 	seen *observed
 	sim  *modelsim.Server // the scripted model of a real harness
+	root string           // the rooms' folders (room.Options.Root)
 }
 
 // observed collects the route patterns and statuses the server answered.
@@ -66,6 +67,7 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 	}
 	h := &harness{t: t, db: db, f: newFakeTransport(), seen: &observed{m: map[string]map[int]bool{}}}
 	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), h.f, filepath.Join(dir, "rooms")
+	h.root = ropts.Root
 	if ropts.Agents == nil {
 		ropts.Agents = []string{"omp", "pi"}
 	}
@@ -927,6 +929,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	queueFull(t, h)
 	diffAndRevert(t, h)
 	configAndBudget(t, h)
+	idempotentSubmit(t, h)
 	known := h.post("known", "hello")
 	h.ended("known", known)
 	runBadCases(t, h)
