@@ -200,7 +200,7 @@ func newSendCmd() *cobra.Command {
 		Use:   "send ROOM MESSAGE [--follow]",
 		Short: "Send a message to a room of a running server",
 		Long: `Send a message to a room. Without --follow it prints the accepted message's
-id and sequence number (--json: {"id","seq"}). With --follow it shows progress
+id and sequence number (--json: {"id","seq","incarnation"}). With --follow it shows progress
 on stderr (a question's options, an approval's decision) while it waits,
 streams the answer to stdout (--json: the room's events as JSON lines), and
 ends on the message's message.ended event: exit 0 settled or answered a
