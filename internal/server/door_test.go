@@ -397,7 +397,9 @@ func (x *doorRound) check(t *testing.T, answers []doorAnswer) {
 		if id == "" || len(by[op]) == 0 {
 			return
 		}
-		taken := has(func(ev map[string]any) bool { return ev["type"] == typ && ev[key] == id && ev["by"] == "person" && extra(ev) })
+		taken := has(func(ev map[string]any) bool {
+			return ev["type"] == typ && ev[key] == id && ev["by"] == "person" && extra(ev)
+		})
 		if ok > 1 || (ok == 1) != taken {
 			t.Fatalf("%s: %d of %d %s answered 200, and the log says taken %v", x.rm, ok, len(by[op]), op, taken)
 		}
