@@ -72,6 +72,10 @@ type SkippedPath struct {
 
 // ChangedFile is one file a turn changed.
 type ChangedFile struct {
+	// Path is relative to the workspace; a name that is not UTF-8, or
+	// starts with a double quote, is Go-quoted ("\xff.txt" for the
+	// bytes ff 2e 74 78 74: strconv.Unquote reverses it), as in Reverted
+	// and SkippedPath.
 	Path string `json:"path"`
 	// Status is "added", "modified" or "deleted".
 	Status     string `json:"status"`

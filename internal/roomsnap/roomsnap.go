@@ -17,8 +17,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/agenthost/agenthost/internal/snapshot"
 	"github.com/agenthost/agenthost/room"
@@ -270,7 +272,7 @@ func writeSkipped(dir, turn string, rep snapshot.Report) error {
 	}
 	r := skippedReport{Skipped: make([]room.SkippedPath, 0, len(rep.Skipped)), Omitted: rep.SkippedOmitted}
 	for _, s := range rep.Skipped {
-		r.Skipped = append(r.Skipped, room.SkippedPath{Path: s.Path, Reason: string(s.Reason), Size: s.Size})
+		r.Skipped = append(r.Skipped, room.SkippedPath{Path: quotePath(s.Path), Reason: string(s.Reason), Size: s.Size})
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -341,7 +343,7 @@ func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string)
 		Changes: room.Changes{Files: d.Changes.Files, Insertions: d.Changes.Insertions, Deletions: d.Changes.Deletions},
 		Patch:   d.Patch, Truncated: d.Truncated}
 	for _, f := range d.Files {
-		out.Files = append(out.Files, room.ChangedFile{Path: f.Path, Status: string(f.Status), Insertions: f.Insertions,
+		out.Files = append(out.Files, room.ChangedFile{Path: quotePath(f.Path), Status: string(f.Status), Insertions: f.Insertions,
 			Deletions: f.Deletions, Binary: f.Binary})
 	}
 	sk, err := readSkipped(p.Dir, turn)
@@ -366,9 +368,28 @@ func (s *Snapshots) Revert(ctx context.Context, p room.SnapshotPlace, turn strin
 	}
 	res, err := rr.repo.Restore(ctx, t.before)
 	if err != nil {
-		return room.Reverted{Files: res.Paths, Kept: res.Kept}, err
+		return room.Reverted{Files: quotePaths(res.Paths), Kept: quotePaths(res.Kept)}, err
 	}
-	return room.Reverted{Files: res.Paths, Kept: res.Kept}, nil
+	return room.Reverted{Files: quotePaths(res.Paths), Kept: quotePaths(res.Kept)}, nil
+}
+
+// quotePath is how a path is named to clients (room.ChangedFile.Path):
+// as it is, unless it is not UTF-8 (a file name is any bytes; JSON would
+// turn the others into U+FFFD, and a client could neither name nor tell
+// the file) or starts with a double quote: then Go-quoted (strconv.Quote,
+// which strconv.Unquote reverses; git quotes such names too).
+func quotePath(p string) string {
+	if utf8.ValidString(p) && !strings.HasPrefix(p, `"`) {
+		return p
+	}
+	return strconv.Quote(p)
+}
+
+func quotePaths(ps []string) []string {
+	for i, p := range ps {
+		ps[i] = quotePath(p)
+	}
+	return ps
 }
 
 var _ room.SnapshotForgetter = (*Snapshots)(nil)

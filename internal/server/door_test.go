@@ -902,3 +902,18 @@ func TestConfigRefusesWhatFailsEveryTurn(t *testing.T) {
 		t.Fatalf("refused PUTs made the room: %d %s", r.status, r.body)
 	}
 }
+
+// diff_revert, purge.sh (review-api F11): a path with . or .. segments is
+// 400 with the reason, not a redirect answered "no such route".
+func TestUncleanPathsAreRefused(t *testing.T) {
+	h := newHarness(t, room.Options{}, Options{})
+	for _, c := range []struct{ method, path string }{
+		{"DELETE", "/v1/rooms/..?purge=true"},
+		{"POST", "/v1/rooms/r/turns/../revert"},
+	} {
+		r := h.do(c.method, c.path, nil)
+		if r.status != http.StatusBadRequest || r.header.Get("Location") != "" || !strings.Contains(string(r.body), "clean form") {
+			t.Errorf("%s %s: %d %v %s", c.method, c.path, r.status, r.header, r.body)
+		}
+	}
+}

@@ -219,8 +219,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cw := &captureWriter{header: w.Header()}
 		h.ServeHTTP(cw, r)
 		msg := "no such route"
-		if cw.status == http.StatusMethodNotAllowed {
+		switch {
+		case cw.status == http.StatusMethodNotAllowed:
 			msg = "method " + r.Method + " not allowed here"
+		case cw.status/100 == 3:
+			// The mux redirects a path with . or .. segments (or a double
+			// slash) to its clean form: a DELETE of /v1/rooms/.. is no
+			// room's, and is told so rather than sent elsewhere.
+			w.Header().Del("Location")
+			cw.status, msg = http.StatusBadRequest, "the path must be in its clean form: no . or .. segment, no double slash"
 		}
 		writeError(w, cw.status, msg)
 		return
