@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // postKeyed posts a message with an Idempotency-Key and returns the
@@ -255,4 +257,31 @@ func TestSend_SentAgainWithOneKey(t *testing.T) {
 	if len(keys) != 2 || keys[0] == "" || keys[0] != keys[1] {
 		t.Fatalf("Idempotency-Keys %q", keys)
 	}
+}
+
+// The page of a room that is purged and made again under its id starts
+// over (issue 47 item 3): it shows the new room's conversation and none of
+// the old one's, though the new room's events start at 1 again.
+func TestServePagePurgedRoomStartsOver_Chromium(t *testing.T) {
+	ctx := newBrowser(t)
+	t.Setenv(tokenEnv, "t0ken-page")
+	url, _, _ := startServe(t, append([]string{"--data", t.TempDir(), "--confine", "off"}, fakeAgentArgs(t)...)...)
+	token := "t0ken-page"
+	for _, text := range []string{"old one", "old two"} {
+		if code, b := call(t, "POST", url+"v1/rooms/pg/messages", token, `{"text":"`+text+`"}`); code != http.StatusAccepted {
+			t.Fatalf("post: %d %s", code, b)
+		}
+	}
+	users := `[...document.querySelectorAll("#log .msg.user .text")].map(e => e.textContent).join("|")`
+	act(t, ctx, "opening the room", chromedp.Navigate(url+"#token="+token+"&room=pg"))
+	waitFor(t, ctx, "the old room's messages and answers", users+` === "old one|old two" && document.querySelectorAll("#log .msg.assistant[data-outcome=settled]").length === 2`)
+	if code, b := call(t, "DELETE", url+"v1/rooms/pg?purge=true", token, ""); code != http.StatusOK {
+		t.Fatalf("purge: %d %s", code, b)
+	}
+	// The page hears of the purge and starts over on an empty room.
+	waitFor(t, ctx, "the page to forget the purged room", users+` === ""`)
+	if code, b := call(t, "POST", url+"v1/rooms/pg/messages", token, `{"text":"new one"}`); code != http.StatusAccepted {
+		t.Fatalf("post: %d %s", code, b)
+	}
+	waitFor(t, ctx, "the new room's message and answer", users+` === "new one" && document.querySelectorAll("#log .msg.assistant[data-outcome=settled]").length === 1`)
 }
