@@ -466,7 +466,7 @@ events from its first; while the id names no room, --follow waits for one.`,
 				if ev.Type == client.TypeReset {
 					var r client.Reset
 					_ = ev.Decode(&r)
-					fmt.Fprintf(cmd.ErrOrStderr(), "agenthost: room %s: %s; its events start again at 1\n", args[0], r.Reason)
+					fmt.Fprintf(cmd.ErrOrStderr(), "agenthost: room %s's events start again: %s\n", args[0], r.Reason)
 				}
 			}
 			return nil

@@ -167,7 +167,7 @@ func TestEventsFollow_AcrossPurgeAndRecreate(t *testing.T) {
 			t.Fatalf("the new room's events out of order: %v", seqs)
 		}
 	}
-	if !strings.Contains(c.errAll.String(), "its events start again at 1") {
+	if !strings.Contains(c.errAll.String(), "room r's events start again: the room was deleted") {
 		t.Fatalf("stderr says nothing of the reset:\n%s", c.errAll.String())
 	}
 }
