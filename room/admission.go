@@ -69,7 +69,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 			// Sent again (a lost answer): the message is in the shared
 			// store once its holder accepted it.
 			if acc, ok, err := m.accepted(ctx, room, id, msg); ok || err != nil {
-				return m.withIncarnation(ctx, room, acc), err
+				return m.withIncarnation(ctx, room, nil, acc), err
 			}
 		}
 		// The front end refuses a room it knows is over its budget (the
@@ -94,7 +94,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		if err != nil || acc.Seq == 0 {
 			return acc, err
 		}
-		return m.withIncarnation(ctx, room, acc), nil
+		return m.withIncarnation(ctx, room, nil, acc), nil
 	}
 	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
@@ -108,14 +108,14 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		}
 		defer unlock()
 		if acc, ok, err := m.accepted(ctx, room, id, msg); ok || err != nil {
-			return m.withIncarnation(ctx, room, acc), err
+			return m.withIncarnation(ctx, room, r, acc), err
 		}
 	}
 	acc, err := m.admit(ctx, r, id, msg)
 	if err != nil {
 		return Accepted{}, err
 	}
-	return m.withIncarnation(ctx, room, acc), nil
+	return m.withIncarnation(ctx, room, r, acc), nil
 }
 
 // admit accepts msg under id into r, whose door the caller passed.

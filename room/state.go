@@ -124,6 +124,12 @@ func (m *Manager) Incarnation(ctx context.Context, room string) (string, error) 
 	m.mu.Lock()
 	r := m.rooms[room]
 	m.mu.Unlock()
+	return m.incarnationOf(ctx, room, r)
+}
+
+// incarnationOf is Incarnation with the room's state in memory (r, nil
+// when there is none).
+func (m *Manager) incarnationOf(ctx context.Context, room string, r *roomState) (string, error) {
 	if r != nil {
 		r.mu.Lock()
 		inc := r.incarnation
@@ -149,12 +155,18 @@ func (m *Manager) Incarnation(ctx context.Context, room string) (string, error) 
 }
 
 // withIncarnation fills acc's Incarnation (left "" when the store cannot
-// say now: the message is accepted all the same).
-func (m *Manager) withIncarnation(ctx context.Context, room string, acc Accepted) Accepted {
+// say now: the message is accepted all the same); r is the room's state
+// (nil: looked up).
+func (m *Manager) withIncarnation(ctx context.Context, room string, r *roomState, acc Accepted) Accepted {
 	if acc.ID == "" {
 		return acc
 	}
-	if inc, err := m.Incarnation(ctx, room); err == nil {
+	if r == nil {
+		m.mu.Lock()
+		r = m.rooms[room]
+		m.mu.Unlock()
+	}
+	if inc, err := m.incarnationOf(ctx, room, r); err == nil {
 		acc.Incarnation = inc
 	}
 	return acc
