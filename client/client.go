@@ -6,8 +6,19 @@
 // Every call takes a context.Context, which bounds it, a stream's
 // reconnects included. An error the server answered is an *APIError that
 // matches one of ErrBadRequest, ErrUnauthorized, ErrNotFound, ErrConflict,
-// ErrQueueFull and ErrUnavailable with errors.Is; a server that does not
-// answer gives ErrUnreachable.
+// ErrKeyReused, ErrQueueFull and ErrUnavailable with errors.Is; a server
+// that does not answer gives ErrUnreachable.
+//
+// Exactly once: Send sends every message with an idempotency key and, when
+// the answer is lost (a dropped connection, a server restarting), sends it
+// again with the same key; the room accepts one message per key, so a
+// message is accepted once and runs one turn however often it is sent.
+//
+// A room's events belong to one incarnation of it: a room deleted (Purge)
+// and created again under its id starts its log at 1 again. A stream that
+// resumes into another incarnation yields a reset event (TypeReset) and
+// goes on from the room's first event, so a follower never skips the new
+// room's events or takes them for the old one's.
 //
 // A room's events are package event's types: Event.Payload decodes one.
 // The package depends on the standard library and on agenthost's two
@@ -17,10 +28,13 @@ package client
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -53,6 +67,12 @@ var (
 	// ErrUnreachable: no answer from the server (refused, reset, no
 	// route). A stream retries these.
 	ErrUnreachable = errors.New("client: no answer from the server")
+	// ErrKeyReused: the room accepted another message with the same
+	// idempotency key (422); the error's text names it.
+	ErrKeyReused = errors.New("client: idempotency key reused for another message")
+	// ErrReset: the room was deleted (purged) while Wait waited for one
+	// of its messages; the message is gone with it.
+	ErrReset = errors.New("client: the room was deleted")
 )
 
 // APIError is an error answer of the server.
@@ -61,6 +81,9 @@ type APIError struct {
 	StatusCode int
 	// Message is the server's error text (its {"error": ...} body).
 	Message string
+	// RetryAfter is how long the server asked the client to wait before
+	// it tries again (its Retry-After header; 0 when it did not say).
+	RetryAfter time.Duration
 }
 
 func (e *APIError) Error() string {
@@ -78,6 +101,8 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrNotFound
 	case http.StatusConflict:
 		return target == ErrConflict
+	case http.StatusUnprocessableEntity:
+		return target == ErrKeyReused
 	case http.StatusTooManyRequests:
 		if strings.HasPrefix(e.Message, "room budget exhausted") {
 			return target == ErrBudgetExhausted
@@ -100,6 +125,11 @@ const (
 	// (the server sends a heartbeat every 15 s) before it is taken for
 	// dead and reconnected.
 	DefaultIdleTimeout = 45 * time.Second
+	// DefaultSendAttempts bounds the attempts of one Send.
+	DefaultSendAttempts = 5
+	// maxRetryAfter bounds the wait a server's Retry-After may ask of
+	// Send between two attempts.
+	maxRetryAfter = time.Minute
 	// maxResponse bounds a JSON answer; maxEventLine bounds one line of
 	// an event stream.
 	maxResponse  = 64 << 20
@@ -115,9 +145,13 @@ type Options struct {
 	// each call is the intended bound.
 	HTTPClient *http.Client
 	// MinBackoff is a stream's first wait before reconnecting (default:
-	// the server's SSE retry field, else DefaultMinBackoff); the wait
-	// doubles per failed attempt up to MaxBackoff (DefaultMaxBackoff).
+	// the server's SSE retry field, else DefaultMinBackoff), and Send's
+	// before sending again (default DefaultMinBackoff); the wait doubles
+	// per failed attempt up to MaxBackoff (DefaultMaxBackoff).
 	MinBackoff, MaxBackoff time.Duration
+	// SendAttempts bounds the attempts of one Send (default
+	// DefaultSendAttempts; 1: it never sends again).
+	SendAttempts int
 	// IdleTimeout: a stream silent this long is reconnected (default
 	// DefaultIdleTimeout).
 	IdleTimeout time.Duration
@@ -175,6 +209,9 @@ func New(baseURL string, opts Options) (*Client, error) {
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = DefaultIdleTimeout
 	}
+	if opts.SendAttempts <= 0 {
+		opts.SendAttempts = DefaultSendAttempts
+	}
 	return &Client{base: u, opts: opts, hc: opts.HTTPClient}, nil
 }
 
@@ -227,6 +264,11 @@ func (c *Client) unreachable(err error) error {
 // do sends a request with a JSON body (if body is not nil) and decodes a
 // JSON answer into out (if not nil).
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	return c.doWith(ctx, method, path, query, nil, body, out)
+}
+
+// doWith is do with extra request headers.
+func (c *Client) doWith(ctx context.Context, method, path string, query url.Values, header http.Header, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -241,6 +283,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	res, err := c.hc.Do(req)
 	if err != nil {
@@ -258,7 +303,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return c.unreachable(err)
 	}
 	if res.StatusCode/100 != 2 {
-		return apiError(res.StatusCode, raw)
+		e := apiError(res.StatusCode, raw)
+		e.RetryAfter = retryAfter(res.Header.Get("Retry-After"))
+		return e
 	}
 	if len(raw) > maxResponse {
 		return fmt.Errorf("client: %s %s: the answer is over %d bytes", method, path, maxResponse)
@@ -280,6 +327,21 @@ func apiError(status int, raw []byte) *APIError {
 		e.Error = http.StatusText(status)
 	}
 	return &APIError{StatusCode: status, Message: e.Error}
+}
+
+// retryAfter reads a Retry-After header: seconds or an HTTP date (0 when
+// absent or unreadable).
+func retryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0)
+	}
+	return 0
 }
 
 // Health returns the server's liveness and version (GET /healthz; no
@@ -355,16 +417,75 @@ func (c *Client) Room(ctx context.Context, room string) (Room, error) {
 
 // Send submits a message to a room (creating the room on first use). It
 // returns once the server has durably accepted it; the message then ends
-// with exactly one message.ended event (see Wait). A full queue gives
-// ErrQueueFull.
+// with exactly one message.ended event (see Wait).
+//
+// Send is safe to repeat: the message goes with an idempotency key
+// (msg.IdempotencyKey, else a random one) and, after a connection error,
+// a 503 (or a proxy's 502 or 504) or a full queue (429), Send sends it
+// again with the same key, up to Options.SendAttempts times, waiting
+// between attempts with backoff and jitter, and at least as long as the
+// server's Retry-After asks: the room accepts it once, and a second
+// attempt after a lost answer gets the first one's acceptance. A full
+// queue after the last attempt gives ErrQueueFull; an exhausted budget
+// (ErrBudgetExhausted) and other refusals are not sent again.
 func (c *Client) Send(ctx context.Context, room string, msg NewMessage) (Accepted, error) {
 	p, err := roomPath(room, "messages")
 	if err != nil {
 		return Accepted{}, err
 	}
-	var acc Accepted
-	err = c.do(ctx, "POST", p, nil, msg, &acc)
-	return acc, err
+	key := msg.IdempotencyKey
+	if key == "" {
+		key = newKey()
+	}
+	header := http.Header{"Idempotency-Key": {key}}
+	for attempt := 1; ; attempt++ {
+		var acc Accepted
+		err = c.doWith(ctx, "POST", p, nil, header, msg, &acc)
+		if err == nil || attempt >= c.opts.SendAttempts || !sendAgain(err) || ctx.Err() != nil {
+			return acc, err
+		}
+		t := time.NewTimer(c.sendDelay(attempt, err))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Accepted{}, fmt.Errorf("%w (sending again after: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// sendAgain reports whether Send sends a message again after err: the
+// server did not answer, could not serve it now, or its queue was full.
+func sendAgain(err error) bool {
+	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrQueueFull)
+}
+
+// sendDelay is the wait before Send's attempt after attempt (from 1):
+// MinBackoff doubled per attempt up to MaxBackoff, half of it random (so
+// that clients refused at once do not come back at once), and at least
+// the server's Retry-After (bounded).
+func (c *Client) sendDelay(attempt int, err error) time.Duration {
+	d := c.opts.MinBackoff
+	if d <= 0 {
+		d = DefaultMinBackoff
+	}
+	for i := 1; i < attempt && d < c.opts.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, c.opts.MaxBackoff)
+	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	var ae *APIError
+	if errors.As(err, &ae) && ae.RetryAfter > d {
+		d = min(ae.RetryAfter, maxRetryAfter)
+	}
+	return d
+}
+
+// newKey is a random idempotency key.
+func newKey() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return "go-" + hex.EncodeToString(b[:])
 }
 
 // Messages lists a room's messages with their status and outcome, oldest

@@ -54,7 +54,9 @@ func TestErrorsIs(t *testing.T) {
 	api := newAPI(t, room.Options{QueueLimit: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	c := newClient(t, api.URL(), client.Options{})
+	// One attempt: a full queue answers at once (Send's retries have
+	// their own tests).
+	c := newClient(t, api.URL(), client.Options{SendAttempts: 1})
 
 	_, err := c.Room(ctx, "nosuch")
 	check := func(what string, err, want error, status int) {

@@ -46,7 +46,22 @@ const (
 	TypeRoomPost          = event.TypeRoomPost
 	TypeEventsDropped     = event.TypeEventsDropped
 	TypeWorkspaceReverted = event.TypeWorkspaceReverted
+	// TypeReset is the stream's own event, never in a room's log (its
+	// Seq is 0): the events yielded before it are of another incarnation
+	// of the room (it was deleted, and maybe created again), and the
+	// events after it start again at 1 (see Reset).
+	TypeReset = "reset"
 )
+
+// Reset is a reset event's data (Event.Decode).
+type Reset struct {
+	// Incarnation is the room's incarnation now; "" when the room is
+	// gone (a follower then waits for the id to name a new room).
+	Incarnation string `json:"incarnation"`
+	// After is where the stream stood, in the old incarnation.
+	After  int64  `json:"after"`
+	Reason string `json:"reason"`
+}
 
 // Event is one event of a room's log. Data is the whole event as the
 // server sent it (a flat JSON object: seq, type, room, time and the
@@ -90,31 +105,46 @@ type (
 
 // Events returns the room's events after sequence number after, in order
 // and each once, and ends after the last one the server has. A dropped
-// connection is resumed where it stopped. The sequence yields one error
-// and stops: an *APIError, ErrUnreachable after the retries, or ctx's error.
+// connection is resumed where it stopped. An after past the room's last
+// event (a position in a room since deleted) yields a reset event
+// (TypeReset) and then the room's events from the first. The sequence
+// yields one error and stops: an *APIError, ErrUnreachable after the
+// retries, or ctx's error.
 func (c *Client) Events(ctx context.Context, room string, after int64) iter.Seq2[Event, error] {
-	return c.stream(ctx, room, after, false)
+	return c.stream(ctx, room, "", after, false)
 }
 
 // Follow returns the room's events after sequence number after, then the
 // new ones as they come, until ctx ends or the loop stops. Whenever the
 // stream drops (the server restarted, cut a slow reader, went silent past
-// IdleTimeout, or answered 503) it reconnects with Last-Event-ID, waiting
-// between attempts with backoff, for as long as ctx allows: no event is
-// missed or repeated. Errors the server answers otherwise (401, 404, ...)
-// and ctx's end are yielded once and end the sequence.
+// IdleTimeout, or answered 503) it reconnects with Last-Event-ID and the
+// room's incarnation, waiting between attempts with backoff, for as long
+// as ctx allows: no event is missed or repeated. When the room is deleted
+// (purged) and its id names a new room, Follow yields a reset event
+// (TypeReset) and goes on with the new room's events from its first; while
+// the id names no room, it waits for one. Errors the server answers
+// otherwise (401, 404 for a room that never was, ...) and ctx's end are
+// yielded once and end the sequence.
 func (c *Client) Follow(ctx context.Context, room string, after int64) iter.Seq2[Event, error] {
-	return c.stream(ctx, room, after, true)
+	return c.stream(ctx, room, "", after, true)
 }
 
-func (c *Client) stream(ctx context.Context, room string, after int64, follow bool) iter.Seq2[Event, error] {
+// FollowAt is Follow from a position of the room's incarnation
+// incarnation (Room.Incarnation, Accepted.Incarnation, or a reset's): when
+// the room is another incarnation now, the sequence starts with a reset
+// event and the room's events from the first.
+func (c *Client) FollowAt(ctx context.Context, room, incarnation string, after int64) iter.Seq2[Event, error] {
+	return c.stream(ctx, room, incarnation, after, true)
+}
+
+func (c *Client) stream(ctx context.Context, room, inc string, after int64, follow bool) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
 		p, err := roomPath(room, "events")
 		if err != nil {
 			yield(Event{}, err)
 			return
 		}
-		s := &streamState{c: c, ctx: ctx, path: p, room: room, after: after, follow: follow, yield: yield}
+		s := &streamState{c: c, ctx: ctx, path: p, room: room, inc: inc, after: after, follow: follow, yield: yield}
 		if err := s.run(); err != nil && !errors.Is(err, errStopped) {
 			yield(Event{}, err)
 		}
@@ -125,11 +155,15 @@ func (c *Client) stream(ctx context.Context, room string, after int64, follow bo
 var errStopped = errors.New("client: stopped")
 
 type streamState struct {
-	c      *Client
-	ctx    context.Context
-	path   string
-	room   string
-	after  int64
+	c     *Client
+	ctx   context.Context
+	path  string
+	room  string
+	inc   string // the incarnation after is of ("": not known)
+	after int64
+	// gone: a reset said the room was deleted; until the id names a room
+	// again, a follower takes 404 as a wait.
+	gone   bool
 	follow bool
 	yield  func(Event, error) bool
 	retry  time.Duration // the server's SSE retry field
@@ -145,7 +179,7 @@ func (s *streamState) run() error {
 		if s.ctx.Err() != nil {
 			return s.ctx.Err()
 		}
-		if !retryable(err) {
+		if !s.retryable(err) {
 			return err
 		}
 		if connected {
@@ -167,8 +201,9 @@ func (s *streamState) run() error {
 }
 
 // retryable reports whether a stream reconnects after err.
-func retryable(err error) bool {
-	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable) || errors.Is(err, errDropped)
+func (s *streamState) retryable(err error) bool {
+	return errors.Is(err, ErrUnreachable) || errors.Is(err, ErrUnavailable) || errors.Is(err, errDropped) ||
+		s.gone && s.follow && errors.Is(err, ErrNotFound)
 }
 
 // errDropped: the stream ended before the server meant it to.
@@ -202,6 +237,9 @@ func (s *streamState) connect(reconnecting bool) (connected bool, err error) {
 	if !s.follow {
 		q.Set("follow", "0")
 	}
+	if s.inc != "" {
+		q.Set("incarnation", s.inc)
+	}
 	req, err := s.c.newRequest(ctx, "GET", s.path, q, nil)
 	if err != nil {
 		return false, err
@@ -225,6 +263,12 @@ func (s *streamState) connect(reconnecting bool) (connected bool, err error) {
 	if res.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 		return false, apiError(res.StatusCode, raw)
+	}
+	s.gone = false
+	if v := res.Header.Get("Room-Incarnation"); v != "" && s.inc == "" {
+		// What the stream's events are of (a reset in it says if it
+		// is not the one asked for).
+		s.inc = v
 	}
 	if reconnecting {
 		if f := s.c.opts.OnReconnect; f != nil {
@@ -260,6 +304,7 @@ func (s *streamState) read(body io.Reader, alive func()) error {
 	var id int64
 	var hasID bool
 	var data []byte
+	var typ string
 	for sc.Scan() {
 		alive()
 		line := sc.Text()
@@ -267,12 +312,19 @@ func (s *streamState) read(body io.Reader, alive func()) error {
 		value = strings.TrimPrefix(value, " ")
 		switch {
 		case line == "":
-			if data != nil && hasID {
+			switch {
+			case data != nil && typ == TypeReset:
+				if err := s.reset(data); err != nil {
+					return err
+				}
+			case data != nil && hasID:
 				if err := s.dispatch(id, data); err != nil {
 					return err
 				}
 			}
-			data, hasID = nil, false
+			data, hasID, typ = nil, false, ""
+		case field == "event":
+			typ = value
 		case field == "": // a comment: the heartbeat
 		case field == "id":
 			n, err := strconv.ParseInt(value, 10, 64)
@@ -297,6 +349,26 @@ func (s *streamState) read(body io.Reader, alive func()) error {
 	return io.EOF
 }
 
+// reset takes a reset event: the stream's position is of another
+// incarnation, so it starts again from the first event of the room's
+// present one (or, the room gone, waits for the id to name a new room).
+func (s *streamState) reset(data []byte) error {
+	var r Reset
+	ev := Event{Data: json.RawMessage(data)}
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return fmt.Errorf("client: reset event: %w", err)
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return fmt.Errorf("client: reset event: %w", err)
+	}
+	ev.Data, ev.Seq, ev.Type = json.RawMessage(data), 0, TypeReset
+	s.inc, s.after, s.gone = r.Incarnation, 0, r.Incarnation == ""
+	if !s.yield(ev, nil) {
+		return errStopped
+	}
+	return nil
+}
+
 func (s *streamState) dispatch(id int64, data []byte) error {
 	if id <= s.after {
 		return nil // seen already
@@ -316,11 +388,15 @@ func (s *streamState) dispatch(id int64, data []byte) error {
 
 // Wait follows the room from the accepted message until its
 // message.ended event and returns it: its outcome says how the message
-// ended. ctx bounds the wait, reconnects included.
+// ended. ctx bounds the wait, reconnects included. A room deleted
+// meanwhile (its events reset) gives ErrReset: the message is gone.
 func (c *Client) Wait(ctx context.Context, room string, acc Accepted) (MessageEnded, error) {
-	for ev, err := range c.Follow(ctx, room, acc.Seq-1) {
+	for ev, err := range c.FollowAt(ctx, room, acc.Incarnation, acc.Seq-1) {
 		if err != nil {
 			return MessageEnded{}, err
+		}
+		if ev.Type == TypeReset {
+			return MessageEnded{}, fmt.Errorf("%w: message %s went with it", ErrReset, acc.ID)
 		}
 		if ev.Type != TypeMessageEnded {
 			continue

@@ -31,6 +31,9 @@ type apiServer struct {
 	mu sync.Mutex
 	// lastEventIDs are the Last-Event-ID headers of the event requests.
 	lastEventIDs []string
+	// fault, if set, sees each request first and handles it instead of
+	// the server when it returns true (serve is the server).
+	fault func(w http.ResponseWriter, r *http.Request, serve http.Handler) bool
 
 	db *store.DB
 	m  *room.Manager
@@ -78,10 +81,14 @@ func (a *apiServer) start(ctx context.Context) error {
 		return err
 	}
 	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
 		if filepath.Base(r.URL.Path) == "events" {
-			a.mu.Lock()
 			a.lastEventIDs = append(a.lastEventIDs, r.Header.Get("Last-Event-ID"))
-			a.mu.Unlock()
+		}
+		fault := a.fault
+		a.mu.Unlock()
+		if fault != nil && fault(w, r, s) {
+			return
 		}
 		s.ServeHTTP(w, r)
 	}))

@@ -37,6 +37,13 @@ type NewMessage struct {
 	Sender string `json:"sender,omitempty"`
 	// Delivery is DeliverQueue (default), DeliverSteer or DeliverFollowUp.
 	Delivery string `json:"delivery,omitempty"`
+	// IdempotencyKey, if set, is the message's idempotency key (1 to 255
+	// printable ASCII characters), sent in the Idempotency-Key header:
+	// the room accepts one message per key (per incarnation), and answers
+	// the same message sent again with its first acceptance. Send makes
+	// one up when it is empty; set it to send the message again after
+	// the program itself restarted.
+	IdempotencyKey string `json:"-"`
 }
 
 // Accepted is a message the server durably accepted.
@@ -44,6 +51,10 @@ type Accepted struct {
 	ID string `json:"id"`
 	// Seq is the room's sequence number of its message.accepted event.
 	Seq int64 `json:"seq"`
+	// Incarnation is the incarnation of the room the message is in (see
+	// Room.Incarnation; "" from a server that does not say): Wait gives
+	// up on a message whose room was deleted meanwhile.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // TurnRef names a running turn and the message it runs.
@@ -55,6 +66,10 @@ type TurnRef struct {
 // Room is a room's state.
 type Room struct {
 	ID string `json:"id"`
+	// Incarnation names this life of the room: a room deleted (Purge)
+	// and created again under its id is another incarnation, whose events
+	// start at 1 again.
+	Incarnation string `json:"incarnation,omitempty"`
 	// Resident: its agent is running.
 	Resident  bool   `json:"resident"`
 	SessionID string `json:"session_id,omitempty"`

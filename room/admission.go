@@ -15,6 +15,12 @@ type Message struct {
 	Sender string
 	// Delivery is DeliverQueue (default), DeliverSteer or DeliverFollowUp.
 	Delivery string
+	// Key, if set, is the message's idempotency key (1 to MaxKeyBytes
+	// printable ASCII characters): the room's incarnation accepts one
+	// message per key, and Submit answers a second one with the same key
+	// with the first one's acceptance, or ErrKeyReused when it is not the
+	// same message (see idempotent.go).
+	Key string
 }
 
 // Accepted is a durably accepted message.
@@ -22,6 +28,10 @@ type Accepted struct {
 	ID string `json:"id"`
 	// Seq is the sequence number of its message.accepted event.
 	Seq int64 `json:"seq"`
+	// Incarnation is the incarnation of the room the message is in (see
+	// State.Incarnation; "" when the store does not say, or in a cluster
+	// when the room's holder has not accepted the message yet).
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // Submit accepts a message into the room and returns once it is durably
@@ -29,7 +39,14 @@ type Accepted struct {
 // otherwise it is queued (or, for steer and follow_up while a turn runs,
 // delivered into that turn).
 func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepted, error) {
-	return m.submit(ctx, room, newID("m"), msg, m.opts.Cluster != nil)
+	id := newID("m")
+	if msg.Key != "" {
+		if err := checkKey(msg.Key); err != nil {
+			return Accepted{}, err
+		}
+		id = keyID(room, msg.Key)
+	}
+	return m.submit(ctx, room, id, msg, m.opts.Cluster != nil)
 }
 
 // submit accepts msg under id; forward hands it to the cluster's inbox
@@ -47,6 +64,13 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 	if forward {
 		if err := ValidateID(room); err != nil {
 			return Accepted{}, err
+		}
+		if msg.Key != "" {
+			// Sent again (a lost answer): the message is in the shared
+			// store once its holder accepted it.
+			if acc, ok, err := m.accepted(ctx, room, id, msg); ok || err != nil {
+				return m.withIncarnation(ctx, room, nil, acc), err
+			}
 		}
 		// The front end refuses a room it knows is over its budget (the
 		// holder refuses it anyway); one it cannot read it forwards.
@@ -66,12 +90,37 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 				return Accepted{}, fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
 			}
 		}
-		return m.opts.Cluster.Forward(ctx, room, id, msg)
+		acc, err := m.opts.Cluster.Forward(ctx, room, id, msg)
+		if err != nil || acc.Seq == 0 {
+			return acc, err
+		}
+		return m.withIncarnation(ctx, room, nil, acc), nil
 	}
-	r, err := m.room(room)
+	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
 		return Accepted{}, err
 	}
+	defer leave()
+	if msg.Key != "" {
+		unlock, err := r.lockKey(ctx, msg.Key)
+		if err != nil {
+			return Accepted{}, err
+		}
+		defer unlock()
+		if acc, ok, err := m.accepted(ctx, room, id, msg); ok || err != nil {
+			return m.withIncarnation(ctx, room, r, acc), err
+		}
+	}
+	acc, err := m.admit(ctx, r, id, msg)
+	if err != nil {
+		return Accepted{}, err
+	}
+	return m.withIncarnation(ctx, room, r, acc), nil
+}
+
+// admit accepts msg under id into r, whose door the caller passed.
+func (m *Manager) admit(ctx context.Context, r *roomState, id string, msg Message) (Accepted, error) {
+	room := r.id
 	if err := m.refreshSettings(ctx, r); err != nil {
 		return Accepted{}, err
 	}
@@ -109,7 +158,7 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 	// its messages never start a turn in the write that accepts them.
 	atOnce := !direct && m.budget(settings).IsZero()
 	var begun *begunTurn
-	err = m.st.Write(ctx, func(tx Tx) error {
+	err := m.st.Write(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
 			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
 		})
@@ -134,9 +183,6 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 		// the store.
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.purging {
-			return ErrPurging
-		}
 		if !direct && r.placesLocked() >= m.opts.QueueLimit {
 			return fmt.Errorf("%w: room %q has %d waiting messages", ErrQueueFull, room, m.opts.QueueLimit)
 		}

@@ -150,13 +150,13 @@ type StatusStore interface {
 func (m *Manager) Apply(ctx context.Context, room string, op ControlOp) error {
 	switch op.Kind {
 	case ControlCancel:
-		return m.cancelLocal(room)
+		return m.cancelLocal(ctx, room)
 	case ControlRelease:
-		return m.releaseLocal(room)
+		return m.releaseLocal(ctx, room)
 	case ControlApprove:
-		return m.resolveApproval(ctx, room, op.ID, op.Allow, "person")
+		return m.approveLocal(ctx, room, op.ID, op.Allow)
 	case ControlAnswer:
-		return m.answerQuestion(ctx, room, op.ID, op.Text, "person", true)
+		return m.answerLocal(ctx, room, op.ID, op.Text)
 	}
 	return fmt.Errorf("%w: control %q", ErrBadMessage, op.Kind)
 }

@@ -188,6 +188,16 @@ func (m *Manager) Approve(ctx context.Context, room, id string, allow bool) erro
 	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlApprove, ID: id, Allow: allow}); ok {
 		return err
 	}
+	return m.approveLocal(ctx, room, id, allow)
+}
+
+// approveLocal is a person's decision, through the room's door.
+func (m *Manager) approveLocal(ctx context.Context, room, id string, allow bool) error {
+	_, leave, err := m.enter(ctx, room, false)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	return m.resolveApproval(ctx, room, id, allow, "person")
 }
 
@@ -324,6 +334,16 @@ func (m *Manager) Answer(ctx context.Context, room, id, text string) error {
 	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlAnswer, ID: id, Text: text}); ok {
 		return err
 	}
+	return m.answerLocal(ctx, room, id, text)
+}
+
+// answerLocal is a person's answer, through the room's door.
+func (m *Manager) answerLocal(ctx context.Context, room, id, text string) error {
+	_, leave, err := m.enter(ctx, room, false)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	return m.answerQuestion(ctx, room, id, text, "person", true)
 }
 

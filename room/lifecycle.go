@@ -16,14 +16,15 @@ func (m *Manager) Cancel(ctx context.Context, room string) error {
 	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlCancel}); ok {
 		return err
 	}
-	return m.cancelLocal(room)
+	return m.cancelLocal(ctx, room)
 }
 
-func (m *Manager) cancelLocal(room string) error {
-	r, err := m.room(room)
+func (m *Manager) cancelLocal(ctx context.Context, room string) error {
+	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
 		return err
 	}
+	defer leave()
 	r.mu.Lock()
 	t := r.turn
 	r.mu.Unlock()
@@ -42,14 +43,15 @@ func (m *Manager) Release(ctx context.Context, room string) error {
 	if ok, err := m.remote(ctx, room, ControlOp{Kind: ControlRelease}); ok {
 		return err
 	}
-	return m.releaseLocal(room)
+	return m.releaseLocal(ctx, room)
 }
 
-func (m *Manager) releaseLocal(room string) error {
-	r, err := m.room(room)
+func (m *Manager) releaseLocal(ctx context.Context, room string) error {
+	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
 		return err
 	}
+	defer leave()
 	m.releaseIfIdle(r, "released on request")
 	return nil
 }
@@ -161,7 +163,18 @@ func (m *Manager) shutdown(rooms []*roomState, detach bool) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Through the door, so that a purge in progress (which
+			// releases the agent itself) is not raced to the agent and
+			// its agent.released is never written after the room is
+			// deleted; a door kept shut past the budget is not waited
+			// for (the agent must go).
+			ctx, cancel := context.WithTimeout(context.Background(), m.opts.ShutdownBudget)
+			err := r.door.enter(ctx, false)
+			cancel()
 			m.release(r, "host shutting down")
+			if err == nil {
+				r.door.leave(false)
+			}
 		}()
 	}
 	wg.Wait()

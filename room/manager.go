@@ -14,6 +14,39 @@
 // an approval. A host that died is recovered at Start: queued messages run
 // again in order, turns that were running end failed ("host restarted"),
 // and pending approvals are denied.
+//
+// # One door
+//
+// Every operation that reads or changes a room's durable state from
+// outside the room passes the room's door, one per room in memory
+// (door.go): Submit and Accept, SetSettings, Purge, TurnDiff, Revert,
+// Release, Cancel, Approve and Answer, and the janitor's and a slot's
+// release of an idle agent. A purge passes alone; the others pass beside
+// each other, and those that must not overlap one of their kind take a
+// lock of the room's inside the door: SetSettings its settings lock,
+// Revert its revert lock. So none sees another half done, and the room is
+// always in a state some serial order of them explains:
+//
+//   - Concurrent SetSettings store and apply their settings one at a
+//     time: the last one stored is the one in force (and the one
+//     GET /config shows).
+//   - A purge waits for the operations inside and holds back those that
+//     come after it; when it is done, the room's state in memory is
+//     retired and those that waited act on the id's new room (a new
+//     incarnation, see Manager.Incarnation): a diff, revert or approval
+//     of the old room is then not found, a message or settings create the
+//     new room. Nothing touches a room's files (its shadow snapshot
+//     repository included) before its existence is checked inside the
+//     door, so a purged room's folders are never made again.
+//   - A revert waits for another to end, then runs; messages sent
+//     meanwhile are accepted and wait for it.
+//
+// The room's worker runs turns outside the door (a turn may run for
+// minutes, while diffs, approvals and cancels go on); the operations that
+// must not overlap a turn say so by its state (a turn running is ErrBusy
+// for Revert and Purge), and a purge waits for the worker to wind down.
+// Reads of the store (State, Events, Messages, Turns, GET /config) take
+// no door: a purge deletes a room's records in one write.
 package room
 
 import (
@@ -83,12 +116,19 @@ var (
 //	cluster.go    the seam to a cluster (Options.Cluster): forward, adopt,
 //	              drop a room
 //	lifecycle.go  Cancel, Release, Close, Detach, Wait
+//	door.go       the door every outside operation on a room passes
+//	purge.go      Purge: a room deleted for good
+//	settings.go   a room's own settings and budget
+//	snapshots.go  TurnDiff and Revert over Options.Snapshots
+//	idempotent.go a message sent twice with one idempotency key
 //
-// Locks, in the only order they are taken: Manager.mu, then
-// roomState.mu. roomState.qmu (a room's questions) is never taken with
-// roomState.mu held. The rest are leaves, taken under any of those and
-// holding none while held: Manager.wgMu, eventLog.mu, clock.mu and
-// wakeup.mu.
+// Locks, in the only order they are taken: a room's door (door.go; one
+// goroutine passes one room's door at a time, never two, except by
+// tryEnter, which never waits), then its settings or revert lock (doors
+// used alone), then Manager.mu, then roomState.mu. roomState.qmu (a room's questions) is never taken
+// with roomState.mu held. The rest are leaves, taken under any of those
+// and holding none while held: door.mu, Manager.wgMu, eventLog.mu,
+// clock.mu and wakeup.mu.
 type Manager struct {
 	opts Options
 	st   Store
@@ -124,9 +164,12 @@ type Manager struct {
 // roomState is a room's life in memory. Lock order: Manager.mu before
 // roomState.mu.
 type roomState struct {
-	id, dir   string // dir holds the agent's home
-	workspace string
-	events    *eventLog // the agent's events, written in batches
+	// door, and inside it settingsLock and revertLock: see the package
+	// doc ("One door").
+	door, settingsLock, revertLock door
+	id, dir                        string // dir holds the agent's home
+	workspace                      string
+	events                         *eventLog // the agent's events, written in batches
 
 	mu  sync.Mutex
 	cfg *Config // filled and validated at first use
@@ -145,10 +188,19 @@ type roomState struct {
 	// commit; "": none yet here), wsShared what its agent may read beside.
 	wsReady  string
 	wsShared []string
-	purging  bool      // Purge deletes the room: messages are refused
-	queue    []queued  // in order of acceptance (see queued)
-	cont     *contTurn // a turn an attached agent runs, continued first
-	working  bool      // a worker goroutine serves the queue
+	// retired: Purge is done with this state (the room was deleted, or
+	// its purge failed half-way): an operation that waited at its door
+	// enters the id's new state instead (Manager.enter).
+	retired bool
+	// incarnation is the room's incarnation as the store said (""
+	// until read; see Manager.Incarnation).
+	incarnation string
+	// keys are the idempotency keys of messages being submitted (see
+	// idempotent.go): a second submit of one waits for the first.
+	keys    map[string]chan struct{}
+	queue   []queued  // in order of acceptance (see queued)
+	cont    *contTurn // a turn an attached agent runs, continued first
+	working bool      // a worker goroutine serves the queue
 	// workerDone is closed when the worker that working announces is gone.
 	workerDone chan struct{}
 	ending     bool          // a turn's end is being recorded (turn is nil)

@@ -26,7 +26,12 @@ var (
 	// ErrPurgeUnsupported: the store cannot delete rooms, or rooms are
 	// spread over a cluster (not supported yet).
 	ErrPurgeUnsupported = errors.New("room: deleting a room for good is not supported here")
-	// ErrPurging: the room is being deleted; a message to it is refused.
+	// ErrPurging was returned for a message sent while its room was being
+	// deleted.
+	//
+	// Deprecated: no longer returned: an operation that comes during a
+	// purge waits for it at the room's door, then acts on the id's new
+	// room (see the package doc).
 	ErrPurging = errors.New("room: the room is being deleted")
 )
 
@@ -34,9 +39,12 @@ var (
 // returned, and nowhere recorded: the log goes too), and deletes its
 // session files and agent home, its snapshots, its workspace (a git
 // worktree included) and its records, event log and settings. The id may
-// then be used again, as a new room. ErrBusy while a turn runs or
-// messages wait (cancel the turn; a waiting message must end first), and
-// ErrNotFound for a room the store does not know.
+// then be used again, as a new room (a new incarnation). It passes the
+// room's door alone (see the package doc): operations that came before it
+// end first, those that come after it act on the new room. ErrBusy while a
+// turn runs or messages wait (cancel the turn; a waiting message must end
+// first), and ErrNotFound for a room the store does not know (a purge that
+// waited for another purge of the room finds it gone).
 func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, error) {
 	if err := ValidateID(room); err != nil {
 		return nil, err
@@ -45,41 +53,28 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 	if !ok || m.opts.Cluster != nil {
 		return nil, ErrPurgeUnsupported
 	}
+	r, leave, err := m.enter(ctx, room, true)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if _, err := m.st.Room(ctx, room); err != nil {
 		if _, raw, serr := m.loadSettings(ctx, room); serr != nil || raw == nil {
 			return nil, err
 		}
 	}
-	r, err := m.room(room)
-	if err != nil {
+	if err := m.purgeable(ctx, r); err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	for r.working && r.turn == nil && r.cont == nil && len(r.queue) == 0 {
-		// The worker records its last turn's end and winds down (the
-		// budget's note after message.ended): a client that saw the
-		// turn end is not told the room is busy. The loop looks again
-		// after it: a message may have come meanwhile.
-		done := r.workerDone
-		r.mu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		r.mu.Lock()
-	}
-	if r.turn != nil || r.ending || r.working || len(r.queue) > 0 || r.reverting || r.purging {
-		r.mu.Unlock()
-		return nil, fmt.Errorf("%w: cancel the running turn, and let waiting messages end, before deleting the room", ErrBusy)
-	}
-	r.purging = true
-	r.mu.Unlock()
 	defer func() {
-		// The room's state goes: its id is a new room from here on. It
-		// stays purging: a request that took it before refuses itself,
-		// and never reaches the new room's state.
+		// The room's state goes (also after a failure half-way, when what
+		// is left is read again from the store): its id is a new room
+		// from here on, and operations that waited at the door enter the
+		// new one.
 		m.mu.Lock()
+		r.mu.Lock()
+		r.retired = true
+		r.mu.Unlock()
 		if m.rooms[room] == r {
 			delete(m.rooms, room)
 		}
@@ -95,6 +90,9 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 			return receipt, fmt.Errorf("room: releasing the agent: %w", err)
 		}
 	}
+	// What the agent said before it was gone is written before the room
+	// is deleted, not after (it would start the new room's log).
+	r.events.flush()
 	if f, ok := m.opts.Snapshots.(SnapshotForgetter); ok {
 		if err := f.Forget(ctx, r.snapshotPlace()); err != nil {
 			return receipt, fmt.Errorf("room: its snapshots: %w", err)
@@ -114,4 +112,41 @@ func (m *Manager) Purge(ctx context.Context, room string) (json.RawMessage, erro
 		return receipt, err
 	}
 	return receipt, nil
+}
+
+// purgeable waits for the room's worker to wind down (a client that saw
+// the last turn end is not told the room is busy) and says, as ErrBusy,
+// what keeps the room from being deleted. The caller holds the door
+// alone: no message, revert or purge comes meanwhile.
+func (m *Manager) purgeable(ctx context.Context, r *roomState) error {
+	for {
+		r.mu.Lock()
+		var wait <-chan struct{}
+		switch {
+		case r.turn != nil || r.cont != nil:
+			r.mu.Unlock()
+			return busy("a turn is running: cancel it, and let waiting messages end, before deleting the room")
+		case len(r.queue) > 0:
+			n := len(r.queue)
+			r.mu.Unlock()
+			return busy(fmt.Sprintf("%d messages wait for a turn: let them end (or cancel their turns) before deleting the room", n))
+		case r.ending:
+			// The last turn's end is being written.
+			wait = r.endDone
+		case r.working:
+			// The worker records its last turn's budget note and winds
+			// down; it may find a message meanwhile (the loop looks
+			// again).
+			wait = r.workerDone
+		}
+		r.mu.Unlock()
+		if wait == nil {
+			return nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -265,9 +265,16 @@ func (m *Manager) janitor() {
 		}
 		m.mu.Unlock()
 		for _, r := range idle {
+			// Through the door, passed by if busy (a purge releases the
+			// agent itself): the release's agent.released is never
+			// written after a purge deleted the room.
+			if !r.door.tryEnter() {
+				continue
+			}
 			if a := r.takeAgent((*roomState).idleLocked); a != nil {
 				m.closeAgent(r, a, "idle", true)
 			}
+			r.door.leave(false)
 		}
 	}
 }

@@ -166,6 +166,10 @@ func (s Settings) check(agents []string) error {
 	if len(s.Instructions) > maxInstructions {
 		return bad("instructions are over %d bytes", maxInstructions)
 	}
+	if strings.IndexByte(s.Instructions, 0) >= 0 {
+		// They go to the agent in its command line, which holds no NUL.
+		return bad("instructions hold a NUL byte, which no agent's command line can carry")
+	}
 	switch s.ApprovalMode {
 	case "", ApprovalAsk, ApprovalYolo:
 	default:
@@ -385,6 +389,9 @@ func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Eff
 	if err := c.validate(); err != nil {
 		return Effective{}, fmt.Errorf("%w: %s", ErrBadSettings, strings.TrimPrefix(err.Error(), "room: "))
 	}
+	if err := m.checkThinking(room, s); err != nil {
+		return Effective{}, err
+	}
 	ss, ok := m.st.(SettingsStore)
 	if !ok {
 		return Effective{}, ErrNoSettings
@@ -396,19 +403,54 @@ func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Eff
 	if err != nil {
 		return Effective{}, err
 	}
+	// Through the door, and one at a time: the settings stored last are
+	// the ones in force (another SetSettings stores and applies its own
+	// before or after these, never between), and a purge either deletes
+	// them with the room or comes first and leaves them to the new room.
+	r, leave, err := m.enter(ctx, room, false)
+	if err != nil {
+		return Effective{}, err
+	}
+	defer leave()
+	if err := r.settingsLock.enter(ctx, true); err != nil {
+		return Effective{}, fmt.Errorf("room %q: waiting for its settings: %w", room, err)
+	}
+	defer r.settingsLock.leave(true)
 	if err := ss.PutRoomSettings(ctx, room, raw); err != nil {
 		return Effective{}, err
 	}
-	// A room this host serves takes them now; another host's reads them
-	// before its next turn.
-	m.mu.Lock()
-	r := m.rooms[room]
-	m.mu.Unlock()
-	if r != nil {
-		m.applySettings(r, s, raw)
-		m.kick(r)
-	}
+	// The room takes them now on this host; another host that runs it
+	// (a cluster) reads them before its next turn.
+	m.applySettings(r, s, raw)
+	m.kick(r)
 	return m.effective(room, s), nil
+}
+
+// checkThinking refuses a thinking level the room's agent does not take,
+// when the transport knows the agent's levels (a custom command's are not
+// known) and the settings name the level or the agent.
+func (m *Manager) checkThinking(room string, s Settings) error {
+	tl, ok := m.opts.Transport.(ThinkingLeveler)
+	if !ok || s.Thinking == "" && s.Agent == "" {
+		return nil
+	}
+	c := m.opts.Config
+	if m.opts.RoomConfig != nil {
+		c = c.merge(m.opts.RoomConfig(room))
+	}
+	c = c.merge(s.config())
+	if c.Thinking == "" || len(c.Command) > 0 {
+		return nil
+	}
+	levels := tl.ThinkingLevels(c.Agent)
+	if levels == nil || slices.Contains(levels, c.Thinking) {
+		return nil
+	}
+	agent := c.Agent
+	if agent == "" {
+		agent = "the agent"
+	}
+	return fmt.Errorf("%w: thinking %q: %s takes %s", ErrBadSettings, c.Thinking, agent, strings.Join(levels, ", "))
 }
 
 // kick starts the room's worker if messages wait.

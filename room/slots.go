@@ -74,6 +74,7 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 			m.slotWake.signal() // the next in line looks again
 			// The victim's slot passes to self once its agent is gone.
 			m.closeAgent(victim, a, "evicted: max resident reached", false)
+			victim.door.leave(false)
 			return nil
 		}
 		if !inLine {
@@ -109,13 +110,16 @@ func (m *Manager) acquireSlot(ctx context.Context, self *roomState) error {
 }
 
 // evictLocked takes the agent of the least recently used idle room other
-// than self (m.mu held), or returns nil when no room is idle.
+// than self (m.mu held), or returns nil when no room is idle. The victim
+// is taken through its door (passed by when busy: a purge releases its
+// agent itself), which the caller leaves once the agent is released.
 func (m *Manager) evictLocked(self *roomState) (*roomState, Agent) {
+	busy := map[*roomState]bool{}
 	for {
 		var victim *roomState
 		var used time.Time
 		for _, r := range m.rooms {
-			if r == self {
+			if r == self || busy[r] {
 				continue
 			}
 			r.mu.Lock()
@@ -127,9 +131,14 @@ func (m *Manager) evictLocked(self *roomState) (*roomState, Agent) {
 		if victim == nil {
 			return nil, nil
 		}
+		if !victim.door.tryEnter() {
+			busy[victim] = true
+			continue
+		}
 		if a := victim.takeAgent((*roomState).idleLocked); a != nil {
 			return victim, a
 		}
+		victim.door.leave(false)
 		// It got busy meanwhile: look again.
 	}
 }

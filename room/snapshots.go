@@ -19,8 +19,17 @@ const DefaultSnapshotTimeout = 60 * time.Second
 const maxRevertedListed = 1000
 
 // ErrBusy is returned by Revert and TurnDiff while a turn runs in the
-// room (or its end is being recorded).
+// room (or its end is being recorded), and by Purge while a turn runs or
+// messages wait; the error's text says which.
 var ErrBusy = errors.New("room: a turn is running")
+
+// busyError is ErrBusy with its own reason.
+type busyError struct{ reason string }
+
+func busy(reason string) error { return busyError{reason} }
+
+func (e busyError) Error() string        { return "room: " + e.reason }
+func (e busyError) Is(target error) bool { return target == ErrBusy }
 
 // Snapshots records a room's workspace before and after each turn, so
 // that what a turn changed can be told and taken back. The room calls it;
@@ -63,6 +72,10 @@ type SkippedPath struct {
 
 // ChangedFile is one file a turn changed.
 type ChangedFile struct {
+	// Path is relative to the workspace; a name that is not UTF-8, or
+	// starts with a double quote, is Go-quoted ("\xff.txt" for the
+	// bytes ff 2e 74 78 74: strconv.Unquote reverses it), as in Reverted
+	// and SkippedPath.
 	Path string `json:"path"`
 	// Status is "added", "modified" or "deleted".
 	Status     string `json:"status"`
@@ -151,10 +164,18 @@ func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d *event.TurnEnded) {
 
 // TurnDiff tells what turn changed in the room's workspace. ErrNotFound
 // for a turn with no snapshots recorded (unknown, from another room, or
-// run with snapshots off); ErrBusy while that turn runs.
+// run with snapshots off) and for a room the store does not know (a
+// purged one); ErrBusy while that turn runs.
 func (m *Manager) TurnDiff(ctx context.Context, room, turn string) (TurnDiff, error) {
-	r, err := m.snapshotRoom(room, turn)
+	if err := m.snapshotArgs(room, turn); err != nil {
+		return TurnDiff{}, err
+	}
+	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
+		return TurnDiff{}, err
+	}
+	defer leave()
+	if err := m.knownRoom(ctx, room); err != nil {
 		return TurnDiff{}, err
 	}
 	// A turn's diff is there once its end is: from before turn.ended is
@@ -170,18 +191,30 @@ func (m *Manager) TurnDiff(ctx context.Context, room, turn string) (TurnDiff, er
 
 // Revert restores the room's workspace to its state before turn (later
 // turns' changes go too), records workspace.reverted, and tells the
-// agent's next prompt. ErrBusy while a turn runs (no turn starts while
+// agent's next prompt. A second revert waits for the first, then runs
+// (see the package doc). ErrBusy while a turn runs (no turn starts while
 // it works); ErrNotFound as TurnDiff.
 func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, error) {
-	r, err := m.snapshotRoom(room, turn)
+	if err := m.snapshotArgs(room, turn); err != nil {
+		return Reverted{}, err
+	}
+	r, leave, err := m.enter(ctx, room, false)
 	if err != nil {
+		return Reverted{}, err
+	}
+	defer leave()
+	if err := r.revertLock.enter(ctx, true); err != nil {
+		return Reverted{}, fmt.Errorf("room %q: waiting for its other revert: %w", room, err)
+	}
+	defer r.revertLock.leave(true)
+	if err := m.knownRoom(ctx, room); err != nil {
 		return Reverted{}, err
 	}
 	for {
 		r.mu.Lock()
-		if r.turn != nil || r.cont != nil || r.reverting {
+		if r.turn != nil || r.cont != nil {
 			r.mu.Unlock()
-			return Reverted{}, fmt.Errorf("%w: revert when the room is idle", ErrBusy)
+			return Reverted{}, busy("a turn is running: revert when the room is idle")
 		}
 		if r.ending {
 			// The last turn's end is being written (turn.ended may be out
@@ -236,23 +269,35 @@ func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, erro
 	return res, nil
 }
 
-// snapshotRoom checks a diff's or revert's arguments and returns the
-// room.
-func (m *Manager) snapshotRoom(room, turn string) (*roomState, error) {
+// snapshotArgs checks a diff's or revert's arguments.
+func (m *Manager) snapshotArgs(room, turn string) error {
 	if err := ValidateID(room); err != nil {
-		return nil, err
+		return err
 	}
 	if turn == "" || len(turn) > 128 {
-		return nil, fmt.Errorf("%w: turn %q", ErrNotFound, turn)
+		return fmt.Errorf("%w: turn %q", ErrNotFound, turn)
 	}
 	if m.opts.Snapshots == nil {
-		return nil, fmt.Errorf("%w: snapshots are off on this host", ErrNotFound)
+		return fmt.Errorf("%w: snapshots are off on this host", ErrNotFound)
 	}
 	if c := m.opts.Cluster; c != nil && !c.Owns(room) {
 		// The shadow repository is the holder's to use.
-		return nil, fmt.Errorf("%w: the room is held by another node", ErrUnavailable)
+		return fmt.Errorf("%w: the room is held by another node", ErrUnavailable)
 	}
-	return m.room(room)
+	return nil
+}
+
+// knownRoom is ErrNotFound for a room the store does not know: inside
+// the door, what a purge deleted is not made again (a snapshot's folder)
+// by what waited for it.
+func (m *Manager) knownRoom(ctx context.Context, room string) error {
+	if _, err := m.st.Room(ctx, room); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("%w: no room %q", ErrNotFound, room)
+		}
+		return err
+	}
+	return nil
 }
 
 // revertNote is the line the agent's next prompt starts with after a

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/agenthost/agenthost/record"
 )
@@ -12,14 +14,16 @@ import (
 // State is a room's state: resident or not, its session, the running
 // turn, the queue, and what waits on people.
 type State struct {
-	ID        string            `json:"id"`
-	Resident  bool              `json:"resident"`
-	SessionID string            `json:"session_id"`
-	Turn      *TurnRef          `json:"turn,omitempty"`
-	Queued    int               `json:"queued"`
-	LastSeq   int64             `json:"last_seq"`
-	Approvals []record.Approval `json:"approvals"`
-	Questions []record.Question `json:"questions"`
+	ID string `json:"id"`
+	// Incarnation names this life of the room (see Manager.Incarnation).
+	Incarnation string            `json:"incarnation"`
+	Resident    bool              `json:"resident"`
+	SessionID   string            `json:"session_id"`
+	Turn        *TurnRef          `json:"turn,omitempty"`
+	Queued      int               `json:"queued"`
+	LastSeq     int64             `json:"last_seq"`
+	Approvals   []record.Approval `json:"approvals"`
+	Questions   []record.Question `json:"questions"`
 	// Node is the host that holds the room's lease, with a Cluster ("":
 	// none, or one machine).
 	Node string `json:"node"`
@@ -71,8 +75,8 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 // Manager holds in memory, without what waits on people.
 func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
 	room := rec.ID
-	st := State{ID: room, SessionID: rec.SessionID, LastSeq: rec.LastSeq, Turns: rec.Turns, Usage: rec.Usage,
-		UsageBySender: rec.UsageBySender}
+	st := State{ID: room, Incarnation: incarnation(rec.Created), SessionID: rec.SessionID, LastSeq: rec.LastSeq,
+		Turns: rec.Turns, Usage: rec.Usage, UsageBySender: rec.UsageBySender}
 	m.mu.Lock()
 	r := m.rooms[room]
 	m.mu.Unlock()
@@ -94,6 +98,78 @@ func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
 	}
 	m.clusterState(ctx, room, &st)
 	return st
+}
+
+// incarnation is the name of a room's incarnation created at t (""
+// for a store that keeps no creation time).
+func incarnation(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(t.UnixNano(), 36)
+}
+
+// Incarnation names the room's present incarnation: a room deleted
+// (Purge) and created again under its id is another incarnation, whose
+// event log starts at 1 again, so a client that knows the incarnation an
+// event's sequence number belongs to can tell a stale position from a
+// new one. It is derived from the room's creation time as the store keeps
+// it ("" for a store that keeps none; a room on a cluster is created once
+// and keeps it); ErrNotFound for a room the store does not know. Read
+// from the store once per room's life in memory, then from memory.
+func (m *Manager) Incarnation(ctx context.Context, room string) (string, error) {
+	if err := ValidateID(room); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	r := m.rooms[room]
+	m.mu.Unlock()
+	return m.incarnationOf(ctx, room, r)
+}
+
+// incarnationOf is Incarnation with the room's state in memory (r, nil
+// when there is none).
+func (m *Manager) incarnationOf(ctx context.Context, room string, r *roomState) (string, error) {
+	if r != nil {
+		r.mu.Lock()
+		inc := r.incarnation
+		r.mu.Unlock()
+		if inc != "" {
+			return inc, nil
+		}
+	}
+	rec, err := m.st.Room(ctx, room)
+	if err != nil {
+		return "", err
+	}
+	inc := incarnation(rec.Created)
+	if r != nil {
+		// Not into a retired state: the record may be its successor's.
+		r.mu.Lock()
+		if !r.retired && r.incarnation == "" {
+			r.incarnation = inc
+		}
+		r.mu.Unlock()
+	}
+	return inc, nil
+}
+
+// withIncarnation fills acc's Incarnation (left "" when the store cannot
+// say now: the message is accepted all the same); r is the room's state
+// (nil: looked up).
+func (m *Manager) withIncarnation(ctx context.Context, room string, r *roomState, acc Accepted) Accepted {
+	if acc.ID == "" {
+		return acc
+	}
+	if r == nil {
+		m.mu.Lock()
+		r = m.rooms[room]
+		m.mu.Unlock()
+	}
+	if inc, err := m.incarnationOf(ctx, room, r); err == nil {
+		acc.Incarnation = inc
+	}
+	return acc
 }
 
 // RoomPager is a Store that reads a page of rooms, with their last

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/agenthost/agenthost/event"
@@ -80,6 +81,24 @@ func validateMCP(servers map[string]MCPServer) error {
 			return fmt.Errorf("room: MCP server name %q: want letters, digits, _ or - (at most 64)", name)
 		case (len(s.Command) > 0) == (s.URL != ""):
 			return fmt.Errorf("room: MCP server %q needs exactly one of a command or a URL", name)
+		case len(s.Command) > 0 && strings.TrimSpace(s.Command[0]) == "":
+			return fmt.Errorf("room: MCP server %q: its command names no program (command[0] is empty)", name)
+		}
+		// Its command line, environment and configuration file can carry
+		// no NUL byte, and a variable's name no "=".
+		nul := func(v string) bool { return strings.IndexByte(v, 0) >= 0 }
+		if slices.ContainsFunc(s.Command, nul) || nul(s.URL) {
+			return fmt.Errorf("room: MCP server %q: its command or URL holds a NUL byte", name)
+		}
+		for k, v := range s.Env {
+			if k == "" || strings.ContainsAny(k, "=\x00") || nul(v) {
+				return fmt.Errorf("room: MCP server %q: environment variable %q: want a name without \"=\" and values without NUL bytes", name, k)
+			}
+		}
+		for k, v := range s.Headers {
+			if k == "" || nul(k) || nul(v) {
+				return fmt.Errorf("room: MCP server %q: header %q: want a name, and no NUL byte", name, k)
+			}
 		}
 	}
 	return nil

@@ -28,6 +28,15 @@ var ErrSessionNotFound = errors.New("room: agent session not found")
 // room keeps both its session and its selection.
 var ErrSelectionRefused = errors.New("room: model selection refused")
 
+// ThinkingLeveler is a Transport that knows the thinking levels each
+// agent kind it runs takes: a room's settings naming another are refused
+// (SetSettings), since every turn would fail on it.
+type ThinkingLeveler interface {
+	// ThinkingLevels are the levels the agent kind takes (nil: not known
+	// here; any is tried at the agent's start).
+	ThinkingLevels(agent string) []string
+}
+
 // AgentSpec is what a room asks of its agent.
 type AgentSpec struct {
 	Room string

@@ -200,13 +200,16 @@ func newSendCmd() *cobra.Command {
 		Use:   "send ROOM MESSAGE [--follow]",
 		Short: "Send a message to a room of a running server",
 		Long: `Send a message to a room. Without --follow it prints the accepted message's
-id and sequence number (--json: {"id","seq"}). With --follow it shows progress
+id and sequence number (--json: {"id","seq","incarnation"}). With --follow it shows progress
 on stderr (a question's options, an approval's decision) while it waits,
 streams the answer to stdout (--json: the room's events as JSON lines), and
 ends on the message's message.ended event: exit 0 settled or answered a
-question, 1 failed or cancelled, 3 timed out. A dropped connection (a server
-restart) is resumed with backoff, said on stderr, for as long as --timeout
-allows (default: no bound; Ctrl-C stops, exit 130, the turn goes on).`,
+question, 1 failed or cancelled (or its room deleted), 3 timed out. A dropped
+connection (a server restart) is resumed with backoff, said on stderr, for as
+long as --timeout allows (default: no bound; Ctrl-C stops, exit 130, the turn
+goes on). The message goes with an idempotency key and is sent again with it
+after a connection error, a 503 or a full queue (up to 5 attempts, with
+backoff): the room accepts it once, so it runs at most one turn.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch delivery {
@@ -285,12 +288,15 @@ type follower struct {
 
 func (fw *follower) run(ctx context.Context) (client.MessageEnded, error) {
 	fw.approvals, fw.questions = map[string]bool{}, map[string]bool{}
-	for ev, err := range fw.c.Follow(ctx, fw.room, fw.acc.Seq-1) {
+	for ev, err := range fw.c.FollowAt(ctx, fw.room, fw.acc.Incarnation, fw.acc.Seq-1) {
 		if err != nil {
 			return client.MessageEnded{}, err
 		}
 		if fw.json {
 			fmt.Fprintln(fw.stdout, string(ev.Data))
+		}
+		if ev.Type == client.TypeReset {
+			return client.MessageEnded{}, fmt.Errorf("%w: message %s went with it", client.ErrReset, fw.acc.ID)
 		}
 		end, done, err := fw.event(ev)
 		if err != nil {
@@ -430,7 +436,10 @@ func newEventsCmd() *cobra.Command {
 is accepted for uniformity). With --follow it goes on printing new events; a
 dropped connection (a server restart) is resumed with backoff and
 Last-Event-ID, said on stderr, for as long as --timeout allows (default: no
-bound; Ctrl-C stops, exit 130).`,
+bound; Ctrl-C stops, exit 130). A room deleted (purged) and created again
+under its id starts its events at 1 again: the stream then prints a reset
+line ({"seq":0,"type":"reset",...}, also said on stderr) and the new room's
+events from its first; while the id names no room, --follow waits for one.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if after < 0 {
@@ -453,6 +462,11 @@ bound; Ctrl-C stops, exit 130).`,
 				}
 				if _, err := fmt.Fprintln(w, string(ev.Data)); err != nil {
 					return err
+				}
+				if ev.Type == client.TypeReset {
+					var r client.Reset
+					_ = ev.Decode(&r)
+					fmt.Fprintf(cmd.ErrOrStderr(), "agenthost: room %s's events start again: %s\n", args[0], r.Reason)
 				}
 			}
 			return nil

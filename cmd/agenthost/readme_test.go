@@ -113,14 +113,18 @@ var readmeIDs = regexp.MustCompile(`\b[amqt]_[0-9a-f]{8,}\b`)
 type idMatcher struct{ ids, back map[string]string }
 
 // canon drops what differs between runs other than ids: an event's time,
-// and a turn's token counts and cost (the agent's system prompt names the
-// workspace, whose path differs), of which the fields are kept.
+// a room's incarnation (its creation time), and a turn's token counts and
+// cost (the agent's system prompt names the workspace, whose path
+// differs), of which the fields are kept.
 func canon(l string) string {
 	var m map[string]any
 	if !strings.HasPrefix(l, "{") || json.Unmarshal([]byte(l), &m) != nil {
 		return l
 	}
 	delete(m, "time")
+	if _, ok := m["incarnation"]; ok {
+		m["incarnation"] = "I"
+	}
 	if u, ok := m["usage"].(map[string]any); ok {
 		for k := range u {
 			u[k] = "N"

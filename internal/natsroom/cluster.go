@@ -463,6 +463,15 @@ type inboxEntry struct {
 // inbox (durable in JetStream, R3 on 3 nodes, before this returns), a
 // wake-up goes to the workers, and Forward waits (AcceptWait) for the
 // holder to log it, to answer with its sequence.
+//
+// A message sent with an idempotency key has an id derived from the room
+// and the key (room.Message.Key), and a repeat, through this node or
+// another, is forwarded under the same id: JetStream stores the id once in
+// the inbox within the stream's duplicate window (30 s), and the holder
+// accepts an id once whenever it comes (Accept), so the room logs the
+// message once and every repeat is answered its sequence. (A front end
+// that finds the message in the log already answers without forwarding:
+// room.Manager.Submit.)
 func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) (room.Accepted, error) {
 	data, err := json.Marshal(inboxEntry{ID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery})
 	if err != nil {

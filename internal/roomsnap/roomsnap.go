@@ -17,8 +17,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/agenthost/agenthost/internal/snapshot"
 	"github.com/agenthost/agenthost/room"
@@ -76,8 +78,11 @@ func New(opts Options) *Snapshots {
 var _ room.Snapshots = (*Snapshots)(nil)
 
 // open returns the room's repository, opening it (and reading its
-// journal) at first use; the caller unlocks rr.mu.
-func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace) (*roomRepo, error) {
+// journal) at first use; the caller unlocks rr.mu. Only create (a turn's
+// first snapshot) makes the room's folder and repository: a diff or a
+// revert of a room that has none (a room being deleted) finds no
+// snapshots rather than making them.
+func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace, create bool) (*roomRepo, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -92,6 +97,12 @@ func (s *Snapshots) open(ctx context.Context, p room.SnapshotPlace) (*roomRepo, 
 	rr.mu.Lock()
 	if rr.repo != nil {
 		return rr, nil
+	}
+	if !create {
+		if _, err := os.Lstat(filepath.Join(p.Dir, "repo")); errors.Is(err, fs.ErrNotExist) {
+			rr.mu.Unlock()
+			return nil, fmt.Errorf("%w: no snapshots in this room", room.ErrNotFound)
+		}
 	}
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		rr.mu.Unlock()
@@ -190,7 +201,7 @@ func (rr *roomRepo) record(e journalEntry) error {
 
 // Before records the workspace as turn starts.
 func (s *Snapshots) Before(ctx context.Context, p room.SnapshotPlace, turn string) error {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, true)
 	if err != nil {
 		return err
 	}
@@ -204,7 +215,7 @@ func (s *Snapshots) Before(ctx context.Context, p room.SnapshotPlace, turn strin
 
 // After records the workspace as turn ends and counts its changes.
 func (s *Snapshots) After(ctx context.Context, p room.SnapshotPlace, turn string) (room.Changes, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.Changes{}, err
 	}
@@ -261,7 +272,7 @@ func writeSkipped(dir, turn string, rep snapshot.Report) error {
 	}
 	r := skippedReport{Skipped: make([]room.SkippedPath, 0, len(rep.Skipped)), Omitted: rep.SkippedOmitted}
 	for _, s := range rep.Skipped {
-		r.Skipped = append(r.Skipped, room.SkippedPath{Path: s.Path, Reason: string(s.Reason), Size: s.Size})
+		r.Skipped = append(r.Skipped, room.SkippedPath{Path: quotePath(s.Path), Reason: string(s.Reason), Size: s.Size})
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -314,7 +325,7 @@ func (rr *roomRepo) ids(turn string) (turnIDs, error) {
 
 // Diff tells what turn changed.
 func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string) (room.TurnDiff, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.TurnDiff{}, err
 	}
@@ -332,7 +343,7 @@ func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string)
 		Changes: room.Changes{Files: d.Changes.Files, Insertions: d.Changes.Insertions, Deletions: d.Changes.Deletions},
 		Patch:   d.Patch, Truncated: d.Truncated}
 	for _, f := range d.Files {
-		out.Files = append(out.Files, room.ChangedFile{Path: f.Path, Status: string(f.Status), Insertions: f.Insertions,
+		out.Files = append(out.Files, room.ChangedFile{Path: quotePath(f.Path), Status: string(f.Status), Insertions: f.Insertions,
 			Deletions: f.Deletions, Binary: f.Binary})
 	}
 	sk, err := readSkipped(p.Dir, turn)
@@ -346,7 +357,7 @@ func (s *Snapshots) Diff(ctx context.Context, p room.SnapshotPlace, turn string)
 
 // Revert restores the workspace to its snapshot before turn.
 func (s *Snapshots) Revert(ctx context.Context, p room.SnapshotPlace, turn string) (room.Reverted, error) {
-	rr, err := s.open(ctx, p)
+	rr, err := s.open(ctx, p, false)
 	if err != nil {
 		return room.Reverted{}, err
 	}
@@ -357,9 +368,28 @@ func (s *Snapshots) Revert(ctx context.Context, p room.SnapshotPlace, turn strin
 	}
 	res, err := rr.repo.Restore(ctx, t.before)
 	if err != nil {
-		return room.Reverted{Files: res.Paths, Kept: res.Kept}, err
+		return room.Reverted{Files: quotePaths(res.Paths), Kept: quotePaths(res.Kept)}, err
 	}
-	return room.Reverted{Files: res.Paths, Kept: res.Kept}, nil
+	return room.Reverted{Files: quotePaths(res.Paths), Kept: quotePaths(res.Kept)}, nil
+}
+
+// quotePath is how a path is named to clients (room.ChangedFile.Path):
+// as it is, unless it is not UTF-8 (a file name is any bytes; JSON would
+// turn the others into U+FFFD, and a client could neither name nor tell
+// the file) or starts with a double quote: then Go-quoted (strconv.Quote,
+// which strconv.Unquote reverses; git quotes such names too).
+func quotePath(p string) string {
+	if utf8.ValidString(p) && !strings.HasPrefix(p, `"`) {
+		return p
+	}
+	return strconv.Quote(p)
+}
+
+func quotePaths(ps []string) []string {
+	for i, p := range ps {
+		ps[i] = quotePath(p)
+	}
+	return ps
 }
 
 var _ room.SnapshotForgetter = (*Snapshots)(nil)

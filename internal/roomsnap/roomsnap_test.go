@@ -4,8 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/agenthost/agenthost/internal/snapshot"
 	"github.com/agenthost/agenthost/room"
@@ -72,5 +75,65 @@ func TestTurnChangesDiffRevertAndAJournalThatSurvivesARestart(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(p.Workspace, "keep.txt")); string(b) != "one\ntwo\n" {
 		t.Fatalf("keep.txt after revert: %q", b)
+	}
+}
+
+// diff_revert (review-api F11): a file name that is not UTF-8 (or starts
+// with a double quote) is named Go-quoted in a diff and a revert, which
+// strconv.Unquote turns back into its bytes (JSON would make it U+FFFD);
+// other names are as they are.
+func TestPathsThatAreNotUTF8AreQuoted(t *testing.T) {
+	dir := t.TempDir()
+	p := room.SnapshotPlace{Room: "r", Dir: filepath.Join(dir, "r", "snapshots"), Workspace: filepath.Join(dir, "r", "workspace")}
+	if err := os.MkdirAll(p.Workspace, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Options{})
+	defer s.Close()
+	ctx := t.Context()
+	if err := s.Before(ctx, p, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"\xff\xfe.txt", `"quoted".txt`, "plain é.txt"}
+	for _, n := range names {
+		write(t, filepath.Join(p.Workspace, n), "x\n")
+	}
+	if _, err := s.After(ctx, p, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Diff(ctx, p, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range d.Files {
+		got = append(got, f.Path)
+	}
+	res, err := s.Revert(ctx, p, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, list := range [][]string{got, res.Files} {
+		var back []string
+		for _, n := range list {
+			if strings.HasPrefix(n, `"`) {
+				u, err := strconv.Unquote(n)
+				if err != nil {
+					t.Fatalf("%q: %v", n, err)
+				}
+				n = u
+			} else if !utf8.ValidString(n) {
+				t.Fatalf("%q is not UTF-8", n)
+			}
+			back = append(back, n)
+		}
+		slices.Sort(back)
+		want := slices.Sorted(slices.Values(names))
+		if !slices.Equal(back, want) {
+			t.Fatalf("names %q, want %q", list, want)
+		}
+	}
+	if !slices.Contains(got, "plain é.txt") || !slices.Contains(got, `"\xff\xfe.txt"`) {
+		t.Fatalf("names %q", got)
 	}
 }

@@ -99,6 +99,25 @@ func New(opts Options) (*Transport, error) {
 // waits out before its prompt.
 const maxWaitRuns = 8
 
+// thinkingLevels are the thinking levels each agent takes: those its
+// set_thinking_level keeps (another is cleared by omp, turned "off" by
+// pi, and the start's check refuses the room's selection).
+var thinkingLevels = map[agents.Kind][]string{
+	agents.OMP: {rpc.ThinkingOff, rpc.ThinkingMinimal, rpc.ThinkingLow, rpc.ThinkingMedium, rpc.ThinkingHigh, rpc.ThinkingXHigh, rpc.ThinkingMax},
+	agents.Pi:  {rpc.ThinkingOff, rpc.ThinkingMinimal, rpc.ThinkingLow, rpc.ThinkingMedium, rpc.ThinkingHigh, rpc.ThinkingXHigh},
+}
+
+var _ room.ThinkingLeveler = (*Transport)(nil)
+
+// ThinkingLevels implements room.ThinkingLeveler ("" is omp, the
+// default agent).
+func (t *Transport) ThinkingLevels(agent string) []string {
+	if agent == "" {
+		agent = string(agents.OMP)
+	}
+	return thinkingLevels[agents.Kind(agent)]
+}
+
 // launch is how the transport starts spec's agent, the session to resume
 // aside: the command, and the settings the agent reads from files at its
 // start (for the daemon's launch fingerprint). It writes the agent's home

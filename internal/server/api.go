@@ -18,14 +18,17 @@ import (
 // own, so the wire format is fixed here.
 
 type roomView struct {
-	ID        string          `json:"id"`
-	Resident  bool            `json:"resident"`
-	SessionID string          `json:"session_id,omitempty"`
-	Turn      *room.TurnRef   `json:"turn"`
-	Queued    int             `json:"queued"`
-	LastSeq   int64           `json:"last_seq"`
-	Approvals []approvalView  `json:"approvals"`
-	Questions []questionsView `json:"questions"`
+	ID string `json:"id"`
+	// Incarnation names this life of the room: a room purged and created
+	// again under its id is another (see room.Manager.Incarnation).
+	Incarnation string          `json:"incarnation,omitempty"`
+	Resident    bool            `json:"resident"`
+	SessionID   string          `json:"session_id,omitempty"`
+	Turn        *room.TurnRef   `json:"turn"`
+	Queued      int             `json:"queued"`
+	LastSeq     int64           `json:"last_seq"`
+	Approvals   []approvalView  `json:"approvals"`
+	Questions   []questionsView `json:"questions"`
 	// Node holds the room's lease in a cluster ("" when none does, and
 	// on one machine).
 	Node string `json:"node"`
@@ -107,7 +110,7 @@ func nonNil(s []string) []string {
 }
 
 func viewRoom(st room.State) roomView {
-	v := roomView{ID: st.ID, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
+	v := roomView{ID: st.ID, Incarnation: st.Incarnation, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
 		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node,
 		Confinement: st.Confinement, Turns: st.Turns, Usage: st.Usage, UsageBySender: map[string]senderUsageView{}}
 	for sender, u := range st.UsageBySender {
@@ -270,6 +273,7 @@ func (s *Server) purgeRoom(w http.ResponseWriter, r *http.Request, st room.State
 	receipt, err := s.m.Purge(r.Context(), id)
 	switch {
 	case errors.Is(err, room.ErrBusy):
+		// What keeps it: a turn, or messages waiting.
 		writeError(w, http.StatusConflict, trimPrefix(err))
 		return
 	case errors.Is(err, room.ErrPurgeUnsupported):
@@ -296,9 +300,18 @@ type messageBody struct {
 // maxSender bounds a message's sender name.
 const maxSender = 256
 
+// headerIdempotencyKey carries a message's idempotency key: the same key
+// in a room's incarnation is accepted once (room.Message.Key).
+const headerIdempotencyKey = "Idempotency-Key"
+
 func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 	id, ok := roomID(w, r)
 	if !ok {
+		return
+	}
+	key := r.Header.Get(headerIdempotencyKey)
+	if len(r.Header.Values(headerIdempotencyKey)) > 1 {
+		writeError(w, http.StatusBadRequest, "one Idempotency-Key header at most")
 		return
 	}
 	var b messageBody
@@ -309,7 +322,7 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "sender is over 256 bytes")
 		return
 	}
-	acc, err := s.m.Submit(r.Context(), id, room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery})
+	acc, err := s.m.Submit(r.Context(), id, room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery, Key: key})
 	if err != nil {
 		s.fail(w, r, err, "room "+id)
 		return

@@ -34,6 +34,11 @@ type fakeTransport struct {
 	prompts        []string
 	live           map[*fakeAgent]bool
 	n              int
+	// closeGate, if set, holds every agent's Close until it is closed;
+	// closing receives a value as a Close begins to wait (a purge then
+	// holds its room).
+	closeGate chan struct{}
+	closing   chan struct{}
 }
 
 func newFakeTransport() *fakeTransport {
@@ -149,6 +154,15 @@ func (a *fakeAgent) Steer(ctx context.Context, text string) error {
 func (a *fakeAgent) FollowUp(ctx context.Context, text string) error { return a.Steer(ctx, text) }
 
 func (a *fakeAgent) Close(ctx context.Context) (json.RawMessage, error) {
+	a.f.mu.Lock()
+	gate, closing := a.f.closeGate, a.f.closing
+	a.f.mu.Unlock()
+	if gate != nil {
+		if closing != nil {
+			closing <- struct{}{}
+		}
+		<-gate
+	}
 	a.once.Do(func() { close(a.done) })
 	a.f.mu.Lock()
 	delete(a.f.live, a)

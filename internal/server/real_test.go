@@ -58,6 +58,7 @@ func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
 	}
 	h := &harness{t: t, db: db, seen: &observed{m: map[string]map[int]bool{}}, sim: sim}
 	ropts.Store, ropts.Transport, ropts.Root = roomsqlite.New(db), tr, filepath.Join(dir, "rooms")
+	h.root = ropts.Root
 	h.m, err = room.New(ropts)
 	if err != nil {
 		t.Fatal(err)

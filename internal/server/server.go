@@ -219,8 +219,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cw := &captureWriter{header: w.Header()}
 		h.ServeHTTP(cw, r)
 		msg := "no such route"
-		if cw.status == http.StatusMethodNotAllowed {
+		switch {
+		case cw.status == http.StatusMethodNotAllowed:
 			msg = "method " + r.Method + " not allowed here"
+		case cw.status/100 == 3:
+			// The mux redirects a path with . or .. segments (or a double
+			// slash) to its clean form: a DELETE of /v1/rooms/.. is no
+			// room's, and is told so rather than sent elsewhere.
+			w.Header().Del("Location")
+			cw.status, msg = http.StatusBadRequest, "the path must be in its clean form: no . or .. segment, no double slash"
 		}
 		writeError(w, cw.status, msg)
 		return
@@ -313,8 +320,15 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 	switch {
 	case errors.Is(err, room.ErrBadID), errors.Is(err, room.ErrBadMessage):
 		status, msg = http.StatusBadRequest, trimPrefix(err)
-	case errors.Is(err, room.ErrQueueFull), errors.Is(err, room.ErrBudgetExhausted):
+	case errors.Is(err, room.ErrQueueFull):
 		status, msg = http.StatusTooManyRequests, trimPrefix(err)
+		// A place frees when a turn ends; a client that sends again
+		// (with its idempotency key) waits this long first.
+		w.Header().Set("Retry-After", "1")
+	case errors.Is(err, room.ErrBudgetExhausted):
+		status, msg = http.StatusTooManyRequests, trimPrefix(err)
+	case errors.Is(err, room.ErrKeyReused):
+		status, msg = http.StatusUnprocessableEntity, trimPrefix(err)
 	case errors.Is(err, room.ErrBadSettings):
 		status, msg = http.StatusBadRequest, strings.TrimPrefix(trimPrefix(err), "bad settings: ")
 	case errors.Is(err, room.ErrNoSettings):
@@ -323,14 +337,13 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 		status, msg = http.StatusNotFound, what+": not found"
 	case errors.Is(err, room.ErrConflict):
 		status, msg = http.StatusConflict, what+": already resolved"
-	case errors.Is(err, room.ErrPurging):
-		status, msg = http.StatusConflict, trimPrefix(err)
 	case errors.Is(err, room.ErrNoTurn):
 		status, msg = http.StatusConflict, "no turn is running in this room"
 	case errors.Is(err, room.ErrClosed), errors.Is(err, room.ErrNotStarted), errors.Is(err, store.ErrClosed):
 		status, msg = http.StatusServiceUnavailable, "the server is shutting down"
 	case errors.Is(err, room.ErrUnavailable):
 		status, msg = http.StatusServiceUnavailable, trimPrefix(err)
+		w.Header().Set("Retry-After", "1")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		status, msg = http.StatusServiceUnavailable, what+": request ended before it completed"
 	default:

@@ -40,6 +40,7 @@ type harness struct {
 	ts   *httptest.Server
 	seen *observed
 	sim  *modelsim.Server // the scripted model of a real harness
+	root string           // the rooms' folders (room.Options.Root)
 }
 
 // observed collects the route patterns and statuses the server answered.
@@ -69,6 +70,7 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 	if ropts.Root == "" {
 		ropts.Root = filepath.Join(dir, "rooms")
 	}
+	h.root = ropts.Root
 	if ropts.Agents == nil {
 		ropts.Agents = []string{"omp", "pi"}
 	}
@@ -930,6 +932,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	queueFull(t, h)
 	diffAndRevert(t, h)
 	configAndBudget(t, h)
+	idempotentSubmit(t, h)
 	known := h.post("known", "hello")
 	h.ended("known", known)
 	runBadCases(t, h)
@@ -1157,7 +1160,11 @@ func TestCloseWhileStreamsJoin(t *testing.T) {
 		// A join that gets past the request's checks after Close (its
 		// context is cancelled asynchronously) must not start a hub:
 		// that would add to the WaitGroup Close already waited on.
-		if _, _, leave, err := h.s.hubs.join("c0"); err == nil {
+		inc, err := h.s.m.Incarnation(t.Context(), "c0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, leave, err := h.s.hubs.join("c0", inc); err == nil {
 			leave()
 			t.Fatalf("round %d: a hub started after Close", round)
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/room"
 )
 
 // The event stream. A client first replays the room's log from the store
@@ -27,6 +29,17 @@ import (
 // then reads the store after its own cursor C until the store has nothing
 // more (so C >= H, as the hub only forwards committed events), and from
 // then on takes the hub's events after C, which continue at C+1.
+//
+// One incarnation: a room deleted and created again under its id starts
+// its log at 1 again (room.Manager.Incarnation). A stream serves one
+// incarnation, named in its Room-Incarnation header: each page read from
+// the store, by a client or a hub, is checked against the room's
+// incarnation after it is read (a purge deletes the log in one write, so a
+// page read before the check that still finds the incarnation is of it),
+// and a stream that finds another ends with a reset event. A client that
+// resumes with a Last-Event-ID or after past the log's end, or with
+// ?incarnation= naming another incarnation, gets a reset event first and
+// then the room's log from its first event.
 
 // frame is one encoded SSE event.
 type frame struct {
@@ -51,18 +64,43 @@ func encodeFrame(ev store.Event) (frame, error) {
 	return frame{seq: ev.Seq, data: b.Bytes()}, nil
 }
 
+// resetFrame is the reset event: the events a client holds (after
+// after) are not of the room's incarnation inc ("" when the room is gone):
+// it forgets them, and the room's events from 1 follow (or, when the room
+// is gone, the stream ends and the id may name a new room later). Its id
+// is 0, so that a client that ignores it resumes from the start.
+func resetFrame(room, inc string, after int64, reason string) []byte {
+	data, _ := json.Marshal(struct {
+		Seq         int64     `json:"seq"`
+		Type        string    `json:"type"`
+		Room        string    `json:"room"`
+		Time        time.Time `json:"time"`
+		Incarnation string    `json:"incarnation"`
+		After       int64     `json:"after"`
+		Reason      string    `json:"reason"`
+	}{0, eventReset, room, time.Now().UTC(), inc, after, reason})
+	return []byte("id: 0\nevent: " + eventReset + "\ndata: " + string(data) + "\n\n")
+}
+
+// eventReset is the stream's own event (never in a room's log).
+const eventReset = "reset"
+
+// hubKey is a room's incarnation.
+type hubKey struct{ room, inc string }
+
 type hubs struct {
 	s  *Server
 	mu sync.Mutex
-	m  map[string]*hub
+	m  map[hubKey]*hub
 }
 
-func newHubs(s *Server) *hubs { return &hubs{s: s, m: map[string]*hub{}} }
+func newHubs(s *Server) *hubs { return &hubs{s: s, m: map[hubKey]*hub{}} }
 
-// hub fans one room's new events out to its live clients.
+// hub fans one room incarnation's new events out to its live clients.
 type hub struct {
 	hs     *hubs
 	room   string
+	inc    string
 	mu     sync.Mutex
 	cursor int64 // the last seq handed out
 	subs   map[*sub]struct{}
@@ -75,18 +113,20 @@ type sub struct {
 	cut chan struct{} // closed when the hub dropped it (buffer full)
 }
 
-// join returns a subscription to the room's events after the returned
-// cursor, and a function that leaves.
-func (hs *hubs) join(room string) (*sub, int64, func(), error) {
+// join returns a subscription to the events of the room's incarnation
+// inc after the returned cursor, and a function that leaves;
+// errIncarnation when the room is not that incarnation now.
+func (hs *hubs) join(room, inc string) (*sub, int64, func(), error) {
 	hs.mu.Lock()
-	h := hs.m[room]
+	key := hubKey{room, inc}
+	h := hs.m[key]
 	if h == nil {
 		var err error
-		if h, err = hs.start(room); err != nil {
+		if h, err = hs.start(room, inc); err != nil {
 			hs.mu.Unlock()
 			return nil, 0, nil, err
 		}
-		hs.m[room] = h
+		hs.m[key] = h
 	}
 	sb := &sub{ch: make(chan frame, hs.s.opts.StreamBuffer), cut: make(chan struct{})}
 	h.mu.Lock()
@@ -101,16 +141,20 @@ func (hs *hubs) join(room string) (*sub, int64, func(), error) {
 		delete(h.subs, sb)
 		empty := len(h.subs) == 0
 		h.mu.Unlock()
-		if empty && hs.m[room] == h {
-			delete(hs.m, room)
+		if empty && hs.m[key] == h {
+			delete(hs.m, key)
 			h.stop()
 		}
 	}
 	return sb, cursor, leave, nil
 }
 
-// start starts a room's hub (hs.mu held).
-func (hs *hubs) start(room string) (*hub, error) {
+// errIncarnation: the room is not (or no longer) the incarnation a stream
+// serves.
+var errIncarnation = errors.New("stream: the room is another incarnation")
+
+// start starts the hub of a room's incarnation (hs.mu held).
+func (hs *hubs) start(room, inc string) (*hub, error) {
 	s := hs.s
 	if s.ctx.Err() != nil {
 		return nil, errClosing
@@ -118,13 +162,16 @@ func (hs *hubs) start(room string) (*hub, error) {
 	// Watch before reading the cursor: a commit after the read signals.
 	watch, unwatch := s.m.Watch(room)
 	ctx, cancel := context.WithCancel(s.ctx)
-	last, err := lastSeq(ctx, s, room)
+	st, err := s.m.State(ctx, room)
+	if err == nil && st.Incarnation != inc {
+		err = errIncarnation
+	}
 	if err != nil {
 		cancel()
 		unwatch()
 		return nil, err
 	}
-	h := &hub{hs: hs, room: room, cursor: last, subs: map[*sub]struct{}{}, stop: cancel}
+	h := &hub{hs: hs, room: room, inc: inc, cursor: st.LastSeq, subs: map[*sub]struct{}{}, stop: cancel}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -132,15 +179,6 @@ func (hs *hubs) start(room string) (*hub, error) {
 		h.run(ctx, watch)
 	}()
 	return h, nil
-}
-
-// lastSeq is the room's last committed sequence number.
-func lastSeq(ctx context.Context, s *Server, room string) (int64, error) {
-	st, err := s.m.State(ctx, room)
-	if err != nil {
-		return 0, err
-	}
-	return st.LastSeq, nil
 }
 
 func (h *hub) run(ctx context.Context, watch <-chan struct{}) {
@@ -159,6 +197,16 @@ func (h *hub) run(ctx context.Context, watch <-chan struct{}) {
 			after := h.cursor
 			h.mu.Unlock()
 			evs, err := h.hs.s.m.Events(ctx, h.room, after, replayPage)
+			if err == nil && len(evs) > 0 {
+				// Read before the check: events of another incarnation
+				// are never handed out (see the stream's doc).
+				err = h.hs.s.checkIncarnation(ctx, h.room, h.inc)
+			}
+			if errors.Is(err, errIncarnation) || errors.Is(err, room.ErrNotFound) {
+				// Purged: the clients end with a reset.
+				h.hs.retire(h)
+				return
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					h.hs.s.log.Error("server: reading events for the stream failed", "room", h.room, "err", err)
@@ -199,17 +247,46 @@ func (h *hub) run(ctx context.Context, watch <-chan struct{}) {
 	}
 }
 
-// drop ends the room's hub and cuts its clients (a purged room: its
-// sequence numbers start again).
+// drop ends the room's hubs and cuts their clients (a purged room: its
+// sequence numbers start again; each client ends with a reset).
 func (hs *hubs) drop(room string) {
 	hs.mu.Lock()
-	h := hs.m[room]
-	delete(hs.m, room)
+	var gone []*hub
+	for k, h := range hs.m {
+		if k.room == room {
+			delete(hs.m, k)
+			gone = append(gone, h)
+		}
+	}
 	hs.mu.Unlock()
-	if h != nil {
+	for _, h := range gone {
 		h.stop()
 		h.cutAll()
 	}
+}
+
+// retire ends h, whose incarnation is gone, and cuts its clients.
+func (hs *hubs) retire(h *hub) {
+	hs.mu.Lock()
+	if k := (hubKey{h.room, h.inc}); hs.m[k] == h {
+		delete(hs.m, k)
+	}
+	hs.mu.Unlock()
+	h.stop()
+	h.cutAll()
+}
+
+// checkIncarnation is errIncarnation when the room is not incarnation
+// inc now, room.ErrNotFound when it is gone.
+func (s *Server) checkIncarnation(ctx context.Context, room, inc string) error {
+	cur, err := s.m.Incarnation(ctx, room)
+	if err != nil {
+		return err
+	}
+	if cur != inc {
+		return errIncarnation
+	}
+	return nil
 }
 
 func (h *hub) cutAll() {
@@ -243,6 +320,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
+	known := r.URL.Query().Get("incarnation")
+	if len(known) > 64 || strings.ContainsFunc(known, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, "incarnation must be the Room-Incarnation a stream of the room answered")
+		return
+	}
 	follow := true
 	switch r.URL.Query().Get("follow") {
 	case "", "1", "true":
@@ -252,9 +334,23 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "follow must be 0 or 1")
 		return
 	}
-	if _, err := s.m.State(r.Context(), id); err != nil {
+	state, err := s.m.State(r.Context(), id)
+	if err != nil {
 		s.fail(w, r, err, "room "+id)
 		return
+	}
+	inc := state.Incarnation
+	var reset []byte
+	switch {
+	case known != "" && known != inc:
+		reset = resetFrame(id, inc, after, "the room was deleted and created again: its events start at 1 again")
+	case after > state.LastSeq:
+		reset = resetFrame(id, inc, after, fmt.Sprintf(
+			"event %d is past the room's last event (%d): the room was deleted and created again, so its events start at 1 again",
+			after, state.LastSeq))
+	}
+	if reset != nil {
+		after = 0
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -265,18 +361,25 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
+	if inc != "" {
+		w.Header().Set(headerIncarnation, inc)
+	}
 	w.WriteHeader(http.StatusOK)
 	s.metrics.streamClients.Inc()
 	defer s.metrics.streamClients.Dec()
 	// Every write to the connection renews the deadline: the buffer
 	// writes through on its own when a frame does not fit, long after
 	// the last flush.
-	st := &streamWriter{s: s, rc: rc, bw: bufio.NewWriterSize(deadlineWriter{w, rc, s.opts.WriteTimeout}, 32<<10)}
+	st := &streamWriter{s: s, rc: rc, bw: bufio.NewWriterSize(deadlineWriter{w, rc, s.opts.WriteTimeout}, 32<<10),
+		room: id, inc: inc}
 	// retry tells EventSource to come back quickly after a cut.
 	_, _ = st.bw.WriteString("retry: 1000\n\n")
-	cursor, err := st.replay(ctx, id, after)
+	if reset != nil {
+		_, _ = st.bw.Write(reset)
+	}
+	cursor, err := st.replay(ctx, after)
 	if err == nil && follow {
-		err = st.live(ctx, id, cursor)
+		err = st.live(ctx, cursor)
 	}
 	if err == nil {
 		err = st.flush()
@@ -286,10 +389,32 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// headerIncarnation names the incarnation a stream serves.
+const headerIncarnation = "Room-Incarnation"
+
 type streamWriter struct {
 	s  *Server
 	rc *http.ResponseController
 	bw *bufio.Writer
+	// room and inc are the room and the incarnation the stream serves.
+	room, inc string
+}
+
+// check is nil while the room is the stream's incarnation. Otherwise it
+// writes the reset event and returns errIncarnation (the stream ends).
+func (st *streamWriter) check(ctx context.Context, after int64) error {
+	err := st.s.checkIncarnation(ctx, st.room, st.inc)
+	if !errors.Is(err, errIncarnation) && !errors.Is(err, room.ErrNotFound) {
+		return err
+	}
+	cur, _ := st.s.m.Incarnation(ctx, st.room) // "" once it is gone
+	reason := "the room was deleted: its id may name a new room, whose events start at 1"
+	if cur != "" {
+		reason = "the room was deleted and created again: its events start at 1 again"
+	}
+	_, _ = st.bw.Write(resetFrame(st.room, cur, after, reason))
+	_ = st.flush()
+	return errIncarnation
 }
 
 func (st *streamWriter) flush() error {
@@ -315,11 +440,17 @@ func (d deadlineWriter) Write(b []byte) (int, error) {
 
 // replay writes the room's events after after from the store until it has
 // no more, and returns the last seq written.
-func (st *streamWriter) replay(ctx context.Context, room string, after int64) (int64, error) {
+func (st *streamWriter) replay(ctx context.Context, after int64) (int64, error) {
 	for {
-		evs, err := st.s.m.Events(ctx, room, after, replayPage)
+		evs, err := st.s.m.Events(ctx, st.room, after, replayPage)
 		if err != nil {
 			return after, err
+		}
+		if len(evs) > 0 {
+			// Read before the check: see the stream's doc.
+			if err := st.check(ctx, after); err != nil {
+				return after, err
+			}
 		}
 		for _, ev := range evs {
 			f, err := encodeFrame(ev)
@@ -340,15 +471,21 @@ func (st *streamWriter) replay(ctx context.Context, room string, after int64) (i
 	}
 }
 
-// live joins the room's hub and writes its events after cursor.
-func (st *streamWriter) live(ctx context.Context, room string, cursor int64) error {
-	sb, _, leave, err := st.s.hubs.join(room)
+// live joins the hub of the stream's incarnation and writes its events
+// after cursor.
+func (st *streamWriter) live(ctx context.Context, cursor int64) error {
+	sb, _, leave, err := st.s.hubs.join(st.room, st.inc)
+	if errors.Is(err, errIncarnation) || errors.Is(err, room.ErrNotFound) {
+		if cerr := st.check(ctx, cursor); cerr != nil {
+			return cerr
+		}
+	}
 	if err != nil {
 		return err
 	}
 	defer leave()
 	// Catch up on what was committed between the replay and the join.
-	if cursor, err = st.replay(ctx, room, cursor); err != nil {
+	if cursor, err = st.replay(ctx, cursor); err != nil {
 		return err
 	}
 	beat := time.NewTicker(st.s.opts.Heartbeat)
@@ -371,6 +508,11 @@ func (st *streamWriter) live(ctx context.Context, room string, cursor int64) err
 				default:
 				}
 				break
+			}
+			// Cut by a purge: the client is told (a reset); cut as too
+			// slow, it resumes where it stopped.
+			if err := st.check(ctx, cursor); err != nil {
+				return err
 			}
 			_ = st.flush()
 			return errCut

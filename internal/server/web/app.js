@@ -213,6 +213,9 @@ async function loadHistory(rm) {
     return;
   }
   if (rm !== current) return;
+  // The stream asks for this incarnation: one of a room purged and
+  // created again starts with a reset (and the page starts over).
+  rm.incarnation = st.incarnation || "";
   if (st.last_seq >= rm.confSeq) {
     rm.confSeq = st.last_seq;
     showConfinement(st.confinement);
@@ -364,7 +367,8 @@ async function stream(rm) {
     let connected = false;
     try {
       setStatus("connecting", rm.streamed ? "reconnecting…" : "connecting…");
-      const res = await fetch(roomPath(rm.id) + "/events", {
+      const q = rm.incarnation ? "?incarnation=" + encodeURIComponent(rm.incarnation) : "";
+      const res = await fetch(roomPath(rm.id) + "/events" + q, {
         headers: { Authorization: "Bearer " + token, "Last-Event-ID": String(rm.lastSeq), Accept: "text/event-stream" },
         signal: rm.abort.signal,
         cache: "no-store",
@@ -382,6 +386,7 @@ async function stream(rm) {
         return;
       }
       if (!res.ok || !res.body) throw new Error("events: " + res.status);
+      if (!rm.incarnation) rm.incarnation = res.headers.get("Room-Incarnation") || "";
       connected = rm.streamed = true;
       $("room-note").hidden = true;
       const n = Number(document.body.dataset.connects || 0) + 1;
@@ -458,6 +463,12 @@ function dispatch(rm, type, raw) {
   try {
     ev = JSON.parse(raw);
   } catch (_) {
+    return;
+  }
+  if (type === "reset") {
+    // The room was purged (and maybe created again): what the page shows
+    // is of the old room. Start over.
+    openRoom(rm.id);
     return;
   }
   if (typeof ev.seq !== "number" || ev.seq <= rm.lastSeq) return; // already applied
