@@ -70,6 +70,8 @@ type serveFlags struct {
 	natsReplicas                              int
 	confine                                   confineFlags
 	natsSecretFile, natsTLS, natsCreds        string
+	// agentEnv are the variables passed to agents by name (--agent-env).
+	agentEnv []string
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -80,6 +82,7 @@ var serveEnv = map[string]string{
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
+	"agent-env": "AGENTHOST_AGENT_ENV",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -106,7 +109,10 @@ the kernel has it (--confine auto, the default; landlock refuses to start
 without it; off): they read and write only the room's workspace, the agent's
 home and a temporary folder of their own, read the system and the installed
 agents, and cannot signal the server or other rooms. --confine-net PORTS
-limits their TCP connects to those ports (and the built-in model's).
+limits their TCP connects to those ports (and the built-in model's). Agents get
+an allowlisted environment: PATH, TERM, LANG, LC_*, the proxy and CA variables,
+their own HOME and TMPDIR, and the key variables of the room's model's provider;
+--agent-env NAME,... passes more by name, and AGENTHOST_* never.
 
 One server per data dir: a second one refuses to start.
 
@@ -165,6 +171,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.StringVar(&f.role, "role", natsroom.RoleBoth, "in a NATS cluster: both, frontend (API only) or worker (runs agents only)")
 	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
 	addConfineFlags(fl, &f.confine)
+	fl.StringSliceVar(&f.agentEnv, "agent-env", nil, "more variables the agents get from the server's environment, by name, comma-separated (besides PATH, HOME, TMPDIR, LANG, LC_*, TERM, proxies and the model's key; never AGENTHOST_*)")
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -293,6 +300,9 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if err := f.confine.check(); err != nil {
 		return err
+	}
+	if err := agents.CheckEnvNames(f.agentEnv); err != nil {
+		return &exitError{2, fmt.Errorf("serve: --agent-env: %w", err)}
 	}
 	kind := agents.Kind(f.agent)
 	switch {
@@ -473,9 +483,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	var tr room.Transport
 	if f.transport == transportACP {
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, Logger: log})
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf, Logger: log})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
+			AgentEnv: f.agentEnv, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

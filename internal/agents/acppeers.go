@@ -52,7 +52,7 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if opts.Yolo {
 		mode = "bypassPermissions"
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Claude, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -95,7 +95,7 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err != nil {
 		return ACPRecipe{}, err
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Codex, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -156,7 +156,7 @@ func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err := checkCopilotHooks(opts.Workspace); err != nil {
 		return ACPRecipe{}, err
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Copilot, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -209,11 +209,11 @@ func warmCopilot(in *Install, bin string, env []string) error {
 	return nil
 }
 
-// acpHome creates opts.Home and returns its absolute path and the agent's environment: with a
-// model URL the parent's without credentials or config moves (as [Home]); without one the
-// parent's, so the provider's key reaches the agent, with HOME replaced. The three peers take no
+// acpHome creates opts.Home and returns its absolute path and the environment of the agent of
+// kind: with a model URL [Env]'s with no provider's key (as [Home]); without one [Env]'s with
+// the keys of the agent's own provider and of the room's model. The three peers take no
 // appended instructions through their recipes: asked for some, it fails with [ErrUnsupported].
-func acpHome(opts ACPOptions) (string, []string, error) {
+func acpHome(kind Kind, opts ACPOptions) (string, []string, error) {
 	if opts.Instructions != "" {
 		return "", nil, fmt.Errorf("%w: appended instructions (only omp's recipe passes them)", ErrUnsupported)
 	}
@@ -228,10 +228,10 @@ func acpHome(opts ACPOptions) (string, []string, error) {
 		return "", nil, fmt.Errorf("agents: %w", err)
 	}
 	if opts.ModelURL == "" {
-		env, err := plainHome(home)
+		env, err := plainHome(home, kind, opts)
 		return home, env, err
 	}
-	return home, agentEnv(os.Environ(), home), nil
+	return home, builtinEnv(os.Environ(), home, kind, opts.PassEnv), nil
 }
 
 // nodeScript returns [<abs node> <package>/<script>] for kind k.

@@ -36,7 +36,7 @@ var allowed = map[string][]string{
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", "golang.org/x/sys/",
-		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
+		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
 	module + "/internal/confine": landlockDeps,
@@ -49,8 +49,9 @@ var allowed = map[string][]string{
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
 	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim"}, sqliteDeps...),
-	module + "/internal/agents": nil,
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/modelsim", "go.yaml.in/yaml/"}, sqliteDeps...),
+	// The agent installs: the standard library, and YAML to clean omp's models file in a home.
+	module + "/internal/agents": {"go.yaml.in/yaml/"},
 	// Git workspaces: the standard library and the git program only.
 	module + "/internal/gitws": nil,
 	// Usage normalisation: the standard library and the records (its Usage is

@@ -63,7 +63,10 @@ type Options struct {
 	MaxLineBytes int
 	// Confine, if set, confines each agent to its room (nil: unconfined).
 	Confine *confine.Confiner
-	Logger  *slog.Logger
+	// AgentEnv are more variables every agent gets as the server has them
+	// (serve --agent-env), beyond what agents.Env gives.
+	AgentEnv []string
+	Logger   *slog.Logger
 }
 
 // ErrNoMCP: the room configures MCP servers and its agent has no MCP
@@ -114,7 +117,8 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 		return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 	}
 	if len(cfg.Command) > 0 {
-		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(os.Environ(), cfg.Env...)}
+		env := agents.Env(os.Environ(), agents.EnvOptions{Home: spec.Home, Model: cfg.Model, Pass: t.opts.AgentEnv})
+		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(env, cfg.Env...)}
 		rs.Dir = spec.Workspace
 		return rs, kind, settings, nil
 	}
@@ -128,7 +132,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	if err != nil {
 		return rs, kind, settings, err
 	}
-	env, err := t.home(spec.Home, kind)
+	env, err := t.home(spec.Home, kind, cfg.Model)
 	if err != nil {
 		return rs, kind, settings, err
 	}
@@ -140,7 +144,7 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	}
 	if len(spec.MCP) == 0 && kind == agents.OMP {
 		// A room whose servers were removed must not keep them.
-		if err := os.Remove(filepath.Join(spec.Home, ".omp", "agent", "mcp.json")); err != nil && !os.IsNotExist(err) {
+		if err := os.Remove(filepath.Join(spec.Home, agents.OMPMCPFile)); err != nil && !os.IsNotExist(err) {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
 	}
@@ -167,16 +171,24 @@ func (t *Transport) launch(spec room.AgentSpec) (rs rpc.Spec, kind agents.Kind, 
 	if kind == agents.OMP {
 		// rpc-ui offers omp's ask tool; approvals as configured.
 		rs.Mode = "rpc-ui"
-		// The workspace's own omp config (approvals, MCP files, extension, hook and
-		// foreign tool modules) is not the room's: see agents.OMPWorkspaceArgs. omp's own
-		// provider stays on, for the room's MCP file in the home.
-		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != ""}
+		// What the workspace and the home would have omp load or run by itself (approvals,
+		// MCP files, modules, plugins, settings, language servers, .env, bunfig.toml) is
+		// not the room's: see agents.OMPWorkspaceArgs. The room's MCP servers come from the
+		// home's one file the overlay opts in (agents.OMPMCPFile).
+		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != "", MCP: len(spec.MCP) > 0, Ask: cfg.ApprovalMode != room.ApprovalYolo}
 		overlay, err := agents.WriteOMPOverlay(spec.Home, o)
 		if err != nil {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
 		settings.Overlay = agents.OMPOverlayText(o)
 		rs.ExtraArgs = append(rs.ExtraArgs, agents.OMPWorkspaceArgs(cfg.ApprovalMode, overlay)...)
+		rs.ExtraArgs = append(rs.ExtraArgs, agents.OMPCwdArgs(spec.Workspace)...)
+		// omp's process starts in its package folder: Bun and omp read bunfig.toml and .env
+		// from the process's folder before any flag (--cwd gives it the workspace).
+		if rs.Dir, err = t.opts.Install.OMPStartDir(); err != nil {
+			return rs, kind, settings, err
+		}
+		return rs, kind, settings, nil
 	}
 	rs.Dir = spec.Workspace
 	return rs, kind, settings, nil
@@ -198,6 +210,9 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
+	if err := t.prepareHome(spec); err != nil {
+		return nil, err
+	}
 	rs, kind, settings, err := t.launch(spec)
 	if err != nil {
 		return nil, err
@@ -429,28 +444,45 @@ func writeMCP(home string, servers map[string]room.MCPServer) error {
 	if err != nil {
 		return fmt.Errorf("rpcagent: %w", err)
 	}
-	dir := filepath.Join(home, ".omp", "agent")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	path := filepath.Join(home, agents.OMPMCPFile)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("rpcagent: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "mcp.json"), b, 0o600); err != nil {
+	if err := os.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("rpcagent: writing the room's MCP configuration: %w", err)
 	}
 	return nil
 }
 
-// home writes the room's agent home: pointed at the built-in model when
-// there is one, and otherwise an empty home whose provider key comes in
-// the room's environment.
-func (t *Transport) home(dir string, kind agents.Kind) ([]string, error) {
+// home writes the room's agent home and returns the agent's environment
+// (agents.Env's): pointed at the built-in model when there is one, and
+// otherwise a home whose provider key (model's) comes in the environment.
+func (t *Transport) home(dir string, kind agents.Kind, model string) ([]string, error) {
 	if t.opts.ModelURL != "" {
-		return agents.Home(dir, kind, t.opts.ModelURL)
+		return agents.HomeWith(dir, kind, t.opts.ModelURL, agents.HomeOptions{PassEnv: t.opts.AgentEnv})
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("rpcagent: %w", err)
+	return agents.NamedModelHome(dir, kind, model, t.opts.AgentEnv)
+}
+
+// prepareHome makes the room's home safe for its agent's next start
+// (agents.ResetHome): before every start, never at an attach, where the
+// agent runs on what it read at its start. A room that asks is refused a
+// workspace whose omp plugins nothing switches off.
+func (t *Transport) prepareHome(spec room.AgentSpec) error {
+	cfg := spec.Config
+	if len(cfg.Command) > 0 {
+		return nil
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
-	return append(env, "HOME="+dir), nil
+	kind := agents.Kind(cmp.Or(cfg.Agent, string(agents.OMP)))
+	if kind == agents.OMP && cfg.ApprovalMode != room.ApprovalYolo {
+		if err := agents.CheckOMPWorkspace(spec.Workspace, spec.Home); err != nil {
+			return fmt.Errorf("rpcagent: %w", err)
+		}
+	}
+	if err := os.MkdirAll(spec.Home, 0o700); err != nil {
+		return fmt.Errorf("rpcagent: %w", err)
+	}
+	return agents.ResetHome(spec.Home, kind)
 }
 
 // findSession returns the session file of id in dir (named
