@@ -16,6 +16,14 @@ import (
 
 // TestMain checks that no test, including the real-agent one, leaves goroutines behind.
 func TestMain(m *testing.M) {
+	if home := os.Getenv(resetHelperEnv); home != "" {
+		// As the agent's own user (resetAsAgentsUser): reset its home.
+		if err := agents.ResetHome(home, agents.Kind(os.Getenv(resetKindEnv))); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -165,7 +165,15 @@ func pathSplit(rel string) (dir, base string) {
 // pruneTree removes everything under root/rel that is neither in keep nor a folder on the way to
 // something in keep. A link is removed, never followed.
 func pruneTree(root, rel string, keep []string) error {
-	ents, err := os.ReadDir(filepath.Join(root, rel))
+	dir := filepath.Join(root, rel)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrPermission) {
+		// The agent's own folder, made unreadable: it is the agent's to open again.
+		if fi, lerr := os.Lstat(dir); lerr == nil && fi.IsDir() {
+			_ = os.Chmod(dir, 0o700)
+			ents, err = os.ReadDir(dir)
+		}
+	}
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil
 	}
@@ -237,8 +245,21 @@ func replaceFile(path string, data []byte) error {
 	return nil
 }
 
+// removeAll removes path and what is under it (a link, not what it names). A folder the agent
+// made unwritable (its own, mode 0500) is made writable first: the agent could otherwise keep what
+// it planted there and stop its room's every start.
 func removeAll(path string) error {
-	if err := os.RemoveAll(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	err := os.RemoveAll(path)
+	if errors.Is(err, fs.ErrPermission) {
+		_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if d != nil && d.IsDir() {
+				_ = os.Chmod(p, 0o700) // a folder WalkDir entered, never a link
+			}
+			return nil
+		})
+		err = os.RemoveAll(path)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil

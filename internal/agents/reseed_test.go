@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -229,4 +230,82 @@ func TestSeedHome(t *testing.T) {
 func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// resetHelperEnv makes the test binary reset the home it names (as kind resetKindEnv) and exit.
+const (
+	resetHelperEnv = "AGENTS_TEST_RESET_HOME"
+	resetKindEnv   = "AGENTS_TEST_RESET_KIND"
+)
+
+// TestResetHome_UnwritableFolders: a server that is not root resets a home whose agent (its own
+// user) made the folders holding what it planted unwritable or unreadable (mode 0500, 0): the
+// reset opens them again, and the agent's start is not stopped by its own folders. Run as uid
+// 65534 (a helper under setpriv) where the test runs as root, whose rights would hide it.
+func TestResetHome_UnwritableFolders(t *testing.T) {
+	for _, kind := range []agents.Kind{agents.OMP, agents.Pi} {
+		t.Run(string(kind), func(t *testing.T) {
+			home := filepath.Join(t.TempDir(), "home")
+			plantHome(t, home, map[string]string{
+				".omp/agent/tools/locked/evil.ts": "module", ".omp/plugins/node_modules/p/t.ts": "module",
+				".omp/agent/memories/m.md": "memory",
+				".pi/agent/bin/rg":         "rg", ".pi/agent/extensions/x/e.ts": "module",
+			})
+			for _, dir := range []string{".omp/agent/tools/locked", ".omp/plugins", ".pi/agent/bin"} {
+				if err := os.Chmod(filepath.Join(home, dir), 0o500); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chmod(filepath.Join(home, ".pi/agent/extensions/x"), 0); err != nil {
+				t.Fatal(err)
+			}
+			if os.Geteuid() != 0 {
+				if err := agents.ResetHome(home, kind); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				resetAsAgentsUser(t, home, kind)
+			}
+			gone := map[agents.Kind][]string{agents.OMP: {".omp/agent/tools", ".omp/plugins"}, agents.Pi: {".pi/agent/bin", ".pi/agent/extensions"}}
+			for _, rel := range gone[kind] {
+				if _, err := os.Lstat(filepath.Join(home, rel)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s is still there: %v", rel, err)
+				}
+			}
+		})
+	}
+}
+
+// resetAsAgentsUser chowns home to uid 65534 and resets it as that user.
+func resetAsAgentsUser(t *testing.T, home string, kind agents.Kind) {
+	t.Helper()
+	if err := filepath.WalkDir(filepath.Dir(home), func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 65534, 65534)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The test's temporary folder must let the helper through.
+	for d := filepath.Dir(home); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for d := filepath.Dir(exe); d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		_ = os.Chmod(d, 0o755)
+	}
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), resetHelperEnv+"="+home, resetKindEnv+"="+string(kind))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the reset as uid 65534: %v: %s", err, out)
+	}
 }
