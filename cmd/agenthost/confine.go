@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/spf13/pflag"
 )
@@ -133,26 +132,10 @@ func confineReport(r confine.Report) string {
 }
 
 // agentWhere is where prompt's agent lives: the tools folder, its home
-// (the throwaway one on the built-in model) and the built-in model's URL.
+// (a throwaway one), the built-in model's URL, and the folder omp's
+// process starts in ("" for the workspace).
 type agentWhere struct {
-	tools, home, modelURL string
-	// kind, with no home: the agent on a named model, its configuration
-	// in the user's home (userAgentHome).
-	kind agents.Kind
-}
-
-// userAgentHome is the agent's own folder in the user's home, where it
-// keeps its configuration and credentials for a named model.
-func userAgentHome(k agents.Kind) string {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return ""
-	}
-	dir := filepath.Join(home, "."+string(k))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return ""
-	}
-	return dir
+	tools, home, modelURL, startDir string
 }
 
 // wrap confines prompt's agent to cwd (default: the working directory),
@@ -173,9 +156,6 @@ func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv,
 	}
 	if cwd, err = filepath.Abs(cwd); err != nil {
 		return nil, err
-	}
-	if where.home == "" && where.kind != "" {
-		where.home = userAgentHome(where.kind)
 	}
 	tmp, err := os.MkdirTemp("", "agenthost-tmp-")
 	if err != nil {

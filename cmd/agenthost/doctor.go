@@ -20,8 +20,9 @@ import (
 
 func newDoctorCmd(logger func() *slog.Logger) *cobra.Command {
 	var timeout time.Duration
-	var transport string
+	var transport, model string
 	var asJSON bool
+	var agentEnv []string
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Show what is installed and whether each agent starts",
@@ -34,7 +35,11 @@ Exits 1 when something is wrong.`,
 			if transport != "" && transport != transportRPC && transport != transportACP {
 				return usageErr(fmt.Errorf("doctor: --transport %q: want rpc or acp (default both)", transport))
 			}
+			if err := agents.CheckEnvNames(agentEnv); err != nil {
+				return usageErr(fmt.Errorf("doctor: --agent-env: %w", err))
+			}
 			rep := runDoctor(cmd.Context(), cmd.ErrOrStderr(), logger(), timeout, transport)
+			agentEnvReport(rep, os.Environ(), model, agentEnv)
 			if asJSON {
 				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
 					return err
@@ -51,7 +56,42 @@ Exits 1 when something is wrong.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 60*time.Second, "how long each agent may take to start")
 	cmd.Flags().StringVar(&transport, "transport", "", "check only the agents of this transport: rpc (omp, pi) or acp")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as one JSON object")
+	cmd.Flags().StringVar(&model, "model", os.Getenv(serveEnv["model"]), "the model serve runs (provider/model): whose key variables agents get")
+	cmd.Flags().StringSliceVar(&agentEnv, "agent-env", envList(os.Getenv(serveEnv["agent-env"])), "the names serve --agent-env passes")
 	return cmd
+}
+
+// envList splits a comma-separated list of names ("" is none).
+func envList(s string) []string {
+	var out []string
+	for _, name := range strings.Split(s, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// agentEnvReport says which variables of env an agent gets (names only, never values): on the
+// built-in model (model "") and, with a model, the key variables of its provider.
+func agentEnvReport(rep *doctorReport, env []string, model string, pass []string) {
+	const section = "agent environment (names only; serve --agent-env passes more)"
+	given, left := agents.EnvNames(env, agents.EnvOptions{Home: "(the room's)", Model: model, Pass: pass})
+	rep.add(section, true, "an agent gets: %s, TMPDIR (the room's), plus its own settings", strings.Join(given, ", "))
+	if model != "" {
+		p, _, _ := strings.Cut(model, "/")
+		var keys []string
+		for _, k := range agents.ProviderKeys(p) {
+			if _, ok := os.LookupEnv(k); !ok {
+				k += " (not set here)"
+			}
+			keys = append(keys, k)
+		}
+		rep.add(section, true, "on --model %s, the key variables of %s: %s", model, p, strings.Join(keys, ", "))
+	}
+	if len(left) > 0 {
+		rep.add(section, true, "never given to an agent: %s", strings.Join(left, ", "))
+	}
 }
 
 // doctorReport is what doctor found, section by section.

@@ -33,11 +33,16 @@ const blockProcdEnv = "AGENTHOST_TEST_BLOCK_PROCD"
 func TestMain(m *testing.M) {
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
-	if os.Getenv(fakeAgentEnv) != "" {
+	// By its variable or, where the environment is an agent's (prompt's own -- COMMAND gets no
+	// variable of the caller's), by its last argument.
+	if os.Getenv(fakeAgentEnv) != "" || os.Args[len(os.Args)-1] == fakeAgentEnv {
 		fakeAgent()
 		os.Exit(0)
 	}
-	if os.Getenv(serveHelperEnv) != "" {
+	// The bench's flood agent runs as "agenthost bench flood-agent" under prompt, which gives it
+	// no variable of the test's.
+	floodAgent := len(os.Args) == 3 && os.Args[1] == "bench" && os.Args[2] == "flood-agent"
+	if os.Getenv(serveHelperEnv) != "" || floodAgent {
 		if f := os.Getenv(blockProcdEnv); f != "" && len(os.Args) > 1 && os.Args[1] == "procd" {
 			if _, err := os.Stat(f); err == nil {
 				// A test keeps new daemons from starting while f exists.
@@ -109,9 +114,7 @@ func fakeAgentArgs(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(fakeAgentEnv, "1")
-	t.Setenv("GORACE", "atexit_sleep_ms=0")
-	return []string{"--", exe, "-test.run=^$"}
+	return []string{"--", exe, "-test.run=^$", "--", fakeAgentEnv}
 }
 
 func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"time"
 
@@ -127,10 +128,23 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 		return err
 	}
 	defer cleanup()
-	if f.cwd != "" {
+	ws := f.cwd
+	if where.startDir != "" {
+		// omp starts in its own folder and is given the workspace (agents.OMPCwdArgs).
+		if ws == "" {
+			if ws, err = os.Getwd(); err != nil {
+				return err
+			}
+		}
+		if ws, err = filepath.Abs(ws); err != nil {
+			return err
+		}
+		spec.Dir = where.startDir
+		spec.ExtraArgs = append(spec.ExtraArgs, agents.OMPCwdArgs(ws)...)
+	} else if f.cwd != "" {
 		spec.Dir = f.cwd
 	}
-	unconfine, err := f.confine.wrap(log, where, spec.Dir, &spec.Argv, &spec.Env)
+	unconfine, err := f.confine.wrap(log, where, ws, &spec.Argv, &spec.Env)
 	if err != nil {
 		return err
 	}
@@ -282,13 +296,17 @@ func classify(ctx context.Context, err error) error {
 }
 
 // agentSpec resolves what to run. Without a model it starts the built-in
-// scripted model and a throwaway agent home pointing at it; cleanup stops
-// both. omp never takes the working directory's own MCP servers, extension
-// or hook modules (as in rooms): a repository could run code through them.
+// scripted model and a throwaway agent home pointing at it; on a named one
+// the throwaway home is seeded with a copy of the user's configuration
+// (seedUserHome), never the user's own home, which a confined agent could
+// otherwise plant code in for the user's next plain run. cleanup stops the
+// model and removes the home. omp never takes the working directory's own
+// MCP servers, modules, plugins or settings (as in rooms): a repository
+// could run code through them.
 func agentSpec(ctx context.Context, log *slog.Logger, agent, model string, custom []string) (rpc.Spec, agentWhere, func(), error) {
 	noop := func() {}
 	if len(custom) > 0 {
-		return rpc.Spec{Argv: custom, Verbatim: true}, agentWhere{}, noop, nil
+		return rpc.Spec{Argv: custom, Verbatim: true, Env: customEnv()}, agentWhere{}, noop, nil
 	}
 	kind := agents.Kind(agent)
 	if kind != agents.OMP && kind != agents.Pi {
@@ -303,27 +321,38 @@ func agentSpec(ctx context.Context, log *slog.Logger, agent, model string, custo
 		return rpc.Spec{}, agentWhere{}, noop, err
 	}
 	spec := rpc.Spec{Argv: argv, Model: model}
-	// On a named model the agent keeps the user's own home; omp's overlay
-	// then lives in a folder inside it, the one a confined agent may read.
-	parent := ""
-	if model != "" {
-		parent = userAgentHome(kind)
-	}
-	home, err := os.MkdirTemp(parent, "agenthost-home-")
+	startDir := ""
+	home, err := os.MkdirTemp("", "agenthost-home-")
 	if err != nil {
 		return rpc.Spec{}, agentWhere{}, noop, err
 	}
 	cleanup := func() { os.RemoveAll(home) }
+	if model != "" {
+		if err := seedUserHome(home, kind); err != nil {
+			cleanup()
+			return rpc.Spec{}, agentWhere{}, noop, err
+		}
+	}
 	if kind == agents.OMP {
-		overlay, err := agents.WriteOMPOverlay(home, agents.OMPOverlay{BuiltinModel: model == "", UserConfig: model != ""})
+		overlay, err := agents.WriteOMPOverlay(home, agents.OMPOverlay{BuiltinModel: model == ""})
 		if err != nil {
 			cleanup()
 			return rpc.Spec{}, agentWhere{}, noop, err
 		}
+		// omp's own approval mode (nobody is there to answer an approval).
 		spec.ExtraArgs = []string{"--config", overlay, "--no-extensions"}
+		// omp's process starts in its own folder, the workspace given by --cwd (runPrompt).
+		if startDir, err = in.OMPStartDir(); err != nil {
+			cleanup()
+			return rpc.Spec{}, agentWhere{}, noop, err
+		}
 	}
 	if model != "" {
-		return spec, agentWhere{tools: in.Dir, kind: kind}, cleanup, nil
+		if spec.Env, err = agents.NamedModelHome(home, kind, model, nil, nil); err != nil {
+			cleanup()
+			return rpc.Spec{}, agentWhere{}, noop, err
+		}
+		return spec, agentWhere{tools: in.Dir, home: home, startDir: startDir}, cleanup, nil
 	}
 	sim := modelsim.New(modelsim.Options{Logger: log})
 	if err := sim.Start(ctx); err != nil {
@@ -341,5 +370,12 @@ func agentSpec(ctx context.Context, log *slog.Logger, agent, model string, custo
 	}
 	spec.Env = env
 	spec.Model = agents.ModelID
-	return spec, agentWhere{tools: in.Dir, home: home, modelURL: sim.URL()}, cleanup, nil
+	return spec, agentWhere{tools: in.Dir, home: home, modelURL: sim.URL(), startDir: startDir}, cleanup, nil
+}
+
+// customEnv is a custom command's environment (prompt -- COMMAND): agents.Env's, with the
+// user's HOME.
+func customEnv() []string {
+	home, _ := os.UserHomeDir()
+	return agents.Env(os.Environ(), agents.EnvOptions{Home: home})
 }

@@ -55,7 +55,7 @@ func ensureACPAgent(ctx context.Context, agent string, custom []string, w io.Wri
 func acpRecipe(ctx context.Context, log *slog.Logger, agent, model, cwd string, custom []string, confined bool) (agents.ACPRecipe, agentWhere, func(), error) {
 	noop := func() {}
 	if len(custom) > 0 {
-		return agents.ACPRecipe{Argv: custom, Env: os.Environ()}, agentWhere{}, noop, nil
+		return agents.ACPRecipe{Argv: custom, Env: customEnv()}, agentWhere{}, noop, nil
 	}
 	if err := checkACPKind(agent); err != nil {
 		return agents.ACPRecipe{}, agentWhere{}, noop, err
@@ -69,7 +69,7 @@ func acpRecipe(ctx context.Context, log *slog.Logger, agent, model, cwd string, 
 		return agents.ACPRecipe{}, agentWhere{}, noop, err
 	}
 	cleanup := func() { os.RemoveAll(home) }
-	opts := agents.ACPOptions{Home: home, Workspace: cwd, Confined: confined}
+	opts := agents.ACPOptions{Home: home, Workspace: cwd, Confined: confined, Model: model}
 	if model == "" {
 		sim := modelsim.New(modelsim.Options{Logger: log})
 		if err := sim.Start(ctx); err != nil {
@@ -142,7 +142,11 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 			}
 		}()
 	}
-	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: cwd, Env: r.Env}, opts)
+	dir := cwd
+	if r.Dir != "" {
+		dir = r.Dir
+	}
+	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: dir, Env: r.Env}, opts)
 	if err != nil {
 		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
 	}

@@ -13,7 +13,9 @@ import (
 const fakeACPEnv = "AGENTHOST_CLI_FAKE_ACP"
 
 func init() {
-	if os.Getenv(fakeACPEnv) != "" {
+	// By its variable or, where the environment is an agent's (prompt's own -- COMMAND gets no
+	// variable of the caller's), by its last argument.
+	if os.Getenv(fakeACPEnv) != "" || os.Args[len(os.Args)-1] == fakeACPEnv {
 		fakeACPAgent()
 		os.Exit(0)
 	}
@@ -82,9 +84,7 @@ func fakeACPArgs(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(fakeACPEnv, "1")
-	t.Setenv("GORACE", "atexit_sleep_ms=0")
-	return []string{"--", exe, "-test.run=^$"}
+	return []string{"--", exe, "-test.run=^$", "--", fakeACPEnv}
 }
 
 // A permission nobody can answer is denied; the agent runs verbatim.

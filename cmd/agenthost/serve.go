@@ -71,6 +71,8 @@ type serveFlags struct {
 	natsReplicas                              int
 	confine                                   confineFlags
 	natsSecretFile, natsTLS, natsCreds        string
+	// agentEnv are the variables passed to agents by name (--agent-env).
+	agentEnv []string
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -83,6 +85,7 @@ var serveEnv = map[string]string{
 	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
+	"agent-env":      "AGENTHOST_AGENT_ENV",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -111,7 +114,11 @@ home and a temporary folder of their own, read the system and the installed
 agents, and cannot signal the server or other rooms. --confine-net PORTS
 limits their TCP connects to those ports (and the built-in model's). A server
 run as root gives each room's agent a uid of its own from --agent-uids
-(default 2000000000-2000999999; off: agents run as the server's user).
+(default 2000000000-2000999999; off: agents run as the server's user). Agents
+get an allowlisted environment: PATH, TERM, LANG, LC_*, the proxy and CA
+variables, their own HOME and TMPDIR, and the key variables of the room's
+model's provider; --agent-env NAME,... passes more by name, and AGENTHOST_*
+never.
 
 One server per data dir: a second one refuses to start.
 
@@ -172,6 +179,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
 	addConfineFlags(fl, &f.confine)
 	addAgentUIDsFlag(fl, &f.confine)
+	fl.StringSliceVar(&f.agentEnv, "agent-env", nil, "more variables the agents get from the server's environment, by name, comma-separated (besides PATH, HOME, TMPDIR, LANG, LC_*, TERM, proxies and the model's key; never AGENTHOST_*)")
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -300,6 +308,9 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if err := f.confine.check(); err != nil {
 		return err
+	}
+	if err := agents.CheckEnvNames(f.agentEnv); err != nil {
+		return &exitError{2, fmt.Errorf("serve: --agent-env: %w", err)}
 	}
 	kind := agents.Kind(f.agent)
 	switch {
@@ -485,9 +496,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	var tr room.Transport
 	if f.transport == transportACP {
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, Logger: log})
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf, Logger: log})
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
+			AgentEnv: f.agentEnv, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

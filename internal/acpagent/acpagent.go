@@ -73,7 +73,10 @@ type Options struct {
 	CloseGrace time.Duration
 	// Confine, if set, confines each agent to its room (nil: unconfined).
 	Confine *confine.Confiner
-	Logger  *slog.Logger
+	// AgentEnv are more variables every agent gets as the server has them
+	// (serve --agent-env), beyond what agents.Env gives.
+	AgentEnv []string
+	Logger   *slog.Logger
 }
 
 // Transport implements room.Transport over ACP.
@@ -117,14 +120,15 @@ var ErrNoSteer = errors.New("acpagent: ACP agents take no text during a turn (st
 func (t *Transport) recipe(spec room.AgentSpec, ws string, user *confine.User) (Recipe, error) {
 	cfg := spec.Config
 	if len(cfg.Command) > 0 {
-		return Recipe{Argv: cfg.Command, Env: append(os.Environ(), cfg.Env...)}, nil
+		env := agents.Env(os.Environ(), agents.EnvOptions{Home: spec.Home, Model: cfg.Model, Pass: t.opts.AgentEnv})
+		return Recipe{Argv: cfg.Command, Env: append(env, cfg.Env...)}, nil
 	}
 	kind := agents.Kind(cfg.Agent)
 	if kind == "" {
 		kind = agents.OMP
 	}
 	opts := agents.ACPOptions{Home: spec.Home, ModelURL: t.opts.ModelURL, Yolo: cfg.ApprovalMode == room.ApprovalYolo,
-		Instructions: cfg.Instructions, Workspace: ws, Confined: t.opts.Confine.Enforced(), Owner: user.Owner()}
+		Instructions: cfg.Instructions, Workspace: ws, Confined: t.opts.Confine.Enforced(), Owner: user.Owner(), Model: cfg.Model, PassEnv: t.opts.AgentEnv}
 	var r Recipe
 	var err error
 	switch {
@@ -198,7 +202,11 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if approval <= 0 {
 		approval = acp.DefaultPermissionTimeout
 	}
-	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: ws, Env: env}, acp.Options{
+	dir := ws
+	if r.Dir != "" {
+		dir = r.Dir
+	}
+	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: dir, Env: env}, acp.Options{
 		Custodian:         t.opts.Custodian,
 		FSRoot:            ws,
 		FSOwner:           fsOwner(user),

@@ -28,6 +28,9 @@ import (
 func TestMain(m *testing.M) {
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
+	if p := os.Getenv(envDumpEnv); p != "" {
+		_ = os.WriteFile(p, []byte(strings.Join(os.Environ(), "\n")), 0o600)
+	}
 	if os.Getenv(fakePeerEnv) != "" {
 		os.Exit(fakePeer())
 	}

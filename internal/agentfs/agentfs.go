@@ -379,6 +379,53 @@ func (d *Dir) Glob(pattern string) ([]string, error) {
 	return out, nil
 }
 
+// ReadDir lists the folder name ("." is d itself), sorted by name; the
+// folder and its parents must not be links (ErrLink).
+func (d *Dir) ReadDir(name string) ([]fs.DirEntry, error) {
+	dir, err := d.walkAll("readdir", filepath.Clean(name), false, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer d.release(dir)
+	f, err := dir.Open(".")
+	if err != nil {
+		return nil, &fs.PathError{Op: "readdir", Path: d.join(name), Err: unwrap(err)}
+	}
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, &fs.PathError{Op: "readdir", Path: d.join(name), Err: unwrap(err)}
+	}
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return ents, nil
+}
+
+// Chmod sets the mode of the folder or regular file name, never through a
+// link (ErrLink, for name or a parent). The mode is set by name once
+// name was seen not to be a link: an entry swapped for a link in that
+// instant is followed only within d (os.Root), never outside.
+func (d *Dir) Chmod(name string, mode fs.FileMode) error {
+	parent, base, err := d.walk("chmod", name, false)
+	if err != nil {
+		return err
+	}
+	defer d.release(parent)
+	fi, err := parent.Lstat(base)
+	if err != nil {
+		return &fs.PathError{Op: "chmod", Path: d.join(name), Err: unwrap(err)}
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return &fs.PathError{Op: "chmod", Path: d.join(name), Err: ErrLink}
+	}
+	if !fi.IsDir() && !fi.Mode().IsRegular() {
+		return &fs.PathError{Op: "chmod", Path: d.join(name), Err: ErrNotRegular}
+	}
+	if err := parent.Chmod(base, mode); err != nil {
+		return &fs.PathError{Op: "chmod", Path: d.join(name), Err: unwrap(err)}
+	}
+	return nil
+}
+
 // walk checks name and opens the folder it is in (create: making missing
 // folders and replacing links, as WriteFrom), returning that folder's
 // root (release it) and name's last element.

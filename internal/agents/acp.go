@@ -3,9 +3,8 @@ package agents
 import (
 	"errors"
 	"fmt"
-	"os"
-	"slices"
-	"strings"
+	"io/fs"
+	"path/filepath"
 
 	"github.com/agenthost/agenthost/internal/agentfs"
 )
@@ -46,6 +45,13 @@ type ACPOptions struct {
 	// Owner, if set, gets what the recipe writes into Home (the agent
 	// runs as a user of its own).
 	Owner *agentfs.Owner
+	// Model is the room's model ("provider/id"; "" the agent's default):
+	// without a ModelURL its provider's key variables reach the agent (see
+	// [Env]).
+	Model string
+	// PassEnv are more variables the agent gets as the server has them
+	// (serve --agent-env).
+	PassEnv []string
 }
 
 // ErrUnsupported means the agent cannot do what ACPOptions ask over ACP.
@@ -71,6 +77,9 @@ type ACPRecipe struct {
 	// SessionMeta, if set, is sent as the _meta of session/new and
 	// session/load (agent-specific session options).
 	SessionMeta map[string]any
+	// Dir, if set, is the folder the agent's process starts in ("" the
+	// workspace; the session's folder is the workspace either way).
+	Dir string
 }
 
 // ACPRecipeFunc prepares the recipe of one kind (see ACPRecipes).
@@ -94,30 +103,41 @@ func (in *Install) ACP(k Kind, opts ACPOptions) (ACPRecipe, error) {
 	return f(in, opts)
 }
 
-// ompACP runs `omp acp`, its home pointed at the scripted model when there
-// is one. The room's approval mode is pinned on the command line (always-ask
-// unless yolo: omp acp's own default auto-approves workspace writes, and a
-// workspace's .omp/config.yml could set yolo), and the workspace's MCP files,
-// extension modules, hooks and custom tool modules are switched off (see
-// OMPWorkspaceArgs and WriteOMPOverlay): code a repository would run at start
-// with no approval.
+// ompACP runs `omp acp`, its home reset (ResetHome) and pointed at the
+// scripted model when there is one. The room's approval mode is pinned on
+// the command line (always-ask unless yolo: omp acp's own default
+// auto-approves workspace writes, and a workspace's .omp/config.yml could set
+// yolo), and what omp would load from the workspace or the home by itself
+// (MCP files, extension, hook, tool and plugin modules, settings, language
+// servers, .env and bunfig.toml) is switched off or refused (see the note in
+// ompguard.go): code a repository would run at start with no approval.
 func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	argv, err := in.Argv(OMP)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
+	if !opts.Yolo && opts.Workspace != "" {
+		if err := CheckOMPWorkspace(opts.Workspace, opts.Home); err != nil {
+			return ACPRecipe{}, err
+		}
+	}
+	if err := ResetHome(opts.Home, OMP, opts.Owner); err != nil {
+		return ACPRecipe{}, err
+	}
 	r := ACPRecipe{Argv: append(argv, "acp")}
+	if r.Dir, err = in.OMPStartDir(); err != nil {
+		return ACPRecipe{}, err
+	}
 	if opts.ModelURL != "" {
-		if r.Env, err = HomeWith(opts.Home, OMP, opts.ModelURL, HomeOptions{Owner: opts.Owner}); err != nil {
+		if r.Env, err = HomeWith(opts.Home, OMP, opts.ModelURL, HomeOptions{Owner: opts.Owner, PassEnv: opts.PassEnv}); err != nil {
 			return ACPRecipe{}, err
 		}
 		r.Model = ModelID
-	} else if r.Env, err = plainHome(opts.Home, opts.Owner); err != nil {
+	} else if r.Env, err = plainHome(opts.Home, OMP, opts); err != nil {
 		return ACPRecipe{}, err
 	}
-	// Room tools and MCP servers come in session/new, not from the home: omp's own provider goes
-	// too, and with it the workspace's .omp/tools modules.
-	overlay, err := WriteOMPOverlayAs(opts.Home, OMPOverlay{BuiltinModel: opts.ModelURL != "", NoNative: true}, opts.Owner)
+	// Room tools and MCP servers come in session/new, not from the home.
+	overlay, err := WriteOMPOverlayAs(opts.Home, OMPOverlay{BuiltinModel: opts.ModelURL != "", Ask: !opts.Yolo}, opts.Owner)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -132,14 +152,32 @@ func ompACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	return r, nil
 }
 
-// plainHome makes dir the agent's HOME with nothing in it (created for
-// owner); the provider's key comes in the room's environment.
-func plainHome(dir string, owner *agentfs.Owner) ([]string, error) {
-	d, err := agentfs.Create(dir, 0o700, owner)
+// plainHome makes dir the HOME of an agent of kind k on a named model
+// (created for opts.Owner): its environment is [Env]'s, with the key
+// variables of the room's model's provider (and of k's own).
+func plainHome(dir string, k Kind, opts ACPOptions) ([]string, error) {
+	d, err := agentfs.Create(dir, 0o700, opts.Owner)
 	if err != nil {
 		return nil, fmt.Errorf("agents: %w", err)
 	}
-	d.Close()
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
-	return append(env, "HOME="+dir), nil
+	defer d.Close()
+	if k == OMP {
+		// A room's home was reset before (ResetHome); a prompt's throwaway home may hold a
+		// copy of the user's settings (SeedHome), which are kept.
+		if _, err := d.Lstat(filepath.Join(".omp", "agent", "config.yml")); errors.Is(err, fs.ErrNotExist) {
+			if err := writeOMPConfig(dir, opts.Owner, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return homeEnv(dir, k, EnvOptions{Model: opts.Model, Pass: opts.PassEnv}), nil
+}
+
+// NamedModelHome prepares dir as the home of an agent of kind k (omp or pi)
+// on a named model (not the built-in one), for owner: omp's quiet settings
+// are written (its models file, if any, is the operator's), and the
+// environment is [Env]'s with the key variables of model's provider and the
+// names in pass.
+func NamedModelHome(dir string, k Kind, model string, pass []string, owner *agentfs.Owner) ([]string, error) {
+	return plainHome(dir, k, ACPOptions{Model: model, PassEnv: pass, Owner: owner})
 }

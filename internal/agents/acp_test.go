@@ -30,8 +30,17 @@ func TestACPRecipe_OMP(t *testing.T) {
 		}
 		overlay := filepath.Join(home, agents.OMPOverlayName)
 		i := slices.Index(r.Argv, "acp")
-		if want := []string{"acp", "--approval-mode", tc.mode, "--config", overlay, "--no-extensions"}; i < 0 || !slices.Equal(r.Argv[i:], want) {
+		want := []string{"acp", "--approval-mode", tc.mode, "--config", overlay, "--no-extensions"}
+		if tc.mode != "yolo" {
+			// The language servers the workspace names or carries are commands too.
+			want = append(want, "--no-lsp")
+		}
+		if i < 0 || !slices.Equal(r.Argv[i:], want) {
 			t.Fatalf("argv %q, want it to end %q", r.Argv, want)
+		}
+		// Bun and omp read bunfig.toml and .env from the process's folder, not the workspace.
+		if pkg, _ := in.PackageDir(agents.OMP); r.Dir != pkg {
+			t.Fatalf("omp acp starts in %q, want its package folder %q", r.Dir, pkg)
 		}
 		var o struct {
 			MCP struct {
@@ -49,7 +58,7 @@ func TestACPRecipe_OMP(t *testing.T) {
 		if o.MCP.EnableProjectConfig == nil || *o.MCP.EnableProjectConfig || o.Tools.Approval == nil {
 			t.Fatalf("overlay %s: want mcp.enableProjectConfig false and tools.approval a list", data)
 		}
-		for _, p := range []string{"native", "claude", "codex"} {
+		for _, p := range []string{"native", "claude", "codex", "omp-plugins", "claude-plugins", "agent-plugins", "cursor", "gemini", "opencode"} {
 			if !slices.Contains(o.DisabledProviders, p) {
 				t.Errorf("overlay disables %v, not %s", o.DisabledProviders, p)
 			}

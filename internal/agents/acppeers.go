@@ -54,7 +54,7 @@ func claudeACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if opts.Yolo {
 		mode = "bypassPermissions"
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Claude, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -97,7 +97,7 @@ func codexACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err != nil {
 		return ACPRecipe{}, err
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Codex, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -158,7 +158,7 @@ func copilotACP(in *Install, opts ACPOptions) (ACPRecipe, error) {
 	if err := checkCopilotHooks(opts.Workspace); err != nil {
 		return ACPRecipe{}, err
 	}
-	home, env, err := acpHome(opts)
+	home, env, err := acpHome(Copilot, opts)
 	if err != nil {
 		return ACPRecipe{}, err
 	}
@@ -211,11 +211,11 @@ func warmCopilot(in *Install, bin string, env []string) error {
 	return nil
 }
 
-// acpHome creates opts.Home and returns its absolute path and the agent's environment: with a
-// model URL the parent's without credentials or config moves (as [Home]); without one the
-// parent's, so the provider's key reaches the agent, with HOME replaced. The three peers take no
+// acpHome creates opts.Home and returns its absolute path and the environment of the agent of
+// kind: with a model URL [Env]'s with no provider's key (as [Home]); without one [Env]'s with
+// the keys of the agent's own provider and of the room's model. The three peers take no
 // appended instructions through their recipes: asked for some, it fails with [ErrUnsupported].
-func acpHome(opts ACPOptions) (string, []string, error) {
+func acpHome(kind Kind, opts ACPOptions) (string, []string, error) {
 	if opts.Instructions != "" {
 		return "", nil, fmt.Errorf("%w: appended instructions (only omp's recipe passes them)", ErrUnsupported)
 	}
@@ -232,10 +232,10 @@ func acpHome(opts ACPOptions) (string, []string, error) {
 	}
 	d.Close()
 	if opts.ModelURL == "" {
-		env, err := plainHome(home, opts.Owner)
+		env, err := plainHome(home, kind, opts)
 		return home, env, err
 	}
-	return home, agentEnv(os.Environ(), home), nil
+	return home, builtinEnv(os.Environ(), home, kind, opts.PassEnv), nil
 }
 
 // nodeScript returns [<abs node> <package>/<script>] for kind k.

@@ -88,8 +88,10 @@ func Find() (*Install, error) {
 }
 
 // Argv returns the command that starts agent k, without its arguments: for OMP
-// [<abs bun> <abs package>/dist/cli.js], for Pi [<abs node from PATH> <abs package>/dist/cli.js].
-// It fails with [ErrNotFound] if the runtime or the package is missing.
+// [<abs bun> --config=/dev/null --no-env-file <abs package>/dist/cli.js], for Pi
+// [<abs node from PATH> <abs package>/dist/cli.js]. Bun would otherwise read the bunfig.toml (whose
+// preload modules run before omp) and the .env files of its working directory. It fails with
+// [ErrNotFound] if the runtime or the package is missing.
 func (in *Install) Argv(k Kind) ([]string, error) {
 	if _, ok := packages[k]; !ok {
 		return nil, fmt.Errorf("%w: %q", ErrKind, k)
@@ -114,8 +116,14 @@ func (in *Install) Argv(k Kind) ([]string, error) {
 			return nil, err
 		}
 	}
+	if k == OMP {
+		return []string{runtime, bunNoConfig, "--no-env-file", cli}, nil
+	}
 	return []string{runtime, cli}, nil
 }
+
+// bunNoConfig points Bun at an empty configuration instead of the working directory's bunfig.toml.
+const bunNoConfig = "--config=/dev/null"
 
 // nodePath returns the absolute path of node on PATH.
 func nodePath() (string, error) {

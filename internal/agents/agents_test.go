@@ -16,6 +16,14 @@ import (
 
 // TestMain checks that no test, including the real-agent one, leaves goroutines behind.
 func TestMain(m *testing.M) {
+	if home := os.Getenv(resetHelperEnv); home != "" {
+		// As the agent's own user (resetAsAgentsUser): reset its home.
+		if err := agents.ResetHome(home, agents.Kind(os.Getenv(resetKindEnv)), nil); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -103,7 +111,9 @@ func TestInstall_ArgvAndVersions(t *testing.T) {
 	in := &agents.Install{Dir: tools}
 
 	argv, err := in.Argv(agents.OMP)
-	wantOMP := []string{filepath.Join(tools, "node_modules/.bin/bun"), filepath.Join(tools, "node_modules/@oh-my-pi/pi-coding-agent/dist/cli.js")}
+	// Bun reads no bunfig.toml (whose preload modules would run before omp) and no .env.
+	wantOMP := []string{filepath.Join(tools, "node_modules/.bin/bun"), "--config=/dev/null", "--no-env-file",
+		filepath.Join(tools, "node_modules/@oh-my-pi/pi-coding-agent/dist/cli.js")}
 	if err != nil || !slices.Equal(argv, wantOMP) {
 		t.Errorf("Argv(OMP) = %q, %v; want %q", argv, err, wantOMP)
 	}
@@ -154,7 +164,7 @@ func TestInstall_Real(t *testing.T) {
 			t.Errorf("Version(%s) = %q, %v; want %q", k, v, err, want)
 		}
 		argv, err := in.Argv(k)
-		if err != nil || len(argv) != 2 || !filepath.IsAbs(argv[0]) || !filepath.IsAbs(argv[1]) {
+		if err != nil || len(argv) < 2 || !filepath.IsAbs(argv[0]) || !filepath.IsAbs(argv[len(argv)-1]) {
 			t.Errorf("Argv(%s) = %q, %v", k, argv, err)
 		}
 	}
@@ -243,15 +253,22 @@ func TestHome(t *testing.T) {
 			}
 			for k, want := range map[string]string{
 				"HOME": dir, "PI_OFFLINE": "1", "PI_TELEMETRY": "0", "PI_AUTO_QA": "0",
-				"NO_PROXY": "corp.example,127.0.0.1,localhost", "AGENTHOST_KEEP_ME": "yes",
+				"NO_PROXY": "corp.example,127.0.0.1,localhost",
 			} {
 				if vars[k] != want {
 					t.Errorf("%s = %q, want %q", k, vars[k], want)
 				}
 			}
-			for _, k := range []string{"OPENAI_API_KEY", "GITHUB_TOKEN", "PI_CODING_AGENT_DIR", "OMP_AUTH_BROKER_URL", "XDG_DATA_HOME"} {
+			for _, k := range []string{"OPENAI_API_KEY", "GITHUB_TOKEN", "OMP_AUTH_BROKER_URL", "AGENTHOST_KEEP_ME"} {
 				if _, ok := vars[k]; ok {
 					t.Errorf("%s leaked into the agent environment", k)
+				}
+			}
+			// What moves the agent's folders is the home's own (omp's pinned) or absent (pi's:
+			// piext sets its own), never the server's.
+			for _, k := range []string{"PI_CODING_AGENT_DIR", "XDG_DATA_HOME"} {
+				if v, ok := vars[k]; ok && (tc.kind != agents.OMP || !strings.HasPrefix(v, dir+"/")) {
+					t.Errorf("%s = %q in a %s home at %s", k, v, tc.kind, dir)
 				}
 			}
 		})

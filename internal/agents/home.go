@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/agenthost/agenthost/internal/agentfs"
@@ -57,6 +56,8 @@ type HomeOptions struct {
 	API string
 	// Owner, if set, gets what HomeWith writes (the agent runs as a user of its own).
 	Owner *agentfs.Owner
+	// PassEnv are more variables the agent gets as the server has them (see [EnvOptions.Pass]).
+	PassEnv []string
 }
 
 // Home writes a fresh agent home under dir for kind k whose only provider is the scripted model
@@ -72,11 +73,9 @@ func Home(dir string, k Kind, modelURL string) ([]string, error) {
 // auto-update, no local model server probes, no auto-QA); for Pi, .pi/agent/models.json (with a
 // placeholder apiKey, which pi requires).
 //
-// The returned environment is the parent's without HOME, without variables that would move the
-// agent's config elsewhere (PI_*, OMP_*, XDG_{CONFIG,DATA,STATE,CACHE}_HOME) and without
-// credentials (*_API_KEY, *_TOKEN, cloud credential variables), so the agent can reach no other
-// model; plus HOME=dir, the switches that keep the agents offline and quiet, and 127.0.0.1 in
-// NO_PROXY. Run the agent with "--model", [ModelID].
+// The returned environment is [Env]'s with no provider's key (the agent can reach no other model)
+// and the names in opts.PassEnv; plus HOME=dir, omp's folders pinned, the switches that keep the
+// agents offline and quiet, and 127.0.0.1 in NO_PROXY. Run the agent with "--model", [ModelID].
 func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, error) {
 	api := opts.API
 	if api == "" {
@@ -110,14 +109,7 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 		if err := writeJSON(dir, opts.Owner, filepath.Join(agentDir, "models.yml"), models); err != nil {
 			return nil, err
 		}
-		config := map[string]any{
-			"startup":     map[string]any{"checkUpdate": false},
-			"marketplace": map[string]any{"autoUpdate": "off"},
-			// Otherwise omp probes 127.0.0.1:11434, :8080 and :1234 for local model servers.
-			"disabledProviders": []string{"ollama", "llama.cpp", "lm-studio"},
-			"dev":               map[string]any{"autoqa": false},
-		}
-		if err := writeJSON(dir, opts.Owner, filepath.Join(agentDir, "config.yml"), config); err != nil {
+		if err := writeOMPConfig(dir, opts.Owner, true); err != nil {
 			return nil, err
 		}
 	case Pi:
@@ -128,7 +120,23 @@ func HomeWith(dir string, k Kind, modelURL string, opts HomeOptions) ([]string, 
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrKind, k)
 	}
-	return agentEnv(os.Environ(), dir), nil
+	return builtinEnv(os.Environ(), dir, k, opts.PassEnv), nil
+}
+
+// writeOMPConfig writes omp's settings into home: no update checks, no plugin auto-update, no
+// auto-QA and, on the built-in model, no local model server probes. Whatever settings the home
+// held are replaced (a room's agent may have written them; see ResetHome).
+func writeOMPConfig(home string, owner *agentfs.Owner, builtin bool) error {
+	config := map[string]any{
+		"startup":     map[string]any{"checkUpdate": false},
+		"marketplace": map[string]any{"autoUpdate": "off"},
+		"dev":         map[string]any{"autoqa": false},
+	}
+	if builtin {
+		// Otherwise omp probes 127.0.0.1:11434, :8080 and :1234 for local model servers.
+		config["disabledProviders"] = ompLocalModelProviders
+	}
+	return writeJSON(home, owner, filepath.Join(".omp", "agent", "config.yml"), config)
 }
 
 // deadProxy is a loopback address where nothing listens (port 9 is the "discard" service).
@@ -149,46 +157,32 @@ var quietEnv = []string{
 	"PI_PROXY=" + deadProxy,
 }
 
-// agentEnv filters parent and adds HOME=home and quietEnv.
-func agentEnv(parent []string, home string) []string {
-	env := make([]string, 0, len(parent)+len(quietEnv)+3)
+// builtinEnv is the environment of an agent of kind k on the built-in model: [Env] of parent with
+// no provider's key, omp's folders pinned, quietEnv, and loopback in NO_PROXY.
+func builtinEnv(parent []string, home string, k Kind, pass []string) []string {
+	base := Env(parent, EnvOptions{Home: home, Pass: pass})
+	env := make([]string, 0, len(base)+len(quietEnv)+8)
 	var noProxy string
-	for _, kv := range parent {
+	for _, kv := range base {
 		name, val, _ := strings.Cut(kv, "=")
-		switch {
-		case dropVar(name):
-		case name == "NO_PROXY" || name == "no_proxy":
+		if name == "NO_PROXY" || name == "no_proxy" {
 			if val != "" && noProxy == "" {
 				noProxy = val
 			}
-		default:
-			env = append(env, kv)
+			continue
 		}
+		env = append(env, kv)
 	}
 	// Bun's fetch honours HTTP(S)_PROXY; the scripted model must never be reached through one.
 	loopback := "127.0.0.1,localhost"
 	if noProxy != "" {
 		loopback = noProxy + "," + loopback
 	}
-	env = append(env, "HOME="+home, "NO_PROXY="+loopback, "no_proxy="+loopback)
+	env = append(env, "NO_PROXY="+loopback, "no_proxy="+loopback)
+	if k == OMP {
+		env = append(env, ompDirEnv(home)...)
+	}
 	return append(env, quietEnv...)
-}
-
-// droppedVars are removed from the agent's environment by exact name.
-var droppedVars = []string{
-	"HOME", "API_KEY",
-	"XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME",
-	"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-	"AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-	"GOOGLE_APPLICATION_CREDENTIALS", "CLAUDE_CODE_CLIENT_KEY",
-	"OLLAMA_HOST", "OLLAMA_BASE_URL", "LLAMA_CPP_BASE_URL", "LM_STUDIO_BASE_URL",
-}
-
-// dropVar reports whether the parent's variable name must not reach the agent.
-func dropVar(name string) bool {
-	return slices.Contains(droppedVars, name) ||
-		strings.HasPrefix(name, "PI_") || strings.HasPrefix(name, "OMP_") ||
-		strings.HasSuffix(name, "_API_KEY") || strings.HasSuffix(name, "_TOKEN")
 }
 
 // writeJSON writes v, indented, to name in the agent's home (created if needed): see writeFile.

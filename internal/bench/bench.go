@@ -234,7 +234,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, int64, error) {
 			}
 			// The agent runs confined (Landlock, prompt's default) to
 			// its working directory: the bench's folder holds its frames.
-			return append(argv, "prompt", "--cwd", dir, "go", "--", cfg.Node, flood)
+			// prompt gives its agent no variable of its own caller's (an
+			// agent's environment is an allowlist): the flood's settings
+			// go on node's command line, set before the flood file runs.
+			vars, _ := json.Marshal(floodVars(env))
+			return append(argv, "prompt", "--cwd", dir, "go", "--", cfg.Node, "-e",
+				"Object.assign(process.env, JSON.parse(process.argv[1])); require(process.argv[2])", string(vars), flood)
 		}},
 		ArmClient: {"agenthost rpc client alone", fixed(cfg.Self, "bench", "consume", "--", cfg.Node, flood)},
 		ArmTS:     {"pi TypeScript RpcClient", fixed(cfg.Node, pic, cfg.PiClient, flood)},
@@ -305,6 +310,17 @@ func copyFile(dst, src string) error {
 		err = cerr
 	}
 	return err
+}
+
+// floodVars are the flood's own variables of env.
+func floodVars(env []string) map[string]string {
+	vars := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && (k == FloodEnv || k == FloodCPUEnv || k == AgentEnv) {
+			vars[k] = v
+		}
+	}
+	return vars
 }
 
 // FloodCPUEnv names the file the flood agent writes its own CPU time to

@@ -27,6 +27,10 @@ var agentFolderExceptions = map[string][]string{
 	// checkCopilotHooks counts the entries of the workspace's
 	// .github/hooks (and of its git root's): it reads no file.
 	"internal/agents/acppeers.go": {"os.ReadDir("},
+	// SeedHome reads the user's own configuration (~/.omp/agent,
+	// ~/.pi/agent) to copy into a prompt's throwaway home; no agent
+	// writes there.
+	"internal/agents/reseed.go": {"os.ReadFile("},
 	// pi's package in the tools folder, which the home's copy links to.
 	"internal/rpcagent/piext/piext.go": {"os.ReadFile(", "os.ReadDir("},
 }

@@ -36,7 +36,7 @@ var allowed = map[string][]string{
 	// never the server.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
-		"github.com/coder/acp-go-sdk"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
+		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
 	module + "/internal/confine": append([]string{module + "/internal/agentfs"}, landlockDeps...),
@@ -52,10 +52,10 @@ var allowed = map[string][]string{
 	// installs and the scripted model; never a transport (each test passes
 	// its own in) or the server.
 	module + "/internal/roomtest": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/agentfs", module + "/internal/modelsim"}, sqliteDeps...),
-	// The agents' installs and homes: the standard library, and agentfs
-	// for what goes into a home.
-	module + "/internal/agents": {module + "/internal/agentfs"},
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/agentfs", module + "/internal/modelsim", "go.yaml.in/yaml/"}, sqliteDeps...),
+	// The agents' installs and homes: the standard library, agentfs for
+	// what goes into a home, and YAML to clean omp's models file there.
+	module + "/internal/agents": {module + "/internal/agentfs", "go.yaml.in/yaml/"},
 	// Git workspaces: the standard library, the git program, and agentfs to
 	// give a worktree to the uid of the room that owns its folder.
 	module + "/internal/gitws": {module + "/internal/agentfs"},

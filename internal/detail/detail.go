@@ -5,7 +5,6 @@
 package detail
 
 import (
-	"bytes"
 	"fmt"
 	"regexp"
 	"slices"
@@ -24,9 +23,16 @@ const (
 	scanFactor = 4
 )
 
-// secretPattern finds values that look like credentials ("token=...",
-// "Authorization: Bearer ...", long key-like words).
-const secretPattern = `(?i)((?:api[_-]?key|token|secret|password|passwd|authorization)["']?\s*[:=]\s*["']?(?:bearer\s+)?)[^\s"']+|\b(?:sk|ghp|gho|xox[bp])[-_][A-Za-z0-9_-]{12,}`
+// secretPattern finds values that look like credentials. Each alternative
+// has one group, the value to replace: after a credential's name
+// ("token=...", "api_key": "...", "Authorization: Bearer ...", on the same
+// line), a key by its prefix (sk-, ghp_, ...), and the user and password of
+// a URL ("https://user:pass@host"). A name followed by a colon and a bare
+// word is prose more often than a credential ("token: Permission denied"):
+// see credential.
+const secretPattern = `(?i)(?:api[_-]?key|access[_-]?key|token|secret|password|passwd|authorization)["']?[ \t]*[:=][ \t]*["']?(?:(?:bearer|basic)[ \t]+)?([^\s"']+)` +
+	`|\b((?:sk|ghp|gho|ghs|ghu|github_pat|glpat|xox[bpas])[-_][A-Za-z0-9_-]{12,})` +
+	`|://([^\s/@"']*:[^\s/@"']+)@`
 
 var (
 	secretRE = regexp.MustCompile(secretPattern)
@@ -35,22 +41,24 @@ var (
 )
 
 // keywords start every match of secretPattern, ASCII letters in lower
-// case: the names of its first alternative, the prefixes of its second.
-var keywords = []string{"api", "token", "secret", "passw", "authorization", "sk", "ghp", "gho", "xox"}
+// case: the names of its first alternative, the prefixes of its second,
+// the scheme separator of its third.
+var keywords = []string{"api", "access", "token", "secret", "passw", "authorization", "sk", "ghp", "gho", "ghs", "ghu", "github_pat", "glpat", "xox", "://"}
 
 // Redact replaces what looks like a credential in s with "[redacted]",
-// keeping the name before it ("token=", "Authorization: Bearer ").
+// keeping what names it ("token=", "Authorization: Bearer ", a URL's
+// scheme and host).
 //
-// It replaces exactly the matches of secretRE over the whole of s, but
-// runs the regular expression only where a keyword starts: Go's regexp
-// scans an unanchored pattern at about 5 MB/s, and most text holds no
-// keyword.
+// It replaces exactly the matches of secretRE over the whole of s that
+// credential keeps, but runs the regular expression only where a keyword
+// starts: Go's regexp scans an unanchored pattern at about 5 MB/s, and most
+// text holds no keyword.
 func Redact(s string) string {
 	// Case folding takes two non-ASCII runes to ASCII letters of the
 	// keywords (ſ to s, the Kelvin sign to k); the lower-case search
 	// below would miss them.
 	if strings.Contains(s, "\u017f") || strings.Contains(s, "\u212a") {
-		return redact(s, secretRE.FindAllStringSubmatchIndex(s, -1))
+		return redact(s, wholeScan(s))
 	}
 	var ms [][]int
 	done := 0 // the end of the last match
@@ -64,7 +72,7 @@ func Redact(s string) string {
 		}
 		// The second alternative starts at a word boundary (ASCII
 		// words, as regexp's \b); anchored, its input's start is one.
-		if m[2] < 0 && p > 0 && isWordByte(s[p-1]) {
+		if m[4] >= 0 && p > 0 && isWordByte(s[p-1]) {
 			continue
 		}
 		for i := range m {
@@ -72,16 +80,45 @@ func Redact(s string) string {
 				m[i] += p
 			}
 		}
-		ms = append(ms, m)
+		// A match credential does not keep still takes its place, as in
+		// the whole scan.
 		done = m[1]
+		if credential(s, m) {
+			ms = append(ms, m)
+		}
 	}
 	return redact(s, ms)
 }
 
-// redact replaces each match of ms (secretRE's submatch offsets, in order,
-// apart) with "[redacted]", after its name (the first group) if it has one.
-// The name comes from the match in place: matched again alone, a match
-// that starts at a word boundary in s may not match at all.
+// wholeScan is the matches of secretRE over the whole of s that
+// credential keeps (what Redact replaces).
+func wholeScan(s string) [][]int {
+	ms := secretRE.FindAllStringSubmatchIndex(s, -1)
+	return slices.DeleteFunc(ms, func(m []int) bool { return !credential(s, m) })
+}
+
+// credential reports whether a match m of secretRE in s is a credential.
+// A name's value is one when it is assigned ("token=x"), quoted
+// ("token": "x"), a bearer or basic credential, or, after a colon, a word
+// that looks like a key: six bytes or more with a digit or one of -_/+=~
+// ("password: hunter2", not "token: Permission denied").
+func credential(s string, m []int) bool {
+	if m[2] < 0 {
+		return true // a key by its prefix, a URL's user and password
+	}
+	name, value := s[m[0]:m[2]], s[m[2]:m[3]]
+	scheme := strings.ToLower(strings.TrimRight(name, " \t"))
+	if strings.Contains(name, "=") || strings.HasSuffix(name, `"`) || strings.HasSuffix(name, "'") ||
+		strings.HasSuffix(scheme, "bearer") || strings.HasSuffix(scheme, "basic") {
+		return true
+	}
+	value = strings.TrimRight(value, ".,;:!?)]}")
+	return len(value) >= 6 && strings.ContainsAny(value, "0123456789-_/+=~")
+}
+
+// redact replaces the value of each match of ms (secretRE's submatch
+// offsets, in order, apart: the one group that took part) with
+// "[redacted]", keeping the rest of the match.
 func redact(s string, ms [][]int) string {
 	if len(ms) == 0 {
 		return s
@@ -89,39 +126,62 @@ func redact(s string, ms [][]int) string {
 	var b strings.Builder
 	last := 0
 	for _, m := range ms {
-		b.WriteString(s[last:m[0]])
-		if m[2] >= 0 {
-			b.WriteString(s[m[2]:m[3]])
+		for g := 2; g+1 < len(m); g += 2 {
+			if m[g] >= 0 {
+				b.WriteString(s[last:m[g]])
+				b.WriteString("[redacted]")
+				last = m[g+1]
+				break
+			}
 		}
-		b.WriteString("[redacted]")
-		last = m[1]
 	}
 	b.WriteString(s[last:])
 	return b.String()
 }
 
 // candidates are the offsets in s where a keyword starts, in any ASCII
-// case, in order.
+// case, in order: one pass over s, comparing only where a keyword's first
+// byte is.
 func candidates(s string) []int {
-	lower := []byte(s)
-	for i, c := range lower {
-		if 'A' <= c && c <= 'Z' {
-			lower[i] = c + 'a' - 'A'
-		}
-	}
 	var at []int
-	for _, k := range keywords {
-		for i := 0; ; {
-			j := bytes.Index(lower[i:], []byte(k))
-			if j < 0 {
+	for i := 0; i < len(s); i++ {
+		for _, k := range byFirst[lowerByte(s[i])] {
+			if hasPrefixFold(s[i:], k) {
+				at = append(at, i)
 				break
 			}
-			at = append(at, i+j)
-			i += j + 1
 		}
 	}
-	slices.Sort(at)
-	return slices.Compact(at)
+	return at
+}
+
+// byFirst groups the keywords by their first byte.
+var byFirst = func() (t [256][]string) {
+	for _, k := range keywords {
+		t[k[0]] = append(t[k[0]], k)
+	}
+	return t
+}()
+
+// hasPrefixFold reports whether s starts with the lower-case ASCII k, in
+// any ASCII case.
+func hasPrefixFold(s, k string) bool {
+	if len(s) < len(k) {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if lowerByte(s[i]) != k[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerByte(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 func isWordByte(c byte) bool {

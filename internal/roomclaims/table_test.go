@@ -92,8 +92,11 @@ var claims = []claim{
 	{cConfig, "Workspace config: a workspace carrying the agent's own project config still asks: its approval mode, " +
 		"permissions and hooks neither loosen the room's approvals nor run anything unasked", map[string]string{
 		"rpc": "`--approval-mode` on the command line (over every settings layer), a `--config` overlay (the workspace's MCP files, " +
-			"per-tool policies and `.claude`/`.codex` tool modules off) and `--no-extensions` (its extension and hook modules)",
-		"acp": "each recipe pins the room's approval mode and keeps the agent to its throwaway home's configuration",
+			"per-tool policies, language servers and every discovery provider that loads modules, plugins or settings off), " +
+			"`--no-extensions` (its extension and hook modules), no `bunfig.toml` or `.env` read from the workspace; what runs marks " +
+			"the room's workspace, where an allowed control command's mark is seen",
+		"acp": "each recipe pins the room's approval mode and keeps the agent to its throwaway home's configuration; what runs marks " +
+			"the room's workspace, where an allowed control command's mark is seen",
 	}, claimWorkspaceConfig},
 	{cWorkspace, "Workspace: the agent's tools run in the room's own workspace, apart from its home", map[string]string{
 		"rpc": "the agent's cwd is the workspace, its home a separate folder",
@@ -104,7 +107,7 @@ var claims = []claim{
 		"acp": "agenthost's launcher restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets), then executes the agent; a denial is the tool's error and the turn settles",
 	}, claimConfinement},
 	{cMCP, "Room-scoped MCP: the room's MCP servers, and only those, reach the agent", map[string]string{
-		"rpc": "written into the room's own agent home (`--plugin-dir`), project files ignored",
+		"rpc": "written into the room's own agent home (omp: its Windsurf MCP file, the one user source the overlay opts in), project files ignored",
 		"acp": "`mcpServers` of `session/new` (stdio)",
 	}, claimMCP},
 	{cMultiTurn, "Multi-turn: the next message is answered in the same session, with the earlier turns", map[string]string{
@@ -184,8 +187,10 @@ var paths = []path{
 		model:   agents.ModelID, modelSeen: "fake-model",
 		how: map[string]string{
 			cConfig: "tested with `.omp/config.yml` and `.omp/settings.json` (`approvalMode: yolo`, `bash`/`write` allowed), extension, " +
-				"hook and `.claude`/`.codex` tool modules; the workspace's `.omp/tools` modules still load (omp's own provider, which " +
-				"reads them, also reads the room's MCP file in the home)",
+				"hook and `.omp`/`.claude`/`.codex` tool modules, a `bunfig.toml` preload and a `.env` moving omp's data folder to a " +
+				"plugin in the workspace; omp's own provider is off (the room's MCP servers come from the home's Windsurf MCP file, " +
+				"the one user source that loads no code); a workspace with `.omp/plugins` (loaded whatever the settings say) is refused: " +
+				"the turn fails naming it",
 		},
 	},
 	{
@@ -213,9 +218,8 @@ var paths = []path{
 		model:   agents.ModelID, modelSeen: "fake-model",
 		how: map[string]string{
 			cConfig: "`--approval-mode always-ask` (omp acp's own default lets writes through), the `--config` overlay (the workspace's " +
-				"MCP files and per-tool policies off, omp's own and the `.claude`/`.codex` tool providers off) and `--no-extensions`; " +
-				"tested with `.omp/config.yml` and `.omp/settings.json` (`approvalMode: yolo`, `bash`/`write` allowed), extension, hook " +
-				"and `.omp`/`.claude`/`.codex` tool modules",
+				"MCP files, per-tool policies and language servers off, every provider that loads modules, plugins or settings off) and " +
+				"`--no-extensions`, its process started in its own folder; tested as omp over RPC; a workspace with `.omp/plugins` is refused",
 		},
 	},
 	{

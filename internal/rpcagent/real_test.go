@@ -28,6 +28,9 @@ import (
 func TestMain(m *testing.M) {
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
+	if os.Getenv(envDumpEnv) != "" {
+		envDump()
+	}
 	if os.Getenv(hostHelperEnv) != "" {
 		os.Exit(hostHelper())
 	}

@@ -65,7 +65,10 @@ type Options struct {
 	MaxLineBytes int
 	// Confine, if set, confines each agent to its room (nil: unconfined).
 	Confine *confine.Confiner
-	Logger  *slog.Logger
+	// AgentEnv are more variables every agent gets as the server has them
+	// (serve --agent-env), beyond what agents.Env gives.
+	AgentEnv []string
+	Logger   *slog.Logger
 }
 
 // ErrNoMCP: the room configures MCP servers and its agent has no MCP
@@ -144,7 +147,8 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 		return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 	}
 	if len(cfg.Command) > 0 {
-		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(os.Environ(), cfg.Env...)}
+		env := agents.Env(os.Environ(), agents.EnvOptions{Home: spec.Home, Model: cfg.Model, Pass: t.opts.AgentEnv})
+		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(env, cfg.Env...)}
 		rs.Dir = spec.Workspace
 		return rs, kind, settings, nil
 	}
@@ -158,7 +162,7 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 	if err != nil {
 		return rs, kind, settings, err
 	}
-	env, err := t.home(spec.Home, kind, owner)
+	env, err := t.home(spec.Home, kind, cfg.Model, owner)
 	if err != nil {
 		return rs, kind, settings, err
 	}
@@ -172,9 +176,9 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 		// A room whose servers were removed must not keep them; the
 		// folders on the way are made real ones (a link there replaced),
 		// so that the file omp would read is the one removed.
-		err := home.MkdirAll(ompAgentDir, 0o700)
+		err := home.MkdirAll(filepath.Dir(agents.OMPMCPFile), 0o700)
 		if err == nil {
-			err = home.Remove(filepath.Join(ompAgentDir, mcpFile))
+			err = home.Remove(agents.OMPMCPFile)
 		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
@@ -203,16 +207,24 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 	if kind == agents.OMP {
 		// rpc-ui offers omp's ask tool; approvals as configured.
 		rs.Mode = "rpc-ui"
-		// The workspace's own omp config (approvals, MCP files, extension, hook and
-		// foreign tool modules) is not the room's: see agents.OMPWorkspaceArgs. omp's own
-		// provider stays on, for the room's MCP file in the home.
-		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != ""}
+		// What the workspace and the home would have omp load or run by itself (approvals,
+		// MCP files, modules, plugins, settings, language servers, .env, bunfig.toml) is
+		// not the room's: see agents.OMPWorkspaceArgs. The room's MCP servers come from the
+		// home's one file the overlay opts in (agents.OMPMCPFile).
+		o := agents.OMPOverlay{BuiltinModel: t.opts.ModelURL != "", MCP: len(spec.MCP) > 0, Ask: cfg.ApprovalMode != room.ApprovalYolo}
 		overlay, err := agents.WriteOMPOverlayAs(spec.Home, o, owner)
 		if err != nil {
 			return rs, kind, settings, fmt.Errorf("rpcagent: %w", err)
 		}
 		settings.Overlay = agents.OMPOverlayText(o)
 		rs.ExtraArgs = append(rs.ExtraArgs, agents.OMPWorkspaceArgs(cfg.ApprovalMode, overlay)...)
+		rs.ExtraArgs = append(rs.ExtraArgs, agents.OMPCwdArgs(spec.Workspace)...)
+		// omp's process starts in its package folder: Bun and omp read bunfig.toml and .env
+		// from the process's folder before any flag (--cwd gives it the workspace).
+		if rs.Dir, err = t.opts.Install.OMPStartDir(); err != nil {
+			return rs, kind, settings, err
+		}
+		return rs, kind, settings, nil
 	}
 	rs.Dir = spec.Workspace
 	return rs, kind, settings, nil
@@ -236,6 +248,9 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	cfg := spec.Config
 	user, err := t.roomUser(spec)
 	if err != nil {
+		return nil, err
+	}
+	if err := t.prepareHome(spec, user.Owner()); err != nil {
 		return nil, err
 	}
 	rs, kind, settings, err := t.launch(spec, user)
@@ -470,29 +485,48 @@ func writeMCP(home *agentfs.Dir, servers map[string]room.MCPServer) error {
 	if err != nil {
 		return fmt.Errorf("rpcagent: %w", err)
 	}
-	if err := home.WriteFile(filepath.Join(ompAgentDir, mcpFile), b, 0o600); err != nil {
+	if err := home.WriteFile(agents.OMPMCPFile, b, 0o600); err != nil {
 		return fmt.Errorf("rpcagent: writing the room's MCP configuration: %w", err)
 	}
 	return nil
 }
 
-// home writes the room's agent home (given to owner): pointed at the
-// built-in model when there is one, and otherwise an empty home whose
-// provider key comes in the room's environment.
-func (t *Transport) home(dir string, kind agents.Kind, owner *agentfs.Owner) ([]string, error) {
+// home writes the room's agent home (given to owner) and returns the
+// agent's environment (agents.Env's): pointed at the built-in model when
+// there is one, and otherwise a home whose provider key (model's) comes in
+// the environment.
+func (t *Transport) home(dir string, kind agents.Kind, model string, owner *agentfs.Owner) ([]string, error) {
 	if t.opts.ModelURL != "" {
-		return agents.HomeWith(dir, kind, t.opts.ModelURL, agents.HomeOptions{Owner: owner})
+		return agents.HomeWith(dir, kind, t.opts.ModelURL, agents.HomeOptions{Owner: owner, PassEnv: t.opts.AgentEnv})
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "HOME=") })
-	return append(env, "HOME="+dir), nil
+	return agents.NamedModelHome(dir, kind, model, t.opts.AgentEnv, owner)
 }
 
-// The agent's home's folders and files the transport writes or reads.
-const (
-	sessionsDir = "sessions"
-	ompAgentDir = ".omp/agent"
-	mcpFile     = "mcp.json"
-)
+// prepareHome makes the room's home safe for its agent's next start
+// (agents.ResetHome, given to owner): before every start, never at an
+// attach, where the agent runs on what it read at its start. A room that
+// asks is refused a workspace whose omp plugins nothing switches off.
+func (t *Transport) prepareHome(spec room.AgentSpec, owner *agentfs.Owner) error {
+	cfg := spec.Config
+	if len(cfg.Command) > 0 {
+		return nil
+	}
+	kind := agents.Kind(cmp.Or(cfg.Agent, string(agents.OMP)))
+	if kind == agents.OMP && cfg.ApprovalMode != room.ApprovalYolo {
+		if err := agents.CheckOMPWorkspace(spec.Workspace, spec.Home); err != nil {
+			return fmt.Errorf("rpcagent: %w", err)
+		}
+	}
+	home, err := agentfs.Create(spec.Home, 0o700, owner)
+	if err != nil {
+		return fmt.Errorf("rpcagent: the agent's home: %w", err)
+	}
+	home.Close()
+	return agents.ResetHome(spec.Home, kind, owner)
+}
+
+// sessionsDir is the agent's sessions folder in its home.
+const sessionsDir = "sessions"
 
 // resumeSession finds the session file of id in the home's sessions and
 // repairs its tail (see repairTail), all through agentfs: a link or a
