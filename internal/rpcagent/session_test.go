@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agenthost/agenthost/internal/agentfs"
+	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -138,17 +139,22 @@ func TestWriteMCPReplacesLinks(t *testing.T) {
 	if err := os.MkdirAll(victim, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	vfile := filepath.Join(victim, "mcp.json")
+	file, dir := filepath.Base(agents.OMPMCPFile), filepath.Dir(agents.OMPMCPFile)
+	vfile := filepath.Join(victim, file)
 	if err := os.WriteFile(vfile, []byte("the victim's"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	home := filepath.Join(base, "home")
-	if err := os.MkdirAll(filepath.Join(home, ".omp"), 0o700); err != nil {
-		t.Fatal(err)
+	plant := func() {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(home, filepath.Dir(dir)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(victim, filepath.Join(home, dir)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.Symlink(victim, filepath.Join(home, ".omp", "agent")); err != nil {
-		t.Fatal(err)
-	}
+	plant()
 	d, err := agentfs.Open(home, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -160,20 +166,18 @@ func TestWriteMCPReplacesLinks(t *testing.T) {
 	if b, _ := os.ReadFile(vfile); string(b) != "the victim's" {
 		t.Fatalf("the victim's file: %q", b)
 	}
-	b, err := os.ReadFile(filepath.Join(home, ".omp", "agent", "mcp.json"))
+	b, err := os.ReadFile(filepath.Join(home, agents.OMPMCPFile))
 	if err != nil || !strings.Contains(string(b), `"srv"`) {
-		t.Fatalf("the room's mcp.json: %q, %v", b, err)
+		t.Fatalf("the room's MCP file: %q, %v", b, err)
 	}
-	if err := d.Remove(".omp/agent/mcp.json"); err != nil {
+	if err := d.Remove(agents.OMPMCPFile); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Join(home, ".omp", "agent")); err != nil {
+	if err := os.RemoveAll(filepath.Join(home, dir)); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(victim, filepath.Join(home, ".omp", "agent")); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Remove(".omp/agent/mcp.json"); !errors.Is(err, agentfs.ErrLink) {
+	plant()
+	if err := d.Remove(agents.OMPMCPFile); !errors.Is(err, agentfs.ErrLink) {
 		t.Fatalf("a removal through a link: %v", err)
 	}
 	if b, _ := os.ReadFile(vfile); string(b) != "the victim's" {
