@@ -29,7 +29,7 @@ func RPCCommand(opts Options, agent, home string) (Command, error) {
 	if opts.ModelURL == "" {
 		return Command{}, errors.New("transport: RPCCommand needs Options.ModelURL")
 	}
-	in, err := findInstall(opts.Tools)
+	in, err := findInstall(opts)
 	if err != nil {
 		return Command{}, err
 	}
@@ -50,7 +50,7 @@ func RPCCommand(opts Options, agent, home string) (Command, error) {
 // acp.Options.SessionMeta). The agent asks permission for every tool. Of
 // opts it reads Tools, ModelURL and AgentEnv.
 func ACPCommand(opts Options, agent, home string) (Command, error) {
-	in, err := findInstall(opts.Tools)
+	in, err := findInstall(opts)
 	if err != nil {
 		return Command{}, err
 	}
@@ -61,10 +61,13 @@ func ACPCommand(opts Options, agent, home string) (Command, error) {
 	return Command{Argv: r.Argv, Env: r.Env, Model: r.Model, SessionMeta: r.SessionMeta}, nil
 }
 
-// findInstall is install's, with "not found" an error (the caller needs
-// an agent).
-func findInstall(tools string) (*agents.Install, error) {
-	in, err := install(tools)
+// findInstall checks opts.AgentEnv and finds the tools folder as install
+// does, with "not found" an error (the caller needs an agent).
+func findInstall(opts Options) (*agents.Install, error) {
+	if err := agents.CheckEnvNames(opts.AgentEnv); err != nil {
+		return nil, fmt.Errorf("transport: Options.AgentEnv: %w", err)
+	}
+	in, err := install(opts.Tools)
 	if err == nil && in == nil {
 		_, err = agents.Find()
 	}

@@ -59,6 +59,11 @@ const ToolsEnv = agents.ToolsEnv
 // is missing.
 var ErrNotFound = agents.ErrNotFound
 
+// ErrEnvName is returned for an Options.AgentEnv name that is no variable
+// name, or is the program's own (AGENTHOST_*) or the room's (HOME,
+// TMPDIR).
+var ErrEnvName = agents.ErrEnvName
+
 // ErrUnsupported is returned for ConfineLandlock on a kernel that cannot
 // enforce the confinement asked for.
 var ErrUnsupported = confine.ErrUnsupported
@@ -89,8 +94,9 @@ type Confinement struct {
 	Net []uint16
 	// FirstUID and LastUID, when set and the program runs as root, are a
 	// range of uids (and gids) the rooms' agents run as, one of its own
-	// for each room, owning the room's workspace and home; zero: agents
-	// run as this program's user.
+	// for each room, owning the room's workspace and home (within
+	// 65536 to 2^31-1; serve's default is 2000000000-2000999999); zero:
+	// agents run as this program's user.
 	FirstUID, LastUID int
 }
 
@@ -205,7 +211,11 @@ func confiner(c Confinement, in *agents.Install, modelURL string) (*confine.Conf
 	}
 	var uids confine.UIDRange
 	if c.FirstUID != 0 || c.LastUID != 0 {
-		uids = confine.UIDRange{First: c.FirstUID, Last: c.LastUID}
+		// Through the flag's parser, so that a range set wrong is refused
+		// rather than taken as none.
+		if uids, err = confine.ParseUIDs(fmt.Sprintf("%d-%d", c.FirstUID, c.LastUID)); err != nil {
+			return nil, fmt.Errorf("transport: Confinement's uids: %w", err)
+		}
 	}
 	var ports []uint16
 	if p := urlPort(modelURL); p != 0 {
