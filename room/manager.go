@@ -269,6 +269,18 @@ func New(opts Options) (*Manager, error) {
 	if opts.Root == "" {
 		return nil, errors.New("room: Options.Root is required")
 	}
+	// Agents run in other working folders (their workspaces, the tools
+	// folder): a relative path would name another folder for them.
+	for _, p := range []*string{&opts.Root, &opts.Workspaces} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("room: %w", err)
+		}
+		*p = abs
+	}
 	opts.fill()
 	if err := validateTools(opts.Tools); err != nil {
 		return nil, err
