@@ -102,6 +102,12 @@ var (
 // Manager runs rooms. Create it with New, call Start, end it with Close
 // (or Detach) and join that with Wait.
 //
+// A program hosting rooms calls Submit, Cancel, Release, Purge, Approve,
+// Answer, the settings, state and event reads, TurnDiff and Revert. The
+// methods of Hosted (Accept, Adopt, Apply, Drop, HoldUntil, Refuse) are a
+// Cluster's alone, which is given the Manager as a Hosted and needs
+// nothing else of it; TapEvents is the HTTP API's (its metrics).
+//
 // Its code, by responsibility:
 //
 //	manager.go    the Manager and a room's state in memory, New, Start
