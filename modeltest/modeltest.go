@@ -32,12 +32,11 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
 )
 
 // ModelID is the model the agents select on this server ("provider/id").
-const ModelID = agents.ModelID
+const ModelID = "fake/fake-model"
 
 // ErrAddr is returned by Start for an address that is not on 127.0.0.1 or
 // is a port the agents probe for local model servers (8080, 11434, 1234).

@@ -53,7 +53,7 @@ import (
 
 // ToolsEnv names the variable that says where the tools folder is when
 // Options.Tools is empty.
-const ToolsEnv = agents.ToolsEnv
+const ToolsEnv = "AGENTHOST_TOOLS"
 
 // ErrNotFound is returned when the tools folder, an agent or its runtime
 // is missing.

@@ -114,8 +114,8 @@ var allowed = map[string][]string{
 	// The SQLite store as a room.Store: rooms and the store, nothing else.
 	module + "/sqlitestore": append([]string{module + "/room", module + "/internal/roomsqlite", module + "/internal/store", module + "/record", module + "/event"},
 		sqliteDeps...),
-	// The scripted model and the agents' homes it is used with: no rooms.
-	module + "/modeltest": {module + "/internal/modelsim", module + "/internal/agents", module + "/internal/agentfs", "go.yaml.in/yaml/"},
+	// The scripted model: the standard library and it.
+	module + "/modeltest": {module + "/internal/modelsim"},
 	// The transports: rooms, the agents' protocols, custody and
 	// confinement; never the store or the server.
 	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
