@@ -33,7 +33,8 @@ import (
 // another, holds the file.
 var ErrLocked = store.ErrLocked
 
-// ErrClosed is returned by a Store's methods after Close.
+// ErrClosed is returned by a Store's writes, and by Close, after Close
+// (reads fail too, with the database's own error).
 var ErrClosed = store.ErrClosed
 
 // Options configure Open. The zero value is ready to use.
@@ -94,5 +95,5 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 }
 
 // Close lets the queued writes finish, closes the file and releases its
-// lock. Calls after it, a second Close too, fail with ErrClosed.
+// lock. Later calls fail: writes and a second Close with ErrClosed.
 func (s *Store) Close() error { return s.db.Close() }
