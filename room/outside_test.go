@@ -70,8 +70,9 @@ func goBuild(ctx context.Context, t *testing.T, dir string, env []string) string
 // with the public packages only (sqlitestore, transport, modeltest,
 // httpapi, client): a turn, an approval pi asks through agenthost's
 // extension, a message through the HTTP API mounted on the program's own
-// mux, and the store reopened. Naming an internal package there would
-// not compile ("use of internal package").
+// mux, and the store reopened; as root, it runs again as uid 65534.
+// Naming an internal package there would not compile ("use of internal
+// package").
 func TestOutsideModule_HostsARoomOnPiWithThePublicLibrary(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join("testdata", "outside", "main.go"))
 	if err != nil {
@@ -82,20 +83,40 @@ func TestOutsideModule_HostsARoomOnPiWithThePublicLibrary(t *testing.T) {
 	// on a busy machine, before pi runs.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBuild(ctx, t, dir, env))
-	cmd.Dir, cmd.Env = dir, env
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the outside program: %v\n%s", err, out)
-	}
+	prog := goBuild(ctx, t, dir, env)
 	confined := "none"
 	if confine.KernelABI() > 0 {
 		confined = "landlock"
 	}
 	want := "ok: hello\nended: settled\nconfined: " + confined + "\nasks: bash\ntool: \"hi\\n\"\napproved: settled done\napi: settled\n" +
 		"wrong token refused: true\nstored: ann ended settled\nstored: ann ended settled\nstored: bob ended settled\nreleased: true <nil>\n"
-	if string(out) != want {
-		t.Fatalf("the outside program printed:\n%s\nwant:\n%s", out, want)
+	cmd := exec.CommandContext(ctx, prog)
+	cmd.Dir, cmd.Env = dir, env
+	if out, err := cmd.CombinedOutput(); err != nil || string(out) != want {
+		t.Fatalf("the outside program: %v; printed:\n%s\nwant:\n%s", err, out, want)
+	}
+	if os.Geteuid() != 0 {
+		return // the run above was the non-root one
+	}
+	// Most programs run as a user of their own: the same program as
+	// uid 65534, its store and rooms in a folder of that user's.
+	shared, err := os.MkdirTemp("", "outside-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(shared)
+	tmp := filepath.Join(shared, "tmp")
+	b, err := os.ReadFile(prog)
+	if err == nil {
+		err = errors.Join(os.Chmod(shared, 0o755), os.WriteFile(filepath.Join(shared, "prog"), b, 0o755), os.Mkdir(tmp, 0o700), os.Chown(tmp, 65534, 65534))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.CommandContext(ctx, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", filepath.Join(shared, "prog"))
+	cmd.Dir, cmd.Env = tmp, append(env, "TMPDIR="+tmp, "HOME="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil || string(out) != want {
+		t.Fatalf("the outside program as uid 65534: %v; printed:\n%s\nwant:\n%s", err, out, want)
 	}
 }
 
