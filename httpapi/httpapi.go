@@ -15,10 +15,13 @@
 //	mux.Handle("/agents/", http.StripPrefix("/agents", h))
 //
 // The server it is mounted on should bound the reading of headers
-// (http.Server.ReadHeaderTimeout) and the time a connection stays idle;
-// it must not set WriteTimeout, which would cut the event streams (the
-// Handler bounds each write to a stream itself). Request bodies are
-// bounded in size (1 MiB) and time (30 s) by the Handler.
+// (http.Server.ReadHeaderTimeout), the time a connection stays idle and
+// the connections open at once (each event stream holds one; serve allows
+// 1024); it must not set WriteTimeout, which would cut the event streams
+// (the Handler bounds each write to a stream itself). Request bodies are
+// bounded in size (1 MiB) and time (30 s) by the Handler. The OpenAPI
+// document and the web page name the routes from the root: under a
+// prefix, give clients the prefixed base URL (package client takes one).
 package httpapi
 
 import (
@@ -43,7 +46,8 @@ type Options struct {
 	// the body is read and must not read it.
 	Authorize func(r *http.Request) bool
 	// WebPage serves agenthost's web page at GET / (the rooms, their
-	// conversations and approvals in a browser); otherwise / answers a
+	// conversations and approvals in a browser; it calls /v1/... from the
+	// root, so mount the Handler there for it); otherwise / answers a
 	// short text.
 	WebPage bool
 	// Logger gets a line per failed request (never bodies, prompts or
