@@ -123,13 +123,17 @@ var allowed = map[string][]string{
 		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
 		module + "/internal/procio"}, append(mcpDeps, append(landlockDeps,
 		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
+	// Rooms' snapshots and git workspaces: the engines and their room
+	// adapters; never a transport, the store or the server.
+	module + "/workspace": {module + "/room", module + "/record", module + "/event", module + "/internal/roomsnap", module + "/internal/snapshot",
+		module + "/internal/roomgit", module + "/internal/gitws", module + "/internal/agentfs"},
 	// The HTTP API as a handler: what internal/server may use, and it.
 	module + "/httpapi": append([]string{module + "/internal/server", module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
 		append(sqliteDeps, prometheusDeps...)...),
 }
 
 // library are the public packages that wrap internal ones.
-var library = []string{module + "/sqlitestore", module + "/modeltest", module + "/transport", module + "/httpapi"}
+var library = []string{module + "/sqlitestore", module + "/modeltest", module + "/transport", module + "/httpapi", module + "/workspace"}
 
 // TestInternalImportsNoLibrary: the public wrappers sit above internal/;
 // an internal package that imported one would turn the layering round
