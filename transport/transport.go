@@ -19,11 +19,11 @@
 // network as configured).
 //
 // A confined agent is started through a launcher: this program,
-// re-executed, restricts itself and executes the agent. This package's
-// initialisation (an init function of its dependency) turns the program
-// into the launcher when it was started as one, before main runs; a
-// program that also starts agents from another binary must do nothing
-// else first.
+// re-executed (os.Executable), restricts itself and executes the agent.
+// Nothing is asked of the program for it: an init function of this
+// package's dependencies makes the program the launcher when it was
+// started as one, so the program's own init functions and main never run
+// there. The program's file must stay in place while it runs.
 //
 // The agents come from a tools folder (Options.Tools; `make setup` in an
 // agenthost checkout fills its .tools): omp 18.2.3 on Bun, pi 0.73.1 on
