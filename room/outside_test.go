@@ -68,8 +68,8 @@ func goBuild(ctx context.Context, t *testing.T, dir string, env []string) string
 // TestOutsideModule_HostsARoomOnPiWithThePublicLibrary builds a program
 // in a module of its own (testdata/outside) that hosts a room on real pi
 // with the public packages only (sqlitestore, transport, modeltest,
-// httpapi, client): a turn, an approval pi asks through agenthost's
-// extension, a message through the HTTP API mounted on the program's own
+// httpapi, client): a turn, an approval and a question pi asks through
+// agenthost's extension, a message through the HTTP API mounted on the program's own
 // mux, and the store reopened; as root, it runs again as uid 65534.
 // Naming an internal package there would not compile ("use of internal
 // package").
@@ -88,8 +88,9 @@ func TestOutsideModule_HostsARoomOnPiWithThePublicLibrary(t *testing.T) {
 	if confine.KernelABI() > 0 {
 		confined = "landlock"
 	}
-	want := "ok: hello\nended: settled\nconfined: " + confined + "\nasks: bash\ntool: \"hi\\n\"\napproved: settled done\napi: settled\n" +
-		"wrong token refused: true\nstored: ann ended settled\nstored: ann ended settled\nstored: bob ended settled\nreleased: true <nil>\n"
+	want := "ok: hello\nended: settled\nconfined: " + confined + "\nasks: bash\ntool: \"hi\\n\"\napproved: settled done\n" +
+		"question: Which color? [red blue]\nthe agent got blue: true\nanswered: settled done\napi: settled\n" +
+		"wrong token refused: true\nstored: ann ended settled\nstored: ann ended settled\nstored: ann ended settled\nstored: bob ended settled\nreleased: true <nil>\n"
 	cmd := exec.CommandContext(ctx, prog)
 	cmd.Dir, cmd.Env = dir, env
 	if out, err := cmd.CombinedOutput(); err != nil || string(out) != want {

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/agenthost/agenthost/client"
@@ -126,6 +127,29 @@ func run() (err error) {
 		return err
 	}
 	fmt.Println("approved:", end.Outcome, end.Text)
+
+	// pi's ask tool (the extension's) becomes the room's question.
+	acc, err = m.Submit(ctx, "lobby", room.Message{Sender: "ann",
+		Text: `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`})
+	if err != nil {
+		return err
+	}
+	var q event.QuestionAsked
+	if seq, err = nextSeq(ctx, m, "lobby", acc.Seq, event.TypeQuestionAsked, &q); err != nil {
+		return err
+	}
+	fmt.Println("question:", q.Title, q.Options)
+	if err := m.Answer(ctx, "lobby", q.QuestionID, "blue"); err != nil {
+		return err
+	}
+	if seq, err = nextSeq(ctx, m, "lobby", seq, event.TypeToolEnded, &tool); err != nil {
+		return err
+	}
+	fmt.Println("the agent got blue:", strings.Contains(tool.Output, "blue"))
+	if err := next(ctx, m, "lobby", seq, event.TypeTurnEnded, &end); err != nil {
+		return err
+	}
+	fmt.Println("answered:", end.Outcome, end.Text)
 
 	// The same room through the HTTP API, on this program's own server.
 	api, err := httpapi.New(httpapi.Options{Manager: m, Token: "outside-token"})
