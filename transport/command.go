@@ -61,16 +61,12 @@ func ACPCommand(opts Options, agent, home string) (Command, error) {
 	return Command{Argv: r.Argv, Env: r.Env, Model: r.Model, SessionMeta: r.SessionMeta}, nil
 }
 
-// findInstall checks opts.AgentEnv and finds the tools folder as install
-// does, with "not found" an error (the caller needs an agent).
+// findInstall checks opts.AgentEnv and finds the tools folder.
 func findInstall(opts Options) (*agents.Install, error) {
 	if err := agents.CheckEnvNames(opts.AgentEnv); err != nil {
 		return nil, fmt.Errorf("transport: Options.AgentEnv: %w", err)
 	}
 	in, err := install(opts.Tools)
-	if err == nil && in == nil {
-		_, err = agents.Find()
-	}
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}

@@ -166,6 +166,14 @@ func prepare(opts Options) (*agents.Install, *confine.Confiner, error) {
 		return nil, nil, fmt.Errorf("transport: Options.AgentEnv: %w", err)
 	}
 	in, err := install(opts.Tools)
+	if errors.Is(err, agents.ErrNotFound) && opts.Tools == "" {
+		// No error here: rooms may all run commands of their own. A
+		// room on omp or pi then fails its agent's start.
+		if opts.Logger != nil {
+			opts.Logger.Warn("transport: no tools folder found: rooms can run only commands of their own (room.Config.Command)", "err", err)
+		}
+		in, err = nil, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -179,9 +187,7 @@ func prepare(opts Options) (*agents.Install, *confine.Confiner, error) {
 	return in, cf, nil
 }
 
-// install finds the tools folder: tools, else as agents.Find does. Not
-// finding one is no error here (rooms may run commands of their own);
-// starting omp or pi then fails, saying what was searched.
+// install finds the tools folder: tools, else as agents.Find does.
 func install(tools string) (*agents.Install, error) {
 	if tools != "" {
 		abs, err := filepath.Abs(tools)
@@ -196,11 +202,7 @@ func install(tools string) (*agents.Install, error) {
 		}
 		return in, nil
 	}
-	in, err := agents.Find()
-	if errors.Is(err, agents.ErrNotFound) {
-		return nil, nil
-	}
-	return in, err
+	return agents.Find()
 }
 
 // confiner builds the confinement; the model's port joins a port list.

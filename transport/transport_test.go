@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -216,5 +217,27 @@ func waitFor(ctx context.Context, t *testing.T, m *room.Manager, roomID string, 
 		case <-ctx.Done():
 			t.Fatalf("no %s event: %v", typ, ctx.Err())
 		}
+	}
+}
+
+// TestNoToolsFolder: where no tools folder is found, the transports still
+// start (rooms may all run commands of their own) and say so in the log;
+// RPCCommand, which needs an agent, fails with ErrNotFound.
+func TestNoToolsFolder(t *testing.T) {
+	t.Setenv(transport.ToolsEnv, "")
+	t.Chdir(t.TempDir())
+	var log strings.Builder
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	for name, start := range map[string]func(transport.Options) (room.Transport, error){"rpc": transport.NewRPC, "acp": transport.NewACP} {
+		log.Reset()
+		if _, err := start(transport.Options{Custodian: custodian(t), Logger: logger}); err != nil {
+			t.Errorf("%s without a tools folder: %v", name, err)
+		}
+		if !strings.Contains(log.String(), "no tools folder found") {
+			t.Errorf("%s logged %q, want a warning that no tools folder was found", name, log.String())
+		}
+	}
+	if _, err := transport.RPCCommand(transport.Options{ModelURL: "http://127.0.0.1:9/v1"}, "omp", t.TempDir()); !errors.Is(err, transport.ErrNotFound) {
+		t.Errorf("RPCCommand without a tools folder: %v, want ErrNotFound", err)
 	}
 }
