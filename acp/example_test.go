@@ -10,8 +10,8 @@ import (
 
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/custody"
-	"github.com/agenthost/agenthost/internal/agents"
-	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/modeltest"
+	"github.com/agenthost/agenthost/transport"
 )
 
 // omp as an ACP agent ("omp acp") on the built-in scripted model: start
@@ -19,11 +19,11 @@ import (
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sim := modelsim.New(modelsim.Options{})
-	if err := sim.Start(ctx); err != nil {
+	model, err := modeltest.Start(ctx, modeltest.Options{})
+	if err != nil {
 		log.Fatal(err)
 	}
-	defer sim.Close()
+	defer model.Close()
 	dir, err := os.MkdirTemp("", "acp-example")
 	if err != nil {
 		log.Fatal(err)
@@ -34,11 +34,8 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	in, err := agents.Find()
-	if err != nil {
-		log.Fatal(err)
-	}
-	r, err := in.ACP(agents.OMP, agents.ACPOptions{Home: filepath.Join(dir, "home"), ModelURL: sim.URL()})
+	// The installed omp (make setup), and its home pointed at the model.
+	r, err := transport.ACPCommand(transport.Options{ModelURL: model.URL()}, "omp", filepath.Join(dir, "home"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -157,7 +157,8 @@ type Options struct {
 	Store     Store
 	Transport Transport
 	// Root holds the rooms' agent homes (and their workspaces unless
-	// Workspaces is set), one folder per room.
+	// Workspaces is set), one folder per room. New makes it, and
+	// Workspaces, absolute (from the working folder).
 	Root string
 	// Workspaces, if set, holds the rooms' workspaces instead of Root.
 	Workspaces string

@@ -10,12 +10,10 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
-	"github.com/agenthost/agenthost/internal/agents"
-	"github.com/agenthost/agenthost/internal/modelsim"
-	"github.com/agenthost/agenthost/internal/roomsqlite"
-	"github.com/agenthost/agenthost/internal/rpcagent"
-	"github.com/agenthost/agenthost/internal/store"
+	"github.com/agenthost/agenthost/modeltest"
 	"github.com/agenthost/agenthost/room"
+	"github.com/agenthost/agenthost/sqlitestore"
+	"github.com/agenthost/agenthost/transport"
 )
 
 // A program hosting rooms on omp, answered by the built-in scripted
@@ -26,16 +24,15 @@ func Example() {
 	defer cancel()
 	dir := must(os.MkdirTemp("", "rooms"))
 	defer os.RemoveAll(dir)
-	sim := modelsim.New(modelsim.Options{})
-	check(sim.Start(ctx))
-	defer sim.Close()
+	model := must(modeltest.Start(ctx, modeltest.Options{}))
+	defer model.Close()
 
-	db := must(store.Open(ctx, filepath.Join(dir, "agenthost.db"), store.Options{}))
-	defer db.Close()
+	st := must(sqlitestore.Open(ctx, filepath.Join(dir, "agenthost.db"), sqlitestore.Options{}))
+	defer st.Close()
 	cust := must(custody.New(custody.Options{}))
 	defer cust.Close()
-	omp := must(rpcagent.New(rpcagent.Options{Custodian: cust, Install: must(agents.Find()), ModelURL: sim.URL()}))
-	m := must(room.New(room.Options{Store: roomsqlite.New(db), Transport: omp, Root: filepath.Join(dir, "rooms")}))
+	omp := must(transport.NewRPC(transport.Options{Custodian: cust, ModelURL: model.URL()}))
+	m := must(room.New(room.Options{Store: st, Transport: omp, Root: filepath.Join(dir, "rooms")}))
 	check(m.Start(ctx))
 	defer func() {
 		// Close begins the shutdown; Wait sees the agents released.

@@ -102,6 +102,12 @@ var (
 // Manager runs rooms. Create it with New, call Start, end it with Close
 // (or Detach) and join that with Wait.
 //
+// A program hosting rooms calls Submit, Cancel, Release, Purge, Approve,
+// Answer, the settings, state and event reads, TurnDiff and Revert. The
+// methods of Hosted (Accept, Adopt, Apply, Drop, HoldUntil, Refuse) are a
+// Cluster's alone, which is given the Manager as a Hosted and needs
+// nothing else of it; TapEvents is the HTTP API's (its metrics).
+//
 // Its code, by responsibility:
 //
 //	manager.go    the Manager and a room's state in memory, New, Start
@@ -268,6 +274,18 @@ func New(opts Options) (*Manager, error) {
 	}
 	if opts.Root == "" {
 		return nil, errors.New("room: Options.Root is required")
+	}
+	// Agents run in other working folders (their workspaces, the tools
+	// folder): a relative path would name another folder for them.
+	for _, p := range []*string{&opts.Root, &opts.Workspaces} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("room: %w", err)
+		}
+		*p = abs
 	}
 	opts.fill()
 	if err := validateTools(opts.Tools); err != nil {

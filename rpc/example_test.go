@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/agenthost/agenthost/internal/agents"
-	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/modeltest"
 	"github.com/agenthost/agenthost/rpc"
+	"github.com/agenthost/agenthost/transport"
 )
 
 // omp in RPC mode on the built-in scripted model: spawn it, run a turn,
@@ -18,28 +18,21 @@ import (
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sim := modelsim.New(modelsim.Options{})
-	if err := sim.Start(ctx); err != nil {
+	model, err := modeltest.Start(ctx, modeltest.Options{})
+	if err != nil {
 		log.Fatal(err)
 	}
-	defer sim.Close()
+	defer model.Close()
 	dir, err := os.MkdirTemp("", "rpc-example")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
 
-	// The installed agents (make setup) and a home for omp that points it
+	// The installed agents (make setup; AGENTHOST_TOOLS names their folder
+	// outside an agenthost checkout), and a home for omp that points it
 	// at the model.
-	in, err := agents.Find()
-	if err != nil {
-		log.Fatal(err)
-	}
-	argv, err := in.Argv(agents.OMP)
-	if err != nil {
-		log.Fatal(err)
-	}
-	env, err := agents.Home(filepath.Join(dir, "home"), agents.OMP, sim.URL())
+	omp, err := transport.RPCCommand(transport.Options{ModelURL: model.URL()}, "omp", filepath.Join(dir, "home"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -47,7 +40,7 @@ func Example() {
 	if err := os.Mkdir(workspace, 0o700); err != nil {
 		log.Fatal(err)
 	}
-	c, err := rpc.Spawn(ctx, rpc.Spec{Argv: argv, Model: agents.ModelID, Dir: workspace, Env: env,
+	c, err := rpc.Spawn(ctx, rpc.Spec{Argv: omp.Argv, Model: omp.Model, Dir: workspace, Env: omp.Env,
 		SessionDir: filepath.Join(dir, "sessions")}, rpc.SpawnOptions{})
 	if err != nil {
 		log.Fatal(err)

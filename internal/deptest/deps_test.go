@@ -1,7 +1,10 @@
 package deptest
 
 import (
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -104,6 +107,91 @@ var allowed = map[string][]string{
 		append(sqliteDeps, prometheusDeps...)...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,
+
+	// The library a program hosts rooms with (issue 40): public wrappers
+	// of the batteries serve uses; internal/ never imports them
+	// (TestInternalImportsNoLibrary).
+	// The SQLite store as a room.Store: rooms and the store, nothing else.
+	module + "/sqlitestore": append([]string{module + "/room", module + "/internal/roomsqlite", module + "/internal/store", module + "/record", module + "/event"},
+		sqliteDeps...),
+	// The scripted model: the standard library and it.
+	module + "/modeltest": {module + "/internal/modelsim"},
+	// The transports: rooms, the agents' protocols, custody and
+	// confinement; never the store or the server.
+	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
+		module + "/procd", module + "/internal/rpcagent", module + "/internal/acpagent", module + "/internal/agentproc", module + "/internal/daemonproc",
+		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
+		module + "/internal/procio"}, append(mcpDeps, append(landlockDeps,
+		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
+	// Rooms' snapshots and git workspaces: the engines and their room
+	// adapters; never a transport, the store or the server.
+	module + "/workspace": {module + "/room", module + "/record", module + "/event", module + "/internal/roomsnap", module + "/internal/snapshot",
+		module + "/internal/roomgit", module + "/internal/gitws", module + "/internal/agentfs"},
+	// The HTTP API as a handler: what internal/server may use, and it.
+	module + "/httpapi": append([]string{module + "/internal/server", module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
+		append(sqliteDeps, prometheusDeps...)...),
+}
+
+// library are the public packages that wrap internal ones.
+var library = []string{module + "/sqlitestore", module + "/modeltest", module + "/transport", module + "/httpapi", module + "/workspace"}
+
+// TestInternalImportsNoLibrary: the public wrappers sit above internal/;
+// an internal package that imported one would turn the layering round
+// (and, through transport's init, make every binary a launcher).
+func TestInternalImportsNoLibrary(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/internal/...", module+"/cmd/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], module+"/internal/") {
+			continue
+		}
+		for _, imp := range f[1:] {
+			for _, lib := range library {
+				if imp == lib {
+					t.Errorf("%s imports %s: internal packages must not import the public library", f[0], lib)
+				}
+			}
+		}
+	}
+}
+
+// TestExamplesImportNoInternal: every public package's examples (the
+// code go doc shows a user) import only public packages, so that a user
+// can copy them into a module of their own.
+func TestExamplesImportNoInternal(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{.Dir}} {{join .XTestGoFiles \",\"}},{{join .TestGoFiles \",\"}}", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	fset := token.NewFileSet()
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || strings.Contains(f[0], "/internal/") || strings.HasPrefix(f[0], module+"/cmd/") {
+			continue
+		}
+		for _, name := range strings.Split(f[2], ",") {
+			if !strings.HasPrefix(name, "example") || !strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			file, err := parser.ParseFile(fset, filepath.Join(f[1], name), nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen++
+			for _, imp := range file.Imports {
+				if path := strings.Trim(imp.Path.Value, `"`); strings.Contains(path, "/internal/") {
+					t.Errorf("%s/%s imports %s: an example imports public packages only", f[0], name, path)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no example files found")
+	}
 }
 
 // landlockDeps are go-landlock and its own dependencies.

@@ -52,11 +52,14 @@ const (
 	replayPage = 1000
 )
 
-// Options configure a Server. Manager and Token are required.
+// Options configure a Server. Manager, and Token or Authorize, are required.
 type Options struct {
 	Manager *room.Manager
 	// Token is the bearer token every route but /healthz and / requires.
 	Token string
+	// Authorize, if set, decides instead of Token whether a request to
+	// such a route may pass (false: 401); it must not read the body.
+	Authorize func(r *http.Request) bool
 	// MaxBodyBytes bounds a request body (default DefaultMaxBodyBytes);
 	// a larger one gets 413.
 	MaxBodyBytes int64
@@ -108,8 +111,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Manager == nil {
 		return nil, errors.New("server: Options.Manager is required")
 	}
-	if opts.Token == "" {
-		return nil, errors.New("server: Options.Token is required")
+	if opts.Token == "" && opts.Authorize == nil {
+		return nil, errors.New("server: Options.Token or Options.Authorize is required")
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
@@ -283,12 +286,19 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := r.Header.Get("Authorization")
 		scheme, tok, ok := strings.Cut(h, " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), want) != 1 {
+		if s.opts.Authorize != nil {
+			ok = s.opts.Authorize(r)
+		} else {
+			ok = ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), want) == 1
+		}
+		if !ok {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agenthost"`)
 			// A client without the token keeps no connection open.
 			w.Header().Set("Connection", "close")
 			msg := "a valid bearer token is required"
-			if h == "" {
+			if s.opts.Authorize != nil {
+				msg = "this request is not authorized"
+			} else if h == "" {
 				msg = "missing Authorization header: a bearer token is required"
 			}
 			writeError(w, http.StatusUnauthorized, msg)

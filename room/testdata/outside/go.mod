@@ -1,3 +1,0 @@
-module example.com/outside
-
-go 1.26.0
