@@ -15,8 +15,9 @@ import (
 // start is the launcher's work on its locked thread, in order: open the
 // command and what the rules name, checked (as the launcher's user: root
 // reaches any folder), make the agent's view of them when it gets a uid
-// of its own, build the Landlock ruleset and the seccomp filter, drop
-// every privilege, set no_new_privs, restrict, filter, execute.
+// of its own, give it an IPC namespace of its own (as root), build the
+// Landlock ruleset and the seccomp filter, drop every privilege, set
+// no_new_privs, restrict, filter, execute.
 func start(p *Policy, argv, env []string) error {
 	cmd, err := openCommand(argv[0])
 	if err != nil {
@@ -41,6 +42,11 @@ func start(p *Policy, argv, env []string) error {
 			if err := enterView(p.User, covered); err != nil {
 				return err
 			}
+		}
+	}
+	if euid == 0 {
+		if err := isolateIPC(p.User); err != nil {
+			return err
 		}
 	}
 	rules, err := openRules(p, owner)
@@ -80,6 +86,27 @@ func start(p *Policy, argv, env []string) error {
 		}
 	}
 	return cmd.exec(argv, env)
+}
+
+// isolateIPC gives the calling thread an IPC namespace of its own. SysV
+// shared memory, semaphores and message queues (and POSIX message
+// queues) are neither files nor sockets: Landlock does not see them, a
+// uid's mode bits are all that guard them, and they outlive the processes
+// that made them. Without a namespace a room's agent reads and writes
+// what root's other processes keep there (as root) or another room left
+// open to it, and leaves objects behind that fill the host's limits. In
+// its own namespace what it makes is its room's and goes when the room's
+// last process ends. Refused (a restricted container's root) it is an
+// error where the agent runs as a uid of its own, which would otherwise
+// share the namespace with every other room's; a root agent (agent uids
+// off) goes on without it.
+func isolateIPC(u *User) error {
+	err := unix.Unshare(unix.CLONE_NEWIPC)
+	if err == nil || u == nil {
+		return nil
+	}
+	return fmt.Errorf("uid %d: an IPC namespace of its own was refused (%w): "+
+		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, err)
 }
 
 // command is the agent's executable, opened by the launcher (as root

@@ -271,6 +271,58 @@ func TestLaunch_AsAgentUserWithoutMountNamespace(t *testing.T) {
 	}
 }
 
+// SysV IPC is no file: Landlock does not see it and it outlives the
+// processes that made it. Launched by root, as a uid of its own or as
+// root (agent uids off), the agent finds no segment of the host's (not
+// even one open to every uid), and the segment it makes goes with it:
+// nothing a room leaves there reaches another room, root's processes or
+// the host's limits.
+func TestLaunch_IPCNamespace(t *testing.T) {
+	needLandlock(t)
+	needRoot(t)
+	base := 0x61680000 | (os.Getpid()&0xfff)<<4
+	host := base
+	id, err := unix.SysvShmGet(host, 4096, unix.IPC_CREAT|unix.IPC_EXCL|0o666)
+	if err != nil {
+		t.Fatalf("the host's segment: %v", err)
+	}
+	t.Cleanup(func() { _, _ = unix.SysvShmCtl(id, unix.IPC_RMID, nil) })
+	c, err := New(Options{Mode: ModeLandlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, u := range []*User{nil, {UID: agentTestUID, GID: agentTestUID}} {
+		made := base + 1 + i
+		ws, room := t.TempDir(), t.TempDir()
+		home := filepath.Join(room, "home")
+		if err := os.Mkdir(home, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := AgentRoom(ws, home, []string{exe}, nil)
+		r.User = u
+		p, err := c.Policy(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := probeResults(t, p, ws, probeShmHost+"="+strconv.Itoa(host), probeShmMake+"="+strconv.Itoa(made))
+		who := "root"
+		if u != nil {
+			who = "uid " + strconv.Itoa(u.UID)
+		}
+		if res["shm.host"] != "ENOENT" || res["shm.make"] != "ok" {
+			t.Errorf("as %s: the host's segment %q (want ENOENT), its own %q (want ok)", who, res["shm.host"], res["shm.make"])
+		}
+		if left, err := unix.SysvShmGet(made, 0, 0); !errors.Is(err, unix.ENOENT) {
+			_, _ = unix.SysvShmCtl(left, unix.IPC_RMID, nil)
+			t.Errorf("as %s: the agent's segment outlived it on the host: %v", who, err)
+		}
+	}
+}
+
 // A #! script as the command runs (the interpreter is given its path),
 // as the agent's uid from a folder only root can search, and as root.
 func TestLaunch_Script(t *testing.T) {
