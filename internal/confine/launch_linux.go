@@ -36,12 +36,10 @@ func start(p *Policy, argv, env []string) error {
 		if covered, err = needsView(p, p.User); err != nil {
 			return err
 		}
-		if covered != "" {
-			// The rules are opened in the new namespace, so that they
-			// can be bound there.
-			if err := enterView(p.User, covered); err != nil {
-				return err
-			}
+		// The rules are opened in the new namespace, so that they can
+		// be bound there (and /proc's rule to the agent's own /proc).
+		if err := enterView(p.User, covered); err != nil {
+			return err
 		}
 	}
 	if euid == 0 {

@@ -138,7 +138,7 @@ func TestLaunch_NoPrivilege(t *testing.T) {
 // its folders at their own paths although they, and its command, lie
 // under folders that uid cannot search (0700, root's), sees nothing else
 // of those, and cannot read, chmod or chown the server's 0600 files nor
-// read the server's environment.
+// see the server's process at all (its /proc shows its own uid's only).
 func TestLaunch_AsAgentUser(t *testing.T) {
 	needLandlock(t)
 	needRoot(t)
@@ -196,15 +196,17 @@ func TestLaunch_AsAgentUser(t *testing.T) {
 		t.Fatalf("the TMPDIR is not the agent's: %v", err)
 	}
 	pts := terminal(t)
+	server := "/proc/" + strconv.Itoa(os.Getpid())
 	res := probeResultsOf(t, exe, p, ws, probeNetRestricted+"=1", probeWrite+"="+strings.Join([]string{ws, home, p.Tmp}, ":"),
-		probeHidden+"="+strings.Join([]string{sibling, filepath.Join(dir, "nothing"), filepath.Join(bin, "beside")}, ":"),
+		probeHidden+"="+strings.Join([]string{sibling, filepath.Join(dir, "nothing"), filepath.Join(bin, "beside"), server}, ":"),
 		probeSecret+"="+secret, probePID+"="+strconv.Itoa(os.Getpid()), probeTerminals+"="+pts, probeNode+"=1")
 	exp := maps.Clone(deniedAlways)
 	maps.Copy(exp, map[string]string{
 		"status.Uid": strconv.Itoa(u.UID), "status.Gid": strconv.Itoa(u.GID), "status.CapBnd": "0000000000000000",
 		"write." + ws: "ok", "write." + home: "ok", "write." + p.Tmp: "ok",
 		"see." + sibling: "ENOENT", "see." + filepath.Join(dir, "nothing"): "ENOENT", "see." + filepath.Join(bin, "beside"): "ENOENT",
-		"secret.read": "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "EACCES",
+		"see." + server: "ENOENT", // its /proc shows its own processes only
+		"secret.read": "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "ENOENT",
 		"open." + pts: "EACCES", "node.worker": "ok",
 		"socket.udp": "EPERM", "socket.mptcp": "EPERM",
 	})
