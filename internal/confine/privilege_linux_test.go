@@ -206,7 +206,7 @@ func TestLaunch_AsAgentUser(t *testing.T) {
 		"write." + ws: "ok", "write." + home: "ok", "write." + p.Tmp: "ok",
 		"see." + sibling: "ENOENT", "see." + filepath.Join(dir, "nothing"): "ENOENT", "see." + filepath.Join(bin, "beside"): "ENOENT",
 		"see." + server: "ENOENT", // its /proc shows its own processes only
-		"secret.read": "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "ENOENT",
+		"secret.read":   "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "ENOENT",
 		"open." + pts: "EACCES", "node.worker": "ok",
 		"socket.udp": "EPERM", "socket.mptcp": "EPERM",
 	})
