@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
+	"github.com/agenthost/agenthost/internal/agentfs"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 )
@@ -107,6 +109,76 @@ func isolateIPC(u *User) error {
 		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, err)
 }
 
+// setAsideTmp moves the last start's TMPDIR out of the way (renamed in
+// its folder, then removed with what earlier starts left there): a
+// process left in the room keeps writing into it (its rule is bound to
+// that folder), which made a removal in place fail (ENOTEMPTY, or EACCES
+// where it made a folder of it unreadable) and the room's next start with
+// it. The rename cannot be stopped: the folder holding the TMPDIR is the
+// server's (AgentRoom), not the agent's to write. What cannot be removed
+// yet stays aside for a later start.
+func setAsideTmp(tmp string) error {
+	dir, name := filepath.Split(tmp)
+	aside, err := os.MkdirTemp(dir, name+asideTmp)
+	if err != nil {
+		return err
+	}
+	// A folder replaces the empty one made for its name (rename(2):
+	// os.Rename refuses an existing folder).
+	if err := unix.Rename(tmp, aside); err != nil && !errors.Is(err, unix.ENOENT) {
+		// Not a folder: removed where it is.
+		os.Remove(aside)
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+	}
+	d, err := agentfs.Open(dir, nil)
+	if err != nil {
+		return nil // tried again at the next start
+	}
+	defer d.Close()
+	ents, _ := d.ReadDir(".")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), name+asideTmp) {
+			removeTree(d, e.Name())
+		}
+	}
+	return nil
+}
+
+// asideTmp is the suffix of a TMPDIR set aside (setAsideTmp), before its
+// random part.
+const asideTmp = ".old-"
+
+// removeTree removes name in d, a folder the agent wrote, never through
+// a link; its folders the agent made unreadable or unwritable are opened
+// again first (the agent's own: a non-root server could not remove them).
+func removeTree(d *agentfs.Dir, name string) {
+	if d.RemoveAll(name) == nil {
+		return
+	}
+	openUp(d, name, 0)
+	_ = d.RemoveAll(name)
+}
+
+// openUp makes the folder name in d and the folders beneath it (to a
+// bounded depth) searchable and writable by their owner, never through a
+// link.
+func openUp(d *agentfs.Dir, name string, depth int) {
+	if depth > agentfs.MaxDepth || d.Chmod(name, 0o700) != nil {
+		return
+	}
+	ents, err := d.ReadDir(name)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			openUp(d, filepath.Join(name, e.Name()), depth+1)
+		}
+	}
+}
+
 // command is the agent's executable, opened by the launcher (as root
 // when the agent gets a uid of its own, which may not reach it by path).
 type command struct {
@@ -178,7 +250,7 @@ func (c *command) exec(argv, env []string) error {
 // name.
 func prepareTmp(tmp string, fresh bool, u *User) error {
 	if fresh {
-		if err := os.RemoveAll(tmp); err != nil {
+		if err := setAsideTmp(tmp); err != nil {
 			return err
 		}
 	}

@@ -51,6 +51,8 @@ func testRole(m *testing.M) bool {
 		os.Exit(0)
 	case "nonroot":
 		os.Exit(nonRootServer())
+	case "tmprace":
+		os.Exit(tmpRaceServer())
 	case "nosysadmin":
 		os.Exit(withoutSysAdmin())
 	}
