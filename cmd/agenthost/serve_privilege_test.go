@@ -15,15 +15,18 @@ import (
 )
 
 // statusCommand prints what a room's tool holds: its /proc/self/status
-// lines of credentials, capabilities, no_new_privs and seccomp, then id.
-const statusCommand = `grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; id`
+// lines of credentials, capabilities, no_new_privs and seccomp, then id,
+// then the owners of the processes its /proc shows.
+const statusCommand = `grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; id; ` +
+	`echo "procs: $(stat -c %u /proc/[0-9]* 2>/dev/null | sort -u | tr '\n' ' ')"`
 
 // TestServe_AgentsHoldNoPrivilege: a server run as root, with agents on
 // uids of their own (the default range) and the built-in model: the
 // tools of two omp rooms and one pi room hold no capability (effective,
 // permitted, inheritable, ambient, bounding), run with no_new_privs and a
 // seccomp filter, and as uids that are neither root, nor the server's,
-// nor another room's (gid the same, no other group).
+// nor another room's (gid the same, no other group), and whose /proc
+// shows none but their own uid's processes.
 func TestServe_AgentsHoldNoPrivilege(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("agents get uids of their own and an empty bounding set only under a server run as root; this test runs as uid " + strconv.Itoa(os.Geteuid()))
@@ -76,6 +79,11 @@ func TestServe_AgentsHoldNoPrivilege(t *testing.T) {
 		n := strconv.Itoa(uid[0])
 		if want := "uid=" + n + " gid=" + n + " groups=" + n; !strings.Contains(st.out, want) {
 			t.Errorf("room %s: id says\n%s\nwant %q", r, st.out, want)
+		}
+		// Its /proc shows its own uid's processes only: neither the
+		// server's (root's) nor another room's agent's.
+		if m := regexp.MustCompile(`(?m)^procs:(.*)$`).FindStringSubmatch(st.out); m == nil || strings.Join(strings.Fields(m[1]), " ") != n {
+			t.Errorf("room %s: its /proc shows processes of uids other than %s:\n%s", r, n, st.out)
 		}
 	}
 }
