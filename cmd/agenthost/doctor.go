@@ -239,7 +239,7 @@ func confinementReport(ctx context.Context, rep *doctorReport) {
 		rep.add(section, true, "not root: agents run as the server's user; its bounding set stays (moot under no_new_privs), and Landlock does not stop chmod or utime of the server's own files by path")
 		return
 	}
-	u := &confine.User{UID: doctorAgentUID, GID: doctorAgentUID}
+	u := &confine.User{UID: doctorAgentUID(), GID: doctorAgentUID()}
 	res, err = c.Probe(ctx, u)
 	if err != nil {
 		rep.add(section, false, "launcher, agents as a uid of their own (serve --agent-uids): %s", oneLine(err.Error()))
@@ -248,9 +248,13 @@ func confinementReport(ctx context.Context, rep *doctorReport) {
 	probeLine(rep, section, fmt.Sprintf("agents as a uid of their own (serve --agent-uids; probed as uid %d)", u.UID), res, root, c.Report().ABI)
 }
 
-// doctorAgentUID is the uid doctor probes an agent of its own uid as:
-// high, unlikely to be anyone's.
-const doctorAgentUID = 2147480000
+// doctorAgentUID is the uid doctor probes an agent of its own uid as: the
+// first past serve's default --agent-uids, in the same band no system
+// hands out (see confine.DefaultAgentUIDs), yet not in the range itself:
+// a server on this machine may hold any uid of its range for a room (the
+// room's files are that uid's), and the probe must not run as a room's
+// agent.
+func doctorAgentUID() int { return confine.DefaultAgentUIDs.Last + 1 }
 
 // probeLine reports what the probe shell held in one mode.
 func probeLine(rep *doctorReport, section, mode string, res confine.ProbeResult, root bool, abi int) {

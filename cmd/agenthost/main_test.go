@@ -342,7 +342,11 @@ func TestDoctor(t *testing.T) {
 		fmt.Sprintf("ok       launcher, agents as the server's user (uid %d): uid %[1]d ", os.Geteuid()),
 		"capabilities effective 0 permitted 0 inheritable 0 ambient 0", "NoNewPrivs 1; Seccomp 2 (filter)"}
 	if os.Geteuid() == 0 {
-		confined = append(confined, "ok       launcher, agents as a uid of their own (serve --agent-uids; probed as uid 2147480000): uid 2147480000 gid 2147480000; capabilities effective 0 permitted 0 inheritable 0 ambient 0 bounding 0;")
+		// A uid past serve's default range, never a room's of a server on it.
+		if doctorAgentUID() <= confine.DefaultAgentUIDs.Last || doctorAgentUID() > 1<<31-1 {
+			t.Errorf("doctor probes as uid %d, within serve's default range %s or past 2^31-1", doctorAgentUID(), confine.DefaultAgentUIDs)
+		}
+		confined = append(confined, fmt.Sprintf("ok       launcher, agents as a uid of their own (serve --agent-uids; probed as uid %d): uid %[1]d gid %[1]d; capabilities effective 0 permitted 0 inheritable 0 ambient 0 bounding 0;", doctorAgentUID()))
 	}
 	if confine.KernelABI() < 1 {
 		confined = []string{"the kernel has no Landlock"}

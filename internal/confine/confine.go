@@ -590,7 +590,7 @@ func Enforces(abi int) []string {
 	out := []string{
 		"files: the room's workspace, agent home and TMPDIR read and written (no device node made there); the system and the agents' folder read (and executed); /proc and /sys read; nothing else; each rule bound to the folder the launcher opened itself, a link refused",
 		"terminals: none (no /dev/tty, /dev/ptmx or /dev/pts)",
-		"privilege: no capability (effective, permitted, inheritable, ambient; as root also the bounding set, and securebits locked so that uid 0 gains none by executing) and no_new_privs; as root each room's agent runs as a uid of its own (serve --agent-uids), in a view of only its own folders where the server's are closed to it",
+		"privilege: no capability (effective, permitted, inheritable, ambient; as root also the bounding set, and securebits locked so that uid 0 gains none by executing) and no_new_privs; as root each room's agent runs as a uid of its own (serve --agent-uids), in a view of only its own folders where the server's are closed to it and of only its own processes in /proc, and with an IPC namespace of its own (SysV IPC and POSIX message queues: none of the host's, and what it makes goes with it)",
 	}
 	if seccompSupported {
 		out = append(out, "seccomp: refused (EPERM): AF_PACKET, raw and packet sockets; mknod of devices; TIOCSTI, TIOCLINUX; keyctl, add_key, request_key; bpf; perf_event_open; kexec; kernel modules; mount, umount, pivot_root and the new mount API; io_uring; user namespaces (clone3 answers ENOSYS); ptrace attach, process_vm_readv/writev and pidfd_getfd (within the room too); other architectures' and x32 syscalls")

@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
+	"github.com/agenthost/agenthost/internal/agentfs"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 )
@@ -15,8 +17,9 @@ import (
 // start is the launcher's work on its locked thread, in order: open the
 // command and what the rules name, checked (as the launcher's user: root
 // reaches any folder), make the agent's view of them when it gets a uid
-// of its own, build the Landlock ruleset and the seccomp filter, drop
-// every privilege, set no_new_privs, restrict, filter, execute.
+// of its own, give it an IPC namespace of its own (as root), build the
+// Landlock ruleset and the seccomp filter, drop every privilege, set
+// no_new_privs, restrict, filter, execute.
 func start(p *Policy, argv, env []string) error {
 	cmd, err := openCommand(argv[0])
 	if err != nil {
@@ -35,12 +38,15 @@ func start(p *Policy, argv, env []string) error {
 		if covered, err = needsView(p, p.User); err != nil {
 			return err
 		}
-		if covered != "" {
-			// The rules are opened in the new namespace, so that they
-			// can be bound there.
-			if err := enterView(p.User, covered); err != nil {
-				return err
-			}
+		// The rules are opened in the new namespace, so that they can
+		// be bound there (and /proc's rule to the agent's own /proc).
+		if err := enterView(p.User, covered); err != nil {
+			return err
+		}
+	}
+	if euid == 0 {
+		if err := isolateIPC(p.User); err != nil {
+			return err
 		}
 	}
 	rules, err := openRules(p, owner)
@@ -80,6 +86,97 @@ func start(p *Policy, argv, env []string) error {
 		}
 	}
 	return cmd.exec(argv, env)
+}
+
+// isolateIPC gives the calling thread an IPC namespace of its own. SysV
+// shared memory, semaphores and message queues (and POSIX message
+// queues) are neither files nor sockets: Landlock does not see them, a
+// uid's mode bits are all that guard them, and they outlive the processes
+// that made them. Without a namespace a room's agent reads and writes
+// what root's other processes keep there (as root) or another room left
+// open to it, and leaves objects behind that fill the host's limits. In
+// its own namespace what it makes is its room's and goes when the room's
+// last process ends. Refused (a restricted container's root) it is an
+// error where the agent runs as a uid of its own, which would otherwise
+// share the namespace with every other room's; a root agent (agent uids
+// off) goes on without it.
+func isolateIPC(u *User) error {
+	err := unix.Unshare(unix.CLONE_NEWIPC)
+	if err == nil || u == nil {
+		return nil
+	}
+	return fmt.Errorf("uid %d: an IPC namespace of its own was refused (%w): "+
+		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, err)
+}
+
+// setAsideTmp moves the last start's TMPDIR out of the way (renamed in
+// its folder, then removed with what earlier starts left there): a
+// process left in the room keeps writing into it (its rule is bound to
+// that folder), which made a removal in place fail (ENOTEMPTY, or EACCES
+// where it made a folder of it unreadable) and the room's next start with
+// it. The rename cannot be stopped: the folder holding the TMPDIR is the
+// server's (AgentRoom), not the agent's to write. What cannot be removed
+// yet stays aside for a later start.
+func setAsideTmp(tmp string) error {
+	dir, name := filepath.Split(tmp)
+	aside, err := os.MkdirTemp(dir, name+asideTmp)
+	if err != nil {
+		return err
+	}
+	// A folder replaces the empty one made for its name (rename(2):
+	// os.Rename refuses an existing folder).
+	if err := unix.Rename(tmp, aside); err != nil && !errors.Is(err, unix.ENOENT) {
+		// Not a folder: removed where it is.
+		os.Remove(aside)
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+	}
+	d, err := agentfs.Open(dir, nil)
+	if err != nil {
+		return nil // tried again at the next start
+	}
+	defer d.Close()
+	ents, _ := d.ReadDir(".")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), name+asideTmp) {
+			removeTree(d, e.Name())
+		}
+	}
+	return nil
+}
+
+// asideTmp is the suffix of a TMPDIR set aside (setAsideTmp), before its
+// random part.
+const asideTmp = ".old-"
+
+// removeTree removes name in d, a folder the agent wrote, never through
+// a link; its folders the agent made unreadable or unwritable are opened
+// again first (the agent's own: a non-root server could not remove them).
+func removeTree(d *agentfs.Dir, name string) {
+	if d.RemoveAll(name) == nil {
+		return
+	}
+	openUp(d, name, 0)
+	_ = d.RemoveAll(name)
+}
+
+// openUp makes the folder name in d and the folders beneath it (to a
+// bounded depth) searchable and writable by their owner, never through a
+// link.
+func openUp(d *agentfs.Dir, name string, depth int) {
+	if depth > agentfs.MaxDepth || d.Chmod(name, 0o700) != nil {
+		return
+	}
+	ents, err := d.ReadDir(name)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			openUp(d, filepath.Join(name, e.Name()), depth+1)
+		}
+	}
 }
 
 // command is the agent's executable, opened by the launcher (as root
@@ -153,7 +250,7 @@ func (c *command) exec(argv, env []string) error {
 // name.
 func prepareTmp(tmp string, fresh bool, u *User) error {
 	if fresh {
-		if err := os.RemoveAll(tmp); err != nil {
+		if err := setAsideTmp(tmp); err != nil {
 			return err
 		}
 	}

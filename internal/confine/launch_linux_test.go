@@ -191,3 +191,32 @@ func BenchmarkLaunch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPolicy is the server's share of each agent start: the policy
+// of a room whose TMPDIR the last start left holding files (set aside and
+// removed, then made again).
+func BenchmarkPolicy(b *testing.B) {
+	if KernelABI() < 1 {
+		b.Skip("this kernel has no Landlock")
+	}
+	c, err := New(Options{Mode: ModeLandlock})
+	if err != nil {
+		b.Fatal(err)
+	}
+	home := filepath.Join(b.TempDir(), "home")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	r := AgentRoom(b.TempDir(), home, []string{"true"}, nil)
+	for b.Loop() {
+		p, err := c.Policy(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range 10 {
+			if err := os.WriteFile(filepath.Join(p.Tmp, strconv.Itoa(i)), nil, 0o600); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

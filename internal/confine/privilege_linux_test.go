@@ -138,7 +138,7 @@ func TestLaunch_NoPrivilege(t *testing.T) {
 // its folders at their own paths although they, and its command, lie
 // under folders that uid cannot search (0700, root's), sees nothing else
 // of those, and cannot read, chmod or chown the server's 0600 files nor
-// read the server's environment.
+// see the server's process at all (its /proc shows its own uid's only).
 func TestLaunch_AsAgentUser(t *testing.T) {
 	needLandlock(t)
 	needRoot(t)
@@ -196,15 +196,17 @@ func TestLaunch_AsAgentUser(t *testing.T) {
 		t.Fatalf("the TMPDIR is not the agent's: %v", err)
 	}
 	pts := terminal(t)
+	server := "/proc/" + strconv.Itoa(os.Getpid())
 	res := probeResultsOf(t, exe, p, ws, probeNetRestricted+"=1", probeWrite+"="+strings.Join([]string{ws, home, p.Tmp}, ":"),
-		probeHidden+"="+strings.Join([]string{sibling, filepath.Join(dir, "nothing"), filepath.Join(bin, "beside")}, ":"),
+		probeHidden+"="+strings.Join([]string{sibling, filepath.Join(dir, "nothing"), filepath.Join(bin, "beside"), server}, ":"),
 		probeSecret+"="+secret, probePID+"="+strconv.Itoa(os.Getpid()), probeTerminals+"="+pts, probeNode+"=1")
 	exp := maps.Clone(deniedAlways)
 	maps.Copy(exp, map[string]string{
 		"status.Uid": strconv.Itoa(u.UID), "status.Gid": strconv.Itoa(u.GID), "status.CapBnd": "0000000000000000",
 		"write." + ws: "ok", "write." + home: "ok", "write." + p.Tmp: "ok",
 		"see." + sibling: "ENOENT", "see." + filepath.Join(dir, "nothing"): "ENOENT", "see." + filepath.Join(bin, "beside"): "ENOENT",
-		"secret.read": "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "EACCES",
+		"see." + server: "ENOENT", // its /proc shows its own processes only
+		"secret.read":   "EACCES", "secret.chmod": "EPERM", "secret.chown": "EPERM", "environ": "ENOENT",
 		"open." + pts: "EACCES", "node.worker": "ok",
 		"socket.udp": "EPERM", "socket.mptcp": "EPERM",
 	})
@@ -268,6 +270,58 @@ func TestLaunch_AsAgentUserWithoutMountNamespace(t *testing.T) {
 	t.Logf("%s", out)
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the command ran")
+	}
+}
+
+// SysV IPC is no file: Landlock does not see it and it outlives the
+// processes that made it. Launched by root, as a uid of its own or as
+// root (agent uids off), the agent finds no segment of the host's (not
+// even one open to every uid), and the segment it makes goes with it:
+// nothing a room leaves there reaches another room, root's processes or
+// the host's limits.
+func TestLaunch_IPCNamespace(t *testing.T) {
+	needLandlock(t)
+	needRoot(t)
+	base := 0x61680000 | (os.Getpid()&0xfff)<<4
+	host := base
+	id, err := unix.SysvShmGet(host, 4096, unix.IPC_CREAT|unix.IPC_EXCL|0o666)
+	if err != nil {
+		t.Fatalf("the host's segment: %v", err)
+	}
+	t.Cleanup(func() { _, _ = unix.SysvShmCtl(id, unix.IPC_RMID, nil) })
+	c, err := New(Options{Mode: ModeLandlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, u := range []*User{nil, {UID: agentTestUID, GID: agentTestUID}} {
+		made := base + 1 + i
+		ws, room := t.TempDir(), t.TempDir()
+		home := filepath.Join(room, "home")
+		if err := os.Mkdir(home, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := AgentRoom(ws, home, []string{exe}, nil)
+		r.User = u
+		p, err := c.Policy(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := probeResults(t, p, ws, probeShmHost+"="+strconv.Itoa(host), probeShmMake+"="+strconv.Itoa(made))
+		who := "root"
+		if u != nil {
+			who = "uid " + strconv.Itoa(u.UID)
+		}
+		if res["shm.host"] != "ENOENT" || res["shm.make"] != "ok" {
+			t.Errorf("as %s: the host's segment %q (want ENOENT), its own %q (want ok)", who, res["shm.host"], res["shm.make"])
+		}
+		if left, err := unix.SysvShmGet(made, 0, 0); !errors.Is(err, unix.ENOENT) {
+			_, _ = unix.SysvShmCtl(left, unix.IPC_RMID, nil)
+			t.Errorf("as %s: the agent's segment outlived it on the host: %v", who, err)
+		}
 	}
 }
 

@@ -40,6 +40,8 @@ const (
 	probeHidden        = "PROBE_HIDDEN"         // paths it must not see, ':'-separated
 	probeNode          = "PROBE_NODE"           // "1": run node with a worker thread
 	probeNetRestricted = "PROBE_NET_RESTRICTED" // "1": the policy restricts the network
+	probeShmHost       = "PROBE_SHM_HOST"       // key of a SysV shared memory segment of the host's (0666) it must not find
+	probeShmMake       = "PROBE_SHM_MAKE"       // key of a segment it makes (0666), which must not outlive it
 )
 
 func testRole(m *testing.M) bool {
@@ -49,6 +51,8 @@ func testRole(m *testing.M) bool {
 		os.Exit(0)
 	case "nonroot":
 		os.Exit(nonRootServer())
+	case "tmprace":
+		os.Exit(tmpRaceServer())
 	case "nosysadmin":
 		os.Exit(withoutSysAdmin())
 	}
@@ -248,6 +252,14 @@ func agentProbe() {
 		say("secret.read", err)
 		say("secret.chmod", os.Chmod(s, 0o644))
 		say("secret.chown", os.Chown(s, os.Getuid(), os.Getgid()))
+	}
+	if k, err := strconv.Atoi(os.Getenv(probeShmHost)); err == nil {
+		_, err := unix.SysvShmGet(k, 0, 0)
+		say("shm.host", err)
+	}
+	if k, err := strconv.Atoi(os.Getenv(probeShmMake)); err == nil {
+		_, err := unix.SysvShmGet(k, 4096, unix.IPC_CREAT|unix.IPC_EXCL|0o666)
+		say("shm.make", err)
 	}
 	if pid := os.Getenv(probePID); pid != "" {
 		_, err := os.ReadFile("/proc/" + pid + "/environ")

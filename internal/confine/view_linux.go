@@ -21,7 +21,7 @@ import (
 // bind-mounted back from what the launcher opened. The agent sees the
 // same paths and nothing else of the covered folder (it could search
 // none of it anyway); the Landlock rules, bound to inodes, hold there
-// as they do anywhere.
+// as they do anywhere. Its /proc there shows its own processes only.
 
 // viewTmpfs is the covering tmpfs's options: root's, searchable, small,
 // nothing executed or opened as a device from it.
@@ -51,7 +51,11 @@ func needsView(p *Policy, u *User) (string, error) {
 }
 
 // enterView gives the calling thread a mount namespace of its own whose
-// mounts do not propagate to the host's.
+// mounts do not propagate to the host's, with a /proc of its own that
+// shows u only its own processes (hidepid=invisible): the host's /proc
+// shows every process's command line and status to every uid, and a
+// room's agent's command line carries the room's instructions, its model
+// and its folders. covered is the folder u cannot search ("" when none).
 func enterView(u *User, covered string) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return viewRefused(u, covered, "the mount namespace that would show it its folders was refused", err)
@@ -59,14 +63,28 @@ func enterView(u *User, covered string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return viewRefused(u, covered, "making its mounts private was refused", err)
 	}
+	if err := unix.Mount("proc", "/proc", "proc", viewProcFlags, viewProc); err != nil {
+		return viewRefused(u, covered, "a /proc of its own was refused", err)
+	}
 	return nil
 }
 
-// viewRefused says that this host cannot give u a view of its folders,
-// and the way out.
+// viewProc is the agent's /proc's options: other uids' processes (the
+// server's, other rooms') are not there at all.
+const (
+	viewProc      = "hidepid=invisible"
+	viewProcFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+)
+
+// viewRefused says that this host cannot give u a view of its own, and
+// the way out.
 func viewRefused(u *User, covered, what string, err error) error {
-	return fmt.Errorf("uid %d cannot search %s, which holds its folders, and %s (%w): "+
-		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, covered, what, err)
+	holds := ""
+	if covered != "" {
+		holds = fmt.Sprintf(" cannot search %s, which holds its folders, and", covered)
+	}
+	return fmt.Errorf("uid %d%s: %s (%w): "+
+		"agents cannot run as uids of their own on this host (serve --agent-uids off runs them as the server's user)", u.UID, holds, what, err)
 }
 
 // buildView covers each folder above a rule's path that u cannot search

@@ -102,9 +102,14 @@ var claims = []claim{
 		"rpc": "the agent's cwd is the workspace, its home a separate folder",
 		"acp": "`session/new` cwd is the workspace; `fs/*` requests confined to it",
 	}, claimWorkspace},
-	{cConfined, "Confinement: the agent and everything it starts reach only the room's own workspace, home and TMPDIR, the system read-only, and the ports allowed (Landlock)", map[string]string{
-		"rpc": "agenthost's launcher restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets), then executes the agent; a denial is the tool's error and the turn settles",
-		"acp": "agenthost's launcher restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets), then executes the agent; a denial is the tool's error and the turn settles",
+	{cConfined, "Confinement: the agent and everything it starts reach only the room's own workspace, home and TMPDIR, the system read-only, " +
+		"and the ports allowed (Landlock), and hold no privilege: no capability, `no_new_privs`, a seccomp filter. The same launcher confines a " +
+		"custom agent (`serve -- COMMAND`) and agents under `serve --daemon`. A server run as root runs each room's agent as a uid of the " +
+		"room's own (`--agent-uids`), in a view of only its folders, a `/proc` of only its processes and an IPC namespace of its own; a " +
+		"server not run as root runs agents as its own user, where chmod and utime of the server's own files by path stay open to them " +
+		"(README, Confinement)", map[string]string{
+		"rpc": "agenthost's launcher drops every capability, sets `no_new_privs`, restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets) and a seccomp filter, then executes the agent; a denial is the tool's error and the turn settles",
+		"acp": "agenthost's launcher drops every capability, sets `no_new_privs`, restricts itself with Landlock (files, TCP connect and bind, signals and abstract sockets) and a seccomp filter, then executes the agent; a denial is the tool's error and the turn settles",
 	}, claimConfinement},
 	{cMCP, "Room-scoped MCP: the room's MCP servers, and only those, reach the agent", map[string]string{
 		"rpc": "written into the room's own agent home (omp: its Windsurf MCP file, the one user source the overlay opts in), project files ignored",

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -389,6 +390,7 @@ read1 link ` + ProbeLink + `
 if out=$(kill -0 ` + strconv.Itoa(p.PID) + ` 2>&1); then echo signal=sent; else echo "signal=denied:$out"; fi
 if out=$( (exec 3<>/dev/tcp/127.0.0.1/` + strconv.Itoa(p.Port) + `) 2>&1); then echo connect=ok; else echo "connect=denied:$out"; fi
 if out=$(perl -MIO::Socket::INET -e 'IO::Socket::INET->new(Listen=>1,LocalAddr=>"127.0.0.1",LocalPort=>0) or die "$!\n"' 2>&1); then echo bind=ok; else echo "bind=denied:$out"; fi
+echo "privilege=$(grep -E '^(CapPrm|CapEff|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status | tr -d '\t' | tr '\n' ' ')"
 `
 	if err := os.WriteFile(filepath.Join(workspace, ProbeScript), []byte(script), 0o600); err != nil {
 		t.Fatal(err)
@@ -444,7 +446,8 @@ func ParseProbe(s string) map[string]string {
 // CheckConfined fails the test unless the probe's results show a confined
 // agent: its own workspace written and read, a system file read; the other
 // room's file, the store and the link denied (permission denied), the
-// server not signalled; with net, the connect and the bind denied.
+// server not signalled; with net, the connect and the bind denied; no
+// capability, no_new_privs set and (amd64, arm64) a seccomp filter.
 func CheckConfined(t testing.TB, res map[string]string, net bool) {
 	t.Helper()
 	want := map[string]string{"own": "read:confined-probe", "system": "read:", "other": "denied:", "store": "denied:",
@@ -453,6 +456,17 @@ func CheckConfined(t testing.TB, res map[string]string, net bool) {
 		want["connect"], want["bind"] = "denied", "denied"
 	}
 	checkProbe(t, res, want)
+	// No privilege: the launcher dropped every capability and set
+	// no_new_privs, and filters system calls where it has a filter.
+	wantPriv := []string{"CapPrm:0000000000000000", "CapEff:0000000000000000", "CapAmb:0000000000000000", "NoNewPrivs:1"}
+	if runtime.GOARCH == "amd64" || runtime.GOARCH == "arm64" {
+		wantPriv = append(wantPriv, "Seccomp:2")
+	}
+	for _, w := range wantPriv {
+		if !slices.Contains(strings.Fields(res["privilege"]), w) {
+			t.Errorf("probe privilege: %q, want %s", res["privilege"], w)
+		}
+	}
 	// Denied by Landlock, or hidden: an agent running as a uid of its own
 	// sees only its own folders of a folder that uid cannot search (the
 	// launcher's mount view), so the file (which the test made) is not
