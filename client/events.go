@@ -327,7 +327,11 @@ func (s *streamState) read(body io.Reader, alive func()) error {
 			typ = value
 		case field == "": // a comment: the heartbeat
 		case field == "id":
-			n, err := strconv.ParseInt(value, 10, 64)
+			// "SEQ.INCARNATION" (a bare SEQ from a server before
+			// incarnations); the incarnation is the stream's, which
+			// its Room-Incarnation header already named.
+			num, _, _ := strings.Cut(value, ".")
+			n, err := strconv.ParseInt(num, 10, 64)
 			if err != nil {
 				return fmt.Errorf("client: the stream sent a bad id %q", value)
 			}

@@ -115,7 +115,8 @@ func benchFanout(b *testing.B, batch int, pace time.Duration) {
 			for cursor < total && sc.Scan() {
 				line := sc.Bytes()
 				if id, ok := bytes.CutPrefix(line, []byte("id: ")); ok {
-					n, err := strconv.ParseInt(string(id), 10, 64)
+					num, _, _ := bytes.Cut(id, []byte("."))
+					n, err := strconv.ParseInt(string(num), 10, 64)
 					if err != nil || n != cursor+1 {
 						b.Errorf("event %s after %d", id, cursor)
 						return

@@ -686,6 +686,17 @@ func TestStreamAcrossPurgeAndRecreate(t *testing.T) {
 	oldInc, oldLast := st["incarnation"].(string), int64(st["last_seq"].(float64))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	// The id of the old room's last event, as an EventSource keeps it.
+	s0, err := h.open(ctx, "f", "?follow=0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := readAll(t, s0)
+	s0.close()
+	oldID := old[len(old)-1].rawID
+	if want := fmt.Sprintf("%d.%s", oldLast, oldInc); oldID != want {
+		t.Fatalf("the old room's last event's id is %q, want %q (SEQ.INCARNATION)", oldID, want)
+	}
 	s, err := h.open(ctx, "f", "?incarnation="+oldInc, oldLast)
 	if err != nil {
 		t.Fatal(err)
@@ -723,6 +734,38 @@ func TestStreamAcrossPurgeAndRecreate(t *testing.T) {
 	}
 	if int64(len(evs)-1) != newLast {
 		t.Fatalf("%d of the new room's %d events", len(evs)-1, newLast)
+	}
+	// A plain SSE client (purge.sh step 2) sends back only the last id it
+	// saw, with no ?incarnation: the id names the old room, so it gets the
+	// same reset and the new room's every event once, each id naming the
+	// new incarnation.
+	s3, err := h.openID(ctx, "f", "?follow=0", oldID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = readAll(t, s3)
+	s3.close()
+	if len(evs) == 0 || evs[0].typ != "reset" || evs[0].data["incarnation"] != newInc || evs[0].data["after"] != float64(oldLast) {
+		t.Fatalf("resumed with the old room's last id %q alone: %+v", oldID, evs)
+	}
+	for i, ev := range evs[1:] {
+		checkEvent(t, "f", ev, int64(i)+1)
+		if want := fmt.Sprintf("%d.%s", i+1, newInc); ev.rawID != want {
+			t.Fatalf("event id %q, want %q", ev.rawID, want)
+		}
+	}
+	if int64(len(evs)-1) != newLast {
+		t.Fatalf("resumed with the old id alone: %d of the new room's %d events", len(evs)-1, newLast)
+	}
+	// The new room's own id resumes where it says, with no reset.
+	s4, err := h.openID(ctx, "f", "?follow=0", fmt.Sprintf("2.%s", newInc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = readAll(t, s4)
+	s4.close()
+	if len(evs) == 0 || evs[0].typ == "reset" || evs[0].id != 3 || int64(len(evs)) != newLast-2 {
+		t.Fatalf("resumed with the new room's id 2: %+v", evs)
 	}
 }
 

@@ -190,11 +190,20 @@ type stream struct {
 }
 
 func (h *harness) open(ctx context.Context, room, query string, lastID int64) (*stream, error) {
+	id := ""
+	if lastID > 0 {
+		id = strconv.FormatInt(lastID, 10)
+	}
+	return h.openID(ctx, room, query, id)
+}
+
+// openID opens the stream with lastID as Last-Event-ID, as sent ("" none).
+func (h *harness) openID(ctx context.Context, room, query, lastID string) (*stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	req, _ := http.NewRequestWithContext(ctx, "GET", h.ts.URL+"/v1/rooms/"+room+"/events"+query, nil)
 	req.Header.Set("Authorization", "Bearer "+testToken)
-	if lastID > 0 {
-		req.Header.Set("Last-Event-ID", strconv.FormatInt(lastID, 10))
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -240,7 +249,8 @@ func (s *stream) next() (sse, error) {
 		case strings.HasPrefix(line, ":"), strings.HasPrefix(line, "retry: "):
 		case strings.HasPrefix(line, "id: "):
 			ev.rawID = line[4:]
-			n, err := strconv.ParseInt(ev.rawID, 10, 64)
+			num, _, _ := strings.Cut(ev.rawID, ".")
+			n, err := strconv.ParseInt(num, 10, 64)
 			if err != nil {
 				return ev, fmt.Errorf("bad id line %q", line)
 			}
@@ -578,6 +588,8 @@ func badCases() []badCase {
 		{"turns: negative after", "GET", "/v1/rooms/known/turns?after=-1", nil, nil, 400, "after must be"},
 		{"bad limit", "GET", "/v1/rooms/known/messages?limit=0", nil, nil, 400, "limit must be"},
 		{"bad Last-Event-ID", "GET", "/v1/rooms/known/events", nil, []string{"Last-Event-ID", "abc"}, 400, "Last-Event-ID"},
+		{"Last-Event-ID with an empty incarnation", "GET", "/v1/rooms/known/events", nil, []string{"Last-Event-ID", "3."}, 400, "Last-Event-ID"},
+		{"Last-Event-ID with a bad incarnation", "GET", "/v1/rooms/known/events", nil, []string{"Last-Event-ID", "3.a b"}, 400, "Last-Event-ID"},
 		{"bad follow", "GET", "/v1/rooms/known/events?follow=maybe", nil, nil, 400, "follow must be"},
 		{"unknown turn's diff", "GET", "/v1/rooms/known/turns/t_nope/diff", nil, nil, 404, "turn t_nope: not found"},
 		{"revert an unknown turn", "POST", "/v1/rooms/known/turns/t_nope/revert", nil, nil, 404, "turn t_nope: not found"},

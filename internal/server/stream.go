@@ -47,7 +47,12 @@ type frame struct {
 	data []byte
 }
 
-func encodeFrame(ev store.Event) (frame, error) {
+// encodeFrame encodes ev, an event of the room's incarnation inc. Its id
+// is "SEQ.INC": a client that sends it back as Last-Event-ID (as every
+// EventSource does by itself) names the incarnation its position is of,
+// so a room purged and created again with a longer log is never resumed
+// in the middle (its events start at 1 again).
+func encodeFrame(ev store.Event, inc string) (frame, error) {
 	data, err := json.Marshal(ev)
 	if err != nil {
 		return frame{}, err
@@ -56,6 +61,10 @@ func encodeFrame(ev store.Event) (frame, error) {
 	b.Grow(len(data) + len(ev.Type) + 40)
 	b.WriteString("id: ")
 	b.WriteString(strconv.FormatInt(ev.Seq, 10))
+	if inc != "" {
+		b.WriteByte('.')
+		b.WriteString(inc)
+	}
 	b.WriteString("\nevent: ")
 	b.WriteString(ev.Type)
 	b.WriteString("\ndata: ")
@@ -216,7 +225,7 @@ func (h *hub) run(ctx context.Context, watch <-chan struct{}) {
 			}
 			frames := make([]frame, 0, len(evs))
 			for _, ev := range evs {
-				f, err := encodeFrame(ev)
+				f, err := encodeFrame(ev, h.inc)
 				if err != nil {
 					continue
 				}
@@ -310,20 +319,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	known := r.URL.Query().Get("incarnation")
+	if !validIncarnation(known) {
+		writeError(w, http.StatusBadRequest, "incarnation must be the Room-Incarnation a stream of the room answered")
+		return
+	}
 	// The browser's EventSource resends the URL it opened (with its
-	// ?after) and the last id it saw: the header wins.
+	// ?after) and the last id it saw: the header wins, and the
+	// incarnation an id names wins over ?incarnation.
 	if v := r.Header.Get("Last-Event-ID"); v != "" {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, "Last-Event-ID must be a non-negative integer")
+		n, inc, ok := parseEventID(strings.TrimSpace(v))
+		if !ok {
+			writeError(w, http.StatusBadRequest, "Last-Event-ID must be an event's id (SEQ.INCARNATION) or a sequence number")
 			return
 		}
 		after = n
-	}
-	known := r.URL.Query().Get("incarnation")
-	if len(known) > 64 || strings.ContainsFunc(known, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
-		writeError(w, http.StatusBadRequest, "incarnation must be the Room-Incarnation a stream of the room answered")
-		return
+		if inc != "" {
+			known = inc
+		}
 	}
 	follow := true
 	switch r.URL.Query().Get("follow") {
@@ -387,6 +400,25 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		s.log.Debug("server: event stream ended", "room", id, "err", err)
 	}
+}
+
+// parseEventID reads an event's id: "SEQ.INC" as the stream sends it, or
+// a bare sequence number (inc ""), which names no incarnation.
+func parseEventID(v string) (seq int64, inc string, ok bool) {
+	num, inc, dotted := strings.Cut(v, ".")
+	if dotted && (inc == "" || !validIncarnation(inc)) {
+		return 0, "", false
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return 0, "", false
+	}
+	return n, inc, true
+}
+
+// validIncarnation: at most 64 printable ASCII bytes, no space.
+func validIncarnation(inc string) bool {
+	return len(inc) <= 64 && !strings.ContainsFunc(inc, func(c rune) bool { return c < 0x21 || c > 0x7e })
 }
 
 // headerIncarnation names the incarnation a stream serves.
@@ -453,7 +485,7 @@ func (st *streamWriter) replay(ctx context.Context, after int64) (int64, error) 
 			}
 		}
 		for _, ev := range evs {
-			f, err := encodeFrame(ev)
+			f, err := encodeFrame(ev, st.inc)
 			if err != nil {
 				return after, err
 			}
