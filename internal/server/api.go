@@ -310,8 +310,13 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.Header.Get(headerIdempotencyKey)
-	if len(r.Header.Values(headerIdempotencyKey)) > 1 {
+	switch vs := r.Header.Values(headerIdempotencyKey); {
+	case len(vs) > 1:
 		writeError(w, http.StatusBadRequest, "one Idempotency-Key header at most")
+		return
+	case len(vs) == 1 && key == "":
+		// Sent, but empty: not the same as no key.
+		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is empty: leave it out, or give 1 to 255 printable ASCII characters")
 		return
 	}
 	var b messageBody
