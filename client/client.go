@@ -6,8 +6,13 @@
 // Every call takes a context.Context, which bounds it, a stream's
 // reconnects included. An error the server answered is an *APIError that
 // matches one of ErrBadRequest, ErrUnauthorized, ErrNotFound, ErrConflict,
-// ErrKeyReused, ErrQueueFull and ErrUnavailable with errors.Is; a server
-// that does not answer gives ErrUnreachable.
+// ErrKeyReused, ErrQueueFull, ErrBudgetExhausted, ErrNotSupported and
+// ErrUnavailable with errors.Is; a server that does not answer gives
+// ErrUnreachable, and Wait on a message whose room was deleted ErrReset.
+//
+// New takes the server's address and token; with an empty address and
+// token it reads them from AGENTHOST_URL and AGENTHOST_TOKEN, as the
+// agenthost command does.
 //
 // Exactly once: Send sends every message with an idempotency key and, when
 // the answer is lost (a dropped connection, a server restarting), sends it
@@ -21,8 +26,8 @@
 // room's events or takes them for the old one's.
 //
 // A room's events are package event's types: Event.Payload decodes one.
-// The package depends on the standard library and on agenthost's two
-// public data packages, event and record, only.
+// The package depends on the standard library and on agenthost's public
+// data packages only: event, record, and custody for its receipts.
 package client
 
 import (
@@ -37,6 +42,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -61,6 +67,10 @@ var (
 	// ErrBudgetExhausted: the room's totals reached its budget (429); the
 	// message was not accepted. The error's text names the limit.
 	ErrBudgetExhausted = errors.New("client: room budget exhausted")
+	// ErrNotSupported: the server cannot do this (501): a purge where
+	// rooms are spread over a cluster, settings with a store that keeps
+	// none.
+	ErrNotSupported = errors.New("client: not supported by this server")
 	// ErrUnavailable: the server is shutting down or cannot serve the
 	// room now (503, or 502/504 from a proxy). A stream retries these.
 	ErrUnavailable = errors.New("client: server unavailable")
@@ -108,6 +118,8 @@ func (e *APIError) Is(target error) bool {
 			return target == ErrBudgetExhausted
 		}
 		return target == ErrQueueFull
+	case http.StatusNotImplemented:
+		return target == ErrNotSupported
 	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
 		return target == ErrUnavailable
 	}
@@ -136,10 +148,25 @@ const (
 	maxEventLine = 64 << 20
 )
 
-// Options configure a Client. Token is required.
+// Environment variables New reads when its address or token is empty
+// (the agenthost command's own).
+const (
+	EnvURL   = "AGENTHOST_URL"
+	EnvToken = "AGENTHOST_TOKEN"
+)
+
+// UserAgent is the User-Agent of the client's requests unless
+// Options.UserAgent says otherwise.
+const UserAgent = "agenthost-go-client"
+
+// Options configure a Client.
 type Options struct {
-	// Token is the server's bearer token.
+	// Token is the server's bearer token (default: $AGENTHOST_TOKEN); one
+	// of them is required.
 	Token string
+	// UserAgent names the program in each request's User-Agent header,
+	// before the client's own (UserAgent).
+	UserAgent string
 	// HTTPClient sends the requests (default: a new http.Client). Its
 	// Timeout, if set, must outlast a followed stream; the context of
 	// each call is the intended bound.
@@ -184,8 +211,17 @@ type Client struct {
 }
 
 // New returns a Client for the server at baseURL (for example
-// "http://127.0.0.1:7420").
+// "http://127.0.0.1:7420"). An empty baseURL is $AGENTHOST_URL, and an
+// empty Options.Token $AGENTHOST_TOKEN, as for the agenthost command.
 func New(baseURL string, opts Options) (*Client, error) {
+	if baseURL == "" {
+		if baseURL = os.Getenv(EnvURL); baseURL == "" {
+			return nil, errors.New("client: no server address: give one, or set AGENTHOST_URL")
+		}
+	}
+	if opts.Token == "" {
+		opts.Token = os.Getenv(EnvToken)
+	}
 	u, err := url.Parse(baseURL)
 	if err != nil {
 		return nil, fmt.Errorf("client: server address %q: %w", baseURL, err)
@@ -194,7 +230,7 @@ func New(baseURL string, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("client: server address %q: want http://HOST:PORT or https://HOST", baseURL)
 	}
 	if opts.Token == "" {
-		return nil, errors.New("client: Options.Token is required")
+		return nil, errors.New("client: Options.Token (or AGENTHOST_TOKEN) is required")
 	}
 	u.Fragment, u.RawQuery = "", ""
 	if !strings.HasSuffix(u.Path, "/") {
@@ -249,6 +285,11 @@ func (c *Client) newRequest(ctx context.Context, method, path string, query url.
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.opts.Token)
+	ua := UserAgent
+	if c.opts.UserAgent != "" {
+		ua = c.opts.UserAgent + " " + ua
+	}
+	req.Header.Set("User-Agent", ua)
 	return req, nil
 }
 
@@ -488,26 +529,51 @@ func newKey() string {
 	return "go-" + hex.EncodeToString(b[:])
 }
 
-// Messages lists a room's messages with their status and outcome, oldest
-// first: up to limit (0: the server's default of 100) after sequence
-// number after.
-func (c *Client) Messages(ctx context.Context, room string, after int64, limit int) ([]Message, error) {
-	p, err := roomPath(room, "messages")
-	if err != nil {
-		return nil, err
-	}
+// MaxPage is the largest page Messages and Turns ask for.
+const MaxPage = 1000
+
+// pageQuery is the after and limit of a page (limit 0: the server's
+// default; over MaxPage: MaxPage).
+func pageQuery(after int64, limit int) url.Values {
 	q := url.Values{}
 	if after > 0 {
 		q.Set("after", strconv.FormatInt(after, 10))
 	}
 	if limit > 0 {
-		q.Set("limit", strconv.Itoa(limit))
+		q.Set("limit", strconv.Itoa(min(limit, MaxPage)))
+	}
+	return q
+}
+
+// Messages lists a room's messages with their status and outcome, oldest
+// first: up to limit (0: the server's default of 100; at most MaxPage)
+// after sequence number after.
+func (c *Client) Messages(ctx context.Context, room string, after int64, limit int) ([]Message, error) {
+	p, err := roomPath(room, "messages")
+	if err != nil {
+		return nil, err
 	}
 	var out struct {
 		Messages []Message `json:"messages"`
 	}
-	err = c.do(ctx, "GET", p, q, nil, &out)
+	err = c.do(ctx, "GET", p, pageQuery(after, limit), nil, &out)
 	return out.Messages, err
+}
+
+// Turns lists a room's turns with their outcome, final text and usage,
+// oldest first: up to limit (0: the server's default of 100; at most
+// MaxPage), those of the messages after sequence number after (0: from
+// the first). With Messages, it is the conversation without the event log.
+func (c *Client) Turns(ctx context.Context, room string, after int64, limit int) ([]Turn, error) {
+	p, err := roomPath(room, "turns")
+	if err != nil {
+		return nil, err
+	}
+	var out struct {
+		Turns []Turn `json:"turns"`
+	}
+	err = c.do(ctx, "GET", p, pageQuery(after, limit), nil, &out)
+	return out.Turns, err
 }
 
 // Cancel cancels the room's running turn (ErrConflict when none runs).

@@ -115,7 +115,7 @@ func TestErrorsIs(t *testing.T) {
 	_, err = c.Cancel(ctx, "q")
 	check("cancel with no turn", err, client.ErrConflict, 409)
 	rel, err := c.Release(ctx, "q")
-	if err != nil || !rel.Released || len(rel.Receipt) == 0 {
+	if err != nil || !rel.Released || rel.Receipt == nil {
 		t.Fatalf("release: %+v %v", rel, err)
 	}
 	msgs, err := c.Messages(ctx, "q", 0, 0)

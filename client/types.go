@@ -1,9 +1,9 @@
 package client
 
 import (
-	"encoding/json"
 	"time"
 
+	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
@@ -82,6 +82,9 @@ type Room struct {
 	Questions []Question `json:"questions"`
 	// Node holds the room's lease in a cluster ("" on one machine).
 	Node string `json:"node"`
+	// Confinement is what confines the room's agent (nil when the
+	// server's transport does not say).
+	Confinement *Confinement `json:"confinement,omitempty"`
 	// Turns is how many of the room's turns ended, Usage what they cost
 	// together, and UsageBySender that by the sender of each turn's first
 	// message ("" for messages sent without one).
@@ -89,6 +92,9 @@ type Room struct {
 	Usage         Usage                  `json:"usage"`
 	UsageBySender map[string]SenderUsage `json:"usage_by_sender"`
 }
+
+// Confinement is what confines a room's agent and everything it starts.
+type Confinement = event.Confinement
 
 // Usage is tokens and cost as the agents reported them. InputTokens
 // counts only the prompt tokens neither read from nor written to the
@@ -153,6 +159,24 @@ type Message struct {
 	Ended    *time.Time `json:"ended,omitempty"`
 }
 
+// Turn is one of a room's turns (GET /v1/rooms/{room}/turns): its outcome,
+// final text and usage once it ended.
+type Turn struct {
+	ID string `json:"id"`
+	// MessageID is the message the turn consumed first.
+	MessageID string `json:"message_id"`
+	// Outcome is OutcomeSettled, OutcomeFailed, OutcomeCancelled or
+	// OutcomeTimedOut; "" while the turn runs.
+	Outcome string `json:"outcome,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	// Text is the turn's final text ("" while it runs).
+	Text    string     `json:"text"`
+	Started time.Time  `json:"started"`
+	Ended   *time.Time `json:"ended,omitempty"`
+	// Usage is what the turn cost (nil while it runs).
+	Usage *Usage `json:"usage,omitempty"`
+}
+
 // Cancelled is the answer to Cancel.
 type Cancelled struct {
 	Cancelled bool   `json:"cancelled"`
@@ -166,17 +190,17 @@ type Released struct {
 	// Seq is the room's sequence number of the agent.released event.
 	Seq    int64  `json:"seq,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	// Receipt is the agent's custody receipt.
-	Receipt json.RawMessage `json:"receipt,omitempty"`
-	Error   string          `json:"error,omitempty"`
+	// Receipt is the agent's custody receipt (nil when none was taken).
+	Receipt *custody.Receipt `json:"receipt,omitempty"`
+	Error   string           `json:"error,omitempty"`
 }
 
 // Purged is the answer to a Purge.
 type Purged struct {
 	Purged bool `json:"purged"`
 	// Released says an agent was running; Receipt is its custody receipt.
-	Released bool            `json:"released"`
-	Receipt  json.RawMessage `json:"receipt,omitempty"`
+	Released bool             `json:"released"`
+	Receipt  *custody.Receipt `json:"receipt,omitempty"`
 }
 
 // Approval decisions.
@@ -273,7 +297,11 @@ type RoomConfig struct {
 	// Workspace, if set, is the git repository and ref the room's
 	// workspace holds (checked out before its first turn).
 	Workspace *Workspace `json:"workspace,omitempty"`
-	Budget    Budget     `json:"budget"`
+	// Budget, if set, is the room's own budget, each of its limits
+	// replacing the server's default (--room-budget-tokens, -usd), 0 being
+	// no limit; nil keeps the server's default budget. In an answer it is
+	// the effective budget (0: no limit).
+	Budget *Budget `json:"budget,omitempty"`
 	// NextStart, in an answer, names the settings the room's running
 	// agent does not have yet: they take effect at its next start.
 	NextStart []string `json:"next_start,omitempty"`
@@ -297,5 +325,6 @@ type MCPServer struct {
 }
 
 // Budget bounds what a room may spend (0: no limit): past it new
-// messages get ErrBudgetExhausted until it is raised.
+// messages get ErrBudgetExhausted until it is raised (see
+// RoomConfig.Budget).
 type Budget = event.Budget

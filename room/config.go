@@ -174,8 +174,9 @@ type Options struct {
 	// IdleAfter releases a room's agent after that long without a turn
 	// (default 10 min; a room's settings may say otherwise).
 	IdleAfter time.Duration
-	// Budget is every room's budget unless its settings set a limit (0:
-	// none; see Budget).
+	// Budget is every room's budget, limit by limit, unless its settings
+	// set that limit (here 0 is none; a room's negative limit is none
+	// too: see Budget).
 	Budget Budget
 	// Agents, if set, are the agent kinds a room's settings may name (the
 	// transport's); nil takes any.

@@ -10,24 +10,25 @@ import (
 	"unicode/utf8"
 )
 
-// MaxIDLen bounds a room id, in bytes.
+// MaxIDLen bounds a room id, in characters (Unicode code points, as JSON
+// Schema's maxLength counts them), so at most 4*MaxIDLen bytes of UTF-8.
 const MaxIDLen = 128
 
 // ErrBadID is returned for a room id that is not valid.
 var ErrBadID = errors.New("room: invalid room id")
 
 // ValidateID says why id cannot name a room, or nil. An id is 1 to
-// MaxIDLen bytes of printable UTF-8 with no slash, backslash or control
+// MaxIDLen characters of printable UTF-8 with no slash, backslash or control
 // character, not "." or "..", and not starting or ending with a space.
 // Ids are case-sensitive: "A" and "a" are two rooms.
 func ValidateID(id string) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: empty", ErrBadID)
-	case len(id) > MaxIDLen:
-		return fmt.Errorf("%w: longer than %d bytes", ErrBadID, MaxIDLen)
 	case !utf8.ValidString(id):
 		return fmt.Errorf("%w: not UTF-8", ErrBadID)
+	case utf8.RuneCountInString(id) > MaxIDLen:
+		return fmt.Errorf("%w: longer than %d characters", ErrBadID, MaxIDLen)
 	case id == "." || id == "..":
 		return fmt.Errorf("%w: %q", ErrBadID, id)
 	case strings.TrimSpace(id) != id:

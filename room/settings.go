@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -39,12 +40,21 @@ type Settings struct {
 
 // Budget bounds what a room may spend: once its totals reach any limit,
 // the running turn finishes, no new turn starts, and new messages are
-// refused (ErrBudgetExhausted) until the budget is raised. 0 is no limit.
+// refused (ErrBudgetExhausted) until the budget is raised. In a room's
+// effective settings (Effective, the Manager's Options.Budget) 0 is no
+// limit. In its own Settings a limit of 0 takes the Manager's, and a
+// negative one (NoLimit) is no limit even where the Manager has one: the
+// API's 0 (ParseSettings), which a room could otherwise not be given on a
+// server with a default budget.
 type Budget struct {
 	Tokens  int64   `json:"tokens"`
 	CostUSD float64 `json:"cost_usd"`
 	Turns   int64   `json:"turns"`
 }
+
+// NoLimit, as a limit of a room's own Budget, is no limit, whatever the
+// Manager's default.
+const NoLimit = -1
 
 // IsZero: no limit at all.
 func (b Budget) IsZero() bool { return b == Budget{} }
@@ -136,17 +146,75 @@ func ParseSettings(b []byte, readOnly ...string) (Settings, error) {
 	for _, k := range readOnly {
 		delete(raw, k)
 	}
+	for k, v := range raw {
+		// A null would read as the field left out: the field's type is
+		// not null (workspace's is: no workspace).
+		if k != "workspace" && string(bytes.TrimSpace(v)) == "null" {
+			return Settings{}, fmt.Errorf("%w: %s must not be null (leave it out for the server's default)", ErrBadSettings, k)
+		}
+	}
 	clean, _ := json.Marshal(raw)
 	dec := json.NewDecoder(bytes.NewReader(clean))
 	dec.DisallowUnknownFields()
 	var s Settings
 	if err := dec.Decode(&s); err != nil {
-		return Settings{}, fmt.Errorf("%w: %s", ErrBadSettings, strings.TrimPrefix(err.Error(), "json: "))
+		return Settings{}, fmt.Errorf("%w: %s", ErrBadSettings, DecodeError(err))
+	}
+	if s.Budget.Tokens < 0 || s.Budget.Turns < 0 || s.Budget.CostUSD < 0 {
+		return Settings{}, fmt.Errorf("%w: budget limits must be 0 (none) or more", ErrBadSettings)
 	}
 	if err := s.check(nil); err != nil {
 		return Settings{}, err
 	}
+	// A limit given as 0 is no limit; one left out takes the Manager's.
+	var given map[string]json.RawMessage
+	_ = json.Unmarshal(raw["budget"], &given)
+	for k, p := range map[string]*int64{"tokens": &s.Budget.Tokens, "turns": &s.Budget.Turns} {
+		if _, ok := given[k]; ok && *p == 0 {
+			*p = NoLimit
+		}
+	}
+	if _, ok := given["cost_usd"]; ok && s.Budget.CostUSD == 0 {
+		s.Budget.CostUSD = NoLimit
+	}
 	return s, nil
+}
+
+// DecodeError is a JSON decoding error in the API's words: JSON types and
+// the field's path, never a Go type.
+func DecodeError(err error) string {
+	var ute *json.UnmarshalTypeError
+	if errors.As(err, &ute) {
+		what := "the body"
+		if ute.Field != "" {
+			what = ute.Field
+		}
+		return fmt.Sprintf("%s must be %s, not %s", what, jsonType(ute.Type), ute.Value)
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonType names the JSON type a Go type decodes from.
+func jsonType(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "another JSON type"
 }
 
 // check says what is wrong with s; agents, if not nil, are the agent
@@ -161,6 +229,9 @@ func (s Settings) check(agents []string) error {
 		}
 	}
 	if s.Agent != "" && agents != nil && !slices.Contains(agents, s.Agent) {
+		if len(agents) == 0 {
+			return bad("agent %q: this server runs one command of its own, which takes no agent name", s.Agent)
+		}
 		return bad("agent %q: this server runs %s", s.Agent, strings.Join(agents, ", "))
 	}
 	if len(s.Instructions) > maxInstructions {
@@ -189,8 +260,8 @@ func (s Settings) check(agents []string) error {
 	if w := s.Workspace; w != nil && (w.Git == "" || w.Ref == "") {
 		return bad("workspace needs git (the repository's URL) and ref (a branch, tag or commit)")
 	}
-	if s.Budget.Tokens < 0 || s.Budget.Turns < 0 || s.Budget.CostUSD < 0 || s.Budget.CostUSD != s.Budget.CostUSD {
-		return bad("budget limits must be 0 (none) or more")
+	if s.Budget.CostUSD != s.Budget.CostUSD {
+		return bad("budget limits must be numbers")
 	}
 	return nil
 }
@@ -346,17 +417,27 @@ func (m *Manager) effective(room string, s Settings) Effective {
 	return e
 }
 
-// budget is the room's budget: its own limits, else the Manager's.
+// budget is the room's budget: its own limits, else the Manager's (a
+// negative own limit is none: see Budget).
 func (m *Manager) budget(s Settings) Budget {
 	b := s.Budget
-	if b.Tokens == 0 {
+	switch {
+	case b.Tokens == 0:
 		b.Tokens = m.opts.Budget.Tokens
+	case b.Tokens < 0:
+		b.Tokens = 0
 	}
-	if b.CostUSD == 0 {
+	switch {
+	case b.CostUSD == 0:
 		b.CostUSD = m.opts.Budget.CostUSD
+	case b.CostUSD < 0:
+		b.CostUSD = 0
 	}
-	if b.Turns == 0 {
+	switch {
+	case b.Turns == 0:
 		b.Turns = m.opts.Budget.Turns
+	case b.Turns < 0:
+		b.Turns = 0
 	}
 	return b
 }

@@ -313,3 +313,51 @@ func TestExclusiveStoreReadsSettingsOnce(t *testing.T) {
 		t.Fatalf("agents started with %q, then %q", first.Config.Model, last.Config.Model)
 	}
 }
+
+// A room's limit of 0 given over the API (ParseSettings) is no limit even
+// where the Manager has a default budget; one left out is the Manager's;
+// settings stored before, whose zeros meant the default, still mean it.
+func TestBudgetZeroIsNoLimit(t *testing.T) {
+	h := newHarness(t, Options{Budget: Budget{Tokens: 1000, CostUSD: 2, Turns: 3}})
+	ctx := t.Context()
+	set := func(raw string) Budget {
+		t.Helper()
+		s, err := ParseSettings([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := h.m.SetSettings(ctx, "r", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := h.m.EffectiveSettings(ctx, "r")
+		if err != nil || got.Budget != e.Budget {
+			t.Fatalf("GET %+v %v, PUT answered %+v", got.Budget, err, e.Budget)
+		}
+		return e.Budget
+	}
+	if b := set(`{"budget":{"tokens":0,"cost_usd":0,"turns":0}}`); b != (Budget{}) {
+		t.Errorf("zeros: %+v, want no limit", b)
+	}
+	if b := set(`{"budget":{"turns":0}}`); b != (Budget{Tokens: 1000, CostUSD: 2}) {
+		t.Errorf("turns 0: %+v", b)
+	}
+	if b := set(`{"budget":{"tokens":5}}`); b != (Budget{Tokens: 5, CostUSD: 2, Turns: 3}) {
+		t.Errorf("tokens 5: %+v", b)
+	}
+	if b := set(`{}`); b != (Budget{Tokens: 1000, CostUSD: 2, Turns: 3}) {
+		t.Errorf("no budget: %+v", b)
+	}
+	if _, err := ParseSettings([]byte(`{"budget":{"tokens":-1}}`)); !errors.Is(err, ErrBadSettings) {
+		t.Errorf("a negative limit: %v", err)
+	}
+	// Settings as a version before this one stored them: every limit
+	// written, 0 for the default.
+	ss := h.m.opts.Store.(SettingsStore)
+	if err := ss.PutRoomSettings(ctx, "old", json.RawMessage(`{"budget":{"tokens":0,"cost_usd":0,"turns":0}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := h.m.EffectiveSettings(ctx, "old"); err != nil || e.Budget != (Budget{Tokens: 1000, CostUSD: 2, Turns: 3}) {
+		t.Errorf("settings stored before: %+v %v, want the default", e.Budget, err)
+	}
+}

@@ -8,9 +8,10 @@
 #   setup.sh --acp   also the ACP agents claude-agent-acp, codex-acp and
 #                    copilot (.tools/acp/package.json, about 1.2 GB); agenthost
 #                    installs them itself when a command first needs them
-#   setup.sh --test  everything the tests need: the ACP agents, and Chromium
-#                    for the page's browser test (from Debian's packages when
-#                    run as root); not bin/agenthost, which no test runs
+#   setup.sh --test  everything the tests need: the ACP agents, Redocly CLI
+#                    (.tools/lint/package.json) for the OpenAPI document's
+#                    lint, and Chromium for the page's browser test (from
+#                    Debian's packages when run as root); not bin/agenthost, which no test runs
 #                    (the tests build what they run, with make test's race
 #                    flags)
 #
@@ -18,11 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-acp=0 chromium=0 build=1
+acp=0 chromium=0 lint=0 build=1
 case "${1:-}" in
 "") ;;
 --acp) acp=1 ;;
---test) acp=1 chromium=1 build=0 ;;
+--test) acp=1 chromium=1 lint=1 build=0 ;;
 *) printf 'usage: %s [--acp|--test]\n' "$0" >&2; exit 2 ;;
 esac
 
@@ -84,6 +85,13 @@ if [ $acp = 1 ]; then
     @agentclientprotocol/claude-agent-acp @agentclientprotocol/codex-acp @github/copilot
   # copilot unpacks ~235 MB into its cache on its first start: one cache shared by every run.
   mkdir -p .tools/cache
+fi
+
+if [ $lint = 1 ]; then
+  # Redocly CLI lints the served OpenAPI document (internal/server's
+  # TestOpenAPIRedocly): one bundled package, about 15 MB, in seconds.
+  read -r v_redocly <<<"$(pins .tools/lint @redocly/cli)"
+  install .tools/lint "Redocly CLI $v_redocly" @redocly/cli
 fi
 
 if [ $chromium = 1 ]; then

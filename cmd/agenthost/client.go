@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/client"
+	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/event"
 	"github.com/spf13/cobra"
 )
@@ -584,11 +584,7 @@ room. Exits 1 while a turn runs or messages wait.`,
 				return oneShot(cmd, &f, func(ctx context.Context, c *client.Client) (client.Purged, error) {
 					return c.Purge(ctx, args[0])
 				}, func(w io.Writer, p client.Purged) error {
-					var rc struct {
-						Processes []json.RawMessage `json:"processes"`
-					}
-					_ = json.Unmarshal(p.Receipt, &rc)
-					_, err := fmt.Fprintf(w, "room %s: deleted for good (agent released: %v; receipt: %d process(es))\n", args[0], p.Released, len(rc.Processes))
+					_, err := fmt.Fprintf(w, "room %s: deleted for good (agent released: %v; receipt: %d process(es))\n", args[0], p.Released, receiptProcs(p.Receipt))
 					return err
 				})
 			}
@@ -599,11 +595,7 @@ room. Exits 1 while a turn runs or messages wait.`,
 					_, err := fmt.Fprintf(w, "room %s: no agent was running\n", args[0])
 					return err
 				}
-				var rc struct {
-					Processes []json.RawMessage `json:"processes"`
-				}
-				_ = json.Unmarshal(r.Receipt, &rc)
-				fmt.Fprintf(w, "room %s: agent released (%s); receipt: %d process(es)\n", args[0], r.Reason, len(rc.Processes))
+				fmt.Fprintf(w, "room %s: agent released (%s); receipt: %d process(es)\n", args[0], r.Reason, receiptProcs(r.Receipt))
 				if r.Error != "" {
 					return &exitError{1, fmt.Errorf("releasing room %s's agent: %s", args[0], r.Error)}
 				}
@@ -614,4 +606,12 @@ room. Exits 1 while a turn runs or messages wait.`,
 	f.add(cmd)
 	cmd.Flags().BoolVar(&purge, "purge", false, "delete the room for good")
 	return cmd
+}
+
+// receiptProcs counts the processes of a receipt (0 for none).
+func receiptProcs(r *custody.Receipt) int {
+	if r == nil {
+		return 0
+	}
+	return len(r.Processes) + r.More
 }

@@ -42,6 +42,15 @@ next start. --json prints the server's answer.`,
 				if err != nil && !isNotFound(err) {
 					return cfg, err
 				}
+				if err != nil && setsBudget(sets) {
+					// A new room: created with the server's defaults
+					// first, so that budget.turns=5 changes that limit
+					// and keeps the default others (a budget sent
+					// replaces the defaults of all its limits).
+					if cfg, err = c.SetConfig(ctx, args[0], client.RoomConfig{}); err != nil {
+						return cfg, err
+					}
+				}
 				if cfg, err = applySets(cfg, sets); err != nil {
 					return cfg, usageErr(err)
 				}
@@ -57,6 +66,16 @@ next start. --json prints the server's answer.`,
 // isNotFound: a room with no settings and no message yet (--set creates
 // it).
 func isNotFound(err error) bool { return errors.Is(err, client.ErrNotFound) }
+
+// setsBudget: one of sets changes the budget.
+func setsBudget(sets []string) bool {
+	for _, s := range sets {
+		if k, _, _ := strings.Cut(s, "="); k == "budget" || strings.HasPrefix(k, "budget.") {
+			return true
+		}
+	}
+	return false
+}
 
 // applySets changes cfg by each key=value (dotted keys reach into objects).
 func applySets(cfg client.RoomConfig, sets []string) (client.RoomConfig, error) {
@@ -119,9 +138,13 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 		}
 		return fmt.Sprint(n)
 	}
+	var b client.Budget
+	if c.Budget != nil {
+		b = *c.Budget
+	}
 	usd := "none"
-	if c.Budget.CostUSD > 0 {
-		usd = fmt.Sprintf("$%g", c.Budget.CostUSD)
+	if b.CostUSD > 0 {
+		usd = fmt.Sprintf("$%g", b.CostUSD)
 	}
 	instr := c.Instructions
 	if len(instr) > 60 {
@@ -130,7 +153,7 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 	lines := [][2]string{
 		{"agent", str(c.Agent)}, {"model", str(c.Model)}, {"thinking", str(c.Thinking)}, {"instructions", strings.ReplaceAll(str(instr), "\n", " ")},
 		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout}, {"idle_after", c.IdleAfter},
-		{"mcp", string(mcp)}, {"budget.tokens", budget(c.Budget.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(c.Budget.Turns)},
+		{"mcp", string(mcp)}, {"budget.tokens", budget(b.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(b.Turns)},
 	}
 	for _, l := range lines {
 		if _, err := fmt.Fprintf(w, "%-17s %s\n", l[0]+":", l[1]); err != nil {

@@ -509,7 +509,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
 			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
 		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
-		Agents: roomAgents(f.transport, custom),
+		Agents: roomAgents(f.transport, kind, custom),
 		Logger: log,
 	}
 	if cl != nil {
@@ -859,11 +859,12 @@ func printGaps(stdout io.Writer, f serveFlags, kind agents.Kind, custom []string
 }
 
 // roomAgents are the agent kinds a room's config may name: the transport's
-// (none but the server's own with a custom command).
-func roomAgents(transport string, custom []string) []string {
+// (with a custom command, only the server's own kind, which the rooms'
+// effective settings report, so that they can be sent back as they are).
+func roomAgents(transport string, kind agents.Kind, custom []string) []string {
 	switch {
 	case len(custom) > 0:
-		return []string{}
+		return []string{string(kind)}
 	case transport == transportACP:
 		var out []string
 		for _, k := range agents.ACPKinds {

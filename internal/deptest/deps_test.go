@@ -22,8 +22,9 @@ var allowed = map[string][]string{
 	module + "/internal/procio": nil,
 	// The HTTP API's Go client is for programs outside the module: the
 	// standard library and the public data packages it shares with the
-	// server (events and their records), nothing else of ours.
-	module + "/client": {module + "/event", module + "/record"},
+	// server (events and their records, custody's receipts, with what
+	// custody itself needs), nothing else of ours.
+	module + "/client": {module + "/event", module + "/record", module + "/custody", module + "/internal/procio", "golang.org/x/sys/"},
 	// The events of a room's log: the standard library and the records.
 	module + "/event": {module + "/record"},
 	// The tests' fake room transport: rooms only.

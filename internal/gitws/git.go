@@ -33,7 +33,7 @@ func (e *GitError) Error() string {
 	}
 	b.WriteString(": ")
 	b.WriteString(e.Err.Error())
-	if msg := lastLine(e.Stderr); msg != "" {
+	if msg := causeLine(e.Stderr); msg != "" {
 		b.WriteString(": ")
 		b.WriteString(msg)
 	}
@@ -42,10 +42,19 @@ func (e *GitError) Error() string {
 
 func (e *GitError) Unwrap() error { return e.Err }
 
-// lastLine is the last non-empty line of s, bounded.
-func lastLine(s string) string {
+// causeLine is the line of git's stderr that says why it failed, bounded:
+// its first "fatal:" or "error:" line (git may follow it with hints, such
+// as "Please make sure you have the correct access rights / and the
+// repository exists."), else its last non-empty line.
+func causeLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	line := strings.TrimSpace(lines[len(lines)-1])
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, "fatal:") || strings.HasPrefix(l, "error:") {
+			line = l
+			break
+		}
+	}
 	if len(line) > 300 {
 		line = line[:300] + "…"
 	}

@@ -69,8 +69,9 @@ var (
 	ErrNotEmpty = errors.New("gitws: worktree folder is not empty")
 )
 
-// MaxRoomLen bounds a room id.
-const MaxRoomLen = 256
+// MaxRoomLen bounds a room id, in bytes: room ids are up to 128 characters
+// (room.MaxIDLen), 4 bytes each at most.
+const MaxRoomLen = 512
 
 // cleanupTimeout bounds the cleanup after a failed Prepare, which runs even when the caller's
 // context has ended: it waits only for the mirror's lock, which no one holds across a fetch.

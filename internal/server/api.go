@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
@@ -297,7 +298,8 @@ type messageBody struct {
 	Delivery string `json:"delivery"`
 }
 
-// maxSender bounds a message's sender name.
+// maxSender bounds a message's sender name, in characters (as the
+// schema's maxLength counts them).
 const maxSender = 256
 
 // headerIdempotencyKey carries a message's idempotency key: the same key
@@ -310,16 +312,21 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.Header.Get(headerIdempotencyKey)
-	if len(r.Header.Values(headerIdempotencyKey)) > 1 {
+	switch vs := r.Header.Values(headerIdempotencyKey); {
+	case len(vs) > 1:
 		writeError(w, http.StatusBadRequest, "one Idempotency-Key header at most")
+		return
+	case len(vs) == 1 && key == "":
+		// Sent, but empty: not the same as no key.
+		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is empty: leave it out, or give 1 to 255 printable ASCII characters")
 		return
 	}
 	var b messageBody
 	if !s.decode(w, r, &b) {
 		return
 	}
-	if len(b.Sender) > maxSender {
-		writeError(w, http.StatusBadRequest, "sender is over 256 bytes")
+	if utf8.RuneCountInString(b.Sender) > maxSender {
+		writeError(w, http.StatusBadRequest, "sender is over 256 characters")
 		return
 	}
 	acc, err := s.m.Submit(r.Context(), id, room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery, Key: key})

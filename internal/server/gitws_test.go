@@ -86,11 +86,14 @@ func TestGitWorkspaces(t *testing.T) {
 		want string
 	}{
 		"unreachable": {map[string]string{"git": "file:///nonexistent/repo", "ref": "main"}, "git: "},
-		"unknown ref": {map[string]string{"git": url, "ref": "nope"}, `no branch or tag "nope"`},
-		"no ref":      {map[string]string{"git": url}, "workspace needs git"},
-		"a password":  {map[string]string{"git": "https://u:secret@example.invalid/r.git", "ref": "main"}, "credential helper"},
-		"a token":     {map[string]string{"git": "https://secret@example.invalid/r.git", "ref": "main"}, "credential helper"},
-		"ext helper":  {map[string]string{"git": "ext::sh -c touch% /tmp/pwned", "ref": "main"}, "git: "},
+		// git's cause, not the hint it ends with ("and the repository
+		// exists.").
+		"no repository": {map[string]string{"git": "file://" + t.TempDir() + "/none", "ref": "main"}, "does not appear to be a git repository"},
+		"unknown ref":   {map[string]string{"git": url, "ref": "nope"}, `no branch or tag "nope"`},
+		"no ref":        {map[string]string{"git": url}, "workspace needs git"},
+		"a password":    {map[string]string{"git": "https://u:secret@example.invalid/r.git", "ref": "main"}, "credential helper"},
+		"a token":       {map[string]string{"git": "https://secret@example.invalid/r.git", "ref": "main"}, "credential helper"},
+		"ext helper":    {map[string]string{"git": "ext::sh -c touch% /tmp/pwned", "ref": "main"}, "git: "},
 	} {
 		r := put("bad", tc.ws)
 		msg, _ := r.json(t)["error"].(string)

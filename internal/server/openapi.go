@@ -8,7 +8,7 @@ import (
 	"net/http"
 )
 
-// openAPI is the API's OpenAPI 3.1 document; TestOpenAPIMatchesRoutes
+// openAPI is the API's OpenAPI 3.2 document; TestOpenAPIMatchesRoutes
 // keeps it true to the routes and their statuses, and docs/http.md is
 // generated from it (TestHTTPReference).
 //

@@ -30,7 +30,7 @@ func newRealHarness(t *testing.T, kind string) *harness {
 
 // newRealHarnessWith is newRealHarness with the rooms' options (the
 // agent kind in ropts.Config.Agent).
-func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
+func newRealHarnessWith(t *testing.T, ropts room.Options, hopts ...harnessOption) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -69,7 +69,13 @@ func newRealHarnessWith(t *testing.T, ropts room.Options) *harness {
 	if h.s, err = New(Options{Manager: h.m, Token: testToken}); err != nil {
 		t.Fatal(err)
 	}
-	h.ts = httptest.NewServer(h.s)
+	var handler http.Handler = h.s
+	for _, o := range hopts {
+		if o.wrap != nil {
+			handler = o.wrap(h.s)(handler)
+		}
+	}
+	h.ts = httptest.NewServer(handler)
 	t.Cleanup(func() {
 		h.s.Close()
 		h.ts.Close()

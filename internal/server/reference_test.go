@@ -2,15 +2,18 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agenthost/agenthost/room"
 )
@@ -42,17 +45,23 @@ func TestHTTPReference(t *testing.T) {
 	}
 }
 
-// TestOpenAPIValid: the document is OpenAPI 3.1 as third-party tools read
-// it (no OpenAPI 3.2 field such as itemSchema, a servers entry), and the
-// server names its build in info.version, as in /healthz.
+// TestOpenAPIValid: the document is OpenAPI 3.2 (the event stream's items
+// in itemSchema, which Redocly and Spectral take, and no vendor extension
+// for them), its one server is relative (the server that serves it, on
+// whatever --listen says), and the server names its build in
+// info.version, as in /healthz.
 func TestOpenAPIValid(t *testing.T) {
 	var walk func(path string, v any)
+	items := 0
 	walk = func(path string, v any) {
 		switch v := v.(type) {
 		case map[string]any:
 			for k, x := range v {
-				if k == "itemSchema" || k == "itemEncoding" || k == "prefixEncoding" {
-					t.Errorf("%s/%s: an OpenAPI 3.2 field", path, k)
+				if strings.HasPrefix(k, "x-") && !strings.Contains(path, "/properties") {
+					t.Errorf("%s/%s: a vendor extension", path, k)
+				}
+				if k == "itemSchema" {
+					items++
 				}
 				walk(path+"/"+k, x)
 			}
@@ -67,11 +76,11 @@ func TestOpenAPIValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	walk("#", doc)
-	if doc["openapi"] != "3.1.0" {
-		t.Errorf("openapi %v", doc["openapi"])
+	if doc["openapi"] != "3.2.0" || items != 1 {
+		t.Errorf("openapi %v, %d itemSchema", doc["openapi"], items)
 	}
-	if s, _ := doc["servers"].([]any); len(s) == 0 {
-		t.Error("no servers entry")
+	if s, _ := doc["servers"].([]any); len(s) != 1 || s[0].(map[string]any)["url"] != "/" {
+		t.Errorf("servers %v, want the one relative entry /", doc["servers"])
 	}
 
 	h := newHarness(t, room.Options{}, Options{Version: "v9.9.9+abc"})
@@ -116,23 +125,29 @@ func (o *ordered) UnmarshalJSON(b []byte) error {
 
 // schema is the part of a JSON Schema the reference shows.
 type schema struct {
-	Ref         string   `json:"$ref"`
-	Type        string   `json:"type"`
-	Const       any      `json:"const"`
-	Enum        []any    `json:"enum"`
-	Items       *schema  `json:"items"`
-	OneOf       []schema `json:"oneOf"`
-	Properties  ordered  `json:"properties"`
-	Required    []string `json:"required"`
-	Format      string   `json:"format"`
-	Description string   `json:"description"`
-	MinLength   *int     `json:"minLength"`
-	MaxLength   *int     `json:"maxLength"`
-	Minimum     *int     `json:"minimum"`
-	Maximum     *int     `json:"maximum"`
-	Default     any      `json:"default"`
-	Pattern     string   `json:"pattern"`
-	Examples    []any    `json:"examples"`
+	Ref   string   `json:"$ref"`
+	Type  string   `json:"type"`
+	Const any      `json:"const"`
+	Enum  []any    `json:"enum"`
+	Items *schema  `json:"items"`
+	OneOf []schema `json:"oneOf"`
+	AllOf []schema `json:"allOf"`
+	Not   *schema  `json:"not"`
+	// AdditionalProperties is a schema (a map's values) or a bool.
+	AdditionalProperties json.RawMessage `json:"additionalProperties"`
+	// ContentSchema is a string's content, once parsed (an SSE data line).
+	ContentSchema *schema  `json:"contentSchema"`
+	Properties    ordered  `json:"properties"`
+	Required      []string `json:"required"`
+	Format        string   `json:"format"`
+	Description   string   `json:"description"`
+	MinLength     *int     `json:"minLength"`
+	MaxLength     *int     `json:"maxLength"`
+	Minimum       *int     `json:"minimum"`
+	Maximum       *int     `json:"maximum"`
+	Default       any      `json:"default"`
+	Pattern       string   `json:"pattern"`
+	Examples      []any    `json:"examples"`
 }
 
 type parameter struct {
@@ -145,8 +160,9 @@ type parameter struct {
 
 type mediaTypes map[string]struct {
 	Schema schema `json:"schema"`
-	// SSEData is the schema of an event stream's data lines.
-	SSEData *schema `json:"x-sse-data"`
+	// ItemSchema is the schema of each item of a sequential media type
+	// (OpenAPI 3.2): one server-sent event.
+	ItemSchema *schema `json:"itemSchema"`
 }
 
 type operation struct {
@@ -187,7 +203,7 @@ func renderReference(raw []byte) ([]byte, error) {
 	for _, s := range doc.Servers {
 		fmt.Fprintf(&b, "Server: `%s`: %s. ", s.URL, s.Description)
 	}
-	b.WriteString("The document itself is `GET /v1/openapi.json` (OpenAPI 3.1); the Go client is the package `client`.\n\n")
+	b.WriteString("The document itself is `GET /v1/openapi.json` (OpenAPI 3.2); the Go client is the package `client`.\n\n")
 
 	type op struct {
 		method, path string
@@ -258,8 +274,17 @@ func renderReference(raw []byte) ([]byte, error) {
 			for _, mt := range sortedKeys(r.Content) {
 				m := r.Content[mt]
 				desc := typeOf(m.Schema)
-				if m.SSEData != nil {
-					desc = "Server-Sent Events, each `data:` line an " + typeOf(*m.SSEData)
+				if it := m.ItemSchema; it != nil {
+					desc = "Server-Sent Events"
+					if data, ok := it.Properties.vals["data"]; ok {
+						var d schema
+						if err := json.Unmarshal(data, &d); err != nil {
+							return nil, fmt.Errorf("%s %s: itemSchema: %w", o.method, o.path, err)
+						}
+						if d.ContentSchema != nil {
+							desc += ", each `data:` line one " + typeOf(*d.ContentSchema)
+						}
+					}
 				}
 				bodies = append(bodies, fmt.Sprintf("`%s`: %s", mt, desc))
 			}
@@ -329,15 +354,15 @@ func typeOf(s schema) string {
 		name := s.Ref[strings.LastIndexByte(s.Ref, '/')+1:]
 		return fmt.Sprintf("[`%s`](#%s)", name, strings.ToLower(name))
 	case s.Const != nil:
-		return fmt.Sprintf("`%q`", s.Const)
+		return "`" + jsonText(s.Const) + "`"
 	case len(s.Enum) > 0:
 		var vs []string
 		for _, v := range s.Enum {
-			vs = append(vs, fmt.Sprintf("`%q`", v))
+			vs = append(vs, "`"+jsonText(v)+"`")
 		}
 		out := "one of " + strings.Join(vs, ", ")
 		if s.Default != nil {
-			out += fmt.Sprintf(" (default `%q`)", s.Default)
+			out += " (default `" + jsonText(s.Default) + "`)"
 		}
 		return out
 	case len(s.OneOf) > 0:
@@ -346,6 +371,12 @@ func typeOf(s schema) string {
 			alts = append(alts, typeOf(a))
 		}
 		return strings.Join(alts, " or ")
+	case len(s.AllOf) > 0:
+		var parts []string
+		for _, a := range s.AllOf {
+			parts = append(parts, typeOf(a))
+		}
+		return "all of " + strings.Join(parts, " and ")
 	case s.Type == "array" && s.Items != nil:
 		return "array of " + typeOf(*s.Items)
 	case s.Type == "object" && len(s.Properties.keys) > 0:
@@ -360,6 +391,10 @@ func typeOf(s schema) string {
 			fields = append(fields, f+": "+typeOf(p))
 		}
 		return "object: " + strings.Join(fields, ", ")
+	case s.Type == "object" && len(s.AdditionalProperties) > 0 && s.AdditionalProperties[0] == '{':
+		var vals schema
+		_ = json.Unmarshal(s.AdditionalProperties, &vals)
+		return "object: string keys to " + typeOf(vals)
 	}
 	out := s.Type
 	if out == "" {
@@ -370,21 +405,48 @@ func typeOf(s schema) string {
 		notes = append(notes, s.Format)
 	}
 	if s.MinLength != nil || s.MaxLength != nil {
-		notes = append(notes, bounds(s.MinLength, s.MaxLength)+" bytes")
+		notes = append(notes, bounds(s.MinLength, s.MaxLength)+" characters")
 	}
 	if s.Minimum != nil || s.Maximum != nil {
 		notes = append(notes, bounds(s.Minimum, s.Maximum))
 	}
 	if s.Default != nil {
-		notes = append(notes, fmt.Sprintf("default %v", s.Default))
+		notes = append(notes, "default "+jsonText(s.Default))
 	}
 	if s.Pattern != "" {
-		notes = append(notes, "`"+s.Pattern+"`")
+		notes = append(notes, "`"+printable(s.Pattern)+"`")
+	}
+	if s.Not != nil {
+		notes = append(notes, "not "+typeOf(*s.Not))
 	}
 	if len(notes) > 0 {
 		out += " (" + strings.Join(notes, ", ") + ")"
 	}
 	return out
+}
+
+// jsonText is v as JSON (a const, an enum value, a default).
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// printable writes the characters of s that are not printable ASCII as
+// \uXXXX, as in the JSON of the document (a pattern's ranges of control
+// and format characters).
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x20 || r > 0x7e {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func bounds(lo, hi *int) string {
@@ -436,4 +498,138 @@ func orDash(s string) string {
 		return "—"
 	}
 	return s
+}
+
+// TestHTTPReferenceSchemas checks what the generator makes of every schema
+// of the document: a section of its own that renders the schema whole
+// (each property a row, each part of an allOf, each const and enum value
+// as its JSON), and no Go formatting error or bare "any" anywhere.
+func TestHTTPReferenceSchemas(t *testing.T) {
+	out, err := renderReference(openAPI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := string(out)
+	if i := strings.Index(md, "%!"); i >= 0 {
+		t.Errorf("a Go formatting error: %q", md[max(0, i-80):min(len(md), i+40)])
+	}
+	var doc struct {
+		Components struct {
+			Schemas ordered `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	for _, part := range strings.Split(md, "\n### ")[1:] {
+		name, body, _ := strings.Cut(part, "\n")
+		sections[name] = body
+	}
+	for _, name := range doc.Components.Schemas.keys {
+		sec, ok := sections[name]
+		if !ok {
+			t.Errorf("schema %s has no section", name)
+			continue
+		}
+		if strings.Contains("\n"+sec+"\n", "\nany\n") || strings.Contains(sec, "| any |") {
+			t.Errorf("schema %s renders as any:\n%s", name, sec)
+		}
+		var s schema
+		if err := json.Unmarshal(doc.Components.Schemas.vals[name], &s); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range s.Properties.keys {
+			if !strings.Contains(sec, "| `"+k+"`") {
+				t.Errorf("schema %s: no row for %s", name, k)
+			}
+			var p schema
+			_ = json.Unmarshal(s.Properties.vals[k], &p)
+			if p.Const != nil && !strings.Contains(sec, "`"+jsonText(p.Const)+"`") {
+				t.Errorf("schema %s.%s: const %s not shown", name, k, jsonText(p.Const))
+			}
+			for _, e := range p.Enum {
+				if !strings.Contains(sec, "`"+jsonText(e)+"`") {
+					t.Errorf("schema %s.%s: enum value %s not shown", name, k, jsonText(e))
+				}
+			}
+		}
+		for _, part := range append(s.AllOf, s.OneOf...) {
+			if part.Ref != "" && !strings.Contains(sec, "(#"+strings.ToLower(part.Ref[strings.LastIndexByte(part.Ref, '/')+1:])+")") {
+				t.Errorf("schema %s: part %s not linked", name, part.Ref)
+			}
+			for _, k := range part.Properties.keys {
+				if !strings.Contains(sec, "`"+k+"`") {
+					t.Errorf("schema %s: the field %s of a part is not shown", name, k)
+				}
+			}
+		}
+	}
+	// The values the review found rendered wrong.
+	for _, want := range []string{"| `purged` (always) | `true` |", "all of [`Usage`](#usage) and object: `turns` (always): integer",
+		"object: string keys to [`SenderUsage`](#senderusage)"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the reference lacks %q", want)
+		}
+	}
+}
+
+// TestOpenAPIRedocly lints the served document with Redocly CLI and its
+// recommended rules (installed by make setup-test into .tools/lint; about
+// 4 s): no error, and no warning but two the API means (the project names
+// no license; / and /healthz fail no request, so they have no 4xx).
+func TestOpenAPIRedocly(t *testing.T) {
+	bin, err := filepath.Abs(filepath.Join("..", "..", ".tools", "lint", "node_modules", ".bin", "redocly"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("Redocly CLI is needed (make setup-test installs it): %v", err)
+	}
+	h := newHarness(t, room.Options{}, Options{})
+	doc := filepath.Join(t.TempDir(), "openapi.json")
+	if err := os.WriteFile(doc, h.do("GET", "/v1/openapi.json", nil).body, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "lint", doc, "--format=json")
+	cmd.Dir = filepath.Dir(doc) // no redocly.yaml of ours: the recommended rules
+	cmd.Env = append(os.Environ(), "REDOCLY_TELEMETRY=off", "REDOCLY_SUPPRESS_UPDATE_NOTICE=true")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var report struct {
+		Totals struct {
+			Errors, Warnings int
+		} `json:"totals"`
+		Problems []struct {
+			RuleID   string `json:"ruleId"`
+			Severity string `json:"severity"`
+			Message  string `json:"message"`
+			Location []struct {
+				Pointer string `json:"pointer"`
+			} `json:"location"`
+		} `json:"problems"`
+	}
+	if jerr := json.Unmarshal(out, &report); jerr != nil {
+		t.Fatalf("redocly lint: %v, %v\n%s\n%s", err, jerr, out, stderr.String())
+	}
+	meant := map[string]bool{
+		"info-license #/info":                                    true,
+		"operation-4xx-response #/paths/~1/get/responses":        true,
+		"operation-4xx-response #/paths/~1healthz/get/responses": true,
+	}
+	for _, p := range report.Problems {
+		where := ""
+		if len(p.Location) > 0 {
+			where = p.Location[0].Pointer
+		}
+		if p.Severity == "error" || !meant[p.RuleID+" "+where] {
+			t.Errorf("redocly: %s %s at %s: %s", p.Severity, p.RuleID, where, p.Message)
+		}
+	}
+	if report.Totals.Errors != 0 || err != nil {
+		t.Errorf("redocly lint: %d errors, %v", report.Totals.Errors, err)
+	}
 }

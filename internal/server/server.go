@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -381,7 +383,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(s.opts.BodyTimeout))
 	body := http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	var seen bytes.Buffer
+	dec := json.NewDecoder(io.TeeReader(body, &seen))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
@@ -395,6 +398,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	if err == nil {
+		if field := nullField(seen.Bytes(), v); field != "" {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must not be null (leave it out instead)", field))
+			return false
+		}
 		return true
 	}
 	var mbe *http.MaxBytesError
@@ -407,11 +414,41 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	case errors.Is(err, io.EOF):
 		writeError(w, http.StatusBadRequest, "the body is empty: a JSON object is required")
 	case errors.As(err, &ute):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("field %q must be a %s", ute.Field, ute.Type))
+		msg := room.DecodeError(err)
+		if ute.Field == "" {
+			msg = "the body must be a JSON object"
+		}
+		writeError(w, http.StatusBadRequest, msg)
+
 	default:
 		writeError(w, http.StatusBadRequest, "malformed JSON body: "+strings.TrimPrefix(err.Error(), "json: "))
 	}
 	return false
+}
+
+// nullField names a field of the body object that is null ("" for none):
+// a null reads as the field left out, and no field of the bodies decoded
+// into a struct has null among its values. A body kept raw (the settings)
+// is checked by its reader.
+func nullField(body []byte, v any) string {
+	if _, raw := v.(*json.RawMessage); raw {
+		return ""
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return ""
+	}
+	var null []string
+	for k, val := range top {
+		if string(bytes.TrimSpace(val)) == "null" {
+			null = append(null, k)
+		}
+	}
+	if len(null) == 0 {
+		return ""
+	}
+	slices.Sort(null)
+	return null[0]
 }
 
 // roomID returns the path's room id, or writes 400.

@@ -58,7 +58,14 @@ func (o *observed) add(pattern string, status int) {
 	o.m[pattern][status] = true
 }
 
-func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
+// harnessOption changes a harness: the store its rooms use, or the
+// handler in front of its server.
+type harnessOption struct {
+	store func(room.Store) room.Store
+	wrap  func(*Server) func(http.Handler) http.Handler
+}
+
+func newHarness(t *testing.T, ropts room.Options, sopts Options, hopts ...harnessOption) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(t.Context(), filepath.Join(dir, "agenthost.db"), store.Options{})
@@ -67,6 +74,11 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 	}
 	h := &harness{t: t, db: db, f: newFakeTransport(), seen: &observed{m: map[string]map[int]bool{}}}
 	ropts.Store, ropts.Transport = roomsqlite.New(db), h.f
+	for _, o := range hopts {
+		if o.store != nil {
+			ropts.Store = o.store(ropts.Store)
+		}
+	}
 	if ropts.Root == "" {
 		ropts.Root = filepath.Join(dir, "rooms")
 	}
@@ -85,7 +97,13 @@ func newHarness(t *testing.T, ropts room.Options, sopts Options) *harness {
 		t.Fatal(err)
 	}
 	h.s.observe = h.seen.add
-	h.ts = httptest.NewServer(h.s)
+	var handler http.Handler = h.s
+	for _, o := range hopts {
+		if o.wrap != nil {
+			handler = o.wrap(h.s)(handler)
+		}
+	}
+	h.ts = httptest.NewServer(handler)
 	t.Cleanup(func() {
 		h.s.Close() // ends the streams, so the test server can close
 		h.ts.Close()
@@ -556,7 +574,7 @@ func badCases() []badCase {
 		{"truncated", "POST", "/v1/rooms/r/messages", `{"text":"a"`, nil, 400, "malformed JSON"},
 		{"trailing data", "POST", "/v1/rooms/r/messages", `{"text":"a"} {}`, nil, 400, "trailing data"},
 		{"unknown field", "POST", "/v1/rooms/r/messages", `{"txt":"a"}`, nil, 400, `unknown field "txt"`},
-		{"text a number", "POST", "/v1/rooms/r/messages", `{"text":5}`, nil, 400, `field "text" must be a string`},
+		{"text a number", "POST", "/v1/rooms/r/messages", `{"text":5}`, nil, 400, "text must be a string, not number"},
 		{"empty text", "POST", "/v1/rooms/r/messages", `{"text":""}`, nil, 400, "text must be 1 to"},
 		{"text over the limit", "POST", "/v1/rooms/r/messages", map[string]string{"text": strings.Repeat("y", room.MaxMessageBytes+1)}, nil, 400, "text must be 1 to"},
 		{"bad delivery", "POST", "/v1/rooms/r/messages", `{"text":"a","delivery":"now"}`, nil, 400, `delivery "now"`},
@@ -899,7 +917,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		Paths   map[string]map[string]json.RawMessage `json:"paths"`
 	}
 	r := h.do("GET", "/v1/openapi.json", nil)
-	if err := json.Unmarshal(r.body, &doc); err != nil || r.status != 200 || doc.OpenAPI != "3.1.0" {
+	if err := json.Unmarshal(r.body, &doc); err != nil || r.status != 200 || doc.OpenAPI != "3.2.0" {
 		t.Fatalf("openapi.json: %d %v", r.status, err)
 	}
 	documented := map[string]map[int]bool{}
@@ -948,6 +966,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	known := h.post("known", "hello")
 	h.ended("known", known)
 	runBadCases(t, h)
+	notSupported(t, h)
 	for _, path := range []string{"/", "/healthz", "/metrics", "/v1/openapi.json", "/v1/rooms"} {
 		h.do("GET", path, nil)
 		h.do("GET", path, nil, "Authorization", "Bearer wrong")
@@ -996,6 +1015,27 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		}
 	}
 }
+
+// notSupported: a store that keeps no settings and cannot delete rooms
+// makes PUT config and a purge 501 (seen by h's observer).
+func notSupported(t *testing.T, h *harness) {
+	t.Helper()
+	bare := newHarness(t, room.Options{}, Options{}, harnessOption{store: func(s room.Store) room.Store { return bareStore{s} }})
+	bare.s.observe = h.seen.add
+	bare.ended("n", bare.post("n", "hello"))
+	for _, c := range []struct{ method, path, want string }{
+		{"PUT", "/v1/rooms/n/config", "keeps no room settings"},
+		{"DELETE", "/v1/rooms/n?purge=true", "not supported"},
+	} {
+		r := bare.do(c.method, c.path, map[string]any{})
+		if msg, _ := r.json(t)["error"].(string); r.status != http.StatusNotImplemented || !strings.Contains(msg, c.want) {
+			t.Errorf("%s %s: %d %s, want 501 saying %q", c.method, c.path, r.status, r.body, c.want)
+		}
+	}
+}
+
+// bareStore is a room.Store and nothing more: no settings, no purge.
+type bareStore struct{ room.Store }
 
 // metricValue returns the sample of the line starting with name (labels
 // included), or -1.

@@ -298,7 +298,9 @@ async function loadConfig(rm) {
 
 function showConfig(c) {
   for (const k of CONFIG_TEXT) $("cfg-" + k).value = c[k] || "";
-  for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && c.budget[k] ? c.budget[k] : "";
+  // The limits in force: 0 is none (the field left empty takes the
+  // server's default, which may be a limit).
+  for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && k in c.budget ? String(c.budget[k]) : "";
   $("cfg-mcp").value = c.mcp && Object.keys(c.mcp).length ? JSON.stringify(c.mcp) : "";
   $("cfg-ws-git").value = c.workspace ? c.workspace.git : "";
   $("cfg-ws-ref").value = c.workspace ? c.workspace.ref : "";
@@ -317,7 +319,7 @@ async function saveConfig(e) {
   }
   for (const k of CONFIG_BUDGET) {
     const v = $("cfg-budget-" + k).value;
-    body.budget[k] = v === "" ? 0 : Number(v);
+    if (v !== "") body.budget[k] = Number(v);
   }
   const git = $("cfg-ws-git").value.trim();
   if (git) body.workspace = { git, ref: $("cfg-ws-ref").value.trim() };
