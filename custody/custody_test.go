@@ -67,6 +67,15 @@ func runHelper(role string) {
 	case "zthread-host":
 		zthreadHost()
 		return
+	case "alloc", "spin":
+		limitHelper(role)
+		return
+	case "reserve":
+		reserve()
+		return
+	case "limits-host":
+		limitsHost()
+		return
 	}
 	signal.Ignore(syscall.SIGTERM)
 	if role == "ns-host" {
