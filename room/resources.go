@@ -176,8 +176,11 @@ func FormatBytes(n int64) string {
 }
 
 // Resources are the limits a room's processes run under and how they
-// hold (event.Resources).
-type Resources = event.Resources
+// hold (event.Resources); ResourcesBy names how each holds.
+type (
+	Resources   = event.Resources
+	ResourcesBy = event.ResourcesBy
+)
 
 // Resourced is a Transport or an Agent that reports how limits hold: a
 // Transport how it would enforce them for the agents it starts (its
