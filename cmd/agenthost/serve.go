@@ -70,6 +70,7 @@ type serveFlags struct {
 	natsEmbedded                              bool
 	natsReplicas                              int
 	confine                                   confineFlags
+	resources                                 resourceFlags
 	natsSecretFile, natsTLS, natsCreds        string
 }
 
@@ -83,6 +84,7 @@ var serveEnv = map[string]string{
 	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
+	"room-memory":    "AGENTHOST_ROOM_MEMORY", "room-pids": "AGENTHOST_ROOM_PIDS", "room-cpu": "AGENTHOST_ROOM_CPU",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -114,6 +116,14 @@ run as root gives each room's agent a uid of its own from --agent-uids
 (default 2000000000-2000999999; off: agents run as the server's user).
 
 One server per data dir: a second one refuses to start.
+
+Each room's processes are limited together (--room-memory, default 4G or half
+the machine's memory; --room-pids, default 4096 tasks; --room-cpu, default all
+cores), with an equal CPU share per room: by cgroup v2 controllers, by cgroup
+v1 hierarchies on a hybrid host, or, where the server may write no cgroup (not
+root, nothing delegated: see the systemd unit in contrib), by RLIMIT_AS and
+RLIMIT_NPROC per process. The start line says which. A room's config may lower
+them (resources: memory, pids, cpu), never raise them.
 
 With --daemon every room's agent runs as a process of the data dir's process
 daemon (agenthost procd), and SIGUSR2 is a planned restart: the server hands
@@ -172,6 +182,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.IntVar(&f.natsReplicas, "nats-replicas", 0, "replicas of the rooms' streams (default: 3 with routes or --nats, else 1)")
 	addConfineFlags(fl, &f.confine)
 	addAgentUIDsFlag(fl, &f.confine)
+	addResourceFlags(fl, &f.resources)
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -301,6 +312,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err := f.confine.check(); err != nil {
 		return err
 	}
+	limits, err := f.resources.limits()
+	if err != nil {
+		return &exitError{2, err}
+	}
 	kind := agents.Kind(f.agent)
 	switch {
 	case f.transport != transportRPC && f.transport != transportACP:
@@ -381,15 +396,16 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 
 	// Processes left by a host that died (kill -9) hold nothing we can
-	// resume: end them before starting new ones.
-	if orphans, ferr := custody.FindOrphans(); ferr == nil && len(orphans) > 0 {
+	// resume: end them before starting new ones (and remove the empty
+	// groups such hosts left, with none).
+	if orphans, ferr := custody.FindOrphans(); ferr == nil {
 		left, kerr := custody.KillOrphans(ctx, orphans, time.Second)
 		if kerr != nil {
 			log.Warn("reaping orphans of dead hosts", "found", len(orphans), "still_running", len(left), "err", kerr)
-		} else {
+		} else if len(orphans) > 0 {
 			log.Info("reaped orphans of dead hosts", "ended", len(orphans))
 		}
-	} else if ferr != nil {
+	} else {
 		log.Debug("looking for orphans of dead hosts", "err", ferr) // not on this platform
 	}
 
@@ -406,9 +422,16 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 			defer fuse.Close()
 		}
 	}
-	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse})
+	// Resources: the rooms' limits; on a cgroup v2 host whose group the
+	// server owns (Delegate=yes) it moves itself into a leaf below it.
+	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse, Resources: true})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
+	}
+	if s := cust.Support(); s.Enforced() {
+		log.Info("room limits", "memory", int64(limits.Memory), "pids", limits.Pids, "cpu", limits.CPU, "by", string(s.Memory))
+	} else {
+		log.Warn("room limits are not enforced by cgroups", "why", s.Why)
 	}
 	defer func() {
 		if cerr := cust.Close(); cerr != nil && err == nil {
@@ -495,7 +518,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	ropts := room.Options{
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
-			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
+			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, Limits: limits},
 		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
 		Agents: roomAgents(f.transport, custom),
 		Logger: log,
@@ -557,6 +580,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		printGaps(stdout, f, kind, custom)
 		fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 		printAgentUsers(stdout, cf)
+		printLimits(stdout, limits, cust.Support())
 		<-ctx.Done()
 		log.Info("shutting down")
 		return nil
@@ -588,6 +612,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	printGaps(stdout, f, kind, custom)
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	printAgentUsers(stdout, cf)
+	printLimits(stdout, limits, cust.Support())
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that

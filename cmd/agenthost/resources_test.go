@@ -1,0 +1,738 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/event"
+	"github.com/agenthost/agenthost/internal/roomtest"
+)
+
+// The rooms' limits, with omp on the built-in model: each test runs a
+// server on this machine (root; cgroup v1 controllers on a hybrid host, or
+// v2 ones) and checks what a room's tools meet, and that another room's
+// turn at the same time goes on. Every workload is bounded: memory and
+// processes stay small, loops end on their own.
+
+// python is the interpreter the rooms' tools run (a system one: a confined
+// agent reads and runs what the system has).
+const python = "/usr/bin/python3"
+
+// needRoomLimits skips where this machine cannot limit rooms by cgroups,
+// saying why (the fallback has its own test).
+func needRoomLimits(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s for the rooms' workloads", python)
+	}
+	c, err := custody.New(custody.Options{Resources: true, NoSubreaper: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Support()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Enforced() {
+		t.Skipf("rooms' limits are not enforced by cgroups here: %s", s.Why)
+	}
+}
+
+// roomRun is what one message's turn left in the room's log.
+type roomRun struct {
+	end    event.TurnEnded
+	tools  []event.ToolEnded
+	limits []event.RoomLimit
+	types  []string
+}
+
+// output is the tools' outputs, joined.
+func (r roomRun) output() string {
+	var b strings.Builder
+	for _, te := range r.tools {
+		b.WriteString(te.Output + "\n")
+	}
+	return b.String()
+}
+
+// runInRoom posts text to room and follows its log to the message's
+// turn.ended.
+func runInRoom(t *testing.T, url, token, room, text string) roomRun {
+	t.Helper()
+	r, err := postAndFollow(t, url, token, room, text, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// postAndFollow is runInRoom for any goroutine: it returns its errors;
+// onEvent, if set, sees each event.
+func postAndFollow(t testing.TB, url, token, room, text string, onEvent func(typ string)) (roomRun, error) {
+	body, _ := json.Marshal(map[string]string{"text": text})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"v1/rooms/"+room+"/messages", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return roomRun{}, err
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var acc struct {
+		ID  string `json:"id"`
+		Seq int64  `json:"seq"`
+	}
+	if res.StatusCode != 202 || json.Unmarshal(b, &acc) != nil {
+		return roomRun{}, fmt.Errorf("post to %s: %d %s", room, res.StatusCode, b)
+	}
+	var r roomRun
+	fctx, fcancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer fcancel()
+	err = newTestClient(t, url, token).events(fctx, room, acc.Seq-1, true, func(typ string, raw []byte) (bool, error) {
+		if onEvent != nil {
+			onEvent(typ)
+		}
+		r.types = append(r.types, typ)
+		switch typ {
+		case event.TypeToolEnded:
+			var te event.ToolEnded
+			if err := json.Unmarshal(raw, &te); err != nil {
+				return false, err
+			}
+			r.tools = append(r.tools, te)
+		case event.TypeRoomLimit:
+			var rl event.RoomLimit
+			if err := json.Unmarshal(raw, &rl); err != nil {
+				return false, err
+			}
+			r.limits = append(r.limits, rl)
+		case event.TypeTurnEnded:
+			var te event.TurnEnded
+			if err := json.Unmarshal(raw, &te); err != nil {
+				return false, err
+			}
+			if te.MessageID == acc.ID {
+				r.end = te
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return r, fmt.Errorf("room %s: %w", room, err)
+	}
+	return r, nil
+}
+
+// inParallel runs fns at once and fails t with their errors.
+func inParallel(t *testing.T, fns ...func() error) {
+	t.Helper()
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// roomState reads GET /v1/rooms/{room}.
+func roomState(t *testing.T, url, token, room string) (st struct {
+	Resources *event.Resources `json:"resources"`
+	Compute   json.RawMessage  `json:"compute"`
+}) {
+	t.Helper()
+	code, b := call(t, "GET", url+"v1/rooms/"+room, token, "")
+	if code != 200 || json.Unmarshal(b, &st) != nil {
+		t.Fatalf("room %s: %d %s", room, code, b)
+	}
+	return st
+}
+
+// A tool allocating 4x the room's memory limit is killed (and only it):
+// its call fails, room.limit is written, the turn settles (or, had the
+// kernel picked the agent, fails naming the limit); another room's turn,
+// running at the same time, settles; the state reports the limits held.
+func TestServe_RoomMemoryLimit(t *testing.T) {
+	needRoomLimits(t)
+	const limit = 1 << 30
+	url, token, _ := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--room-memory", "1G")
+	big := fmt.Sprintf(`%s -c "a=[b'x'*(64<<20) for i in range(64)]; print('survived', len(a))"`, python)
+	var hog, calm roomRun
+	inParallel(t, func() (err error) {
+		hog, err = postAndFollow(t, url, token, "hog", "Allocate: "+roomtest.BashCall(big), nil)
+		return err
+	}, func() (err error) {
+		calm, err = postAndFollow(t, url, token, "calm", "Say it: "+roomtest.BashCall("echo calm-room"), nil)
+		return err
+	})
+
+	if calm.end.Outcome != "settled" || !strings.Contains(calm.output(), "calm-room") {
+		t.Errorf("the other room's turn: %+v, tools %q", calm.end, calm.output())
+	}
+	if strings.Contains(hog.output(), "survived") || len(hog.tools) == 0 || !hog.tools[0].IsError {
+		t.Errorf("the allocation was not stopped: %+v", hog.tools)
+	}
+	if len(hog.limits) == 0 || hog.limits[0].Limit != event.LimitMemory || hog.limits[0].Count < 1 || hog.limits[0].Value != limit {
+		t.Fatalf("room.limit: %+v (events %v)", hog.limits, hog.types)
+	}
+	switch {
+	case hog.end.Outcome == "settled" && !hog.limits[0].AgentKilled:
+	case hog.end.Outcome == "failed" && hog.limits[0].AgentKilled && strings.Contains(hog.end.Reason, "memory limit (1 GiB)"):
+		t.Log("the kernel killed the agent itself")
+	default:
+		t.Fatalf("the allocating room's turn: %+v, limits %+v", hog.end, hog.limits)
+	}
+	if c := hog.end.Compute; c == nil || c.PeakMemoryBytes < limit/2 || c.PeakMemoryBytes > limit+1<<20 {
+		t.Errorf("the turn's compute: %+v", hog.end.Compute)
+	}
+	st := roomState(t, url, token, "hog")
+	if st.Resources == nil || !st.Resources.Enforced || st.Resources.Memory != limit || st.Resources.Why != "" {
+		t.Errorf("the room's resources: %+v", st.Resources)
+	}
+	// The room goes on.
+	if next := runInRoom(t, url, token, "hog", "hello again"); next.end.Outcome != "settled" {
+		t.Errorf("the room's next turn: %+v", next.end)
+	}
+}
+
+// A fork bomb (bounded: 200 forks at most) stops at the room's pids limit
+// while another room's turn settles.
+func TestServe_RoomPidsLimit(t *testing.T) {
+	needRoomLimits(t)
+	const limit = 96
+	url, token, _ := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--room-pids", strconv.Itoa(limit))
+	// dash ends at the first fork refused: the last number is how many ran.
+	bomb := `sh -c 'i=0; for j in $(seq 200); do /bin/sleep 20 >/dev/null 2>&1 & i=$((i+1)); echo $i; done' 2>&1; echo bomb-done`
+	var bombed, calm roomRun
+	inParallel(t, func() (err error) {
+		bombed, err = postAndFollow(t, url, token, "bomb", "Fork: "+roomtest.BashCall(bomb), nil)
+		return err
+	}, func() (err error) {
+		calm, err = postAndFollow(t, url, token, "calm", "Say it: "+roomtest.BashCall("echo calm-room"), nil)
+		return err
+	})
+
+	if calm.end.Outcome != "settled" || !strings.Contains(calm.output(), "calm-room") {
+		t.Errorf("the other room's turn: %+v, tools %q", calm.end, calm.output())
+	}
+	nums := regexp.MustCompile(`(?m)^(\d+)$`).FindAllStringSubmatch(bombed.output(), -1)
+	started := 0
+	for _, m := range nums {
+		n, _ := strconv.Atoi(m[1])
+		started = max(started, n)
+	}
+	t.Logf("the bomb started %d of 200; turn %s %q", started, bombed.end.Outcome, bombed.end.Reason)
+	if started == 0 || started >= 200 || started > limit {
+		t.Errorf("the fork bomb started %d processes under a limit of %d tasks: %q", started, limit, bombed.output())
+	}
+	if len(bombed.limits) == 0 || bombed.limits[0].Limit != event.LimitPids || bombed.limits[0].Count < 1 || bombed.limits[0].Value != limit {
+		t.Fatalf("room.limit: %+v (events %v)", bombed.limits, bombed.types)
+	}
+	if o := bombed.end.Outcome; o != "settled" && !(o == "failed" && strings.Contains(bombed.end.Reason, "pids limit")) {
+		t.Errorf("the bomb's turn: %+v", bombed.end)
+	}
+}
+
+// Two rooms busy at once get the same CPU (within 20%) under the equal
+// share, although one runs twice the loops of the other. The loops start
+// together (a file the test makes in both workspaces) and end on their
+// own (timeout).
+func TestServe_RoomsShareCPU(t *testing.T) {
+	needRoomLimits(t)
+	data := t.TempDir()
+	url, token, _ := startServe(t, "--data", data, "--approval-mode", "yolo")
+	// Each waits for the file go in its workspace, then runs n loops
+	// that end on their own.
+	loops := func(n int) string {
+		return `sh -c 'while [ ! -e go ]; do sleep 0.2; done; ` + strings.Repeat(`timeout 8 sh -c "while :; do :; done" & `, n) + `wait; echo loops-done'`
+	}
+	var mu sync.Mutex
+	var runs [2]roomRun
+	started := map[string]bool{}
+	ready := make(chan struct{})
+	var fns []func() error
+	for i, n := range []int{4, 2} {
+		room := fmt.Sprintf("busy%d", n)
+		fns = append(fns, func() (err error) {
+			runs[i], err = postAndFollow(t, url, token, room, "Spin: "+roomtest.BashCall(loops(n)), func(typ string) {
+				if typ != event.TypeToolStarted {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !started[room] {
+					if started[room] = true; len(started) == 2 {
+						close(ready)
+					}
+				}
+			})
+			return err
+		})
+	}
+	fns = append(fns, func() error {
+		select {
+		case <-ready:
+		case <-time.After(4 * time.Minute):
+			return fmt.Errorf("the rooms' tools did not start")
+		}
+		for _, n := range []int{4, 2} {
+			ws, _ := filepath.Glob(filepath.Join(data, "workspaces", fmt.Sprintf("busy%d-*", n)))
+			if len(ws) != 1 {
+				return fmt.Errorf("busy%d's workspace: %v", n, ws)
+			}
+			if err := os.WriteFile(filepath.Join(ws[0], "go"), nil, 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	inParallel(t, fns...)
+	var cpu [2]float64
+	for i, r := range runs {
+		if r.end.Outcome != "settled" || !strings.Contains(r.output(), "loops-done") || r.end.Compute == nil {
+			t.Fatalf("room %d's turn: %+v %q", i, r.end, r.output())
+		}
+		cpu[i] = r.end.Compute.CPUSeconds
+	}
+	t.Logf("4 loops: %.2f s of CPU, 2 loops: %.2f s", cpu[0], cpu[1])
+	if cpu[1] <= 0 || cpu[0]/cpu[1] > 1.2 || cpu[1]/cpu[0] > 1.2 {
+		t.Fatalf("unequal shares: 4 loops %.2f s, 2 loops %.2f s", cpu[0], cpu[1])
+	}
+}
+
+// A known workload's compute on turn.ended is what /proc accounting says
+// (within 10%): the tool's own CPU time (os.times, its children's too)
+// and the agent's over the turn (its /proc stat), the tool's peak
+// memory, the processes it started.
+func TestServe_TurnComputeMatchesProc(t *testing.T) {
+	needRoomLimits(t)
+	data := t.TempDir()
+	url, token, _ := startServe(t, "--data", data, "--approval-mode", "yolo")
+	// The agent first (its own CPU is read before and after the turn).
+	if r := runInRoom(t, url, token, "known", "hello"); r.end.Outcome != "settled" {
+		t.Fatalf("first turn: %+v", r.end)
+	}
+	agent := agentPid(t, filepath.Join(data, "rooms"))
+	before := procCPU(t, agent)
+	// 300 MiB held, 2 s of CPU, 5 children that live a second each.
+	work := python + ` -c "
+import os, resource, subprocess, time
+a = b'x' * (300 << 20)
+end = time.process_time() + 2
+while time.process_time() < end: pass
+ps = [subprocess.Popen(['/bin/sleep', '1']) for i in range(5)]
+for p in ps: p.wait()
+t = os.times()
+print('cpu', t.user + t.system + t.children_user + t.children_system)
+print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"`
+	r := runInRoom(t, url, token, "known", "Work: "+roomtest.BashCall(work))
+	after := procCPU(t, agent)
+	if r.end.Outcome != "settled" || r.end.Compute == nil {
+		t.Fatalf("the workload's turn: %+v %q", r.end, r.output())
+	}
+	var toolCPU float64
+	var maxRSS int64
+	for _, l := range strings.Split(r.output(), "\n") {
+		if v, ok := strings.CutPrefix(l, "cpu "); ok {
+			toolCPU, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+		if v, ok := strings.CutPrefix(l, "maxrss "); ok {
+			maxRSS, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	if toolCPU < 1.5 || maxRSS < 300<<20 {
+		t.Fatalf("the workload said %q", r.output())
+	}
+	c := *r.end.Compute
+	want := toolCPU + (after - before)
+	t.Logf("compute %+v; /proc: tool %.3f s + agent %.3f s = %.3f s, the tool's max RSS %d MiB, the agent's RSS %d MiB",
+		c, toolCPU, after-before, want, maxRSS>>20, procRSS(t, agent)>>20)
+	if c.CPUSeconds < want*0.9 || c.CPUSeconds > want*1.1 {
+		t.Errorf("cpu_seconds %.3f, /proc accounting %.3f", c.CPUSeconds, want)
+	}
+	// The room held the tool's memory, and the agent's beside it.
+	if agentRSS := procRSS(t, agent); c.PeakMemoryBytes < maxRSS || c.PeakMemoryBytes > (maxRSS+agentRSS)*11/10+64<<20 {
+		t.Errorf("peak_memory_bytes %d, the tool's max RSS %d and the agent's RSS %d", c.PeakMemoryBytes, maxRSS, agentRSS)
+	}
+	// python and its five sleeps (each lives longer than custody's look).
+	if c.Processes < 6 || c.Processes > 12 {
+		t.Errorf("processes %d, want the tool's 6 (and the agent's own helpers, if any)", c.Processes)
+	}
+	var totals struct {
+		CPUSeconds float64 `json:"cpu_seconds"`
+	}
+	if err := json.Unmarshal(roomState(t, url, token, "known").Compute, &totals); err != nil || totals.CPUSeconds < c.CPUSeconds {
+		t.Errorf("the room's compute totals %+v, %v", totals, err)
+	}
+	code, b := call(t, "GET", url+"metrics", token, "")
+	if code != 200 || !regexp.MustCompile(`(?m)^agenthost_room_cpu_seconds_total [1-9]`).Match(b) {
+		t.Errorf("metrics lack the rooms' CPU: %d", code)
+	}
+}
+
+// agentPid is the pid of the one agent running under rooms (its command
+// line names its home there).
+func agentPid(t *testing.T, rooms string) int {
+	t.Helper()
+	var found []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.Contains(string(b), rooms+"/") && strings.Contains(string(b), "omp") {
+			if st, _ := os.ReadFile("/proc/" + e.Name() + "/stat"); len(st) > 0 {
+				found = append(found, pid)
+			}
+		}
+	}
+	// The agent is the oldest (a tool it ran would name the rooms too).
+	slices.Sort(found)
+	if len(found) == 0 {
+		t.Fatal("no agent process found")
+	}
+	return found[0]
+}
+
+// procCPU is a process's user+system CPU time, from /proc/PID/stat.
+func procCPU(t *testing.T, pid int) float64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ
+}
+
+// procRSS is a process's resident memory, from /proc/PID/status.
+func procRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n << 10
+		}
+	}
+	return 0
+}
+
+// nobodyServe runs serve as uid 65534 (from a copy of the test binary it
+// can run), in the cgroups moveTo names (their cgroup.procs, written
+// before the server drops root), and returns its address, its start lines
+// and its data dir.
+func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lines []string) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("not root: no other user to run the server as")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	dir, err := os.MkdirTemp("", "agenthost-nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "agenthost.test")
+	src, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(data, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	tools, _ := filepath.Abs("../../.tools")
+	var move strings.Builder
+	for _, p := range moveTo {
+		fmt.Fprintf(&move, "echo $$ > %s && ", p)
+	}
+	script := move.String() + `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$0" "$@"`
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, bin, "serve", "--listen", "127.0.0.1:0", "--data", data}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN=nobody-token", "HOME="+data, "TMPDIR="+data,
+		"AGENTHOST_TOOLS="+tools, "GORACE=atexit_sleep_ms=0")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut syncBuf
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("the server's log:\n%s", errOut.String())
+		}
+	})
+	got := make(chan []string, 1)
+	go func() {
+		var ls []string
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			ls = append(ls, sc.Text())
+			if strings.HasPrefix(sc.Text(), "agenthost: room limits:") {
+				got <- ls
+				_, _ = io.Copy(io.Discard, out)
+				return
+			}
+		}
+		got <- ls
+	}()
+	select {
+	case lines = <-got:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no start lines; stderr:\n%s", errOut.String())
+	}
+	if len(lines) == 0 {
+		t.Fatalf("serve ended at start: %s", errOut.String())
+	}
+	url, _, _ = strings.Cut(strings.TrimPrefix(lines[0], "agenthost: serving rooms at "), " ")
+	return url, lines
+}
+
+// Without a cgroup it may write (uid 65534 here), the server says so at
+// start and in the room's state, and the limits it can still apply hold:
+// an allocation past the address space limit fails, a fork bomb stops at
+// RLIMIT_NPROC.
+func TestServe_ResourcesWithoutCgroups(t *testing.T) {
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s", python)
+	}
+	url, lines := nobodyServe(t, nil, "--approval-mode", "yolo", "--room-memory", "4G", "--room-pids", "128")
+	last := lines[len(lines)-1]
+	if !strings.Contains(last, "NOT enforced by cgroups") || !strings.Contains(last, "RLIMIT_AS") {
+		t.Fatalf("the start line: %q", last)
+	}
+	token := "nobody-token"
+	// 6 GiB of address space past RLIMIT_AS (4 GiB): refused at once,
+	// nothing touched.
+	r := runInRoom(t, url, token, "r", "Reserve: "+roomtest.BashCall(python+` -c "b = bytearray(6 << 30); print('reserved')"`))
+	if r.end.Outcome != "settled" || !strings.Contains(r.output(), "MemoryError") || strings.Contains(r.output(), "reserved") {
+		t.Errorf("a 6 GiB allocation under RLIMIT_AS: %+v %q", r.end, r.output())
+	}
+	if r.end.Compute != nil || len(r.limits) != 0 {
+		t.Errorf("compute %+v, room.limit %+v: nothing is measured without cgroups", r.end.Compute, r.limits)
+	}
+	bomb := `sh -c 'i=0; for j in $(seq 300); do /bin/sleep 20 >/dev/null 2>&1 & i=$((i+1)); echo $i; done' 2>&1; echo bomb-done`
+	r = runInRoom(t, url, token, "r", "Fork: "+roomtest.BashCall(bomb))
+	started := 0
+	for _, m := range regexp.MustCompile(`(?m)^(\d+)$`).FindAllStringSubmatch(r.output(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		started = max(started, n)
+	}
+	t.Logf("the bomb started %d of 300 under RLIMIT_NPROC", started)
+	if started == 0 || started >= 300 {
+		t.Errorf("a fork bomb under RLIMIT_NPROC started %d: %q", started, r.output())
+	}
+	st := roomState(t, url, token, "r")
+	if res := st.Resources; res == nil || res.Enforced || res.Why == "" || res.By.Memory != "rlimit" || res.By.Pids != "rlimit" || res.By.CPU != "none" || res.Memory != 4<<30 {
+		t.Errorf("the room's resources: %+v", st.Resources)
+	}
+}
+
+// A server that is not root, in cgroups delegated to its user (as systemd
+// gives a service with Delegate=yes), finds them and limits its rooms
+// there. Emulated here: the test (root) makes a group for uid 65534 in the
+// cgroup v2 hierarchy and in each v1 hierarchy of the controllers, gives
+// it to that user, and starts the server in them.
+func TestServe_FindsItsDelegatedCgroups(t *testing.T) {
+	needRoomLimits(t)
+	name := fmt.Sprintf("agenthost-test-deleg-%d", os.Getpid())
+	var made, procs []string
+	// After the server's end (cleanups run last first).
+	t.Cleanup(func() {
+		for i := len(made) - 1; i >= 0; i-- {
+			removeCgroupTree(made[i])
+		}
+	})
+	delegate := func(dir string, files ...string) {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, dir)
+		for _, f := range append([]string{""}, files...) {
+			if err := os.Chown(filepath.Join(dir, f), 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}
+		procs = append(procs, filepath.Join(dir, "cgroup.procs"))
+	}
+	if m := cgroup2Dir(); m != "" {
+		delegate(filepath.Join(m, name), "cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
+	}
+	for _, c := range []string{"memory", "pids", "cpu", "cpuacct"} {
+		own := ownV1Dir(c)
+		if own == "" || slices.ContainsFunc(made, func(d string) bool { return filepath.Dir(d) == own }) {
+			continue
+		}
+		delegate(filepath.Join(own, name), "cgroup.procs", "tasks")
+	}
+	url, lines := nobodyServe(t, procs, "--approval-mode", "yolo", "--room-memory", "1G")
+	last := lines[len(lines)-1]
+	if strings.Contains(last, "NOT enforced") {
+		t.Fatalf("the server did not find its delegated groups: %q", last)
+	}
+	token := "nobody-token"
+	big := fmt.Sprintf(`%s -c "a=[b'x'*(64<<20) for i in range(64)]; print('survived', len(a))"`, python)
+	r := runInRoom(t, url, token, "hog", "Allocate: "+roomtest.BashCall(big))
+	if strings.Contains(r.output(), "survived") || len(r.limits) == 0 || r.limits[0].Limit != event.LimitMemory {
+		t.Fatalf("a 4 GiB allocation in a delegated group limited to 1 GiB: %+v %q, limits %+v", r.end, r.output(), r.limits)
+	}
+	if st := roomState(t, url, token, "hog"); st.Resources == nil || !st.Resources.Enforced {
+		t.Errorf("the room's resources: %+v", st.Resources)
+	}
+	t.Logf("start line: %s", last)
+}
+
+// removeCgroupTree removes a cgroup directory and those below it (their
+// processes gone), deepest first.
+func removeCgroupTree(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			removeCgroupTree(filepath.Join(dir, e.Name()))
+		}
+	}
+	for range 50 {
+		if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // a member's exit is not yet seen by the cgroup
+	}
+}
+
+// cgroup2Dir is this process's cgroup v2 directory ("" without one).
+func cgroup2Dir() string {
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	mnt := ""
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(l); len(f) > 8 && slices.Contains(f, "cgroup2") {
+			mnt = f[4]
+		}
+	}
+	b, _ := os.ReadFile("/proc/self/cgroup")
+	for _, l := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(l, "0::"); ok && mnt != "" {
+			return filepath.Join(mnt, rel)
+		}
+	}
+	return ""
+}
+
+// ownV1Dir is this process's group in the v1 hierarchy of controller c.
+func ownV1Dir(c string) string {
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	mnt := ""
+	for _, l := range strings.Split(string(mounts), "\n") {
+		f := strings.Fields(l)
+		i := slices.Index(f, "-")
+		if i > 0 && i+3 < len(f) && f[i+1] == "cgroup" && slices.Contains(strings.Split(f[i+3], ","), c) {
+			mnt = f[4]
+		}
+	}
+	b, _ := os.ReadFile("/proc/self/cgroup")
+	for _, l := range strings.Split(string(b), "\n") {
+		p := strings.SplitN(l, ":", 3)
+		if len(p) == 3 && slices.Contains(strings.Split(p[1], ","), c) && mnt != "" {
+			return filepath.Join(mnt, p[2])
+		}
+	}
+	return ""
+}
+
+// The shipped systemd unit runs serve with its cgroup delegated, its data
+// dir and a user of its own.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../contrib/systemd/agenthost.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			keys[k] += v + "\n"
+		}
+	}
+	for k, want := range map[string]string{
+		"Delegate": "yes", "User": "agenthost", "StateDirectory": "agenthost", "StateDirectoryMode": "0700",
+		"ExecStart": "/usr/local/bin/agenthost serve",
+	} {
+		if strings.TrimSpace(keys[k]) != want {
+			t.Errorf("%s=%q, want %q", k, strings.TrimSpace(keys[k]), want)
+		}
+	}
+	if !strings.Contains(keys["Environment"], "AGENTHOST_DATA=/var/lib/agenthost") {
+		t.Errorf("the data dir is not the state directory: %q", keys["Environment"])
+	}
+	// Every variable it names is one serve reads.
+	for _, m := range regexp.MustCompile(`AGENTHOST_[A-Z_]+`).FindAllString(string(b), -1) {
+		known := m == "AGENTHOST_TOOLS" || m == tokenEnv || m == "AGENTHOST_DAEMON"
+		for _, env := range serveEnv {
+			known = known || env == m
+		}
+		if !known {
+			t.Errorf("the unit names %s, which serve does not read", m)
+		}
+	}
+}
