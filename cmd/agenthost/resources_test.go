@@ -736,3 +736,24 @@ func TestSystemdUnit(t *testing.T) {
 		}
 	}
 }
+
+// agenthost config sets a room's limits (a size for memory), refuses one
+// over the server's ceiling naming it, and keeps them when another
+// setting changes.
+func TestConfigCommand_Resources(t *testing.T) {
+	s := newClientServer(t)
+	out, errs, code := s.cli("config", "lim", "--set", "resources.memory=512M", "--set", "resources.pids=256")
+	if code != 0 || !strings.Contains(out, "resources.memory: 512 MiB\n") || !strings.Contains(out, "resources.pids:   256\n") {
+		t.Fatalf("config --set resources: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := s.cli("config", "lim", "--set", "resources.pids=999999"); code != exitFailed || !strings.Contains(errs, "over the server's ceiling, 4096") {
+		t.Fatalf("a limit over the ceiling: %d %q", code, errs)
+	}
+	if _, errs, code := s.cli("config", "lim", "--set", "resources.memory=lots"); code != exitUsage || !strings.Contains(errs, "resources.memory") {
+		t.Fatalf("a size that is none: %d %q", code, errs)
+	}
+	out, errs, code = s.cli("config", "lim", "--set", "instructions=Be brief.")
+	if code != 0 || !strings.Contains(out, "resources.memory: 512 MiB\n") || !strings.Contains(out, "resources.pids:   256\n") {
+		t.Fatalf("the limits after another setting changed: %d %q %q", code, out, errs)
+	}
+}

@@ -117,6 +117,14 @@ function bytesShort(n) {
   return n + " bytes";
 }
 
+// sizeExact writes a size the server reads back to the same bytes.
+function sizeExact(n) {
+  for (const [unit, size] of [["T", 2 ** 40], ["G", 2 ** 30], ["M", 2 ** 20], ["K", 2 ** 10]]) {
+    if (n >= size && n % size === 0) return n / size + unit;
+  }
+  return String(n);
+}
+
 function computeShort(c) {
   return c.cpu_seconds.toFixed(c.cpu_seconds >= 10 ? 0 : 2) + " s CPU · " + bytesShort(c.peak_memory_bytes) + " peak · " +
     c.processes + (c.processes === 1 ? " process" : " processes");
@@ -327,6 +335,10 @@ function showConfig(c) {
   for (const k of CONFIG_TEXT) $("cfg-" + k).value = c[k] || "";
   for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && c.budget[k] ? c.budget[k] : "";
   $("cfg-mcp").value = c.mcp && Object.keys(c.mcp).length ? JSON.stringify(c.mcp) : "";
+  const res = c.resources || {};
+  $("cfg-res-memory").value = res.memory ? sizeExact(res.memory) : "";
+  $("cfg-res-pids").value = res.pids || "";
+  $("cfg-res-cpu").value = res.cpu || "";
   $("cfg-ws-git").value = c.workspace ? c.workspace.git : "";
   $("cfg-ws-ref").value = c.workspace ? c.workspace.ref : "";
   $("config-status").textContent = c.next_start && c.next_start.length ? "At the agent's next start: " + c.next_start.join(", ") + "." : "";
@@ -346,6 +358,10 @@ async function saveConfig(e) {
     const v = $("cfg-budget-" + k).value;
     body.budget[k] = v === "" ? 0 : Number(v);
   }
+  // Sizes as the form shows them ("4G", or bytes); the server reads them.
+  const mem = $("cfg-res-memory").value.trim();
+  body.resources = { memory: mem === "" ? 0 : /^[0-9]+$/.test(mem) ? Number(mem) : mem,
+    pids: Number($("cfg-res-pids").value || 0), cpu: Number($("cfg-res-cpu").value || 0) };
   const git = $("cfg-ws-git").value.trim();
   if (git) body.workspace = { git, ref: $("cfg-ws-ref").value.trim() };
   const mcp = $("cfg-mcp").value.trim();
