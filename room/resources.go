@@ -295,8 +295,12 @@ func (m *Manager) startMeter(r *roomState, t *turnRun, a Agent) *turnMeter {
 	if r.limitSeen.agent != a {
 		// Counts before this host watched the agent (an attached one's)
 		// were the previous host's to record.
+		// The limits it runs under: its own word (an attached agent's
+		// were its first host's), else what it was started with.
 		lim := Limits{}
-		if r.startedCfg != nil {
+		if res := resources(a); res != nil {
+			lim = Limits{Memory: Bytes(res.Memory), Pids: res.Pids, CPU: res.CPU}
+		} else if r.startedCfg != nil {
 			lim = r.startedCfg.Limits
 		}
 		r.limitSeen = limitSeen{agent: a, oom: start.OOMKills, forks: start.ForksRefused, limits: lim, initialized: err == nil}

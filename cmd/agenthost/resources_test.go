@@ -757,3 +757,61 @@ func TestConfigCommand_Resources(t *testing.T) {
 		t.Fatalf("the limits after another setting changed: %d %q %q", code, out, errs)
 	}
 }
+
+// With --daemon the room's agent runs in the process daemon under the
+// room's limits, and keeps them across a planned restart: the new server
+// attaches the agent (no new start), and a tool allocating 4x the memory
+// limit is killed there, recorded by the new server with the turn's
+// compute.
+func TestServeDaemon_LimitsCarryAcrossAHandoff(t *testing.T) {
+	needRoomLimits(t)
+	data := t.TempDir()
+	addr := freeAddr(t)
+	args := []string{"--approval-mode", "yolo", "--room-memory", "1G"}
+	s1 := startDaemonServer(t, data, addr, args...)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	s1.post("r", "hello")
+	if _, err := follow(ctx, s1.url, s1.token, "r", func(ev sseEvent) bool { return ev.typ == "turn.ended" }); err != nil {
+		t.Fatal(err)
+	}
+	s1.stop(syscall.SIGUSR2)
+	s2 := startDaemonServer(t, data, addr, args...)
+	big := fmt.Sprintf(`%s -c "a=[b'x'*(64<<20) for i in range(64)]; print('survived', len(a))"`, python)
+	s2.post("r", "Allocate: "+roomtest.BashCall(big))
+	turns := 0
+	evs, err := follow(ctx, s2.url, s2.token, "r", func(ev sseEvent) bool {
+		if ev.typ == "turn.ended" {
+			turns++
+		}
+		return turns == 2
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	var limit, ended map[string]any
+	var output string
+	for _, ev := range evs {
+		count[ev.typ]++
+		switch ev.typ {
+		case "room.limit":
+			limit = ev.data
+		case "turn.ended":
+			ended = ev.data
+		case "tool.ended":
+			output, _ = ev.data["output"].(string)
+		}
+	}
+	if count["agent.started"] != 1 || count["agent.attached"] != 1 {
+		t.Fatalf("agent.started %d, agent.attached %d: the agent was not kept across the restart", count["agent.started"], count["agent.attached"])
+	}
+	if strings.Contains(output, "survived") || limit == nil || limit["limit"] != "memory" || limit["value"] != float64(1<<30) {
+		t.Fatalf("the allocation in the attached agent: output %q, room.limit %v", output, limit)
+	}
+	if c, _ := ended["compute"].(map[string]any); ended["outcome"] != "settled" || c == nil || c["peak_memory_bytes"].(float64) > 1<<30+1<<20 {
+		t.Fatalf("the turn: %v", ended)
+	}
+	s2.stop(syscall.SIGTERM)
+	checkNothingLeft(t, data, "r")
+}
