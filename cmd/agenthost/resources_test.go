@@ -182,7 +182,8 @@ func roomState(t *testing.T, url, token, room string) (st struct {
 func TestServe_RoomMemoryLimit(t *testing.T) {
 	needRoomLimits(t)
 	const limit = 1 << 30
-	url, token, _ := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--room-memory", "1G")
+	data := t.TempDir()
+	url, token, _ := startServe(t, "--data", data, "--approval-mode", "yolo", "--room-memory", "1G")
 	big := fmt.Sprintf(`%s -c "a=[b'x'*(64<<20) for i in range(64)]; print('survived', len(a))"`, python)
 	var hog, calm roomRun
 	inParallel(t, func() (err error) {
@@ -220,7 +221,60 @@ func TestServe_RoomMemoryLimit(t *testing.T) {
 	if next := runInRoom(t, url, token, "hog", "hello again"); next.end.Outcome != "settled" {
 		t.Errorf("the room's next turn: %+v", next.end)
 	}
+	// A hostile tool tries to leave its groups for the server's (its own
+	// group's parent, in every hierarchy it is in) and to raise its
+	// memory limit, then allocates: refused, and killed at the limit.
+	if r := runInRoom(t, url, token, "escape", "hello"); r.end.Outcome != "settled" {
+		t.Fatalf("the escaping room's first turn: %+v", r.end)
+	}
+	ws, _ := filepath.Glob(filepath.Join(data, "workspaces", "escape-*"))
+	if len(ws) != 1 {
+		t.Fatalf("the escaping room's workspace: %v", ws)
+	}
+	if err := os.WriteFile(filepath.Join(ws[0], "escape.py"), []byte(escapePy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	escape := python + " escape.py"
+	esc := runInRoom(t, url, token, "escape", "Escape: "+roomtest.BashCall(escape))
+	t.Logf("the escaping tool: %q", esc.output())
+	if out := esc.output(); strings.Contains(out, "escaped") || strings.Contains(out, "raised") || strings.Contains(out, "survived") {
+		t.Errorf("a tool left its room's limits: %q", out)
+	}
+	if len(esc.limits) == 0 || esc.limits[0].Limit != event.LimitMemory {
+		t.Errorf("the escaping tool was not killed at the limit: %+v %q", esc.limits, esc.output())
+	}
 }
+
+// escapePy is a hostile tool: for every cgroup hierarchy it is in, it
+// tries to move itself into its group's parent and to lift its group's
+// memory limit, says what it managed, then allocates 4 GiB.
+const escapePy = `import os
+mounts = {}
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    rest = f[f.index("-") + 1:]
+    if rest[0] == "cgroup2":
+        mounts[""] = f[4]
+    elif rest[0] == "cgroup":
+        for opt in rest[2].split(","):
+            mounts[opt] = f[4]
+for line in open("/proc/self/cgroup"):
+    _, ctrls, path = line.strip().split(":", 2)
+    mnt = mounts.get(ctrls.split(",")[0] if ctrls else "")
+    if not mnt:
+        continue
+    own = mnt + path
+    for target, what, value in ((os.path.dirname(own) + "/cgroup.procs", "escaped", str(os.getpid())),
+                                (own + "/memory.limit_in_bytes", "raised", "-1"), (own + "/memory.max", "raised", "max")):
+        try:
+            with open(target, "w") as fh:
+                fh.write(value)
+            print(what, target)
+        except OSError:
+            pass
+a = [b"x" * (64 << 20) for i in range(64)]
+print("survived", len(a))
+`
 
 // A fork bomb (bounded: 200 forks at most) stops at the room's pids limit
 // while another room's turn settles.
