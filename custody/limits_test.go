@@ -391,3 +391,29 @@ func TestResources_Fallback(t *testing.T) {
 		t.Errorf("forks under RLIMIT_NPROC 16 (and the uid's own): %q", line)
 	}
 }
+
+// A host killed with -9 leaves its scope's groups, the v1 ones of its
+// limits among them: reap ends the orphan and removes them all.
+func TestReap_DeadHostsLimitGroups(t *testing.T) {
+	c := newCustodian(t, Options{Resources: true})
+	needLimits(t, c, ByCgroupV1)
+	host, pid, marker := startHost(t, "AGENTHOST_CUSTODY_RESOURCES=1")
+	defer killIfAlive(pid)
+	var dirs []string
+	for _, d := range c.res.v1 {
+		dirs = append(dirs, filepath.Join(d, cgroupPrefix+marker))
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("the host's scope group %s: %v", d, err)
+		}
+	}
+	host.Process.Kill()
+	host.Wait()
+	reapOrphan(t, pid, "the dead host's child")
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("the dead host's group %s is left (%v)", d, err)
+		}
+	}
+}
