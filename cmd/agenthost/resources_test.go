@@ -25,6 +25,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/chromedp/chromedp"
 )
 
 // The rooms' limits, with omp on the built-in model: each test runs a
@@ -39,11 +40,18 @@ const python = "/usr/bin/python3"
 
 // needRoomLimits skips where this machine cannot limit rooms by cgroups,
 // saying why (the fallback has its own test).
-func needRoomLimits(t *testing.T) {
+func needRoomLimits(t testing.TB) {
 	t.Helper()
 	if _, err := os.Stat(python); err != nil {
 		t.Skipf("no %s for the rooms' workloads", python)
 	}
+	needCgroupLimits(t)
+}
+
+// needCgroupLimits skips where this machine cannot limit rooms by
+// cgroups, saying why.
+func needCgroupLimits(t testing.TB) {
+	t.Helper()
 	c, err := custody.New(custody.Options{Resources: true, NoSubreaper: true})
 	if err != nil {
 		t.Fatal(err)
@@ -179,6 +187,8 @@ func roomState(t *testing.T, url, token, room string) (st struct {
 // its call fails, room.limit is written, the turn settles (or, had the
 // kernel picked the agent, fails naming the limit); another room's turn,
 // running at the same time, settles; the state reports the limits held.
+// A room's settings lower its limit (and cannot raise it), and a hostile
+// tool can neither leave its groups nor lift their limit.
 func TestServe_RoomMemoryLimit(t *testing.T) {
 	needRoomLimits(t)
 	const limit = 1 << 30
@@ -221,6 +231,15 @@ func TestServe_RoomMemoryLimit(t *testing.T) {
 	if next := runInRoom(t, url, token, "hog", "hello again"); next.end.Outcome != "settled" {
 		t.Errorf("the room's next turn: %+v", next.end)
 	}
+	// A room's settings lower its limit (never above the server's): the
+	// escaping room runs under 768 MiB (above what omp holds itself, so
+	// that the kernel picks the tool).
+	if code, b := call(t, "PUT", url+"v1/rooms/escape/config", token, `{"resources":{"memory":"2G"}}`); code != 400 || !strings.Contains(string(b), "over the server's ceiling, 1 GiB") {
+		t.Fatalf("a room's memory over the server's: %d %s", code, b)
+	}
+	if code, b := call(t, "PUT", url+"v1/rooms/escape/config", token, `{"resources":{"memory":"768M"}}`); code != 200 {
+		t.Fatalf("a room's memory under the server's: %d %s", code, b)
+	}
 	// A hostile tool tries to leave its groups for the server's (its own
 	// group's parent, in every hierarchy it is in) and to raise its
 	// memory limit, then allocates: refused, and killed at the limit.
@@ -237,17 +256,61 @@ func TestServe_RoomMemoryLimit(t *testing.T) {
 	escape := python + " escape.py"
 	esc := runInRoom(t, url, token, "escape", "Escape: "+roomtest.BashCall(escape))
 	t.Logf("the escaping tool: %q", esc.output())
+	if esc.end.Outcome != "settled" || !strings.Contains(esc.output(), "attempts-done") {
+		t.Fatalf("the escaping turn: %+v, its tool's output %q", esc.end, esc.output())
+	}
 	if out := esc.output(); strings.Contains(out, "escaped") || strings.Contains(out, "raised") || strings.Contains(out, "survived") {
 		t.Errorf("a tool left its room's limits: %q", out)
 	}
-	if len(esc.limits) == 0 || esc.limits[0].Limit != event.LimitMemory {
-		t.Errorf("the escaping tool was not killed at the limit: %+v %q", esc.limits, esc.output())
+	if len(esc.limits) == 0 || esc.limits[0].Limit != event.LimitMemory || esc.limits[0].Value != 768<<20 {
+		t.Errorf("the escaping tool was not killed at its room's limit: %+v %q", esc.limits, esc.output())
+	}
+	if c := esc.end.Compute; c == nil || c.PeakMemoryBytes > 768<<20+1<<20 {
+		t.Errorf("the escaping turn's compute, under 768 MiB: %+v", esc.end.Compute)
+	}
+	if st := roomState(t, url, token, "escape"); st.Resources == nil || !st.Resources.Enforced || st.Resources.Memory != 768<<20 {
+		t.Errorf("the escaping room's resources: %+v", st.Resources)
+	}
+}
+
+// The agent itself killed at its room's memory limit (a custom agent
+// that allocates 4 GiB): the turn fails with a reason naming the limit,
+// room.limit says the agent was killed, the room's next message starts
+// the agent again and settles, and another room's turn at the same time
+// settles.
+func TestServe_AgentKilledAtItsRoomsMemoryLimit(t *testing.T) {
+	needCgroupLimits(t)
+	url, token, _ := startServe(t, append([]string{"--data", t.TempDir(), "--confine", "off", "--room-memory", "256M"}, fakeAgentArgs(t)...)...)
+	var hog, calm roomRun
+	inParallel(t, func() (err error) {
+		hog, err = postAndFollow(t, url, token, "hog", "eat memory", nil)
+		return err
+	}, func() (err error) {
+		calm, err = postAndFollow(t, url, token, "calm", "hello", nil)
+		return err
+	})
+	if calm.end.Outcome != "settled" {
+		t.Errorf("the other room's turn: %+v", calm.end)
+	}
+	if hog.end.Outcome != "failed" || !strings.Contains(hog.end.Reason, "killed at the room's memory limit (256 MiB)") {
+		t.Fatalf("the turn of the agent killed at the limit: %+v (events %v)", hog.end, hog.types)
+	}
+	if len(hog.limits) != 1 || hog.limits[0].Limit != event.LimitMemory || !hog.limits[0].AgentKilled || hog.limits[0].Count < 1 || hog.limits[0].Value != 256<<20 {
+		t.Fatalf("room.limit: %+v", hog.limits)
+	}
+	if c := hog.end.Compute; c == nil || c.PeakMemoryBytes < 128<<20 || c.PeakMemoryBytes > 256<<20+1<<20 {
+		t.Errorf("the failed turn's compute: %+v", hog.end.Compute)
+	}
+	next := runInRoom(t, url, token, "hog", "hello again")
+	if next.end.Outcome != "settled" || !slices.Contains(next.types, event.TypeAgentStarted) || len(next.limits) != 0 {
+		t.Errorf("the room's next turn: %+v, events %v, limits %+v", next.end, next.types, next.limits)
 	}
 }
 
 // escapePy is a hostile tool: for every cgroup hierarchy it is in, it
 // tries to move itself into its group's parent and to lift its group's
-// memory limit, says what it managed, then allocates 4 GiB.
+// memory limit, says what it managed (at once: a killed process's
+// buffered output is lost), then allocates 4 GiB.
 const escapePy = `import os
 mounts = {}
 for line in open("/proc/self/mountinfo"):
@@ -269,9 +332,10 @@ for line in open("/proc/self/cgroup"):
         try:
             with open(target, "w") as fh:
                 fh.write(value)
-            print(what, target)
+            print(what, target, flush=True)
         except OSError:
             pass
+print("attempts-done", flush=True)
 a = [b"x" * (64 << 20) for i in range(64)]
 print("survived", len(a))
 `
@@ -510,14 +574,13 @@ func procRSS(t *testing.T, pid int) int64 {
 // nobodyServe runs serve as uid 65534 (from a copy of the test binary it
 // can run), in the cgroups moveTo names (their cgroup.procs, written
 // before the server drops root), and returns its address, its start lines
-// and its data dir.
+// and its data dir. A test that is not root runs it as its own user (and
+// moves it nowhere).
 func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lines []string) {
 	t.Helper()
-	if os.Getuid() != 0 {
-		t.Skip("not root: no other user to run the server as")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("no setpriv")
+	root := os.Getuid() == 0
+	if _, err := exec.LookPath("setpriv"); root && err != nil {
+		t.Skip("no setpriv to run the server as uid 65534")
 	}
 	dir, err := os.MkdirTemp("", "agenthost-nobody")
 	if err != nil {
@@ -543,7 +606,7 @@ func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lin
 	if err := os.Mkdir(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(data, 65534, 65534); err != nil {
+	if err := os.Chown(data, 65534, 65534); root && err != nil {
 		t.Fatal(err)
 	}
 	tools, _ := filepath.Abs("../../.tools")
@@ -552,6 +615,9 @@ func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lin
 		fmt.Fprintf(&move, "echo $$ > %s && ", p)
 	}
 	script := move.String() + `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$0" "$@"`
+	if !root {
+		script = `exec "$0" "$@"`
+	}
 	cmd := exec.Command("/bin/sh", append([]string{"-c", script, bin, "serve", "--listen", "127.0.0.1:0", "--data", data}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN=nobody-token", "HOME="+data, "TMPDIR="+data,
@@ -615,6 +681,9 @@ func TestServe_ResourcesWithoutCgroups(t *testing.T) {
 	}
 	url, lines := nobodyServe(t, nil, "--approval-mode", "yolo", "--room-memory", "4G", "--room-pids", "128")
 	last := lines[len(lines)-1]
+	if os.Getuid() != 0 && !strings.Contains(last, "NOT enforced by cgroups") {
+		t.Skipf("this user (uid %d) has cgroups it may write: no fallback to see (%q)", os.Getuid(), last)
+	}
 	if !strings.Contains(last, "NOT enforced by cgroups") || !strings.Contains(last, "RLIMIT_AS") {
 		t.Fatalf("the start line: %q", last)
 	}
@@ -651,6 +720,9 @@ func TestServe_ResourcesWithoutCgroups(t *testing.T) {
 // cgroup v2 hierarchy and in each v1 hierarchy of the controllers, gives
 // it to that user, and starts the server in them.
 func TestServe_FindsItsDelegatedCgroups(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("not root: no group can be delegated to another user")
+	}
 	needRoomLimits(t)
 	name := fmt.Sprintf("agenthost-test-deleg-%d", os.Getpid())
 	var made, procs []string
@@ -673,6 +745,14 @@ func TestServe_FindsItsDelegatedCgroups(t *testing.T) {
 		procs = append(procs, filepath.Join(dir, "cgroup.procs"))
 	}
 	if m := cgroup2Dir(); m != "" {
+		// On a pure v2 host this test's custodian (needRoomLimits) moved
+		// this process into a leaf and enabled the controllers in the
+		// group above it: the delegated group goes beside the leaf, where
+		// it gets them (a group below the leaf, which holds processes,
+		// could not).
+		if filepath.Base(m) == "agenthost.host" {
+			m = filepath.Dir(m)
+		}
 		delegate(filepath.Join(m, name), "cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
 	}
 	for _, c := range []string{"memory", "pids", "cpu", "cpuacct"} {
@@ -868,4 +948,139 @@ func TestServeDaemon_LimitsCarryAcrossAHandoff(t *testing.T) {
 	}
 	s2.stop(syscall.SIGTERM)
 	checkNothingLeft(t, data, "r")
+}
+
+// BenchmarkServe_TurnBesideAMemoryHog is what a room pressing on its
+// memory limit costs another room: the latency of a short turn (omp on
+// the built-in model, one bash call) in a calm room alone, then while a
+// second room's tool allocates 4x its 1 GiB limit over and over (each
+// allocation killed by the kernel at the limit). It reports both medians
+// and their ratio (the issue's goal: within 1.5x), and the kills the hog
+// met meanwhile. Run with -benchtime=Nx: N turns each way.
+func BenchmarkServe_TurnBesideAMemoryHog(b *testing.B) {
+	needRoomLimits(b)
+	data := b.TempDir()
+	url, token, _ := startServe(b, "--data", data, "--approval-mode", "yolo", "--room-memory", "1G")
+	calm := func() time.Duration {
+		t0 := time.Now()
+		r, err := postAndFollow(b, url, token, "calm", "Say it: "+roomtest.BashCall("echo calm-room"), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r.end.Outcome != "settled" || !strings.Contains(r.output(), "calm-room") {
+			b.Fatalf("the calm room's turn: %+v %q", r.end, r.output())
+		}
+		return time.Since(t0)
+	}
+	// Both agents started (not measured).
+	calm()
+	if r, err := postAndFollow(b, url, token, "hog", "hello", nil); err != nil || r.end.Outcome != "settled" {
+		b.Fatalf("the hog's first turn: %+v %v", r.end, err)
+	}
+	ws, _ := filepath.Glob(filepath.Join(data, "workspaces", "hog-*"))
+	if len(ws) != 1 {
+		b.Fatalf("the hog's workspace: %v", ws)
+	}
+	n := b.N
+	alone := make([]time.Duration, 0, n)
+	beside := make([]time.Duration, 0, n)
+	b.ResetTimer()
+	for range n {
+		alone = append(alone, calm())
+	}
+	// The hog allocates until the file stop appears (or 10 minutes pass).
+	hogCmd := fmt.Sprintf(`sh -c 'end=$(($(date +%%s)+600)); k=0; while [ ! -e stop ] && [ $(date +%%s) -lt $end ]; do %s -c "a=[b\"x\"*(64<<20) for i in range(64)]" 2>/dev/null; k=$((k+1)); done; echo hog-runs $k'`, python)
+	hogStarted := make(chan struct{})
+	var once sync.Once
+	hogDone := make(chan roomRun, 1)
+	hogErr := make(chan error, 1)
+	go func() {
+		r, err := postAndFollow(b, url, token, "hog", "Allocate: "+roomtest.BashCall(hogCmd), func(typ string) {
+			if typ == event.TypeToolStarted {
+				once.Do(func() { close(hogStarted) })
+			}
+		})
+		hogErr <- err
+		hogDone <- r
+	}()
+	select {
+	case <-hogStarted:
+	case err := <-hogErr:
+		b.Fatalf("the hog ended before its tool started: %v", err)
+	case <-time.After(4 * time.Minute):
+		b.Fatal("the hog's tool did not start")
+	}
+	for range n {
+		beside = append(beside, calm())
+	}
+	b.StopTimer()
+	if err := os.WriteFile(filepath.Join(ws[0], "stop"), nil, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := <-hogErr; err != nil {
+		b.Fatal(err)
+	}
+	hog := <-hogDone
+	kills := int64(0)
+	for _, l := range hog.limits {
+		if l.Limit == event.LimitMemory {
+			kills += l.Count
+		}
+	}
+	if hog.end.Outcome != "settled" || kills == 0 {
+		b.Fatalf("the hog's turn: %+v, limits %+v, %q", hog.end, hog.limits, hog.output())
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1e3
+	}
+	b.ReportMetric(med(alone), "ms-alone")
+	b.ReportMetric(med(beside), "ms-beside-hog")
+	b.ReportMetric(med(beside)/med(alone), "ratio")
+	b.ReportMetric(float64(kills), "hog-kills")
+	b.Logf("alone %v; beside the hog %v; the hog: %q", alone, beside, strings.TrimSpace(hog.output()))
+}
+
+// The page shows a room's limits and what its turns used: a tool killed
+// at the memory limit is a note in the conversation, the turn's compute
+// is beside its tokens and the room's totals beside the room's, and the
+// Settings form shows the room's limits (the server's, until lowered)
+// and lowers them.
+func TestServePage_RoomResources(t *testing.T) {
+	needRoomLimits(t)
+	ctx := newBrowser(t)
+	t.Setenv("AGENTHOST_TOKEN", "")
+	url, token, _ := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--room-memory", "1G")
+	act(t, ctx, "opening the printed address", chromedp.Navigate(url+"#token="+token))
+	waitFor(t, ctx, "the rooms list", `!document.getElementById("layout").hidden && document.getElementById("login").hidden`)
+	act(t, ctx, "opening a room",
+		chromedp.SetValue(chromedp.CSS("#open-id"), "res"),
+		chromedp.Click(chromedp.CSS(`#open-form button[type="submit"]`)))
+	waitFor(t, ctx, "the room", `!document.getElementById("room").hidden`)
+	big := fmt.Sprintf(`%s -c "a=[b'x'*(64<<20) for i in range(64)]; print('survived', len(a))"`, python)
+	sendFromPage(t, ctx, "Allocate: "+roomtest.BashCall(big))
+	waitFor(t, ctx, "the limit's note", `[...document.querySelectorAll("#log .msg.system")].some(n => /^the room's memory limit \(1 GiB\) was reached: \d+ process(es)? killed$/.test(n.textContent))`)
+	waitFor(t, ctx, "the turn's compute beside its tokens", `/tokens · \$[0-9.e-]+ · [0-9.]+ s CPU · [0-9.]+ (MiB|GiB) peak · \d+ process/.test(document.querySelector("#log .msg.assistant .turn-usage")?.textContent ?? "")`)
+	waitFor(t, ctx, "the room's compute beside its usage", `/^1 turn, [0-9,]+ tokens .*; [0-9.]+ s CPU · [0-9.]+ (MiB|GiB) peak · \d+ process/.test(document.getElementById("room-usage").textContent)`)
+
+	act(t, ctx, "opening the settings", chromedp.Click(chromedp.CSS("#room-config summary")))
+	waitFor(t, ctx, "the room's limits in the settings", `document.getElementById("cfg-res-memory").value === "1G" && document.getElementById("cfg-res-pids").value === "4096"`)
+	act(t, ctx, "a limit over the server's",
+		chromedp.SetValue(chromedp.CSS("#cfg-res-memory"), "2G"),
+		chromedp.Click(chromedp.CSS("#config-save")))
+	waitFor(t, ctx, "the refusal", `document.getElementById("config-error").textContent.includes("over the server's ceiling, 1 GiB")`)
+	act(t, ctx, "a lower limit",
+		chromedp.SetValue(chromedp.CSS("#cfg-res-memory"), "512M"),
+		chromedp.Click(chromedp.CSS("#config-save")))
+	waitFor(t, ctx, "the settings saved", `document.getElementById("config-status").textContent.startsWith("Saved.") && document.getElementById("config-error").textContent === ""`)
+	code, b := call(t, "GET", url+"v1/rooms/res/config", token, "")
+	var cfg struct {
+		Resources struct {
+			Memory int64 `json:"memory"`
+		} `json:"resources"`
+		NextStart []string `json:"next_start"`
+	}
+	if code != 200 || json.Unmarshal(b, &cfg) != nil || cfg.Resources.Memory != 512<<20 || !slices.Contains(cfg.NextStart, "resources") {
+		t.Fatalf("the room's settings after the page saved them: %d %s", code, b)
+	}
 }
