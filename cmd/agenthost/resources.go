@@ -82,7 +82,12 @@ func limitsReport(l room.Limits, s custody.Support) string {
 		what = "none"
 	}
 	if s.Enforced() {
-		return fmt.Sprintf("%s per room (%s, with an equal CPU share each)", what, s.Memory)
+		by := string(s.Memory)
+		if s.Pids != s.Memory || s.CPU != s.Memory {
+			// Mixed hierarchies (a controller in v2, another in v1).
+			by = fmt.Sprintf("memory by %s, tasks by %s, CPU by %s", s.Memory, s.Pids, s.CPU)
+		}
+		return fmt.Sprintf("%s per room (%s, with an equal CPU share each)", what, by)
 	}
 	return fmt.Sprintf("%s per room, NOT enforced by cgroups: %s", what, s.Why)
 }

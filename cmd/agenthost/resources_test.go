@@ -25,6 +25,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/room"
 	"github.com/chromedp/chromedp"
 )
 
@@ -1082,5 +1083,27 @@ func TestServePage_RoomResources(t *testing.T) {
 	}
 	if code != 200 || json.Unmarshal(b, &cfg) != nil || cfg.Resources.Memory != 512<<20 || !slices.Contains(cfg.NextStart, "resources") {
 		t.Fatalf("the room's settings after the page saved them: %d %s", code, b)
+	}
+}
+
+// The start line says what limits the rooms and how they hold: by which
+// cgroup hierarchy (each, where they differ), or that they are not
+// enforced by cgroups and why.
+func TestLimitsReport(t *testing.T) {
+	l := room.Limits{Memory: 1 << 30, Pids: 256, CPU: 1.5}
+	for _, c := range []struct {
+		s    custody.Support
+		want string
+	}{
+		{custody.Support{Memory: custody.ByCgroupV2, Pids: custody.ByCgroupV2, CPU: custody.ByCgroupV2, Metered: true},
+			"memory 1 GiB, 256 tasks, 1.5 cores per room (cgroup-v2, with an equal CPU share each)"},
+		{custody.Support{Memory: custody.ByCgroupV2, Pids: custody.ByCgroupV1, CPU: custody.ByCgroupV1, Metered: true},
+			"memory 1 GiB, 256 tasks, 1.5 cores per room (memory by cgroup-v2, tasks by cgroup-v1, CPU by cgroup-v1, with an equal CPU share each)"},
+		{custody.Support{Memory: custody.ByRlimit, Pids: custody.ByRlimit, CPU: custody.ByNothing, Why: "not root"},
+			"memory 1 GiB, 256 tasks, 1.5 cores per room, NOT enforced by cgroups: not root"},
+	} {
+		if got := limitsReport(l, c.s); got != c.want {
+			t.Errorf("limitsReport(%+v):\n got %q\nwant %q", c.s, got, c.want)
+		}
 	}
 }
