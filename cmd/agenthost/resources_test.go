@@ -371,6 +371,11 @@ func TestServe_RoomPidsLimit(t *testing.T) {
 	if started == 0 || started >= 200 || started > limit {
 		t.Errorf("the fork bomb started %d processes under a limit of %d tasks: %q", started, limit, bombed.output())
 	}
+	// The refused fork is an error the agent reads in the tool's output
+	// (dash's words, or bash's).
+	if !regexp.MustCompile(`(?i)cannot fork|fork: .*resource temporarily unavailable`).MatchString(bombed.output()) {
+		t.Errorf("the tool's output does not say a fork was refused: %q", bombed.output())
+	}
 	if len(bombed.limits) == 0 || bombed.limits[0].Limit != event.LimitPids || bombed.limits[0].Count < 1 || bombed.limits[0].Value != limit {
 		t.Fatalf("room.limit: %+v (events %v)", bombed.limits, bombed.types)
 	}
@@ -706,7 +711,7 @@ func TestServe_ResourcesWithoutCgroups(t *testing.T) {
 		started = max(started, n)
 	}
 	t.Logf("the bomb started %d of 300 under RLIMIT_NPROC", started)
-	if started == 0 || started >= 300 {
+	if started == 0 || started >= 300 || !regexp.MustCompile(`(?i)cannot fork|fork: .*resource temporarily unavailable`).MatchString(r.output()) {
 		t.Errorf("a fork bomb under RLIMIT_NPROC started %d: %q", started, r.output())
 	}
 	st := roomState(t, url, token, "r")
