@@ -304,6 +304,7 @@ func probeV1(want []string) (map[string]string, string) {
 	own := v1Groups("/proc/self/cgroup", v1Mounts(), want)
 	found := map[string]string{}
 	var missing, denied []string
+	var deniedErr error          // the first mkdir refused
 	probe := map[string]string{} // controller -> the probe group
 	made := map[string]string{}  // directory -> its probe group (cpu and cpuacct may share one)
 	for _, c := range want {
@@ -319,6 +320,9 @@ func probeV1(want []string) (map[string]string, string) {
 		p := filepath.Join(dir, cgroupPrefix+"probe-"+strconv.Itoa(os.Getpid()))
 		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			denied = append(denied, c)
+			if deniedErr == nil {
+				deniedErr = err
+			}
 			continue
 		}
 		made[dir], probe[c] = p, p
@@ -348,7 +352,17 @@ func probeV1(want []string) (map[string]string, string) {
 		why = append(why, "no cgroup v1 hierarchy for "+strings.Join(missing, ", "))
 	}
 	if len(denied) > 0 {
-		why = append(why, "no cgroup v1 group of "+strings.Join(denied, ", ")+" may be made by this user (not root, nothing delegated)")
+		// Not root and nothing delegated, or (root too) hierarchies
+		// mounted read-only, as a container's often are.
+		reason := "not root, nothing delegated"
+		var errno unix.Errno
+		if os.Geteuid() == 0 || errors.Is(deniedErr, unix.EROFS) {
+			reason = "read-only, or not this server's to write"
+			if errors.As(deniedErr, &errno) {
+				reason += ": " + errno.Error()
+			}
+		}
+		why = append(why, "no cgroup v1 group of "+strings.Join(denied, ", ")+" may be made by this server ("+reason+")")
 	}
 	return found, strings.Join(why, "; ")
 }

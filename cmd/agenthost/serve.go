@@ -121,8 +121,9 @@ Each room's processes are limited together (--room-memory, default 4G or half
 the machine's memory; --room-pids, default 4096 tasks; --room-cpu, default all
 cores), with an equal CPU share per room: by cgroup v2 controllers, by cgroup
 v1 hierarchies on a hybrid host, or, where the server may write no cgroup (not
-root, nothing delegated: see the systemd unit in contrib), by RLIMIT_AS and
-RLIMIT_NPROC per process. The start line says which. A room's config may lower
+root and nothing delegated: see the systemd unit in contrib; or cgroups
+mounted read-only, as in many containers), by RLIMIT_AS and RLIMIT_NPROC per
+process. The start line says which. A room's config may lower
 them (resources: memory, pids, cpu), never raise them.
 
 With --daemon every room's agent runs as a process of the data dir's process
