@@ -588,6 +588,49 @@ func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lin
 	if _, err := exec.LookPath("setpriv"); root && err != nil {
 		t.Skip("no setpriv to run the server as uid 65534")
 	}
+	script := `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$0" "$@"`
+	if !root {
+		script = `exec "$0" "$@"`
+	}
+	var move strings.Builder
+	for _, p := range moveTo {
+		fmt.Fprintf(&move, "echo $$ > %s && ", p)
+	}
+	return helperServe(t, root, move.String()+script, args...)
+}
+
+// readOnlyCgroupsServe runs serve as root in a mount namespace of its own
+// where every cgroup hierarchy is mounted read-only (as in a container
+// whose /sys/fs/cgroup is not its to write), and returns what
+// nobodyServe does.
+func readOnlyCgroupsServe(t *testing.T, args ...string) (url string, lines []string) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("not root: the mounts of a namespace of its own are root's to change")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare to give the server a mount namespace of its own")
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var remount strings.Builder
+	for _, l := range strings.Split(string(mounts), "\n") {
+		f := strings.Fields(l)
+		if i := slices.Index(f, "-"); i > 0 && i+1 < len(f) && (f[i+1] == "cgroup" || f[i+1] == "cgroup2") {
+			fmt.Fprintf(&remount, "mount -o remount,bind,ro %s && ", f[4])
+		}
+	}
+	inner := remount.String() + `exec "$0" "$@"`
+	return helperServe(t, false, `exec unshare -m --propagation private /bin/sh -c '`+inner+`' "$0" "$@"`, args...)
+}
+
+// helperServe runs serve from a copy of the test binary under script (sh
+// -c, the binary as $0, serve's arguments after it), with a data dir
+// given to uid 65534 if nobody, and returns its address and start lines.
+func helperServe(t *testing.T, nobody bool, script string, args ...string) (url string, lines []string) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "agenthost-nobody")
 	if err != nil {
 		t.Fatal(err)
@@ -612,18 +655,12 @@ func nobodyServe(t *testing.T, moveTo []string, args ...string) (url string, lin
 	if err := os.Mkdir(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chown(data, 65534, 65534); root && err != nil {
-		t.Fatal(err)
+	if nobody {
+		if err := os.Chown(data, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tools, _ := filepath.Abs("../../.tools")
-	var move strings.Builder
-	for _, p := range moveTo {
-		fmt.Fprintf(&move, "echo $$ > %s && ", p)
-	}
-	script := move.String() + `exec setpriv --reuid=65534 --regid=65534 --clear-groups "$0" "$@"`
-	if !root {
-		script = `exec "$0" "$@"`
-	}
 	cmd := exec.Command("/bin/sh", append([]string{"-c", script, bin, "serve", "--listen", "127.0.0.1:0", "--data", data}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), serveHelperEnv+"=1", "AGENTHOST_TOKEN=nobody-token", "HOME="+data, "TMPDIR="+data,
@@ -716,6 +753,48 @@ func TestServe_ResourcesWithoutCgroups(t *testing.T) {
 	}
 	st := roomState(t, url, token, "r")
 	if res := st.Resources; res == nil || res.Enforced || res.Why == "" || res.By.Memory != "rlimit" || res.By.Pids != "rlimit" || res.By.CPU != "none" || res.Memory != 4<<30 {
+		t.Errorf("the room's resources: %+v", st.Resources)
+	}
+}
+
+// A root server whose cgroups are read-only (a container's usual
+// /sys/fs/cgroup) says at start and in the room's state that its limits
+// are not enforced by cgroups, and the rlimits hold: an allocation past
+// the address space limit fails, and a fork bomb stops at RLIMIT_NPROC,
+// counted over the agent's own uid (each room's agent runs as a uid of its
+// own under root).
+func TestServe_ResourcesWithReadOnlyCgroupsAsRoot(t *testing.T) {
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s", python)
+	}
+	url, lines := readOnlyCgroupsServe(t, "--approval-mode", "yolo", "--room-memory", "4G", "--room-pids", "128")
+	last := lines[len(lines)-1]
+	t.Logf("start lines: %q", lines)
+	if !strings.Contains(last, "NOT enforced by cgroups") || !strings.Contains(last, "RLIMIT_AS") || !strings.Contains(last, "per room user") ||
+		!strings.Contains(last, "read-only") || strings.Contains(last, "not root") {
+		t.Fatalf("the start line: %q", last)
+	}
+	token := "nobody-token"
+	r := runInRoom(t, url, token, "r", "Reserve: "+roomtest.BashCall(python+` -c "b = bytearray(6 << 30); print('reserved')"`))
+	if r.end.Outcome != "settled" || !strings.Contains(r.output(), "MemoryError") || strings.Contains(r.output(), "reserved") {
+		t.Errorf("a 6 GiB allocation under RLIMIT_AS: %+v %q", r.end, r.output())
+	}
+	if r.end.Compute != nil || len(r.limits) != 0 {
+		t.Errorf("compute %+v, room.limit %+v: nothing is measured without cgroups", r.end.Compute, r.limits)
+	}
+	bomb := `sh -c 'i=0; for j in $(seq 300); do /bin/sleep 20 >/dev/null 2>&1 & i=$((i+1)); echo $i; done' 2>&1; echo bomb-done`
+	r = runInRoom(t, url, token, "r", "Fork: "+roomtest.BashCall(bomb))
+	started := 0
+	for _, m := range regexp.MustCompile(`(?m)^(\d+)$`).FindAllStringSubmatch(r.output(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		started = max(started, n)
+	}
+	t.Logf("the bomb started %d of 300 under RLIMIT_NPROC 128", started)
+	if started == 0 || started >= 128 || !regexp.MustCompile(`(?i)cannot fork|fork: .*resource temporarily unavailable`).MatchString(r.output()) {
+		t.Errorf("a fork bomb under RLIMIT_NPROC started %d: %q", started, r.output())
+	}
+	st := roomState(t, url, token, "r")
+	if res := st.Resources; res == nil || res.Enforced || res.Why == "" || res.By.Memory != "rlimit" || res.By.Pids != "rlimit" || res.By.CPU != "none" || res.Memory != 4<<30 || res.Pids != 128 {
 		t.Errorf("the room's resources: %+v", st.Resources)
 	}
 }
