@@ -91,7 +91,11 @@ func newResources(cgDir string, v2 map[string]bool, why2 string) *resources {
 		why = append(why, why2)
 	}
 	if cgDir == "" {
-		why = append(why, "no cgroup v2 group can be made for a scope here")
+		w := "no cgroup v2 group can be made for a scope here"
+		if why2 != "" {
+			w += ": " + why2
+		}
+		why = append(why, w)
 	}
 	need := []string{}
 	for _, c := range v1Controllers {

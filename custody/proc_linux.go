@@ -300,6 +300,13 @@ func newPlatform(opts Options) (platform, error) {
 		if dir, rel := ownCgroupDir(); dir != "" {
 			dir, rel, p.v2, p.why2 = prepareV2(dir, rel)
 			p.cgRoot, p.cgRel = probeCgroupAt(dir, rel)
+			if p.cgRoot == "" && p.why2 == "" {
+				// Say why no group could be made (a read-only mount, as
+				// a container's; a group not this user's).
+				if err := unix.Access(dir, unix.W_OK); err != nil {
+					p.why2 = fmt.Sprintf("%s is not writable: %v", rel, err)
+				}
+			}
 		}
 	default:
 		p.cgRoot, p.cgRel = probeCgroup()
