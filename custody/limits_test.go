@@ -235,42 +235,59 @@ func TestResources_CPUMeteredAndLimited(t *testing.T) {
 
 // Two scopes busy at once get the same CPU (within 20%) although one runs
 // twice the loops of the other: every scope's group has the same share.
-// Measured over a window after both are busy, with another engineer's
-// load on the machine besides.
+// With other engineers' load on the machine the scopes may get little of
+// it, so the window is one of CPU time, not of wall time: from when both
+// are busy until they have used 4 s of CPU together (a minute at most).
 func TestResources_EqualShare(t *testing.T) {
 	c := newCustodian(t, Options{Resources: true})
 	needLimits(t, c, "")
 	loops := func(n int) string {
-		// Both start together, on a line on stdin; bounded by timeout.
-		return "read go; " + strings.Repeat(`timeout 7 sh -c 'while :; do :; done' & `, n) + "wait; echo done"
+		// Both start together, on a line on stdin; bounded by timeout
+		// (Close ends them before).
+		return "read go; " + strings.Repeat(`timeout 90 sh -c 'while :; do :; done' & `, n) + "wait; echo done"
 	}
 	a, err := c.StartWith(ctxFor(t, 10*time.Second), shCmd(loops(4)), StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer a.Close(ctxFor(t, 20*time.Second))
 	b, err := c.StartWith(ctxFor(t, 10*time.Second), shCmd(loops(2)), StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer b.Close(ctxFor(t, 20*time.Second))
 	for _, s := range []*Scope{a, b} {
 		fmt.Fprintln(s.Stdin())
 	}
-	// The window: from 1 s after the start (both busy) to 6 s.
-	time.Sleep(time.Second)
-	a0, b0 := a.Usage().CPU, b.Usage().CPU
-	time.Sleep(5 * time.Second)
-	ua, ub := (a.Usage().CPU - a0).Seconds(), (b.Usage().CPU - b0).Seconds()
-	for _, s := range []*Scope{a, b} {
-		if _, err := bufio.NewReader(s.Stdout()).ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Close(ctxFor(t, 20*time.Second)); err != nil {
-			t.Fatal(err)
+	// Looks at the meters (no event says how much CPU a group has had).
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(60 * time.Second)
+	look := func(done func(ua, ub time.Duration) bool) (time.Duration, time.Duration) {
+		t.Helper()
+		for {
+			ua, ub := a.Usage().CPU, b.Usage().CPU
+			if done(ua, ub) {
+				return ua, ub
+			}
+			select {
+			case <-tick.C:
+			case <-deadline:
+				t.Fatalf("the loops used %v and %v of CPU in a minute", ua, ub)
+			}
 		}
 	}
-	t.Logf("in 5 s: 4 loops %.2fs, 2 loops %.2fs", ua, ub)
-	if ua <= 0 || ub <= 0 || ua/ub > 1.2 || ub/ua > 1.2 {
-		t.Fatalf("unequal shares: 4 loops %.2fs, 2 loops %.2fs", ua, ub)
+	// Both busy (each has used a tenth of a second), then a second more
+	// for the scheduler's averages of the groups' loads to settle (they
+	// decay over some 100 ms; the shares follow them).
+	look(func(ua, ub time.Duration) bool { return ua > 100*time.Millisecond && ub > 100*time.Millisecond })
+	settled := time.Now().Add(time.Second)
+	a0, b0 := look(func(time.Duration, time.Duration) bool { return time.Now().After(settled) })
+	a1, b1 := look(func(ua, ub time.Duration) bool { return ua-a0+ub-b0 >= 4*time.Second })
+	da, db := (a1 - a0).Seconds(), (b1 - b0).Seconds()
+	t.Logf("of 4 s of CPU: 4 loops %.2fs, 2 loops %.2fs", da, db)
+	if da <= 0 || db <= 0 || da/db > 1.2 || db/da > 1.2 {
+		t.Fatalf("unequal shares: 4 loops %.2fs, 2 loops %.2fs", da, db)
 	}
 }
 
