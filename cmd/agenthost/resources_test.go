@@ -395,7 +395,7 @@ func TestServe_RoomsShareCPU(t *testing.T) {
 	// Each waits for the file go in its workspace, then runs n loops
 	// that end on their own.
 	loops := func(n int) string {
-		return `sh -c 'while [ ! -e go ]; do sleep 0.2; done; ` + strings.Repeat(`timeout 8 sh -c "while :; do :; done" & `, n) + `wait; echo loops-done'`
+		return `sh -c 'while [ ! -e go ]; do sleep 0.2; done; ` + strings.Repeat(`timeout 15 sh -c "while :; do :; done" & `, n) + `wait; echo loops-done'`
 	}
 	var mu sync.Mutex
 	var runs [2]roomRun
