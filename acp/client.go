@@ -110,6 +110,8 @@ type Spec struct {
 type Options struct {
 	// Custodian owns the agent process and everything it starts.
 	Custodian *custody.Custodian
+	// Limits bound the agent's scope where the Custodian applies them.
+	Limits custody.Limits
 	// FSRoot, if set, advertises fs/read_text_file and fs/write_text_file,
 	// confined to this directory: a path outside it (after resolving
 	// symlinks and "..") is refused. "" advertises neither.
@@ -253,7 +255,7 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	}
 	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
 	cmd.Dir, cmd.Env = spec.Dir, spec.Env
-	scope, err := opts.Custodian.Start(ctx, cmd)
+	scope, err := opts.Custodian.StartWith(ctx, cmd, custody.StartOptions{Limits: opts.Limits})
 	if err != nil {
 		c.fs.close()
 		return nil, fmt.Errorf("acp: starting %s: %w", spec.Argv[0], err)
@@ -321,6 +323,13 @@ func (c *Client) Closure() Closure {
 
 // Receipt is the custody receipt once Close succeeded, else nil.
 func (c *Client) Receipt() *custody.Receipt { return c.scope.Receipt() }
+
+// Usage reads what the agent's custody scope has used (custody's
+// Scope.Usage).
+func (c *Client) Usage() custody.Usage { return c.scope.Usage() }
+
+// ResetPeak starts a new window for the scope's peak memory.
+func (c *Client) ResetPeak() error { return c.scope.ResetPeak() }
 
 // HoldUntil freezes the agent's processes at deadline unless called again
 // with a later one (custody's Scope.HoldUntil).

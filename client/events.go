@@ -38,6 +38,7 @@ const (
 	TypeApprovalResolved  = event.TypeApprovalResolved
 	TypeQuestionAsked     = event.TypeQuestionAsked
 	TypeQuestionAnswered  = event.TypeQuestionAnswered
+	TypeRoomLimit         = event.TypeRoomLimit
 	TypeBudgetExhausted   = event.TypeBudgetExhausted
 	TypeAgentStarted      = event.TypeAgentStarted
 	TypeAgentAttached     = event.TypeAgentAttached

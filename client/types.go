@@ -91,10 +91,21 @@ type Room struct {
 	Turns         int64                  `json:"turns"`
 	Usage         Usage                  `json:"usage"`
 	UsageBySender map[string]SenderUsage `json:"usage_by_sender"`
+	// Resources are the limits of the room's processes and how they
+	// hold (nil when the server does not say); Compute what its
+	// processes used in its turns together.
+	Resources *Resources `json:"resources,omitempty"`
+	Compute   Compute    `json:"compute"`
 }
 
 // Confinement is what confines a room's agent and everything it starts.
 type Confinement = event.Confinement
+
+// Resources are the limits of a room's processes and how they hold.
+type Resources = event.Resources
+
+// Compute is what a room's processes used, measured by its groups.
+type Compute = record.Compute
 
 // Usage is tokens and cost as the agents reported them. InputTokens
 // counts only the prompt tokens neither read from nor written to the
@@ -302,9 +313,20 @@ type RoomConfig struct {
 	// no limit; nil keeps the server's default budget. In an answer it is
 	// the effective budget (0: no limit).
 	Budget *Budget `json:"budget,omitempty"`
+	// Resources lower the server's limits of the room's processes (never
+	// above them; 0: the server's).
+	Resources Limits `json:"resources,omitzero"`
 	// NextStart, in an answer, names the settings the room's running
 	// agent does not have yet: they take effect at its next start.
 	NextStart []string `json:"next_start,omitempty"`
+}
+
+// Limits bound a room's processes together: Memory in bytes, Pids in
+// tasks, CPU in cores (0: the server's).
+type Limits struct {
+	Memory int64   `json:"memory"`
+	Pids   int64   `json:"pids"`
+	CPU    float64 `json:"cpu"`
 }
 
 // Workspace is a room's workspace from git: file://, https or ssh URL, and

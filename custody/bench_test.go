@@ -292,3 +292,64 @@ func BenchmarkScanCPU1000Scopes(b *testing.B) {
 		fmt.Fprintf(os.Stderr, "closing all %d scopes took %v\n", scopes, closeWall.Round(time.Millisecond))
 	}
 }
+
+// BenchmarkStartWithLimits is what limits add to a scope's life: /bin/true
+// started and closed (its receipt) with no resources, and with memory,
+// pids and CPU limits in whatever groups this host gives (cgroup v1
+// hierarchies on a hybrid host, v2 controllers on a pure v2 one: a group
+// made, limited and removed per controller), and a read of its usage.
+func BenchmarkStartWithLimits(b *testing.B) {
+	limits := Limits{Memory: 1 << 30, Pids: 256, CPU: 1}
+	for _, v := range []struct {
+		name string
+		opts Options
+		l    Limits
+	}{{"none", Options{}, Limits{}}, {"limited", Options{Resources: true}, limits}} {
+		b.Run(v.name, func(b *testing.B) {
+			c, err := New(v.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			if v.opts.Resources {
+				if s := c.Support(); !s.Enforced() {
+					b.Skipf("limits are not enforced by cgroups here: %s", s.Why)
+				} else {
+					b.Logf("support: %+v", s)
+				}
+			}
+			ctx := context.Background()
+			for b.Loop() {
+				s, err := c.StartWith(ctx, exec.Command("/bin/true"), StartOptions{Limits: v.l})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Close(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	// One read of a live limited scope's usage (a meter's look: at each
+	// tool's end and each turn's ends).
+	b.Run("usage", func(b *testing.B) {
+		c, err := New(Options{Resources: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		if s := c.Support(); !s.Enforced() {
+			b.Skipf("limits are not enforced by cgroups here: %s", s.Why)
+		}
+		s, err := c.StartWith(context.Background(), exec.Command("/bin/cat"), StartOptions{Limits: limits})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close(context.Background())
+		for b.Loop() {
+			if u := s.Usage(); !u.Metered {
+				b.Fatalf("not metered: %+v", u)
+			}
+		}
+	})
+}

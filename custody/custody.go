@@ -10,6 +10,11 @@
 // host may create one. On other platforms only the process group is
 // signalled and no descendant is discovered; see the README's platform notes.
 //
+// With Options.Resources a scope may also be limited (memory, processes,
+// CPU: StartOptions.Limits) and measured (Scope.Usage), by cgroup v2
+// controllers, cgroup v1 hierarchies on a hybrid host, or resource limits
+// of each process where neither may be written; Support says which.
+//
 // This is ownership tracking of discoverable processes, not a sandbox: a
 // descendant with no readable marker (a cleared environment, or a
 // non-dumpable process when the host is not root) that leaves the session
@@ -83,6 +88,14 @@ type Options struct {
 	ScanInterval time.Duration
 	// NoCgroup disables the cgroup v2 upgrade.
 	NoCgroup bool
+	// Resources makes the custodian able to limit its scopes' memory,
+	// processes and CPU (StartOptions.Limits) and measure what they use
+	// (Scope.Usage), by the means Support reports: cgroup v2 controllers
+	// (on a v2 host whose group the custodian's process owns, it moves
+	// itself into a leaf group below it, so that the controllers can be
+	// enabled for its scopes), cgroup v1 hierarchies (a hybrid host), or
+	// else resource limits of each process. Off, limits are not applied.
+	Resources bool
 	// NoSubreaper leaves the host's subreaper flag alone (for hosts that
 	// manage it themselves).
 	NoSubreaper bool
@@ -117,6 +130,7 @@ type Custodian struct {
 	log   *slog.Logger
 	owner string // "<pid namespace>.<pid>.<start>" of this host
 	plat  platform
+	res   *resources // nil without Options.Resources
 	// selfStart is the host's start time (no orphan it inherits is older).
 	selfStart uint64
 	scanMu    sync.Mutex // one look at a time
@@ -153,6 +167,9 @@ func New(opts Options) (*Custodian, error) {
 		return nil, err
 	}
 	c.plat = plat
+	if opts.Resources {
+		c.res = plat.resources()
+	}
 	c.owner = plat.ownerID()
 	c.selfStart = plat.startTime(plat.selfPid())
 	c.loopWG.Add(1)
@@ -441,6 +458,10 @@ type Scope struct {
 	exitedAt time.Time // set before exited closes
 
 	cg *cgroup // nil without cgroup containment
+	// res are the scope's limits and meters (nil without
+	// Options.Resources), limits those it was started with.
+	res    *scopeRes
+	limits Limits
 
 	closeSem chan struct{} // one Close at a time
 	mu       sync.Mutex
@@ -461,6 +482,8 @@ type Scope struct {
 	forgot     map[Ended]int
 	// lookedAt is when a look last read the scope (UnixNano).
 	lookedAt atomic.Int64
+	// seen counts the processes ever owned (Usage.Processes), under mu.
+	seen int64
 
 	// A hold kept in this process (see HoldUntil).
 	holdMu     sync.Mutex
@@ -601,19 +624,13 @@ func (s *Scope) Receipt() *Receipt {
 // Linux a cgroup when available. cmd's Stdin, Stdout and Stderr must be nil:
 // the scope makes the pipes. ctx bounds starting only.
 func (c *Custodian) Start(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
-	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
-		return nil, errors.New("custody: Start makes the command's pipes; leave Stdin, Stdout and Stderr nil")
-	}
-	return c.start(ctx, cmd, nil, false)
+	return c.StartWith(ctx, cmd, StartOptions{})
 }
 
 // StartCombined is Start with the command's stderr on its stdout pipe, in
 // the order it wrote them (as 2>&1); the scope's Stderr is then nil.
 func (c *Custodian) StartCombined(ctx context.Context, cmd *exec.Cmd) (*Scope, error) {
-	if cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
-		return nil, errors.New("custody: Start makes the command's pipes; leave Stdin, Stdout and Stderr nil")
-	}
-	return c.start(ctx, cmd, nil, true)
+	return c.StartWith(ctx, cmd, StartOptions{Combined: true})
 }
 
 // StartTTY is Start for a command on a terminal: tty (the pty's child end)
@@ -624,10 +641,10 @@ func (c *Custodian) StartTTY(ctx context.Context, cmd *exec.Cmd, tty *os.File) (
 	if tty == nil || cmd.Stdin != nil || cmd.Stdout != nil || cmd.Stderr != nil {
 		return nil, errors.New("custody: StartTTY needs a tty and the command's stdio unset")
 	}
-	return c.start(ctx, cmd, tty, false)
+	return c.StartWith(ctx, cmd, StartOptions{TTY: tty})
 }
 
-func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, combined bool) (*Scope, error) {
+func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, combined bool, limits Limits) (*Scope, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -652,6 +669,7 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 		live:     map[ident]*owned{},
 		groups:   map[int]*owned{},
 		dead:     map[ident]deadEntry{},
+		limits:   limits,
 	}
 	s.marker = c.owner + "." + s.id
 	env := cmd.Env
@@ -663,29 +681,41 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 	if !c.opts.NoCgroup {
 		s.cg = c.plat.newCgroup(s.marker, cmd)
 	}
+	if c.res != nil {
+		var err error
+		if s.res, err = c.res.prepare(s.marker, s.cg, limits); err != nil {
+			_ = s.cg.remove()
+			return nil, err
+		}
+	}
 
 	// The leader is registered before any scan can see it as the host's
 	// child: its exit status is cmd.Wait's alone.
 	hostChildren.mu.Lock()
 	var pipes procio.Pipes
-	var err error
-	if tty != nil {
-		// The leader's own session (prepare) with the tty as its
-		// controlling terminal: fd 0 in the child.
-		setCtty(cmd)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		err = cmd.Start()
-	} else if combined {
-		pipes, err = procio.StartCombined(cmd)
-	} else {
-		pipes, err = procio.Start(cmd)
-	}
+	err := s.res.start(func() error {
+		var err error
+		if tty != nil {
+			// The leader's own session (prepare) with the tty as its
+			// controlling terminal: fd 0 in the child.
+			setCtty(cmd)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+			err = cmd.Start()
+		} else if combined {
+			pipes, err = procio.StartCombined(cmd)
+		} else {
+			pipes, err = procio.Start(cmd)
+		}
+		return err
+	})
 	if err != nil {
 		hostChildren.mu.Unlock()
 		_ = s.cg.remove()
+		_ = s.res.removeV1()
 		return nil, fmt.Errorf("custody: start %s: %w", cmd.Path, err)
 	}
 	pid := cmd.Process.Pid
+	s.res.started(pid)
 	hostChildren.leaders[pid] = true
 	s.leader = ident{pid: pid, start: c.plat.startTime(pid)}
 	hostChildren.scopes[s] = struct{}{}
@@ -702,6 +732,7 @@ func (c *Custodian) start(ctx context.Context, cmd *exec.Cmd, tty *os.File, comb
 	cmdline, cut := boundCmdline(strings.Join(cmd.Args, " "))
 	lo := &owned{id: s.leader, cmdline: cmdline, cut: cut, found: FoundLeader, lastSeen: c.plat.ticks()}
 	s.procs[s.leader], s.live[s.leader], s.groups[pid] = lo, lo, lo
+	s.seen = 1
 
 	// Registered even if Close began meanwhile: Close waits for this
 	// Start and then closes the scope with the rest.
@@ -846,7 +877,7 @@ func (s *Scope) lastLook(ctx context.Context) error {
 		s.c.lookAt(s)
 		if s.allGone() {
 			if !s.cg.populated() {
-				err := s.cg.remove()
+				err := s.removeGroups()
 				if err == nil {
 					return nil
 				}
@@ -884,6 +915,20 @@ func (s *Scope) lastLook(ctx context.Context) error {
 			return s.fail(fmt.Errorf("%w: %s", ErrNotConfirmed, left))
 		}
 	}
+}
+
+// removeGroups removes the scope's groups once it holds no process: its
+// usage is read a last time first. A v1 group that cannot be removed is
+// left for reap (its processes, all in the v2 group, are gone).
+func (s *Scope) removeGroups() error {
+	s.res.keep()
+	if err := s.cg.remove(); err != nil {
+		return err
+	}
+	if err := s.res.removeV1(); err != nil {
+		s.c.log.Warn("custody: a scope's cgroup v1 group was not removed", "scope", s.id, "err", err)
+	}
+	return nil
 }
 
 // stillLive lists those of ids the scope still has alive.
@@ -966,7 +1011,7 @@ func (c *Custodian) finishFailed() {
 			// stopped or in uninterruptible sleep at the last one.
 			s.cg.kill()
 			s.signalAll(sigKill)
-		} else if isClosed(s.exited) && !s.cg.populated() && s.cg.remove() == nil && s.Receipt() == nil {
+		} else if isClosed(s.exited) && !s.cg.populated() && s.removeGroups() == nil && s.Receipt() == nil {
 			r := s.complete()
 			c.log.Info("custody: a scope whose close failed is empty now", "scope", s.id, "processes", len(r.Processes)+r.More)
 		}
@@ -1069,4 +1114,6 @@ type platform interface {
 	signal(id ident, sig sysSignal) (reused bool)
 	signalGroup(leader ident, sig sysSignal)
 	newCgroup(id string, cmd *exec.Cmd) *cgroup
+	// resources finds what limits scopes may have (Options.Resources).
+	resources() *resources
 }

@@ -54,7 +54,9 @@ func TestMain(m *testing.M) {
 //   - "zthread": not a host: see zthread;
 //   - "zthread-host": see zthreadHost.
 //
-// AGENTHOST_CUSTODY_NOCGROUP=1 makes a host use no cgroup.
+// AGENTHOST_CUSTODY_NOCGROUP=1 makes a host use no cgroup,
+// AGENTHOST_CUSTODY_RESOURCES=1 one that limits its scope (a group of its
+// own in each cgroup v1 hierarchy, on a hybrid host).
 func runHelper(role string) {
 	fail := func(err error) {
 		fmt.Println("error", err)
@@ -67,6 +69,15 @@ func runHelper(role string) {
 	case "zthread-host":
 		zthreadHost()
 		return
+	case "alloc", "spin":
+		limitHelper(role)
+		return
+	case "reserve":
+		reserve()
+		return
+	case "limits-host":
+		limitsHost()
+		return
 	}
 	signal.Ignore(syscall.SIGTERM)
 	if role == "ns-host" {
@@ -77,7 +88,8 @@ func runHelper(role string) {
 			fail(err)
 		}
 	}
-	c, err := New(Options{NoCgroup: role == "ns-host" || os.Getenv("AGENTHOST_CUSTODY_NOCGROUP") == "1"})
+	c, err := New(Options{NoCgroup: role == "ns-host" || os.Getenv("AGENTHOST_CUSTODY_NOCGROUP") == "1",
+		Resources: os.Getenv("AGENTHOST_CUSTODY_RESOURCES") == "1"})
 	if err != nil {
 		fail(err)
 	}
@@ -88,7 +100,7 @@ func runHelper(role string) {
 	if role == "agent-host" {
 		script = `eval "$(ssh-agent -s)" >/dev/null; echo $SSH_AGENT_PID; exec cat`
 	}
-	s, err := c.Start(context.Background(), exec.Command("/bin/sh", "-c", script))
+	s, err := c.StartWith(context.Background(), exec.Command("/bin/sh", "-c", script), StartOptions{Limits: Limits{Memory: 256 << 20, Pids: 64}})
 	if err != nil {
 		fail(err)
 	}

@@ -408,6 +408,7 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
 			s.mu.Lock()
 			s.procs[id] = o
 			s.live[id] = o
+			s.seen++
 			if p.pgid == p.pid || p.sid == p.pid {
 				s.groups[p.pid] = o // newer than any entry it replaces
 				groups[p.pid] = groupRef{s, o}
@@ -421,6 +422,11 @@ func (c *Custodian) assign(t *procTable, scopes []*Scope) []adoption {
 				}
 			}
 			s.mu.Unlock()
+			if !o.bornDead {
+				// Where rlimits stand in for the scope's limits (custody
+				// knows no better moment for a process it did not start).
+				s.res.started(p.pid)
+			}
 			byIdent[id] = s
 			adopted = append(adopted, a)
 			changed = true

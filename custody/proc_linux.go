@@ -277,6 +277,10 @@ type linuxPlatform struct {
 	pidNS     uint64 // inode of our pid namespace, 0 if unknown
 	cgRoot    string // our cgroup v2 directory, "" without cgroup support
 	cgRel     string // the same, as /proc/PID/cgroup names it
+	// v2 are the controllers enabled for the scopes' groups, why2 why
+	// none is (Options.Resources).
+	v2   map[string]bool
+	why2 string
 
 	mu      sync.Mutex
 	markers map[ident]string // environ lookups, pruned to live processes
@@ -289,10 +293,33 @@ func newPlatform(opts Options) (platform, error) {
 			return nil, fmt.Errorf("custody: becoming a child subreaper: %w", err)
 		}
 	}
-	if !opts.NoCgroup {
+	switch {
+	case opts.NoCgroup:
+	case opts.Resources:
+		// The scopes' groups go where the controllers can be enabled.
+		if dir, rel := ownCgroupDir(); dir != "" {
+			dir, rel, p.v2, p.why2 = prepareV2(dir, rel)
+			p.cgRoot, p.cgRel = probeCgroupAt(dir, rel)
+			if p.cgRoot == "" && p.why2 == "" {
+				// Say why no group could be made (a read-only mount, as
+				// a container's; a group not this user's).
+				if err := unix.Access(dir, unix.W_OK); err != nil {
+					p.why2 = fmt.Sprintf("%s is not writable: %v", rel, err)
+				}
+			}
+		}
+	default:
 		p.cgRoot, p.cgRel = probeCgroup()
 	}
 	return p, nil
+}
+
+func (p *linuxPlatform) resources() *resources {
+	v2 := p.v2
+	if p.cgRoot == "" {
+		v2 = nil
+	}
+	return newResources(p.cgRoot, v2, p.why2)
 }
 
 func newLinuxPlatform() *linuxPlatform {
@@ -665,7 +692,12 @@ type cgroup struct {
 // /proc/PID/cgroup names it) and checks, with a real child, that processes
 // can be started into a new group under it. "" means no cgroup containment.
 func probeCgroup() (dir, rel string) {
-	root, rel := ownCgroupDir()
+	return probeCgroupAt(ownCgroupDir())
+}
+
+// probeCgroupAt is probeCgroup for a group of this process's choosing
+// (root, as /proc/PID/cgroup names it: rel).
+func probeCgroupAt(root, rel string) (string, string) {
 	if root == "" {
 		return "", ""
 	}

@@ -74,6 +74,7 @@ func (p *otherPlatform) cgroupOf(int) string                  { return "" }
 func (p *otherPlatform) exitWaiter() exitWaiter               { return sleepWaiter{} }
 func (p *otherPlatform) reap(ident) (bool, exitStatus)        { return false, exitStatus{} }
 func (p *otherPlatform) newCgroup(string, *exec.Cmd) *cgroup  { return nil }
+func (p *otherPlatform) resources() *resources                { return newResources() }
 
 func (p *otherPlatform) signal(id ident, sig sysSignal) bool {
 	if pr, err := os.FindProcess(id.pid); err == nil {

@@ -325,6 +325,8 @@ func removeDeadCgroups(ctx context.Context, p *linuxPlatform, orphans []Orphan, 
 			errs = append(errs, fmt.Errorf("custody: removing %s: %w", dir, err))
 		}
 	}
+	// Their groups in the cgroup v1 hierarchies (limits), empty by now.
+	removeDeadV1Groups(v, os.Getuid())
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %v", ErrNotConfirmed, errs)
 	}

@@ -47,6 +47,7 @@ const (
 	TypeQuestionAsked     = "question.asked"
 	TypeQuestionAnswered  = "question.answered"
 	TypeTurnEnded         = "turn.ended"
+	TypeRoomLimit         = "room.limit"
 	TypeBudgetExhausted   = "budget.exhausted"
 	TypeWorkspaceReverted = "workspace.reverted"
 	TypeRoomPost          = "room.post"
@@ -63,7 +64,7 @@ func Types() []Payload {
 	return []Payload{
 		MessageAccepted{}, MessageQueued{}, MessageDelivered{}, MessageEnded{}, TurnWaiting{}, WorkspaceReady{},
 		TurnStarted{}, TextDelta{}, ToolStarted{}, ToolEnded{}, AgentMalformed{}, ApprovalRequested{},
-		ApprovalResolved{}, QuestionAsked{}, QuestionAnswered{}, TurnEnded{}, BudgetExhausted{},
+		ApprovalResolved{}, QuestionAsked{}, QuestionAnswered{}, TurnEnded{}, RoomLimit{}, BudgetExhausted{},
 		WorkspaceReverted{}, RoomPost{}, ContextLost{}, AgentStarted{}, AgentAttached{}, AgentReleased{},
 		EventsDropped{},
 	}
@@ -153,6 +154,8 @@ func newPayload(typ string) Payload {
 		return &QuestionAnswered{}
 	case TypeTurnEnded:
 		return &TurnEnded{}
+	case TypeRoomLimit:
+		return &RoomLimit{}
 	case TypeBudgetExhausted:
 		return &BudgetExhausted{}
 	case TypeWorkspaceReverted:
@@ -337,7 +340,11 @@ type TurnEnded struct {
 	// a snapshot failed or timed out.
 	Changes      *Changes `json:"changes,omitempty"`
 	ChangesError string   `json:"changes_error,omitempty"`
-	MessageID    string   `json:"message_id"`
+	// Compute is what the room's processes used during the turn, read
+	// from the room's groups; absent where the server measures nothing
+	// (no cgroups) and for a turn that had no agent.
+	Compute   *record.Compute `json:"compute,omitempty"`
+	MessageID string          `json:"message_id"`
 	// Outcome is settled, failed, cancelled or timed_out.
 	Outcome string `json:"outcome"`
 	Reason  string `json:"reason"`
@@ -359,6 +366,54 @@ func (e TurnEnded) MarshalJSON() ([]byte, error) {
 		Changes *Changes `json:"changes"`
 		plain
 	}{nil, plain(e)})
+}
+
+// RoomLimit: the room's processes reached one of its limits (its
+// settings' resources): the kernel killed processes at the memory limit,
+// or refused forks at the pids limit. The tool call that hit it ends with
+// the error its process got; written at the next tool's end, or the
+// turn's.
+type RoomLimit struct {
+	// AgentKilled: the agent itself was killed (its turn ends failed, and
+	// the room goes on with a new agent).
+	AgentKilled bool `json:"agent_killed,omitempty"`
+	// Count is the kills or refused forks since the room's last
+	// room.limit of this limit.
+	Count int64 `json:"count"`
+	// Limit is memory or pids.
+	Limit  string `json:"limit"`
+	TurnID string `json:"turn_id,omitempty"`
+	// Value is the limit in force: bytes (memory) or tasks (pids).
+	Value int64 `json:"value"`
+}
+
+// Limits of RoomLimit.
+const (
+	LimitMemory = "memory"
+	LimitPids   = "pids"
+)
+
+// Resources are the limits a room's processes run under and how they
+// hold (a room's state, agent.started).
+type Resources struct {
+	// Enforced: every limit holds for the room as a whole, by cgroups.
+	Enforced bool `json:"enforced"`
+	// Why says what does not hold, and why (absent when all does).
+	Why string `json:"why,omitempty"`
+	// Memory is in bytes, Pids in tasks, CPU in cores; 0 is no limit.
+	Memory int64   `json:"memory"`
+	Pids   int64   `json:"pids"`
+	CPU    float64 `json:"cpu"`
+	// By says how each holds: cgroup-v2, cgroup-v1, rlimit (each process
+	// on its own) or none.
+	By ResourcesBy `json:"by"`
+}
+
+// ResourcesBy names how each limit of Resources holds.
+type ResourcesBy struct {
+	Memory string `json:"memory"`
+	Pids   string `json:"pids"`
+	CPU    string `json:"cpu"`
 }
 
 // BudgetExhausted: the room's totals reached its budget; written once per
@@ -404,6 +459,8 @@ type ContextLost struct {
 type AgentStarted struct {
 	// Confinement is what confines the agent, when its transport says.
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Resources are the limits it runs under, when its transport says.
+	Resources *Resources `json:"resources,omitempty"`
 	// Resumed: it continues the room's session.
 	Resumed   bool   `json:"resumed"`
 	SessionID string `json:"session_id"`
@@ -517,6 +574,7 @@ func (ApprovalResolved) EventType() string  { return TypeApprovalResolved }
 func (QuestionAsked) EventType() string     { return TypeQuestionAsked }
 func (QuestionAnswered) EventType() string  { return TypeQuestionAnswered }
 func (TurnEnded) EventType() string         { return TypeTurnEnded }
+func (RoomLimit) EventType() string         { return TypeRoomLimit }
 func (BudgetExhausted) EventType() string   { return TypeBudgetExhausted }
 func (WorkspaceReverted) EventType() string { return TypeWorkspaceReverted }
 func (RoomPost) EventType() string          { return TypeRoomPost }

@@ -487,6 +487,9 @@ func (c *Client) PrepareHandoff(ctx context.Context) (Ticket, error) {
 
 // CreatePipe starts a pipe process.
 func (c *Client) CreatePipe(ctx context.Context, spec PipeSpec) (ProcessInfo, error) {
+	if c.Protocol() < limitsProtocol {
+		spec.Limits = nil // an older daemon takes none (ProcessInfo.Limits says so)
+	}
 	r, err := c.do(ctx, withOp("create_pipe", spec), TypeProcess)
 	if err != nil {
 		return ProcessInfo{}, err
@@ -496,11 +499,35 @@ func (c *Client) CreatePipe(ctx context.Context, spec PipeSpec) (ProcessInfo, er
 
 // CreatePTY starts a process on a pseudo-terminal.
 func (c *Client) CreatePTY(ctx context.Context, spec PTYSpec) (ProcessInfo, error) {
+	if c.Protocol() < limitsProtocol {
+		spec.Limits = nil
+	}
 	r, err := c.do(ctx, withOp("create_pty", spec), TypeProcess)
 	if err != nil {
 		return ProcessInfo{}, err
 	}
 	return *r.Process, nil
+}
+
+// Usage reads what a process's scope has used (custody's Scope.Usage),
+// then, with resetPeak, starts a new window for its peak memory.
+// ErrUnsupported from a daemon before protocol 10.
+func (c *Client) Usage(ctx context.Context, id string, resetPeak bool) (custody.Usage, error) {
+	if c.Protocol() < limitsProtocol {
+		return custody.Usage{}, fmt.Errorf("%w: usage needs protocol %d, the daemon speaks %d", ErrUnsupported, limitsProtocol, c.Protocol())
+	}
+	req := map[string]any{"op": "usage", "id": id}
+	if resetPeak {
+		req["reset_peak"] = true
+	}
+	r, err := c.doProc(ctx, req, TypeUsage)
+	if err != nil {
+		return custody.Usage{}, err
+	}
+	if r.Usage == nil {
+		return custody.Usage{}, fmt.Errorf("%w: a usage reply without usage", ErrProtocol)
+	}
+	return *r.Usage, nil
 }
 
 // Write writes data to a process's stdin (a pipe process) or terminal

@@ -492,6 +492,7 @@ func init() {
 		"resize":          (*daemon).opResize,
 		"list":            (*daemon).opList,
 		"get":             (*daemon).opGet,
+		"usage":           (*daemon).opUsage,
 		"wait":            (*daemon).opWait,
 		"signal":          (*daemon).opSignal,
 		"set_metadata":    (*daemon).opSetMetadata,

@@ -17,7 +17,8 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files")
 
 // TestWire_Golden pins the JSON of every reply and event type: the wire is
-// protocol 8 with protocol 9's negotiation added, and must not drift by
+// protocol 8 with protocol 9's negotiation and protocol 10's limits and
+// usage added, and must not drift by
 // accident. Lines are only ever added: a frame of an older protocol stays
 // what clients and daemons of older builds send.
 func TestWire_Golden(t *testing.T) {
@@ -29,6 +30,8 @@ func TestWire_Golden(t *testing.T) {
 		Pipe: &PipeInfo{OutputPath: "/w/out", StderrPath: "/w/err", OutputBytes: 12, OutputLines: 2, OutputError: exit.OutputError}}
 	pty := ProcessInfo{ID: "t-1", Mode: ModePTY, Argv: []string{"sh"}, Cwd: "/", PID: 43, Running: true, StartedAt: at,
 		PTY: &PTYInfo{Cols: 80, Rows: 24, Offset: 5, Controller: true}}
+	limited := pipe
+	limited.Limits = &custody.Limits{Memory: 4 << 30, Pids: 4096, CPU: 1.5}
 	rec := custody.Receipt{Scope: "s1", Containment: custody.ContainPortable, Duration: time.Second,
 		Processes: []custody.Entry{{PID: 42, Cmdline: "sh", Found: custody.FoundLeader, Ended: custody.EndedKill, At: at, Reaped: true}}}
 	replies := []Reply{
@@ -52,6 +55,9 @@ func TestWire_Golden(t *testing.T) {
 		// does not speak.
 		{Type: TypePong, Protocol: 8, Protocols: &Range{8, 9}, InstanceID: "i1"},
 		{Type: TypeError, Code: codeProtocol, Message: "unsupported protocol 7: this daemon speaks protocol 8-9"},
+		// Protocol 10: a process's limits, and what its scope used.
+		{Type: TypeProcess, Process: &limited},
+		{Type: TypeUsage, Usage: &custody.Usage{CPU: 1500 * time.Millisecond, PeakMemory: 300 << 20, Processes: 7, OOMKills: 1, ForksRefused: 2, Metered: true}},
 	}
 	var got bytes.Buffer
 	for _, r := range replies {

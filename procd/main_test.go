@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthost/agenthost/custody"
 	"go.uber.org/goleak"
 )
 
@@ -104,7 +105,9 @@ func daemonMain(args []string) int {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log, wire: wire}); err != nil {
+	// As agenthost procd runs it: its scopes may be limited.
+	if err := Run(ctx, Options{DataDir: *data, Unattended: *unattended, IdleExit: *idle, HandoffTTL: *ttl, Logger: log, wire: wire,
+		Custody: custody.Options{Resources: true}}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -33,6 +33,7 @@ type proc struct {
 	argv      []string
 	cwd       string
 	scope     *custody.Scope
+	limits    *custody.Limits // as asked (nil: none)
 	startedAt time.Time
 
 	exited chan struct{} // closed once exit is set (output complete)
@@ -69,7 +70,7 @@ type pipeState struct {
 
 func (d *daemon) info(p *proc) ProcessInfo {
 	pi := ProcessInfo{ID: p.id, Mode: p.mode, Argv: p.argv, Cwd: p.cwd, PID: p.scope.Pid(), Running: p.exit == nil,
-		StartedAt: p.startedAt, Metadata: p.metadata, Watchers: p.watchers}
+		StartedAt: p.startedAt, Metadata: p.metadata, Watchers: p.watchers, Limits: p.limits}
 	if p.exit != nil {
 		e := *p.exit
 		pi.Exit, pi.ExitedAt = &e, &e.ExitedAt
@@ -210,14 +211,11 @@ func (d *daemon) opCreatePipe(c *conn, op string, raw json.RawMessage) error {
 			return err
 		}
 	}
-	p := &proc{id: "p-" + randHex(8), mode: ModePipe, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata,
+	p := &proc{id: "p-" + randHex(8), mode: ModePipe, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata, limits: s.Limits,
 		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}),
 		pipe: &pipeState{outPath: s.OutputPath, errPath: s.StderrPath, out: out, errf: errf_}}
 	if err := d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
-		if s.StderrPath == "" {
-			return d.cust.StartCombined(ctx, command(s.Argv, s.Cwd, s.Env))
-		}
-		return d.cust.Start(ctx, command(s.Argv, s.Cwd, s.Env))
+		return d.cust.StartWith(ctx, command(s.Argv, s.Cwd, s.Env), custody.StartOptions{Limits: limitsOf(s.Limits), Combined: s.StderrPath == ""})
 	}); err != nil {
 		out.Close()
 		if errf_ != nil {
@@ -666,4 +664,36 @@ func (d *daemon) opTrim(c *conn, op string, raw json.RawMessage) error {
 		return errf(codeFailed, "trim: %s: %v", filepath.Base(ps.errPath), err)
 	}
 	return c.send(Reply{Type: TypeOK})
+}
+
+// limitsOf is a request's limits (nil: none).
+func limitsOf(l *custody.Limits) custody.Limits {
+	if l == nil {
+		return custody.Limits{}
+	}
+	return *l
+}
+
+// opUsage answers what a process's scope has used (custody's Usage),
+// resetting its peak memory after the read when asked (protocol 10).
+func (d *daemon) opUsage(c *conn, op string, raw json.RawMessage) error {
+	var r struct {
+		Op        string `json:"op"`
+		ID        string `json:"id"`
+		ResetPeak bool   `json:"reset_peak,omitempty"`
+	}
+	if err := decode(op, raw, &r); err != nil {
+		return err
+	}
+	p, err := d.lookup(op, r.ID)
+	if err != nil {
+		return err
+	}
+	u := p.scope.Usage()
+	if r.ResetPeak {
+		if err := p.scope.ResetPeak(); err != nil {
+			return errf(codeFailed, "usage: %v", err)
+		}
+	}
+	return c.send(Reply{Type: TypeUsage, Usage: &u})
 }

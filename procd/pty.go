@@ -172,10 +172,10 @@ func (d *daemon) opCreatePTY(c *conn, op string, raw json.RawMessage) error {
 		return errf(codeFailed, "create_pty: %v", err)
 	}
 	t := &ptyState{ptmx: ptmx, cols: s.Cols, rows: s.Rows, subs: map[*ptySub]struct{}{}}
-	p := &proc{id: "t-" + randHex(8), mode: ModePTY, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata,
+	p := &proc{id: "t-" + randHex(8), mode: ModePTY, argv: s.Argv, cwd: s.Cwd, metadata: s.Metadata, limits: s.Limits,
 		exited: make(chan struct{}), ended: make(chan struct{}), done: make(chan struct{}), pty: t}
 	err = d.startProc(p, func(ctx context.Context) (*custody.Scope, error) {
-		return d.cust.StartTTY(ctx, command(s.Argv, s.Cwd, s.Env), tty)
+		return d.cust.StartWith(ctx, command(s.Argv, s.Cwd, s.Env), custody.StartOptions{Limits: limitsOf(s.Limits), TTY: tty})
 	})
 	tty.Close() // the child has it
 	if err != nil {

@@ -5,6 +5,7 @@ package procd
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,9 +39,12 @@ func TestVersions_PlannedRestartAcrossProtocols(t *testing.T) {
 		oldV, newV int      // the versions each speaks with the daemon
 	}{
 		// This build restarted into one whose protocol is newer.
-		{"into a newer protocol", nil, Versions(), Range{9, 10}, 9, 9},
+		{"into a newer protocol", nil, Versions(), Range{Protocol, Protocol + 1}, Protocol, Protocol},
 		// Rolled back: a newer build's daemon, claimed by this one.
-		{"into an older protocol", []string{"--protocols", "9-10"}, Range{9, 10}, Versions(), 10, 9},
+		{"into an older protocol", []string{"--protocols", fmt.Sprintf("%d-%d", Protocol, Protocol+1)}, Range{Protocol, Protocol + 1}, Versions(), Protocol + 1, Protocol},
+		// This build restarted into one of protocol 9 (before limits): the
+		// older speaks 9 with this daemon.
+		{"into protocol 9", nil, Versions(), Range{8, 9}, Protocol, 9},
 		// The build before negotiation (protocol 8 alone) restarted into
 		// this one.
 		{"from before negotiation", []string{"--pre-negotiation"}, Range{8, 8}, Versions(), 8, 8},

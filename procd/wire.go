@@ -14,10 +14,14 @@ import (
 // Protocol versions. They follow the reference's numbering (protocol 8:
 // create_pty/create_pipe, get, wait, signal, set_metadata); protocol 9
 // adds the negotiation of a version between client and daemon (see
-// Range), and is protocol 8 otherwise.
+// Range), and is protocol 8 otherwise; protocol 10 adds limits to
+// create_pipe and create_pty (a process's custody limits: memory, pids,
+// CPU) and the usage request (what a process's scope used).
 const (
 	// Protocol is the newest version this build speaks.
-	Protocol = 9
+	Protocol = 10
+	// limitsProtocol is the first version with limits and usage.
+	limitsProtocol = 10
 	// MinProtocol is the oldest version this build speaks: a daemon of
 	// an older build that speaks it keeps its processes across a planned
 	// restart into this one, and a client of such a build can use a
@@ -119,6 +123,9 @@ type ProcessInfo struct {
 	Watchers int       `json:"watchers"`
 	PTY      *PTYInfo  `json:"pty,omitempty"`
 	Pipe     *PipeInfo `json:"pipe,omitempty"`
+	// Limits are the limits the process's scope was started with
+	// (protocol 10; absent: none).
+	Limits *custody.Limits `json:"limits,omitempty"`
 }
 
 // PTYInfo is the pty group of a ProcessInfo.
@@ -175,6 +182,10 @@ type PipeSpec struct {
 	// StderrPath (absolute), if set, gets stderr alone, opened the same way.
 	StderrPath string          `json:"stderr_path,omitempty"`
 	Metadata   json.RawMessage `json:"metadata,omitempty"`
+	// Limits bound the process and everything it starts where the
+	// daemon's custodian can (protocol 10; Client.CreatePipe leaves them
+	// out for an older daemon, and ProcessInfo.Limits then says none).
+	Limits *custody.Limits `json:"limits,omitempty"`
 }
 
 // PTYSpec is a create_pty request.
@@ -185,6 +196,8 @@ type PTYSpec struct {
 	Cols     uint16          `json:"cols"`
 	Rows     uint16          `json:"rows"`
 	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// Limits as PipeSpec's.
+	Limits *custody.Limits `json:"limits,omitempty"`
 }
 
 // Ticket is a prepared handoff.
@@ -214,7 +227,9 @@ type Reply struct {
 	Exit     *Exit             `json:"exit,omitempty"`
 	Receipt  *custody.Receipt  `json:"receipt,omitempty"`
 	Receipts []custody.Receipt `json:"receipts,omitempty"`
-	Ticket   *Ticket           `json:"ticket,omitempty"`
+	// Usage answers usage (protocol 10).
+	Usage  *custody.Usage `json:"usage,omitempty"`
+	Ticket *Ticket        `json:"ticket,omitempty"`
 	// Subscriptions: "attached" carries the replay from Offset (Truncated
 	// when older output was already dropped); "output" carries Data at
 	// Offset; "resized" Cols and Rows; "controller_changed" Controller.
@@ -243,6 +258,7 @@ const (
 	TypeResized           = "resized"
 	TypeControllerChanged = "controller_changed"
 	TypeDropped           = "dropped"
+	TypeUsage             = "usage"
 )
 
 // Error codes in an "error" reply, each mapped to a sentinel by the client.

@@ -134,6 +134,22 @@ func (u Usage) Tokens() int64 {
 // IsZero reports whether u counts nothing.
 func (u Usage) IsZero() bool { return u == Usage{} }
 
+// Compute is what a room's processes used: CPU time, the most memory they
+// held at once, and the processes started; of a turn, or a room's turns
+// together (the CPU and processes summed, the peak the highest). Its JSON
+// names are the API's (turn.ended's compute).
+type Compute struct {
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
+	Processes       int64   `json:"processes"`
+}
+
+// Add returns c and o together.
+func (c Compute) Add(o Compute) Compute {
+	return Compute{CPUSeconds: c.CPUSeconds + o.CPUSeconds, PeakMemoryBytes: max(c.PeakMemoryBytes, o.PeakMemoryBytes),
+		Processes: c.Processes + o.Processes}
+}
+
 // Room is a room's stored state.
 type Room struct {
 	ID        string
@@ -157,6 +173,9 @@ type Room struct {
 	Turns         int64
 	Usage         Usage
 	UsageBySender map[string]SenderUsage
+	// Compute is what the room's turns used together, as measured (see
+	// Compute); zero where nothing was, and for a store that keeps none.
+	Compute Compute
 }
 
 // SenderUsage is what one sender's turns in a room cost.

@@ -71,6 +71,10 @@ type Config struct {
 	// MaxLineBytes caps one line from the agent (0: the transport's
 	// default, 64 MiB for RPC agents).
 	MaxLineBytes int
+	// Limits bound the room's processes (see Limits): the Manager's are
+	// every room's defaults and ceilings, a room's settings may lower
+	// them.
+	Limits Limits
 }
 
 // merge returns c with o's set fields over it.
@@ -105,6 +109,7 @@ func (c Config) merge(o Config) Config {
 	if o.MaxLineBytes > 0 {
 		c.MaxLineBytes = o.MaxLineBytes
 	}
+	c.Limits = c.Limits.merge(o.Limits)
 	return c
 }
 

@@ -47,6 +47,13 @@ func (h *handler) Event(ev AgentEvent) {
 		p = event.ToolStarted{TurnID: turnID, Tool: ev.Tool, CallID: ev.CallID, Input: ev.Input}
 	case KindToolEnded:
 		p = event.ToolEnded{TurnID: turnID, Tool: ev.Tool, CallID: ev.CallID, Output: ev.Output, IsError: ev.IsError}
+		if t != nil {
+			// Did the tool meet a limit of the room's? (room.limit)
+			h.r.mu.Lock()
+			tm := t.meter
+			h.r.mu.Unlock()
+			tm.kick()
+		}
 	case KindMalformed:
 		if ev.Suppressed > 0 {
 			p = event.AgentMalformed{TurnID: turnID, Suppressed: ev.Suppressed}

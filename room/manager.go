@@ -231,6 +231,9 @@ type roomState struct {
 	questions  map[string]chan answer
 	questionQ  []string          // pending question ids, oldest first
 	inheritedQ []record.Question // as inheritedA
+	// limitSeen is what of the agent's limit counts is recorded
+	// (room.limit; see turnMeter), under mu.
+	limitSeen limitSeen
 }
 
 // contTurn is a turn the previous host started on an agent it left
@@ -260,6 +263,9 @@ type turnRun struct {
 	// snapErr says why the snapshot before the turn failed ("" when it
 	// did not, or snapshots are off).
 	snapErr string
+	// meter measures the turn on a Metered agent (nil: none), under the
+	// room's mu.
+	meter *turnMeter
 }
 
 type answer struct {
@@ -295,6 +301,9 @@ func New(opts Options) (*Manager, error) {
 	c.fill()
 	if err := c.validate(); err != nil {
 		return nil, err
+	}
+	if err := c.Limits.check(); err != nil {
+		return nil, fmt.Errorf("room: Options.Config.Limits: %w", err)
 	}
 	es, ok := opts.Store.(ExclusiveStore)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -382,6 +391,9 @@ func (m *Manager) configLocked(r *roomState) (Config, error) {
 		if err := c.validate(); err != nil {
 			return Config{}, err
 		}
+		// Never above the ceilings (settings stored under higher ones, or
+		// by a host of a cluster with other ones).
+		c.Limits = c.Limits.within(m.opts.Config.Limits)
 		r.cfg = &c
 	}
 	return *r.cfg, nil

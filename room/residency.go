@@ -102,6 +102,7 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 		if started.Confinement == nil {
 			started.Confinement = confinement(m.opts.Transport)
 		}
+		started.Resources = resources(a)
 		if _, err := appendEvent(tx, r.id, started); err != nil {
 			return err
 		}

@@ -36,6 +36,9 @@ type Settings struct {
 	// checked out before its first turn (Options.Sources).
 	Workspace *Workspace `json:"workspace,omitempty"`
 	Budget    Budget     `json:"budget"`
+	// Resources lower the server's limits of the room's processes
+	// (Limits; never above them), from the agent's next start.
+	Resources Limits `json:"resources,omitzero"`
 }
 
 // Budget bounds what a room may spend: once its totals reach any limit,
@@ -263,6 +266,9 @@ func (s Settings) check(agents []string) error {
 	if s.Budget.CostUSD != s.Budget.CostUSD {
 		return bad("budget limits must be numbers")
 	}
+	if err := s.Resources.check(); err != nil {
+		return bad("%s", err)
+	}
 	return nil
 }
 
@@ -270,7 +276,7 @@ func (s Settings) check(agents []string) error {
 func (s Settings) config() Config {
 	return Config{Agent: s.Agent, Model: s.Model, Thinking: s.Thinking, Instructions: s.Instructions, ApprovalMode: s.ApprovalMode,
 		TurnTimeout: time.Duration(s.TurnTimeout), ApprovalTimeout: time.Duration(s.ApprovalTimeout),
-		IdleAfter: time.Duration(s.IdleAfter), MCP: s.MCP}
+		IdleAfter: time.Duration(s.IdleAfter), MCP: s.MCP, Limits: s.Resources}
 }
 
 // Effective is a room's settings with the Manager's defaults filled in,
@@ -307,12 +313,13 @@ func (e Effective) MarshalJSON() ([]byte, error) {
 		MCP             map[string]MCPServer `json:"mcp"`
 		Workspace       *Workspace           `json:"workspace"`
 		Budget          Budget               `json:"budget"`
+		Resources       Limits               `json:"resources"`
 		NextStart       []string             `json:"next_start"`
-	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.IdleAfter, mcp, e.Workspace, e.Budget, next})
+	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.IdleAfter, mcp, e.Workspace, e.Budget, e.Resources, next})
 }
 
 // startFields are the settings an agent takes at its start.
-var startFields = []string{"agent", "model", "thinking", "instructions", "approval_mode", "mcp"}
+var startFields = []string{"agent", "model", "thinking", "instructions", "approval_mode", "mcp", "resources"}
 
 // startDiff names the start fields in which a and b differ.
 func startDiff(a, b Config) []string {
@@ -336,6 +343,8 @@ func startDiff(a, b Config) []string {
 				by, _ := json.Marshal(y)
 				return bytes.Equal(bx, by)
 			})
+		case "resources":
+			same = a.Limits == b.Limits
 		}
 		if !same {
 			out = append(out, f)
@@ -396,9 +405,11 @@ func (m *Manager) effective(room string, s Settings) Effective {
 	}
 	c = c.merge(s.config())
 	c.fill()
+	c.Limits = c.Limits.within(m.opts.Config.Limits)
 	e := Effective{Settings: Settings{Agent: c.Agent, Model: c.Model, Thinking: c.Thinking, Instructions: c.Instructions,
 		ApprovalMode: c.ApprovalMode, TurnTimeout: Duration(c.TurnTimeout), ApprovalTimeout: Duration(c.ApprovalTimeout),
-		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: m.heldWorkspace(room, s.Workspace), Budget: m.budget(s)}, NextStart: []string{}}
+		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: m.heldWorkspace(room, s.Workspace), Budget: m.budget(s),
+		Resources: c.Limits}, NextStart: []string{}}
 	if e.MCP == nil {
 		e.MCP = map[string]MCPServer{}
 	}
@@ -453,9 +464,10 @@ func (m *Manager) idleAfter(c Config) time.Duration {
 
 // SetSettings stores the room's settings (the whole object: a field left
 // zero takes the default), creating the room, and returns the effective
-// ones. Agent, model, thinking, instructions, approval mode and MCP take
-// effect at the agent's next start (Effective.NextStart says which are
-// pending); timeouts at the next turn or approval, idle_after and the
+// ones. Agent, model, thinking, instructions, approval mode, MCP and
+// resources take effect at the agent's next start (Effective.NextStart
+// says which are pending); resources above the Manager's ceilings
+// (Config.Limits) are refused; timeouts at the next turn or approval, idle_after and the
 // budget at once: a raised budget reopens the room.
 func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Effective, error) {
 	if err := ValidateID(room); err != nil {
@@ -463,6 +475,9 @@ func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Eff
 	}
 	if err := s.check(m.opts.Agents); err != nil {
 		return Effective{}, err
+	}
+	if over := s.Resources.over(m.opts.Config.Limits); over != "" {
+		return Effective{}, fmt.Errorf("%w: %s", ErrBadSettings, over)
 	}
 	// The merged config must hold too (a yolo-only command flag).
 	c := m.opts.Config.merge(s.config())

@@ -30,6 +30,12 @@ type State struct {
 	// Confinement is what confines the room's agent: the resident one's,
 	// else the transport's (nil when the transport does not say).
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Resources are the limits of the room's processes and how they
+	// hold: the resident agent's, else the room's settings' as the
+	// transport would hold them (nil when the transport does not say).
+	Resources *Resources `json:"resources,omitempty"`
+	// Compute is what the room's turns used together (record.Room's).
+	Compute record.Compute `json:"compute"`
 	// Turns, Usage and UsageBySender are the room's ended turns and what
 	// they cost (record.Room's).
 	Turns         int64                         `json:"turns"`
@@ -76,7 +82,7 @@ func (m *Manager) State(ctx context.Context, room string) (State, error) {
 func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
 	room := rec.ID
 	st := State{ID: room, Incarnation: incarnation(rec.Created), SessionID: rec.SessionID, LastSeq: rec.LastSeq,
-		Turns: rec.Turns, Usage: rec.Usage, UsageBySender: rec.UsageBySender}
+		Turns: rec.Turns, Usage: rec.Usage, UsageBySender: rec.UsageBySender, Compute: rec.Compute}
 	m.mu.Lock()
 	r := m.rooms[room]
 	m.mu.Unlock()
@@ -96,6 +102,7 @@ func (m *Manager) liveState(ctx context.Context, rec record.Room) State {
 	if st.Confinement == nil {
 		st.Confinement = confinement(m.opts.Transport)
 	}
+	st.Resources = m.limitsState(ctx, room, r)
 	m.clusterState(ctx, room, &st)
 	return st
 }

@@ -268,6 +268,9 @@ type turnEnd struct {
 	outcome, reason, text string
 	offset                int64        // TurnResult.Offset
 	usage                 record.Usage // TurnResult.Usage
+	// compute is what the room's processes used in the turn (nil: not
+	// measured).
+	compute *record.Compute
 }
 
 // continueTurn runs on a turn the previous host started, on the agent it
@@ -288,10 +291,14 @@ func (m *Manager) continueTurn(r *roomState, c contTurn) {
 	}()
 	var res TurnResult
 	err := errors.New("the attached agent is gone")
+	var tm *turnMeter
 	if a != nil {
+		tm = m.startMeter(r, t, a)
 		res, err = a.Continue(t.ctx)
 	}
-	m.finishTurn(r, t, m.judge(t, res, err))
+	end := m.judge(t, res, err)
+	tm.finish(&end)
+	m.finishTurn(r, t, end)
 }
 
 // finishTurn records the turn's end and its messages' (message.ended,
@@ -320,7 +327,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	r.events.flush() // the turn's events come before its end
 	ended := event.TurnEnded{
 		TurnID: t.id, MessageID: t.messageID, Outcome: res.outcome, Reason: res.reason, Text: res.text,
-		Usage: res.usage,
+		Usage: res.usage, Compute: res.compute,
 	}
 	if t.stored {
 		// While the turn is still the room's: no revert runs meanwhile.
@@ -353,6 +360,11 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 			}
 			if _, err := appendEvent(tx, r.id, ended); err != nil {
 				return err
+			}
+			if res.compute != nil {
+				if err := addCompute(tx, r.id, *res.compute); err != nil {
+					return err
+				}
 			}
 		}
 		if err := endMessages(tx, r.id, ids, turnID, res.outcome, res.reason); err != nil {
@@ -445,6 +457,7 @@ func (m *Manager) requeue(r *roomState, t *turnRun) {
 func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) turnEnd {
 	a, err := m.ensureAgent(t.ctx, r, cfg)
 	var res TurnResult
+	var tm *turnMeter
 	if err == nil {
 		r.mu.Lock()
 		lost := r.lost
@@ -463,9 +476,12 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) tur
 		}
 		t.prompted = true
 		r.mu.Unlock()
+		tm = m.startMeter(r, t, a)
 		res, err = a.Run(t.ctx, text)
 	}
-	return m.judge(t, res, err)
+	end := m.judge(t, res, err)
+	tm.finish(&end)
+	return end
 }
 
 // judge is a turn's outcome from the agent's result and the turn's

@@ -326,8 +326,10 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	defer cancel()
 	rm := "omp"
 	// The room's settings, set through the front end before the room has
-	// a message: a budget of one turn.
-	if code, body := call(t, "PUT", nodes[0].url+"v1/rooms/"+rm+"/config", token, `{"budget":{"turns":1}}`); code != 200 {
+	// a message: a budget of one turn, and a memory limit the node that
+	// runs the room's agent starts it under (limits are settings: they
+	// follow the room).
+	if code, body := call(t, "PUT", nodes[0].url+"v1/rooms/"+rm+"/config", token, `{"budget":{"turns":1},"resources":{"memory":"768M","pids":512}}`); code != 200 {
 		t.Fatalf("PUT config through the front end: %d %s", code, body)
 	}
 	code, body := call(t, "POST", nodes[0].url+"v1/rooms/"+rm+"/messages", token, `{"text":"Run this: [[tool:bash {\"command\":\"echo cross-node\"}]]"}`)
@@ -336,11 +338,15 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	}
 	watch := newTestClient(t, nodes[1].url, token)
 	var approval string
+	var started map[string]any
 	err := watch.events(ctx, rm, 0, true, func(typ string, raw []byte) (bool, error) {
 		var d map[string]any
 		_ = json.Unmarshal(raw, &d)
 		if typ == "turn.ended" {
 			return true, fmt.Errorf("the turn ended before asking: %s", raw)
+		}
+		if typ == "agent.started" {
+			started = d
 		}
 		if typ == "approval.requested" {
 			approval, _ = d["approval_id"].(string)
@@ -354,6 +360,9 @@ func TestServe_NATSClusterOMPApprovalAcrossNodes(t *testing.T) {
 	holder := roomNode(t, nodes[0], token, rm)
 	if holder != "n2" && holder != "n3" {
 		t.Fatalf("room held by %q; only n2 and n3 run rooms (n1 is --role frontend)", holder)
+	}
+	if res, _ := started["resources"].(map[string]any); res == nil || res["memory"] != float64(768<<20) || res["pids"] != float64(512) {
+		t.Fatalf("the agent %s started, under the limits set through the front end: %v", holder, started)
 	}
 	var other *serveNode
 	for _, n := range nodes {

@@ -71,7 +71,8 @@ const fakeFloodUpdates = 800
 
 // fakeAgent announces itself with a ready frame (as omp does), answers
 // get_state, and answers a prompt with a turn of fakeFloodUpdates
-// message_updates of about 1 KB.
+// message_updates of about 1 KB; a prompt ending in "hang" it never
+// answers, one ending in "eat memory" makes it allocate 4 GiB first.
 func fakeAgent() {
 	out := bufio.NewWriter(os.Stdout)
 	send := func(s string) {
@@ -95,6 +96,21 @@ func fakeAgent() {
 			send(`{"type":"agent_start"}`)
 			if strings.HasSuffix(cmd.Message, "hang") {
 				// Mid-turn until killed (the cluster test kills its host).
+				continue
+			}
+			if strings.HasSuffix(cmd.Message, "eat memory") {
+				// The agent itself allocates 4 GiB, each page touched (a
+				// room's memory limit kills it first).
+				var keep [][]byte
+				for range 512 {
+					b := make([]byte, 8<<20)
+					for i := 0; i < len(b); i += 4096 {
+						b[i] = 1
+					}
+					keep = append(keep, b)
+				}
+				send(`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"survived ` + strconv.Itoa(len(keep)) + `"}],"stopReason":"stop"}}`)
+				send(`{"type":"agent_end","messages":[]}`)
 				continue
 			}
 			text := strings.Repeat("y", 1000)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agenthost/agenthost/custody"
 	"github.com/spf13/cobra"
 
 	"github.com/agenthost/agenthost/procd"
@@ -85,7 +86,9 @@ nobody has asked about it for the --unattended time.`,
 			// Said at start: a daemon that quietly exits looks like a crash to
 			// someone who started it in a terminal.
 			log.Info("procd: exits when idle: no owner, process or client", "after", idle)
-			err = procd.Run(ctx, procd.Options{DataDir: data, Unattended: f.unattended, IdleExit: f.idle, Logger: log})
+			// Its scopes take the rooms' limits (custody's Resources).
+			err = procd.Run(ctx, procd.Options{DataDir: data, Unattended: f.unattended, IdleExit: f.idle, Logger: log,
+				Custody: custody.Options{Resources: true, Logger: log}})
 			if errors.Is(err, procd.ErrRunning) {
 				return &exitError{1, fmt.Errorf("procd: a daemon already runs for %s", data)}
 			}

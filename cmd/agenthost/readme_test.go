@@ -113,9 +113,9 @@ var readmeIDs = regexp.MustCompile(`\b[amqt]_[0-9a-f]{8,}\b`)
 type idMatcher struct{ ids, back map[string]string }
 
 // canon drops what differs between runs other than ids: an event's time,
-// a room's incarnation (its creation time), and a turn's token counts and
+// a room's incarnation (its creation time), a turn's token counts and
 // cost (the agent's system prompt names the workspace, whose path
-// differs), of which the fields are kept.
+// differs), of which the fields are kept, and its compute.
 func canon(l string) string {
 	var m map[string]any
 	if !strings.HasPrefix(l, "{") || json.Unmarshal([]byte(l), &m) != nil {
@@ -130,6 +130,9 @@ func canon(l string) string {
 			u[k] = "N"
 		}
 	}
+	// What the turn's processes used: measured where the machine has
+	// cgroups, absent where it has none.
+	delete(m, "compute")
 	b, _ := json.Marshal(m)
 	return string(b)
 }

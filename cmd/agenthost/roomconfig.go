@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/agenthost/agenthost/client"
+	"github.com/agenthost/agenthost/room"
 	"github.com/spf13/cobra"
 )
 
@@ -21,8 +22,9 @@ func newConfigCmd() *cobra.Command {
 		Short: "Show or change a room's settings (model, instructions, approval mode, timeouts, budget, ...)",
 		Long: `Show a room's effective settings: its own, with the server's defaults filled
 in. With --set, change them: each key=value replaces one setting of what the
-server answered (budget.tokens=1000000 for a field of the budget; mcp and
-budget take JSON objects too), and the whole object is sent back; the room is
+server answered (budget.tokens=1000000 for a field of the budget,
+resources.memory=2G for a limit of the room's processes; mcp, budget and
+resources take JSON objects too), and the whole object is sent back; the room is
 created if needed. A value is read as JSON when it is valid JSON (5, 0.5,
 true, {"a":1}), else as a string (a model name, "5m"). next_start lists the
 settings the room's running agent does not have yet: they take effect at its
@@ -95,6 +97,13 @@ func applySets(cfg client.RoomConfig, sets []string) (client.RoomConfig, error) 
 		if json.Unmarshal([]byte(v), &js) == nil {
 			val = js
 		}
+		if str, ok := val.(string); ok && k == "resources.memory" {
+			n, err := room.ParseBytes(str)
+			if err != nil {
+				return cfg, fmt.Errorf("config: %s: %w", k, err)
+			}
+			val = n
+		}
 		path := strings.Split(k, ".")
 		obj := m
 		for _, p := range path[:len(path)-1] {
@@ -146,6 +155,12 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 	if b.CostUSD > 0 {
 		usd = fmt.Sprintf("$%g", b.CostUSD)
 	}
+	limit := func(n int64, s string) string {
+		if n == 0 {
+			return "none"
+		}
+		return s
+	}
 	instr := c.Instructions
 	if len(instr) > 60 {
 		instr = instr[:60] + "…"
@@ -154,6 +169,9 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 		{"agent", str(c.Agent)}, {"model", str(c.Model)}, {"thinking", str(c.Thinking)}, {"instructions", strings.ReplaceAll(str(instr), "\n", " ")},
 		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout}, {"idle_after", c.IdleAfter},
 		{"mcp", string(mcp)}, {"budget.tokens", budget(b.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(b.Turns)},
+		{"resources.memory", limit(c.Resources.Memory, room.FormatBytes(c.Resources.Memory))},
+		{"resources.pids", limit(c.Resources.Pids, fmt.Sprint(c.Resources.Pids))},
+		{"resources.cpu", limit(int64(c.Resources.CPU*1000), fmt.Sprintf("%g cores", c.Resources.CPU))},
 	}
 	for _, l := range lines {
 		if _, err := fmt.Fprintf(w, "%-17s %s\n", l[0]+":", l[1]); err != nil {

@@ -70,6 +70,7 @@ type serveFlags struct {
 	natsEmbedded                              bool
 	natsReplicas                              int
 	confine                                   confineFlags
+	resources                                 resourceFlags
 	natsSecretFile, natsTLS, natsCreds        string
 	// agentEnv are the variables passed to agents by name (--agent-env).
 	agentEnv []string
@@ -86,6 +87,7 @@ var serveEnv = map[string]string{
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
 	"agent-env":      "AGENTHOST_AGENT_ENV",
+	"room-memory":    "AGENTHOST_ROOM_MEMORY", "room-pids": "AGENTHOST_ROOM_PIDS", "room-cpu": "AGENTHOST_ROOM_CPU",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -121,6 +123,15 @@ model's provider; --agent-env NAME,... passes more by name, and AGENTHOST_*
 never.
 
 One server per data dir: a second one refuses to start.
+
+Each room's processes are limited together (--room-memory, default 4G or half
+the machine's memory; --room-pids, default 4096 tasks; --room-cpu, default all
+cores), with an equal CPU share per room: by cgroup v2 controllers, by cgroup
+v1 hierarchies on a hybrid host, or, where the server may write no cgroup (not
+root and nothing delegated: see the systemd unit in contrib; or cgroups
+mounted read-only, as in many containers), by RLIMIT_AS and RLIMIT_NPROC per
+process. The start line says which. A room's config may lower
+them (resources: memory, pids, cpu), never raise them.
 
 With --daemon every room's agent runs as a process of the data dir's process
 daemon (agenthost procd), and SIGUSR2 is a planned restart: the server hands
@@ -180,6 +191,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	addConfineFlags(fl, &f.confine)
 	addAgentUIDsFlag(fl, &f.confine)
 	fl.StringSliceVar(&f.agentEnv, "agent-env", nil, "more variables the agents get from the server's environment, by name, comma-separated (besides PATH, HOME, TMPDIR, LANG, LC_*, TERM, proxies and the model's key; never AGENTHOST_*)")
+	addResourceFlags(fl, &f.resources)
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -312,6 +324,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err := agents.CheckEnvNames(f.agentEnv); err != nil {
 		return &exitError{2, fmt.Errorf("serve: --agent-env: %w", err)}
 	}
+	limits, err := f.resources.limits()
+	if err != nil {
+		return &exitError{2, err}
+	}
 	kind := agents.Kind(f.agent)
 	switch {
 	case f.transport != transportRPC && f.transport != transportACP:
@@ -392,15 +408,16 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 
 	// Processes left by a host that died (kill -9) hold nothing we can
-	// resume: end them before starting new ones.
-	if orphans, ferr := custody.FindOrphans(); ferr == nil && len(orphans) > 0 {
+	// resume: end them before starting new ones (and remove the empty
+	// groups such hosts left, with none).
+	if orphans, ferr := custody.FindOrphans(); ferr == nil {
 		left, kerr := custody.KillOrphans(ctx, orphans, time.Second)
 		if kerr != nil {
 			log.Warn("reaping orphans of dead hosts", "found", len(orphans), "still_running", len(left), "err", kerr)
-		} else {
+		} else if len(orphans) > 0 {
 			log.Info("reaped orphans of dead hosts", "ended", len(orphans))
 		}
-	} else if ferr != nil {
+	} else {
 		log.Debug("looking for orphans of dead hosts", "err", ferr) // not on this platform
 	}
 
@@ -417,9 +434,16 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 			defer fuse.Close()
 		}
 	}
-	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse})
+	// Resources: the rooms' limits; on a cgroup v2 host whose group the
+	// server owns (Delegate=yes) it moves itself into a leaf below it.
+	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse, Resources: true})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
+	}
+	if s := cust.Support(); s.Enforced() {
+		log.Info("room limits", "memory", int64(limits.Memory), "pids", limits.Pids, "cpu", limits.CPU, "by", string(s.Memory))
+	} else {
+		log.Warn("room limits are not enforced by cgroups", "why", s.Why)
 	}
 	defer func() {
 		if cerr := cust.Close(); cerr != nil && err == nil {
@@ -507,7 +531,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	ropts := room.Options{
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
-			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
+			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, Limits: limits},
 		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
 		Agents: roomAgents(f.transport, kind, custom),
 		Logger: log,
@@ -569,6 +593,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		printGaps(stdout, f, kind, custom)
 		fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 		printAgentUsers(stdout, cf)
+		printLimits(stdout, limits, cust.Support())
 		<-ctx.Done()
 		log.Info("shutting down")
 		return nil
@@ -600,6 +625,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	printGaps(stdout, f, kind, custom)
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	printAgentUsers(stdout, cf)
+	printLimits(stdout, limits, cust.Support())
 	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that

@@ -48,7 +48,7 @@ func (l *lines) Write(p []byte) (int, error) {
 
 // startServe runs serve in-process on a free port; stop ends it (as a
 // signal would) and returns its error.
-func startServe(t *testing.T, args ...string) (url, token string, stop func() error) {
+func startServe(t testing.TB, args ...string) (url, token string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lines{ch: make(chan string, 16)}

@@ -28,6 +28,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
+	"github.com/agenthost/agenthost/internal/roomlimits"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
@@ -202,12 +203,14 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if approval <= 0 {
 		approval = acp.DefaultPermissionTimeout
 	}
+	a.res = roomlimits.Resources(t.opts.Custodian.Support(), cfg.Limits)
 	dir := ws
 	if r.Dir != "" {
 		dir = r.Dir
 	}
 	c, err := acp.Start(ctx, acp.Spec{Argv: argv, Dir: dir, Env: env}, acp.Options{
 		Custodian:         t.opts.Custodian,
+		Limits:            roomlimits.Custody(cfg.Limits),
 		FSRoot:            ws,
 		FSOwner:           fsOwner(user),
 		Events:            a.event,
@@ -419,8 +422,10 @@ type agent struct {
 	session string
 	loading atomic.Bool
 
-	// confined is what confines the agent (room.Confined).
+	// confined is what confines the agent (room.Confined); res the
+	// limits it runs under (room.Resourced).
 	confined room.Confinement
+	res      room.Resources
 
 	tools *toolServer // the room's tools over MCP (nil: none)
 
@@ -463,6 +468,21 @@ func (a *agent) SessionID() string { return a.session }
 
 // Confinement implements room.Confined.
 func (a *agent) Confinement() room.Confinement { return a.confined }
+
+// Resources implements room.Resourced.
+func (a *agent) Resources() room.Resources { return a.res }
+
+// Meter implements room.Metered: the agent's custody scope's usage.
+func (a *agent) Meter(context.Context) (room.Meter, error) { return roomlimits.Meter(a.c.Usage()), nil }
+
+// ResetPeak implements room.Metered.
+func (a *agent) ResetPeak(context.Context) error { return a.c.ResetPeak() }
+
+// Resources implements room.Resourced: how the limits of the agents this
+// Transport starts hold.
+func (t *Transport) Resources() room.Resources {
+	return roomlimits.Resources(t.opts.Custodian.Support(), room.Limits{})
+}
 
 func (a *agent) Run(ctx context.Context, text string) (room.TurnResult, error) {
 	a.flushMalformed() // lines between turns

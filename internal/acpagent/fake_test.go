@@ -13,7 +13,8 @@ import (
 
 // fakePeerEnv switches the test binary into a small ACP agent for the
 // faults the real agents cannot show: a prompt "malformed:N" makes it send
-// N malformed lines, then a reply.
+// N malformed lines, then a reply; "work" and "eat memory" are the limits'
+// (peerLimitPrompt).
 const fakePeerEnv = "ACPAGENT_FAKE_PEER"
 
 // fakePayload is in every malformed line: it must never reach the room.
@@ -60,8 +61,12 @@ func fakePeer() int {
 				}
 				out.Flush()
 			}
+			answer := "after"
+			if a, ok := peerLimitPrompt(text); ok {
+				answer = a
+			}
 			send(map[string]any{"jsonrpc": "2.0", "method": "session/update", "params": map[string]any{"sessionId": m.Params.SessionID,
-				"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": "after"}}}})
+				"update": map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": answer}}}})
 			reply(map[string]any{"stopReason": "end_turn"})
 		default:
 			if m.ID != nil && m.Method != "" {

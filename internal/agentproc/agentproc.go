@@ -12,16 +12,18 @@ import (
 	"github.com/agenthost/agenthost/rpc"
 )
 
-// Starter is an rpc.Starter that starts each agent in its own custody scope.
+// Starter is an rpc.Starter that starts each agent in its own custody
+// scope, with Limits where the Custodian applies them.
 type Starter struct {
 	Custodian *custody.Custodian
+	Limits    custody.Limits
 }
 
 var _ rpc.Starter = Starter{}
 
 // Start implements rpc.Starter.
 func (s Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error) {
-	scope, err := s.Custodian.Start(ctx, cmd)
+	scope, err := s.Custodian.StartWith(ctx, cmd, custody.StartOptions{Limits: s.Limits})
 	if err != nil {
 		return nil, err
 	}
@@ -44,6 +46,22 @@ func (p Process) Stop(ctx context.Context) error {
 func Receipt(c *rpc.Client) *custody.Receipt {
 	if p, ok := c.Process().(Process); ok {
 		return p.Receipt()
+	}
+	return nil
+}
+
+// Usage reads what the agent's scope has used (false: not started here).
+func Usage(c *rpc.Client) (custody.Usage, bool) {
+	if p, ok := c.Process().(Process); ok {
+		return p.Usage(), true
+	}
+	return custody.Usage{}, false
+}
+
+// ResetPeak starts a new window for the agent's scope's peak memory.
+func ResetPeak(c *rpc.Client) error {
+	if p, ok := c.Process().(Process); ok {
+		return p.ResetPeak()
 	}
 	return nil
 }

@@ -67,6 +67,9 @@ type Handle struct {
 	// Confinement is what confines the process, as its starter reported
 	// it (JSON, kept for a later host; daemonproc does not read it).
 	Confinement string `json:"confinement,omitempty"`
+	// Resources are the limits it runs under and how they hold, as its
+	// starter reported them (JSON, as Confinement).
+	Resources string `json:"resources,omitempty"`
 }
 
 // String is the handle as recorded.
@@ -131,6 +134,11 @@ type Starter struct {
 	// (they end the argument list): left out of the fingerprint, since a
 	// later host would resume whatever session the agent is in by then.
 	Resume []string
+	// Limits bound the process and what it starts, where the daemon can
+	// (a daemon of protocol 10 on); left out of the fingerprint: they
+	// change nothing the agent does, and new ones hold from its next
+	// start.
+	Limits custody.Limits
 }
 
 var _ rpc.Starter = (*Starter)(nil)
@@ -186,7 +194,7 @@ func (s *Starter) fingerprint(spec procd.PipeSpec) string {
 	}
 	slices.Sort(env)
 	spec.Env = env
-	spec.OutputPath, spec.StderrPath, spec.Metadata = "", "", nil
+	spec.OutputPath, spec.StderrPath, spec.Metadata, spec.Limits = "", "", nil, nil
 	b, err := json.Marshal(struct {
 		Spec     procd.PipeSpec `json:"spec"`
 		Settings any            `json:"settings,omitempty"`
@@ -216,6 +224,10 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 	_, _ = rand.Read(b[:])
 	base := filepath.Join(s.Dir, "agent-"+hex.EncodeToString(b[:]))
 	spec.OutputPath, spec.StderrPath = base+".out", base+".err"
+	if !s.Limits.IsZero() {
+		l := s.Limits
+		spec.Limits = &l
+	}
 	c := s.Runner.c
 	info, err := c.CreatePipe(ctx, spec)
 	if err != nil {
@@ -228,6 +240,7 @@ func (s *Starter) Start(ctx context.Context, cmd *exec.Cmd) (rpc.Process, error)
 		s.Runner.Discard(h)
 		return nil, err
 	}
+	p.limited = info.Limits != nil
 	return p, nil
 }
 
@@ -324,6 +337,19 @@ type Process struct {
 	stopErr  error
 	receipt  *custody.Receipt // under mu
 	mu       sync.Mutex
+
+	// limited: the daemon took the process's limits (Starter.Limits).
+	limited bool
+}
+
+// Limited says whether the daemon started the process with the limits it
+// was given (a daemon before protocol 10 takes none).
+func (p *Process) Limited() bool { return p.limited }
+
+// Usage reads what the process's custody scope in the daemon has used,
+// then, with resetPeak, starts a new window for its peak memory.
+func (p *Process) Usage(ctx context.Context, resetPeak bool) (custody.Usage, error) {
+	return p.c.Usage(ctx, p.h.ID, resetPeak)
 }
 
 func (r *Runner) open(h Handle, outAt, errAt int64) (*Process, error) {

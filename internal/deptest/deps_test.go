@@ -38,9 +38,12 @@ var allowed = map[string][]string{
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
-	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
+	// Rooms' limits as custody's (and custody's support as rooms'
+	// resources): rooms and custody only, for the transports to share.
+	module + "/internal/roomlimits": {module + "/room", module + "/custody", module + "/record", module + "/event", module + "/internal/procio", "golang.org/x/sys/"},
 	// Confinement (the policy and the Landlock launcher) stands alone: the
 	// launcher runs in every binary that starts agents, before anything else.
 	module + "/internal/confine": append([]string{module + "/internal/agentfs"}, landlockDeps...),

@@ -49,6 +49,9 @@ type op struct {
 	// Usage is what an ended turn cost (end_turn). Added without a new
 	// format: older readers ignore it.
 	Usage *usageRec `json:"usage,omitempty"`
+	// Compute is what a turn's processes used (compute), counted in the
+	// room's totals; older readers ignore the op.
+	Compute *store.Compute `json:"compute,omitempty"`
 }
 
 // Kinds of op.
@@ -64,6 +67,7 @@ const (
 	opAnswer   = "answer_question"
 	opReceipt  = "receipt"
 	opInboxCur = "inbox"
+	opCompute  = "compute"
 )
 
 // fold is a room's records, folded from its log.
@@ -333,6 +337,10 @@ func (f *fold) apply(o op) error {
 		return fmt.Errorf("store: answer question: %w", store.ErrNotFound)
 	case opReceipt:
 		f.receipts++
+	case opCompute:
+		if o.Compute != nil {
+			f.room.Compute = f.room.Compute.Add(*o.Compute)
+		}
 	case opInboxCur:
 		if o.Inbox > f.inbox {
 			f.inbox = o.Inbox

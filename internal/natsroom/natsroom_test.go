@@ -622,7 +622,10 @@ func TestStore_Turns(t *testing.T) {
 				return err
 			}
 		}
-		return tx.EndTurn("t0", "settled", "", "answer 0", store.Usage{InputTokens: 7, CostUSD: 0.5})
+		if err := tx.EndTurn("t0", "settled", "", "answer 0", store.Usage{InputTokens: 7, CostUSD: 0.5}); err != nil {
+			return err
+		}
+		return tx.(room.ComputeTx).AddCompute("r", store.Compute{CPUSeconds: 2.5, PeakMemoryBytes: 1 << 20, Processes: 3})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -652,7 +655,8 @@ func TestStore_Turns(t *testing.T) {
 	spent := store.Usage{InputTokens: 7, CostUSD: 0.5}
 	for _, st := range []*Store{s, newStore(nc, js, "b")} {
 		r, err := st.Room(ctx, "r")
-		if err != nil || r.Turns != 1 || r.Usage != spent || r.UsageBySender["ann"] != (store.SenderUsage{Turns: 1, Usage: spent}) {
+		if err != nil || r.Turns != 1 || r.Usage != spent || r.UsageBySender["ann"] != (store.SenderUsage{Turns: 1, Usage: spent}) ||
+			r.Compute != (store.Compute{CPUSeconds: 2.5, PeakMemoryBytes: 1 << 20, Processes: 3}) {
 			t.Fatalf("room %+v, %v", r, err)
 		}
 		ts, err := st.Turns(ctx, "r", 0, 1)

@@ -1266,6 +1266,11 @@ func (t *tx) EndTurn(id, outcome, reason, text string, u store.Usage) error {
 	return t.op(rm, op{K: opEndTurn, ID: id, Outcome: outcome, Reason: reason, Text: text, Usage: toUsageRec(u)})
 }
 
+// AddCompute implements room.ComputeTx.
+func (t *tx) AddCompute(rm string, c store.Compute) error {
+	return t.op(rm, op{K: opCompute, Compute: &c})
+}
+
 func (t *tx) PutApproval(a store.Approval) error {
 	return t.op(a.Room, op{K: opPutAppr, Approval: toApprovalRec(a)})
 }

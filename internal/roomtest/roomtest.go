@@ -47,6 +47,13 @@ type Transport func(cust *custody.Custodian, in *agents.Install, modelURL string
 // without them.
 func Start(t *testing.T, dir string, sim *modelsim.Server, opts room.Options, tr Transport) *Host {
 	t.Helper()
+	return StartCustody(t, dir, sim, opts, custody.Options{}, tr)
+}
+
+// StartCustody is Start with the custodian made from copts (Resources, to
+// limit and meter the rooms' agents).
+func StartCustody(t *testing.T, dir string, sim *modelsim.Server, opts room.Options, copts custody.Options, tr Transport) *Host {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -64,7 +71,7 @@ func Start(t *testing.T, dir string, sim *modelsim.Server, opts room.Options, tr
 	if err != nil {
 		t.Fatal(err)
 	}
-	cust, err := custody.New(custody.Options{})
+	cust, err := custody.New(copts)
 	if err != nil {
 		t.Fatal(err)
 	}

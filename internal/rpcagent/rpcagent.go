@@ -30,6 +30,7 @@ import (
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
+	"github.com/agenthost/agenthost/internal/roomlimits"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/room"
@@ -282,12 +283,16 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		return nil, err
 	}
 	a.confined = room.Confinement(pol.Report())
+	limits := roomlimits.Custody(cfg.Limits)
+	a.res = roomlimits.Resources(t.opts.Custodian.Support(), cfg.Limits)
 	opts := rpc.SpawnOptions{
 		Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog, MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes)},
-		Starter: agentproc.Starter{Custodian: t.opts.Custodian},
+		Starter: agentproc.Starter{Custodian: t.opts.Custodian, Limits: limits},
 	}
 	if t.opts.Daemon != nil {
-		opts.Starter = &daemonproc.Starter{Runner: t.opts.Daemon, Dir: outputDir(spec), Settings: settings, Resume: resume}
+		// The daemon's custodian is this host's kind (same machine, user
+		// and groups): its support is this one's.
+		opts.Starter = &daemonproc.Starter{Runner: t.opts.Daemon, Dir: outputDir(spec), Settings: settings, Resume: resume, Limits: limits}
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
@@ -303,6 +308,13 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		h.Ready = c.Ready() != nil
 		b, _ := json.Marshal(a.confined)
 		h.Confinement = string(b)
+		if !p.Limited() && !cfg.Limits.IsZero() {
+			a.res = room.Resources{Memory: int64(cfg.Limits.Memory), Pids: cfg.Limits.Pids, CPU: cfg.Limits.CPU,
+				By:  room.ResourcesBy{Memory: string(custody.ByNothing), Pids: string(custody.ByNothing), CPU: string(custody.ByNothing)},
+				Why: "the process daemon runs an older protocol (before 10) that takes no limits; they hold from its next start"}
+		}
+		b, _ = json.Marshal(a.res)
+		h.Resources = string(b)
 		a.proc, a.handle = p, h.String()
 	}
 	a.unsub = c.On("", a.event)
@@ -346,7 +358,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 		kind = agents.OMP
 	}
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, proc: p, handle: at.Handle, attached: at.RunOpen,
-		confined: attachedConfinement(h)}
+		confined: attachedConfinement(h), res: attachedResources(h)}
 	if kind == agents.Pi && len(cfg.Command) == 0 {
 		// The extension loaded at its start calls the room's tools.
 		a.piext, a.tools = true, spec.Tools
@@ -733,6 +745,25 @@ func attachedConfinement(h daemonproc.Handle) room.Confinement {
 	return c
 }
 
+// attachedResources are the limits the agent was started with, as its
+// handle records them (that of the host that started it).
+func attachedResources(h daemonproc.Handle) room.Resources {
+	var r room.Resources
+	if json.Unmarshal([]byte(h.Resources), &r) != nil {
+		// Recorded by a host before limits: it runs with none.
+		none := string(custody.ByNothing)
+		return room.Resources{By: room.ResourcesBy{Memory: none, Pids: none, CPU: none},
+			Why: "started by a server before limits; they hold from its next start"}
+	}
+	return r
+}
+
+// Resources implements room.Resourced: how the limits of the agents this
+// Transport starts hold.
+func (t *Transport) Resources() room.Resources {
+	return roomlimits.Resources(t.opts.Custodian.Support(), room.Limits{})
+}
+
 // agent is one running RPC agent.
 type agent struct {
 	c       *rpc.Client
@@ -756,8 +787,10 @@ type agent struct {
 	badUsage int
 	log      *slog.Logger
 
-	// confined is what confines the agent (room.Confined).
+	// confined is what confines the agent (room.Confined); res the
+	// limits it runs under (room.Resourced).
 	confined room.Confinement
+	res      room.Resources
 
 	// An agent in the process daemon: its process, handle (recorded by
 	// the room), whether it was attached mid-run, whether it was let go
@@ -774,10 +807,38 @@ var (
 	_ room.Detachable = (*agent)(nil)
 	_ room.Committer  = (*agent)(nil)
 	_ room.LeaseBound = (*agent)(nil)
+	_ room.Metered    = (*agent)(nil)
+	_ room.Resourced  = (*agent)(nil)
 )
 
 // Confinement implements room.Confined.
 func (a *agent) Confinement() room.Confinement { return a.confined }
+
+// Resources implements room.Resourced.
+func (a *agent) Resources() room.Resources { return a.res }
+
+// Meter implements room.Metered: the agent's custody scope's usage, here
+// or in the process daemon.
+func (a *agent) Meter(ctx context.Context) (room.Meter, error) {
+	if a.proc != nil {
+		u, err := a.proc.Usage(ctx, false)
+		return roomlimits.Meter(u), err
+	}
+	u, ok := agentproc.Usage(a.c)
+	if !ok {
+		return room.Meter{}, errors.New("rpcagent: the agent's process is not in custody here")
+	}
+	return roomlimits.Meter(u), nil
+}
+
+// ResetPeak implements room.Metered.
+func (a *agent) ResetPeak(ctx context.Context) error {
+	if a.proc != nil {
+		_, err := a.proc.Usage(ctx, true)
+		return err
+	}
+	return agentproc.ResetPeak(a.c)
+}
 
 // Handle implements room.Detachable ("" for an agent in custody here).
 func (a *agent) Handle() string { return a.handle }

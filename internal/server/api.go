@@ -36,11 +36,16 @@ type roomView struct {
 	// Confinement is what confines the room's agent (absent when the
 	// transport does not say).
 	Confinement *room.Confinement `json:"confinement,omitempty"`
+	// Resources are the limits of the room's processes and how they hold
+	// (absent when the transport does not say).
+	Resources *room.Resources `json:"resources,omitempty"`
 	// Turns ended, what they cost together, and that by sender ("" for
-	// messages sent without one).
+	// messages sent without one); what the room's processes used in them
+	// (compute).
 	Turns         int64                      `json:"turns"`
 	Usage         store.Usage                `json:"usage"`
 	UsageBySender map[string]senderUsageView `json:"usage_by_sender"`
+	Compute       store.Compute              `json:"compute"`
 }
 
 // senderUsageView is one sender's share of a room's usage: its turns and
@@ -113,7 +118,8 @@ func nonNil(s []string) []string {
 func viewRoom(st room.State) roomView {
 	v := roomView{ID: st.ID, Incarnation: st.Incarnation, Resident: st.Resident, SessionID: st.SessionID, Turn: st.Turn, Queued: st.Queued,
 		LastSeq: st.LastSeq, Approvals: []approvalView{}, Questions: []questionsView{}, Node: st.Node,
-		Confinement: st.Confinement, Turns: st.Turns, Usage: st.Usage, UsageBySender: map[string]senderUsageView{}}
+		Confinement: st.Confinement, Resources: st.Resources, Turns: st.Turns, Usage: st.Usage, UsageBySender: map[string]senderUsageView{},
+		Compute: st.Compute}
 	for sender, u := range st.UsageBySender {
 		v.UsageBySender[sender] = senderUsageView{Turns: u.Turns, Usage: u.Usage}
 	}

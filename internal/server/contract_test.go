@@ -218,12 +218,13 @@ func (ct *contract) answer(pattern, path, method string, rec *recorder) {
 			ct.fail("%s %d: %v", pattern, status, err)
 		}
 	case "text/event-stream":
-		ct.stream(pattern, path, method, code, rec.body.Bytes())
+		ct.stream(pattern, path, method, code, rec.body.Bytes(), rec.Header().Get("Room-Incarnation"))
 	}
 }
 
-// stream validates each event of an event stream.
-func (ct *contract) stream(pattern, path, method, code string, body []byte) {
+// stream validates each event of an event stream whose Room-Incarnation
+// is inc: each event's id is its seq and inc.
+func (ct *contract) stream(pattern, path, method, code string, body []byte, inc string) {
 	item := []string{"paths", path, method, "responses", code, "content", "text/event-stream", "itemSchema"}
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -247,7 +248,11 @@ func (ct *contract) stream(pattern, path, method, code string, body []byte) {
 			Type string `json:"type"`
 		}
 		_ = json.Unmarshal([]byte(data), &ev)
-		if fields["id"] != strconv.FormatInt(ev.Seq, 10) || fields["event"] != ev.Type {
+		wantID := strconv.FormatInt(ev.Seq, 10)
+		if ev.Type != "reset" {
+			wantID += "." + inc
+		}
+		if fields["id"] != wantID || fields["event"] != ev.Type {
 			ct.fail("%s: event frame id %v event %v, data seq %d type %s", pattern, fields["id"], fields["event"], ev.Seq, ev.Type)
 		}
 		ct.mu.Lock()

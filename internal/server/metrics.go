@@ -36,6 +36,8 @@ type metrics struct {
 	approvals     *prometheus.CounterVec
 	tokens        *prometheus.CounterVec
 	cost          prometheus.Counter
+	cpu           prometheus.Counter
+	limits        *prometheus.CounterVec
 
 	mu      sync.Mutex           // serialises counting
 	tapped  bool                 // events are counted as committed
@@ -75,11 +77,21 @@ func newMetrics(s *Server) *metrics {
 		cost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "agenthost_cost_usd_total", Help: "What the rooms' turns cost, in dollars, as their agents reported it.",
 		}),
+		cpu: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agenthost_room_cpu_seconds_total", Help: "CPU time the rooms' processes used in their turns, as the rooms' groups measured it (turn.ended's compute).",
+		}),
+		limits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agenthost_room_limits_total", Help: "Processes killed at a room's memory limit and forks refused at its pids limit (room.limit), by limit.",
+		}, []string{"limit"}),
 	}
 	for _, k := range tokenKinds {
 		mt.tokens.WithLabelValues(k) // every kind is shown from the start, at 0
 	}
+	for _, l := range []string{event.LimitMemory, event.LimitPids} {
+		mt.limits.WithLabelValues(l)
+	}
 	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals, mt.tokens, mt.cost,
+		mt.cpu, mt.limits,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
 	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
@@ -150,7 +162,7 @@ func (mt *metrics) catchUp(ctx context.Context) error {
 func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 	mt.events.Inc()
 	switch typ {
-	case event.TypeTurnStarted, event.TypeTurnEnded, event.TypeApprovalResolved, event.TypeAgentReleased:
+	case event.TypeTurnStarted, event.TypeTurnEnded, event.TypeApprovalResolved, event.TypeAgentReleased, event.TypeRoomLimit:
 	default:
 		return
 	}
@@ -172,6 +184,9 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 		if u.CostUSD > 0 {
 			mt.cost.Add(u.CostUSD)
 		}
+		if c := d.Compute; c != nil && c.CPUSeconds > 0 {
+			mt.cpu.Add(c.CPUSeconds)
+		}
 		if t0, ok := mt.started[d.TurnID]; ok {
 			mt.turnDuration.WithLabelValues(d.Outcome).Observe(at.Sub(t0).Seconds())
 			delete(mt.started, d.TurnID)
@@ -180,6 +195,10 @@ func (mt *metrics) count(typ string, at time.Time, data json.RawMessage) {
 		mt.approvals.WithLabelValues(d.Decision, d.By).Inc()
 	case event.AgentReleased:
 		mt.receipts.WithLabelValues(receiptOutcome(d.Error, d.Receipt)).Inc()
+	case event.RoomLimit:
+		if d.Count > 0 && (d.Limit == event.LimitMemory || d.Limit == event.LimitPids) {
+			mt.limits.WithLabelValues(d.Limit).Add(float64(d.Count))
+		}
 	}
 }
 

@@ -58,8 +58,10 @@ func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 	var created int64
 	var cfg []byte
 	err := db.queryRow(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+		cpu_seconds, peak_memory_bytes, processes,
 		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`, id).
-		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen, &r.LastSeq)
+		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
+			&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Room{}, fmt.Errorf("store: room %q: %w", id, ErrNotFound)
 	}
@@ -163,6 +165,7 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 	}
 	limit = min(limit, MaxRoomsPage+1)
 	rows, err := db.query(ctx, `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+		cpu_seconds, peak_memory_bytes, processes,
 		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, wrap("rooms", err)
@@ -173,7 +176,8 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 		var r Room
 		var created int64
 		var cfg []byte
-		if err := rows.Scan(&r.ID, &created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen, &r.LastSeq); err != nil {
+		if err := rows.Scan(&r.ID, &created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
+			&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq); err != nil {
 			return nil, wrap("rooms", err)
 		}
 		r.Created, r.Config = fromNS(created), cfg

@@ -23,6 +23,7 @@ type (
 	Receipt  = record.Receipt
 	Exchange = record.Exchange
 	Usage    = record.Usage
+	Compute  = record.Compute
 	// SenderUsage is one sender's share of a room's usage.
 	SenderUsage = record.SenderUsage
 )

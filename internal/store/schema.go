@@ -129,6 +129,14 @@ INSERT INTO room_usage (room, sender, turns)
 	SELECT t.room, COALESCE(m.sender, ''), COUNT(*) FROM turns t LEFT JOIN messages m ON m.id = t.message_id
 	WHERE t.ended_ns <> 0 GROUP BY 1, 2;
 `,
+	// 5: what each room's processes used, measured by its groups: CPU
+	// time and processes summed over its turns, the highest peak of
+	// memory (record.Compute).
+	`
+ALTER TABLE rooms ADD COLUMN cpu_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE rooms ADD COLUMN peak_memory_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rooms ADD COLUMN processes INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // SchemaVersion is the schema version this agenthost writes.

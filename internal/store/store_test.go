@@ -726,6 +726,12 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
+			if v >= 4 {
+				// From version 4 on, the turn ended was counted as it ended.
+				if _, err := raw.Exec(`INSERT INTO room_usage (room, sender, turns) VALUES ('r', 'bob', 1)`); err != nil {
+					t.Fatal(err)
+				}
+			}
 			_ = raw.Close()
 
 			db, err := Open(ctx, path, Options{})
@@ -769,8 +775,12 @@ func TestMigrate_FromEveryEarlierVersion(t *testing.T) {
 			if appr, err = db.Approvals(ctx, "r", true); err != nil || len(appr) != 0 {
 				t.Fatalf("pending approvals after the decision %+v, %v", appr, err)
 			}
+			if err := db.Write(ctx, func(w *Writer) error { return w.AddCompute("r", Compute{CPUSeconds: 1, Processes: 1}) }); err != nil {
+				t.Fatal(err)
+			}
 			if r, err = db.Room(ctx, "r"); err != nil || r.AgentProc != "procd:1" || r.LastSeq != 3 ||
-				r.Turns != 2 || r.Usage != (Usage{OutputTokens: 3, CostUSD: 0.25}) || r.UsageBySender["ann"].Usage.OutputTokens != 3 {
+				r.Turns != 2 || r.Usage != (Usage{OutputTokens: 3, CostUSD: 0.25}) || r.UsageBySender["ann"].Usage.OutputTokens != 3 ||
+				r.Compute != (Compute{CPUSeconds: 1, Processes: 1}) {
 				t.Fatalf("room after a write %+v, %v", r, err)
 			}
 			var got int
@@ -815,6 +825,9 @@ func TestEndTurn_CountsUsageBySender(t *testing.T) {
 			if err := w.EndTurn(tid, "settled", "", "ok", s.u); err != nil {
 				return err
 			}
+			if err := w.AddCompute(s.room, Compute{CPUSeconds: 1.5, PeakMemoryBytes: int64(100 * (i + 1)), Processes: 2}); err != nil {
+				return err
+			}
 		}
 		// A room with no turn ended.
 		_, err := w.Append("c", "message.accepted", map[string]string{"message_id": "x"})
@@ -831,7 +844,9 @@ func TestEndTurn_CountsUsageBySender(t *testing.T) {
 	total := Usage{InputTokens: 14, OutputTokens: 3, CacheReadTokens: 5, CacheWriteTokens: 1, CostUSD: 0.875}
 	check := func(what string, r Room) {
 		t.Helper()
-		if r.ID != "a" || r.Turns != 4 || r.Usage != total || !maps.Equal(r.UsageBySender, want) {
+		// Compute: CPU and processes summed, the highest peak.
+		if r.ID != "a" || r.Turns != 4 || r.Usage != total || !maps.Equal(r.UsageBySender, want) ||
+			r.Compute != (Compute{CPUSeconds: 6, PeakMemoryBytes: 400, Processes: 8}) {
 			t.Fatalf("%s: %+v, want 4 turns, %+v, %+v", what, r, total, want)
 		}
 	}
@@ -848,7 +863,7 @@ func TestEndTurn_CountsUsageBySender(t *testing.T) {
 	if b := page[1]; b.Turns != 1 || b.Usage != (Usage{OutputTokens: 7}) || len(b.UsageBySender) != 1 {
 		t.Fatalf("room b %+v", b)
 	}
-	if c := page[2]; c.Turns != 0 || !c.Usage.IsZero() || len(c.UsageBySender) != 0 {
+	if c := page[2]; c.Turns != 0 || !c.Usage.IsZero() || len(c.UsageBySender) != 0 || c.Compute != (Compute{}) {
 		t.Fatalf("room c %+v", c)
 	}
 	ts, err := db.Turns(ctx, "a", 0, 0)

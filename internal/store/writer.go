@@ -239,6 +239,14 @@ func (w *Writer) EndTurn(id, outcome, reason, text string, u Usage) error {
 	return wrap("end turn", err)
 }
 
+// AddCompute counts what a turn's processes used in its room's totals
+// (record.Room's Compute).
+func (w *Writer) AddCompute(room string, c Compute) error {
+	_, err := w.exec(`UPDATE rooms SET cpu_seconds = cpu_seconds + ?, peak_memory_bytes = MAX(peak_memory_bytes, ?),
+		processes = processes + ? WHERE id = ?`, c.CPUSeconds, c.PeakMemoryBytes, c.Processes, room)
+	return wrap("add compute", err)
+}
+
 // PutApproval stores a pending approval.
 func (w *Writer) PutApproval(a Approval) error {
 	opts, err := json.Marshal(a.Options)

@@ -107,12 +107,40 @@ function usageLong(u) {
     u.cache_read_tokens + ", cache write " + u.cache_write_tokens + ")";
 }
 
+// ---- compute: what the room's processes used, measured by its groups
+
+function bytesShort(n) {
+  const units = [["TiB", 2 ** 40], ["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]];
+  for (const [name, size] of units) {
+    if (n >= size) return (n / size).toFixed(n % size === 0 ? 0 : 1) + " " + name;
+  }
+  return n + " bytes";
+}
+
+// sizeExact writes a size the server reads back to the same bytes.
+function sizeExact(n) {
+  for (const [unit, size] of [["T", 2 ** 40], ["G", 2 ** 30], ["M", 2 ** 20], ["K", 2 ** 10]]) {
+    if (n >= size && n % size === 0) return n / size + unit;
+  }
+  return String(n);
+}
+
+function computeShort(c) {
+  return c.cpu_seconds.toFixed(c.cpu_seconds >= 10 ? 0 : 2) + " s CPU · " + bytesShort(c.peak_memory_bytes) + " peak · " +
+    c.processes + (c.processes === 1 ? " process" : " processes");
+}
+
+function hasCompute(c) {
+  return c && (c.cpu_seconds > 0 || c.peak_memory_bytes > 0 || c.processes > 0);
+}
+
 // showUsage shows the room's totals: from its state, then each turn.ended
 // newer than what is shown (rm.usageSeq).
 function showUsage(rm) {
   const p = $("room-usage");
   p.hidden = false;
-  p.textContent = rm.turnCount + (rm.turnCount === 1 ? " turn" : " turns") + ", " + usageLong(rm.usage);
+  p.textContent = rm.turnCount + (rm.turnCount === 1 ? " turn" : " turns") + ", " + usageLong(rm.usage) +
+    (hasCompute(rm.compute) ? "; " + computeShort(rm.compute) : "");
 }
 
 function addUsage(rm, ev) {
@@ -121,6 +149,11 @@ function addUsage(rm, ev) {
   rm.turnCount++;
   if (ev.usage) {
     for (const k of ["input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_usd"]) rm.usage[k] += ev.usage[k];
+  }
+  if (ev.compute) {
+    rm.compute.cpu_seconds += ev.compute.cpu_seconds;
+    rm.compute.processes += ev.compute.processes;
+    rm.compute.peak_memory_bytes = Math.max(rm.compute.peak_memory_bytes, ev.compute.peak_memory_bytes);
   }
   showUsage(rm);
 }
@@ -209,7 +242,8 @@ async function loadHistory(rm) {
     st = await api("GET", roomPath(rm.id));
   } catch (_) {
     // The stream replays the whole log: its turn.ended events add up.
-    if (rm === current && !rm.usage) Object.assign(rm, { usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: 0 }, turnCount: 0, usageSeq: 0 });
+    if (rm === current && !rm.usage) Object.assign(rm, { usage: { input_tokens: 0, output_tokens: 0, cache_read_tokens: 0, cache_write_tokens: 0, cost_usd: 0 },
+      compute: { cpu_seconds: 0, peak_memory_bytes: 0, processes: 0 }, turnCount: 0, usageSeq: 0 });
     return;
   }
   if (rm !== current) return;
@@ -222,6 +256,7 @@ async function loadHistory(rm) {
   }
   if (st.usage && !rm.usage) {
     rm.usage = Object.assign({}, st.usage);
+    rm.compute = Object.assign({ cpu_seconds: 0, peak_memory_bytes: 0, processes: 0 }, st.compute);
     rm.turnCount = st.turns;
     rm.usageSeq = st.last_seq;
     showUsage(rm);
@@ -302,6 +337,10 @@ function showConfig(c) {
   // server's default, which may be a limit).
   for (const k of CONFIG_BUDGET) $("cfg-budget-" + k).value = c.budget && k in c.budget ? String(c.budget[k]) : "";
   $("cfg-mcp").value = c.mcp && Object.keys(c.mcp).length ? JSON.stringify(c.mcp) : "";
+  const res = c.resources || {};
+  $("cfg-res-memory").value = res.memory ? sizeExact(res.memory) : "";
+  $("cfg-res-pids").value = res.pids || "";
+  $("cfg-res-cpu").value = res.cpu || "";
   $("cfg-ws-git").value = c.workspace ? c.workspace.git : "";
   $("cfg-ws-ref").value = c.workspace ? c.workspace.ref : "";
   $("config-status").textContent = c.next_start && c.next_start.length ? "At the agent's next start: " + c.next_start.join(", ") + "." : "";
@@ -321,6 +360,10 @@ async function saveConfig(e) {
     const v = $("cfg-budget-" + k).value;
     if (v !== "") body.budget[k] = Number(v);
   }
+  // Sizes as the form shows them ("4G", or bytes); the server reads them.
+  const mem = $("cfg-res-memory").value.trim();
+  body.resources = { memory: mem === "" ? 0 : /^[0-9]+$/.test(mem) ? Number(mem) : mem,
+    pids: Number($("cfg-res-pids").value || 0), cpu: Number($("cfg-res-cpu").value || 0) };
   const git = $("cfg-ws-git").value.trim();
   if (git) body.workspace = { git, ref: $("cfg-ws-ref").value.trim() };
   const mcp = $("cfg-mcp").value.trim();
@@ -511,8 +554,12 @@ function endTurn(t, end) {
   if (end.text) t.body.textContent = end.text;
   t.li.dataset.outcome = end.outcome;
   t.outcome.textContent = end.outcome === "settled" ? "" : end.outcome + (end.reason ? ": " + end.reason : "");
-  if (end.usage && tokensOf(end.usage) > 0 && !t.usage) {
-    t.usage = el("p", "turn-usage", usageShort(end.usage));
+  const spent = end.usage && tokensOf(end.usage) > 0;
+  if ((spent || hasCompute(end.compute)) && !t.usage) {
+    const parts = [];
+    if (spent) parts.push(usageShort(end.usage));
+    if (hasCompute(end.compute)) parts.push(computeShort(end.compute));
+    t.usage = el("p", "turn-usage", parts.join(" · "));
     t.li.append(t.usage);
   }
 }
@@ -619,6 +666,11 @@ function apply(rm, type, ev) {
       break;
     case EV.WorkspaceReady:
       note("workspace checked out: " + ev.url + " at " + ev.ref + " (" + ev.commit.slice(0, 12) + ")");
+      break;
+    case EV.RoomLimit:
+      note(ev.limit === "memory"
+        ? "the room's memory limit (" + bytesShort(ev.value) + ") was reached: " + ev.count + (ev.count === 1 ? " process" : " processes") + " killed" + (ev.agent_killed ? ", the agent among them" : "")
+        : "the room's process limit (" + ev.value + ") was reached: " + ev.count + (ev.count === 1 ? " fork" : " forks") + " refused" + (ev.agent_killed ? ", and the agent ended" : ""));
       break;
     case EV.BudgetExhausted:
       note("the room's budget is exhausted (" + ev.limit + "): raise it in Settings to go on");
