@@ -207,6 +207,12 @@ type Options struct {
 	// with its changes unknown.
 	SnapshotTimeout time.Duration
 	Logger          *slog.Logger
+	// Observe, if set, is told every event the rooms' logs commit here, a
+	// commit's events at once and in their order, once committed, and the
+	// steps of turns no event starts (Phase): tracing's seam. It runs on
+	// the room's own goroutines, with no lock held: it must return at once
+	// (queue, never wait) and must not call the Manager.
+	Observe func([]Observed)
 }
 
 func (o *Options) fill() {
