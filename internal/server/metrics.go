@@ -81,6 +81,25 @@ func newMetrics(s *Server) *metrics {
 	}
 	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals, mt.tokens, mt.cost,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if t := s.opts.Tracing; t != nil && t.Stats != nil {
+		stat := func(i int) func() float64 {
+			return func() float64 {
+				a, b, c := t.Stats()
+				return float64([]uint64{a, b, c}[i])
+			}
+		}
+		mt.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_spans_exported_total", Help: "Spans the collector took (serve --otlp).",
+			}, stat(0)),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_spans_dropped_total", Help: "Spans dropped: their export queue was full, or their export failed (a collector down or too slow).",
+			}, stat(1)),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_events_dropped_total", Help: "Rooms' events never made spans: the tracer's queue was full.",
+			}, stat(2)),
+		)
+	}
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
 	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
 		mt.mu.Lock()
