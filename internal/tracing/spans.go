@@ -236,6 +236,11 @@ func (t *Tracer) startTurn(roomID, id, messageID string, at time.Time, attached 
 	}
 	t.turns[id] = &turnSpan{span: span, ctx: ctx, room: roomID, started: at, tools: map[string]trace.Span{}}
 	t.running[roomID] = id
+	if t.relay != nil && span.SpanContext().IsSampled() {
+		sc := span.SpanContext()
+		tid, sid := sc.TraceID(), sc.SpanID()
+		t.windows.started(roomID, turnWindow{traceID: tid[:], spanID: sid[:], start: at})
+	}
 }
 
 // child starts a span under turn ts.
@@ -344,4 +349,8 @@ func (t *Tracer) endTurn(roomID string, d event.TurnEnded, at time.Time) {
 		ts.span.SetStatus(codes.Error, bound(d.Reason, maxReason))
 	}
 	ts.span.End(trace.WithTimestamp(at))
+	if t.relay != nil {
+		sid := ts.span.SpanContext().SpanID()
+		t.windows.ended(roomID, sid[:], at)
+	}
 }

@@ -74,7 +74,12 @@ type Config struct {
 	SpanQueue  int
 	// Interval is the longest an ended span waits for its batch.
 	Interval time.Duration
-	Logger   *slog.Logger
+	// AgentRelay, if set, is the collector's traces URL (with
+	// AgentHeaders) to which the agents' own spans are relayed, placed in
+	// their turns' traces (serve --otlp-agents; see AgentURL).
+	AgentRelay   string
+	AgentHeaders map[string]string
+	Logger       *slog.Logger
 }
 
 // Tracer turns rooms' events into spans. Create it with New, give its
@@ -86,6 +91,9 @@ type Tracer struct {
 	tr   trace.Tracer
 	proc *queueProcessor
 	prop propagation.TextMapPropagator
+
+	relay   *relay  // the agents' OTLP endpoint (nil: none)
+	windows windows // rooms' recent turns, for the relay
 
 	in            chan []room.Observed
 	eventsDropped atomic.Uint64
@@ -209,8 +217,33 @@ func New(ctx context.Context, cfg Config) (*Tracer, error) {
 		msgs: map[string]trace.SpanContext{}, turns: map[string]*turnSpan{}, running: map[string]string{},
 		agentAt: map[string]*room.Phase{}, pending: map[string]*pendingSpan{},
 	}
+	if cfg.AgentRelay != "" {
+		if t.relay, err = newRelay(t, cfg.AgentRelay, cfg.AgentHeaders); err != nil {
+			_ = tp.Shutdown(ctx)
+			return nil, err
+		}
+	}
 	go t.run()
 	return t, nil
+}
+
+// AgentURL is the OTLP/HTTP traces endpoint to give the room's agent
+// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): the relay's, which places the
+// agent's spans in the room's turns; "" without Config.AgentRelay.
+func (t *Tracer) AgentURL(room string) string {
+	if t.relay == nil {
+		return ""
+	}
+	return t.relay.url(room)
+}
+
+// AgentPort is the relay's loopback port (0: none), which a confined
+// agent must be let connect to.
+func (t *Tracer) AgentPort() int {
+	if t.relay == nil {
+		return 0
+	}
+	return t.relay.port()
 }
 
 // envResource is what OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES say
@@ -235,11 +268,19 @@ type Stats struct {
 	// full, or their export failed); EventsDropped were never made
 	// spans (the event queue was full).
 	SpansExported, SpansDropped, EventsDropped uint64
+	// AgentBatches the relay forwarded and refused (the collector busy or
+	// failing), and AgentSpansUnplaced: agents' spans that began in no
+	// turn of their room (forwarded in a trace of their own).
+	AgentBatchesForwarded, AgentBatchesRefused, AgentSpansUnplaced uint64
 }
 
 // Stats returns the counters.
 func (t *Tracer) Stats() Stats {
-	return Stats{SpansExported: t.proc.exported.Load(), SpansDropped: t.proc.dropped.Load(), EventsDropped: t.eventsDropped.Load()}
+	s := Stats{SpansExported: t.proc.exported.Load(), SpansDropped: t.proc.dropped.Load(), EventsDropped: t.eventsDropped.Load()}
+	if r := t.relay; r != nil {
+		s.AgentBatchesForwarded, s.AgentBatchesRefused, s.AgentSpansUnplaced = r.forwarded.Load(), r.refused.Load(), r.unplaced.Load()
+	}
+	return s
 }
 
 // Observe is room.Options.Observe: it queues evs and returns at once.
@@ -280,12 +321,18 @@ func (flushReply) EventType() string { return flushMark }
 // stops. Call it after the Manager's Close or Detach.
 func (t *Tracer) Close(ctx context.Context) error {
 	t.closeOnce.Do(func() { close(t.stop) })
+	var relayErr error
+	if t.relay != nil {
+		// The agents' last posts end first (bounded by ctx); the host's
+		// spans are exported whatever became of them.
+		relayErr = t.relay.close(ctx)
+	}
 	select {
 	case <-t.done:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return t.tp.Shutdown(ctx)
+	return errors.Join(relayErr, t.tp.Shutdown(ctx))
 }
 
 // run turns queued commits into spans until Close.
