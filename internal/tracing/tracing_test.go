@@ -41,7 +41,9 @@ func (f *feed) ev(p event.Payload) room.Observed {
 func newTestTracer(t *testing.T, cfg Config) (*Tracer, *tracetest.InMemoryExporter) {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
-	cfg.Exporter = exp
+	if cfg.Exporter == nil {
+		cfg.Exporter = exp
+	}
 	if cfg.RoomInfo == nil {
 		cfg.RoomInfo = func(context.Context, string) (string, string, error) { return "omp", "agenthost/scripted", nil }
 	}
@@ -253,4 +255,89 @@ func TestHungCollectorDrops(t *testing.T) {
 	if s.SpansExported != 0 || s.EventsDropped%2 != 0 || s.SpansDropped+s.EventsDropped/2 != 50 {
 		t.Errorf("stats %+v: every one of the 50 turns' spans must be dropped and counted (as a span or as its events)", s)
 	}
+}
+
+// A turn a previous host started goes on here (serve --daemon's
+// takeover): its span starts at agent.attached, marked attached, with an
+// agent.attach child naming the session; a question's wait is a span
+// saying who answered and how long it took, never the question or the
+// answer; a turn still running at Close is exported, marked unfinished.
+func TestAttachQuestionAndUnfinished(t *testing.T) {
+	exp := &keepExporter{}
+	tr, _ := newTestTracer(t, Config{Exporter: exp})
+	f := &feed{room: "r4", at: time.Now()}
+	tr.Observe([]room.Observed{f.ev(event.AgentAttached{TurnID: "t1", SessionID: "s1", Offset: 42})})
+	tr.Observe([]room.Observed{f.ev(event.QuestionAsked{QuestionID: "q1", TurnID: "t1", Title: "secret question", Options: []string{"a", "b"}})})
+	f.at = f.at.Add(2 * time.Second)
+	tr.Observe([]room.Observed{f.ev(event.QuestionAnswered{QuestionID: "q1", By: "person", Answer: "secret answer"})})
+	tr.Observe([]room.Observed{f.ev(event.TurnEnded{TurnID: "t1", Outcome: "settled"})})
+	tr.Observe([]room.Observed{f.ev(event.MessageAccepted{MessageID: "m2"}), f.ev(event.TurnStarted{TurnID: "t2", MessageID: "m2"})})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var turns []tracetest.SpanStub
+	got := map[string]tracetest.SpanStub{}
+	for _, s := range exp.spans() {
+		if s.Name == "invoke_agent omp" {
+			turns = append(turns, s)
+		}
+		got[s.Name] = s
+		for _, kv := range s.Attributes {
+			if v := kv.Value.Emit(); v == "secret question" || v == "secret answer" {
+				t.Errorf("%s carries %s = %q", s.Name, kv.Key, v)
+			}
+		}
+	}
+	if len(turns) != 2 {
+		t.Fatalf("%d turn spans, want 2: %v", len(turns), exp.spans())
+	}
+	for _, turn := range turns {
+		a := attrs(turn)
+		switch a["agenthost.turn.id"].AsString() {
+		case "t1":
+			if !a["agenthost.turn.attached"].AsBool() || a["agenthost.turn.outcome"].AsString() != "settled" {
+				t.Errorf("the attached turn: %v", a)
+			}
+			att, q := got["agent.attach"], got["question"]
+			if att.Parent.SpanID() != turn.SpanContext.SpanID() || attrs(att)["agenthost.session.id"].AsString() != "s1" ||
+				attrs(att)["agenthost.agent.offset"].AsInt64() != 42 {
+				t.Errorf("agent.attach: %v under %v", attrs(att), att.Parent)
+			}
+			qa := attrs(q)
+			if q.Parent.SpanID() != turn.SpanContext.SpanID() || qa["agenthost.question.by"].AsString() != "person" ||
+				qa["agenthost.question.wait_seconds"].AsFloat64() < 2 || qa["agenthost.question.cancelled"].AsBool() {
+				t.Errorf("question: %v", qa)
+			}
+		case "t2":
+			if !a["agenthost.turn.unfinished"].AsBool() {
+				t.Errorf("the turn left running: %v", a)
+			}
+		default:
+			t.Errorf("turn %v", a)
+		}
+	}
+}
+
+// keepExporter keeps what it is given past its Shutdown (tracetest's
+// in-memory exporter forgets it there).
+type keepExporter struct {
+	mu   sync.Mutex
+	kept tracetest.SpanStubs
+}
+
+func (k *keepExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.kept = append(k.kept, tracetest.SpanStubsFromReadOnlySpans(spans)...)
+	return nil
+}
+
+func (k *keepExporter) Shutdown(context.Context) error { return nil }
+
+func (k *keepExporter) spans() tracetest.SpanStubs {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append(tracetest.SpanStubs(nil), k.kept...)
 }
