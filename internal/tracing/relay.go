@@ -39,8 +39,9 @@ import (
 // Each room's agent is given a URL of its own, with a token only the
 // server can make (an HMAC of the room's id): an agent can post spans
 // into its own room's turns only. Bodies are bounded, and forwards are
-// bounded in number (the agent's exporter gets 503 past that): nothing
-// waits in the server's memory for a slow collector.
+// bounded in number (the agent's exporter gets 503 past that, before its
+// body is read): nothing waits in the server's memory for a slow
+// collector.
 
 const (
 	maxRelayBody     = 4 << 20  // a request's body, as sent
@@ -199,6 +200,18 @@ func (r *relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "OTLP/HTTP with protobuf only", http.StatusUnsupportedMediaType)
 		return
 	}
+	// A slot before the body is read: at most maxRelayForwards bodies
+	// are in memory, however many posts an agent opens.
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		// The collector is slow: the agent's exporter drops or retries.
+		r.refused.Add(1)
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "the collector is busy", http.StatusServiceUnavailable)
+		return
+	}
+	defer func() { <-r.slots }()
 	var msg coltrace.ExportTraceServiceRequest
 	if err := readOTLP(w, req, &msg); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -210,16 +223,6 @@ func (r *relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "encoding the spans failed", http.StatusInternalServerError)
 		return
 	}
-	select {
-	case r.slots <- struct{}{}:
-	default:
-		// The collector is slow: the agent's exporter drops or retries.
-		r.refused.Add(1)
-		w.Header().Set("Retry-After", "5")
-		http.Error(w, "the collector is busy", http.StatusServiceUnavailable)
-		return
-	}
-	defer func() { <-r.slots }()
 	code := r.forward(req.Context(), body)
 	if code/100 == 2 {
 		r.forwarded.Add(1)

@@ -197,3 +197,47 @@ func TestRelayRefuses(t *testing.T) {
 		}
 	}
 }
+
+// A hostile agent opening many posts against a collector that hangs: at
+// most maxRelayForwards are taken (their bodies read); the next is
+// refused at once with 503 and counted; nothing waits for the collector
+// past its release.
+func TestRelayBoundsForwards(t *testing.T) {
+	release, arrived := make(chan struct{}), make(chan struct{}, maxRelayForwards+1)
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		<-release
+	}))
+	defer hung.Close()
+	tr, _ := newTestTracer(t, Config{AgentRelay: hung.URL + "/v1/traces"})
+	url := tr.AgentURL("r1")
+	body := agentExport(t, time.Now(), "invoke_agent")
+	codes := make(chan int, maxRelayForwards)
+	for range maxRelayForwards {
+		go func() {
+			resp, err := http.Post(url, "application/x-protobuf", bytes.NewReader(body))
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for range maxRelayForwards {
+		<-arrived // each forward waits at the collector, holding its slot
+	}
+	if code := post(t, url, "application/x-protobuf", body); code != http.StatusServiceUnavailable {
+		t.Errorf("a post past the bound: %d, want 503", code)
+	}
+	close(release)
+	for range maxRelayForwards {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a forward the collector took: %d", code)
+		}
+	}
+	if st := tr.Stats(); st.AgentBatchesRefused != 1 || st.AgentBatchesForwarded != maxRelayForwards {
+		t.Errorf("stats %+v", st)
+	}
+}
