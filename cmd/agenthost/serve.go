@@ -139,9 +139,10 @@ its tool calls (execute_tool), approval waits, the agent's start, snapshots and
 git checkouts, and the API's requests; a caller's W3C traceparent on POST
 .../messages is the parent of the turn its message starts. Export is batched
 and bounded: a collector that is down costs dropped spans, counted in /metrics,
-and nothing else. --otlp-agents gives the agents the OTLP settings too (omp
-exports its own GenAI spans); --otlp-tool-input puts tool inputs (redacted as
-the log has them) on their spans.`,
+and nothing else. --otlp-agents has the agents export too (omp exports its own
+GenAI spans), to the server's loopback relay, which places their spans in the
+turns' traces and forwards them to the collector; --otlp-tool-input puts tool
+inputs (redacted as the log has them) on their spans.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var custom []string
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
@@ -196,7 +197,7 @@ the log has them) on their spans.`,
 	addAgentUIDsFlag(fl, &f.confine)
 	fl.StringSliceVar(&f.agentEnv, "agent-env", nil, "more variables the agents get from the server's environment, by name, comma-separated (besides PATH, HOME, TMPDIR, LANG, LC_*, TERM, proxies and the model's key; never AGENTHOST_*)")
 	fl.StringVar(&f.otlp, "otlp", "", "export OpenTelemetry traces to this OTLP/HTTP collector (base URL; /v1/traces is added); default: the OTEL_EXPORTER_OTLP_* variables, else off")
-	fl.BoolVar(&f.otlpAgents, "otlp-agents", false, "give the agents the OTLP settings too, so that agents that export (omp) send their own spans")
+	fl.BoolVar(&f.otlpAgents, "otlp-agents", false, "have the agents that export (omp) send their own spans too, through the server, into their turns' traces")
 	fl.BoolVar(&f.otlpToolArgs, "otlp-tool-input", false, "put each tool call's input (redacted as in the log) on its span")
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
@@ -508,10 +509,6 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if install != nil {
 		tools = install.Dir
 	}
-	cf, err := f.confine.confiner(log, tools, modelURL)
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
 	// Closed after the rooms (deferred before them): their last events
 	// become spans.
 	otel, err := startTracing(ctx, f, log)
@@ -519,6 +516,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		return err
 	}
 	defer otel.close(log)
+	cf, err := f.confine.confiner(log, tools, modelURL, otel.agentURL())
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	var tr room.Transport
 	if f.transport == transportACP {
 		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv,

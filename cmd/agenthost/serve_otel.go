@@ -51,7 +51,7 @@ func startTracing(ctx context.Context, f serveFlags, log *slog.Logger) (*serveTr
 		}
 		tracesURL = u
 	}
-	t, err := tracing.New(ctx, tracing.Config{
+	cfg := tracing.Config{
 		Endpoint: f.otlp, ToolInput: f.otlpToolArgs, Version: buildinfo.Version(), Logger: log,
 		RoomInfo: func(ctx context.Context, id string) (string, string, error) {
 			if st.m == nil {
@@ -67,22 +67,38 @@ func startTracing(ctx context.Context, f serveFlags, log *slog.Logger) (*serveTr
 			}
 			return e.Agent, model, nil
 		},
-	})
+	}
+	if f.otlpAgents {
+		// The agents post to the server's relay, which places their
+		// spans in their turns and forwards them with the collector's
+		// headers (credentials the agents never see).
+		headers := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+		if headers == "" {
+			headers = os.Getenv("OTEL_EXPORTER_OTLP_HEADERS")
+		}
+		cfg.AgentRelay, cfg.AgentHeaders = tracesURL, tracing.ParseHeaders(headers)
+	}
+	t, err := tracing.New(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	st.tracer = t
 	if f.otlpAgents {
-		headers := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-		if headers == "" {
-			headers = os.Getenv("OTEL_EXPORTER_OTLP_HEADERS")
-		}
 		st.agentEnv = func(id string) []string {
-			return agents.OTLPEnv(agents.OTLPOptions{TracesURL: tracesURL, Headers: headers, Room: id})
+			return agents.OTLPEnv(agents.OTLPOptions{TracesURL: t.AgentURL(id), Room: id})
 		}
 	}
 	log.Info("exporting traces", "endpoint", redactedURL(tracesURL), "agents", f.otlpAgents)
 	return st, nil
+}
+
+// agentURL is the relay's URL, whose port confined agents must reach
+// ("": none).
+func (st *serveTracing) agentURL() string {
+	if st.tracer == nil || st.tracer.AgentPort() == 0 {
+		return ""
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d/", st.tracer.AgentPort())
 }
 
 // observe is room.Options.Observe (nil when off).
@@ -99,9 +115,10 @@ func (st *serveTracing) server() *server.Tracing {
 		return nil
 	}
 	t := st.tracer
-	return &server.Tracing{Provider: t.Provider(), Propagator: t.Propagator(), Stats: func() (uint64, uint64, uint64) {
+	return &server.Tracing{Provider: t.Provider(), Propagator: t.Propagator(), Stats: func() server.TraceStats {
 		s := t.Stats()
-		return s.SpansExported, s.SpansDropped, s.EventsDropped
+		return server.TraceStats{SpansExported: s.SpansExported, SpansDropped: s.SpansDropped, EventsDropped: s.EventsDropped,
+			AgentBatchesRelayed: s.AgentBatchesForwarded, AgentBatchesRefused: s.AgentBatchesRefused}
 	}}
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +24,7 @@ type otlpSink struct {
 	spans map[string][]*tracepb.Span   // by service.name
 	res   map[string]map[string]string // service.name: its resource's string attributes
 	bad   []string                     // what it could not read
+	keys  map[string][]string          // service.name: the X-Collector-Key of each post
 	srv   *httptest.Server
 	// posted is signalled after each post taken.
 	posted chan struct{}
@@ -34,7 +37,8 @@ func (s *otlpSink) count(svc string) int {
 }
 
 func newOTLPSink(t *testing.T) *otlpSink {
-	s := &otlpSink{spans: map[string][]*tracepb.Span{}, res: map[string]map[string]string{}, posted: make(chan struct{}, 1)}
+	s := &otlpSink{spans: map[string][]*tracepb.Span{}, res: map[string]map[string]string{}, keys: map[string][]string{},
+		posted: make(chan struct{}, 1)}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		var req coltrace.ExportTraceServiceRequest
@@ -52,6 +56,7 @@ func newOTLPSink(t *testing.T) *otlpSink {
 			}
 			svc := attrs["service.name"]
 			s.res[svc] = attrs
+			s.keys[svc] = append(s.keys[svc], r.Header.Get("X-Collector-Key"))
 			for _, ss := range rs.ScopeSpans {
 				s.spans[svc] = append(s.spans[svc], ss.Spans...)
 			}
@@ -81,15 +86,19 @@ func (s *otlpSink) span(svc, name string) *tracepb.Span {
 
 // serve --otlp URL --otlp-agents: the turn's spans reach the collector
 // when the server stops (no later), under the request's span, which is
-// the caller's child; omp is given the collector and exports its own
-// spans there, named by the room.
+// the caller's child; omp exports its own spans to the server's relay,
+// which forwards them to the collector inside the turn's trace. The
+// collector's headers (OTEL_EXPORTER_OTLP_HEADERS, its credentials) go
+// with the server's posts and the relayed ones, and never reach the agent.
 func TestServe_OTLP(t *testing.T) {
 	sink := newOTLPSink(t)
-	const token = "otlp-token"
+	const token, key = "otlp-token", "s3cret-collector-key"
 	t.Setenv("AGENTHOST_TOKEN", token)
+	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key="+key)
 	url, _, stop := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--otlp", sink.srv.URL, "--otlp-agents")
 	const traceID, caller = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-	req, _ := http.NewRequest("POST", url+"v1/rooms/otlp/messages", strings.NewReader(`{"text":"Run this: [[tool:bash {\"command\":\"echo hi\"}]]"}`))
+	req, _ := http.NewRequest("POST", url+"v1/rooms/otlp/messages",
+		strings.NewReader(`{"text":"Run this: [[tool:bash {\"command\":\"echo keys=$(env | grep -c `+key+`)\"}]]"}`))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("traceparent", "00-"+traceID+"-"+caller+"-01")
 	res, err := http.DefaultClient.Do(req)
@@ -100,8 +109,25 @@ func TestServe_OTLP(t *testing.T) {
 	if res.StatusCode != http.StatusAccepted {
 		t.Fatalf("post: %d", res.StatusCode)
 	}
-	if ev := waitTurnEnded(t, url, token, "otlp"); ev["outcome"] != "settled" {
-		t.Fatalf("turn: %v", ev)
+	var output, outcome string
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	err = newTestClient(t, url, token).events(ctx, "otlp", 0, true, func(typ string, data []byte) (bool, error) {
+		var ev struct{ Output, Outcome string }
+		_ = json.Unmarshal(data, &ev)
+		switch typ {
+		case "tool.ended":
+			output = ev.Output
+		case "turn.ended":
+			outcome = ev.Outcome
+		}
+		return outcome != "", nil
+	})
+	if err != nil || outcome != "settled" {
+		t.Fatalf("turn ended %q: %v", outcome, err)
+	}
+	if !strings.Contains(output, "keys=0") {
+		t.Errorf("the agent's environment holds the collector's key: %q", output)
 	}
 	// omp's own export (its telemetry reads the OTEL_* variables given)
 	// comes with its batch, a few seconds after its run.
@@ -129,11 +155,34 @@ func TestServe_OTLP(t *testing.T) {
 	if string(tool.ParentSpanId) != string(turn.SpanId) {
 		t.Errorf("the tool call is not the turn's child")
 	}
+	// omp's spans came through the server's relay: in the turn's trace,
+	// omp's run a child of the turn, named by the room.
 	sink.mu.Lock()
-	ompRes, ompSpans := sink.res["oh-my-pi"], len(sink.spans["oh-my-pi"])
+	ompRes, ompSpans := sink.res["oh-my-pi"], sink.spans["oh-my-pi"]
 	sink.mu.Unlock()
-	if ompSpans == 0 || ompRes["agenthost.room.id"] != "otlp" {
-		t.Errorf("omp exported %d spans, resource %v: want its spans, named by the room", ompSpans, ompRes)
+	if len(ompSpans) == 0 || ompRes["agenthost.room.id"] != "otlp" {
+		t.Fatalf("omp exported %d spans, resource %v: want its spans, named by the room", len(ompSpans), ompRes)
+	}
+	sink.mu.Lock()
+	for _, svc := range []string{"agenthost", "oh-my-pi"} {
+		for _, k := range sink.keys[svc] {
+			if k != key {
+				t.Errorf("%s's spans were posted with X-Collector-Key %q, want the server's", svc, k)
+			}
+		}
+	}
+	sink.mu.Unlock()
+	run := sink.span("oh-my-pi", "invoke_agent")
+	for _, sp := range ompSpans {
+		if strings.HasPrefix(sp.Name, "invoke_agent") {
+			run = sp
+		}
+		if hex.EncodeToString(sp.TraceId) != traceID {
+			t.Errorf("omp's %s is in trace %x, not the turn's", sp.Name, sp.TraceId)
+		}
+	}
+	if run == nil || string(run.ParentSpanId) != string(turn.SpanId) {
+		t.Errorf("omp's run is not the turn's child: %v", run)
 	}
 }
 

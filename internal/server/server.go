@@ -96,9 +96,17 @@ type Options struct {
 type Tracing struct {
 	Provider   trace.TracerProvider
 	Propagator propagation.TextMapPropagator
-	// Stats, if set, gives /metrics the tracer's counters: spans exported
-	// and dropped, and rooms' events dropped before they became spans.
-	Stats func() (spansExported, spansDropped, eventsDropped uint64)
+	// Stats, if set, gives /metrics the tracer's counters.
+	Stats func() TraceStats
+}
+
+// TraceStats are a tracer's counters, for /metrics: spans exported and
+// dropped, rooms' events dropped before they became spans, and the
+// agents' span batches relayed to the collector and refused (serve
+// --otlp-agents).
+type TraceStats struct {
+	SpansExported, SpansDropped, EventsDropped uint64
+	AgentBatchesRelayed, AgentBatchesRefused   uint64
 }
 
 // untraced are the routes with no span of their own: scrapes, health
