@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,15 @@ import (
 	"github.com/agenthost/agenthost/room"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The Jaeger binary built for the tests (real_test.go) goes with them.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if jaegerDir != "" {
+			_ = os.RemoveAll(jaegerDir)
+		}
+		os.Exit(code)
+	}))
+}
 
 const callerTraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
