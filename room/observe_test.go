@@ -1,24 +1,33 @@
 package room
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agenthost/agenthost/event"
 )
 
 // recorder is an Options.Observe keeping what it is told.
 type recorder struct {
-	mu  sync.Mutex
-	obs []Observed
+	mu      sync.Mutex
+	obs     []Observed
+	changed chan struct{} // signalled after each call
 }
+
+func newRecorder() *recorder { return &recorder{changed: make(chan struct{}, 1)} }
 
 func (r *recorder) observe(evs []Observed) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.obs = append(r.obs, evs...)
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
 }
 
 func (r *recorder) all() []Observed {
@@ -27,11 +36,36 @@ func (r *recorder) all() []Observed {
 	return append([]Observed(nil), r.obs...)
 }
 
+// waitSeq waits until the room's events 1 to seq were all told: Observe
+// runs once a write has committed, after the log's readers may have seen
+// it.
+func (r *recorder) waitSeq(t *testing.T, room string, seq int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for {
+		seen := map[int64]bool{}
+		for _, o := range r.all() {
+			if o.Phase == nil && o.Event.Room == room && o.Event.Seq <= seq {
+				seen[o.Event.Seq] = true
+			}
+		}
+		if int64(len(seen)) == seq {
+			return
+		}
+		select {
+		case <-r.changed:
+		case <-ctx.Done():
+			t.Fatalf("observed %d events of the room's first %d", len(seen), seq)
+		}
+	}
+}
+
 // Observe is told every event the log holds, each once, with the payload the log's JSON says; a message's trace context
 // rides with its message.accepted only, and reaches no event of the log;
 // the agent's start is a Phase.
 func TestObserveSeesTheLog(t *testing.T) {
-	rec := &recorder{}
+	rec := newRecorder()
 	h := newHarness(t, Options{Observe: rec.observe})
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	acc, err := h.m.Submit(t.Context(), "r", Message{Text: "approve:bash", TraceParent: tp, TraceState: "k=v"})
@@ -44,6 +78,7 @@ func TestObserveSeesTheLog(t *testing.T) {
 	}
 	h.turnEnded("r", acc)
 	last := h.waitEvent("r", acc.Seq, "message.ended", nil)
+	rec.waitSeq(t, "r", last.Seq)
 
 	logged, err := h.m.Events(t.Context(), "r", 0, 0)
 	if err != nil {
