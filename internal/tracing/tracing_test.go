@@ -294,7 +294,7 @@ func TestAttachQuestionAndUnfinished(t *testing.T) {
 		}
 		got[s.Name] = s
 		for _, kv := range s.Attributes {
-			if v := kv.Value.Emit(); v == "secret question" || v == "secret answer" {
+			if v := kv.Value.String(); v == "secret question" || v == "secret answer" {
 				t.Errorf("%s carries %s = %q", s.Name, kv.Key, v)
 			}
 		}
