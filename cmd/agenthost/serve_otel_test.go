@@ -89,13 +89,17 @@ func (s *otlpSink) span(svc, name string) *tracepb.Span {
 // the caller's child; omp exports its own spans to the server's relay,
 // which forwards them to the collector inside the turn's trace. The
 // collector's headers (OTEL_EXPORTER_OTLP_HEADERS, its credentials) go
-// with the server's posts and the relayed ones, and never reach the agent.
+// with the server's posts and the relayed ones, and never reach the agent;
+// a confined agent reaches the relay.
 func TestServe_OTLP(t *testing.T) {
 	sink := newOTLPSink(t)
 	const token, key = "otlp-token", "s3cret-collector-key"
 	t.Setenv("AGENTHOST_TOKEN", token)
 	t.Setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key="+key)
-	url, _, stop := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--otlp", sink.srv.URL, "--otlp-agents")
+	// Confined to port 1 (and the built-in model's): omp reaches the
+	// relay because serve lets its port through, and not the collector.
+	url, _, stop := startServe(t, "--data", t.TempDir(), "--approval-mode", "yolo", "--otlp", sink.srv.URL, "--otlp-agents",
+		"--confine", "landlock", "--confine-net", "1")
 	const traceID, caller = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	req, _ := http.NewRequest("POST", url+"v1/rooms/otlp/messages",
 		strings.NewReader(`{"text":"Run this: [[tool:bash {\"command\":\"echo keys=$(env | grep -c `+key+`)\"}]]"}`))
