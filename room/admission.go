@@ -21,6 +21,11 @@ type Message struct {
 	// with the first one's acceptance, or ErrKeyReused when it is not the
 	// same message (see idempotent.go).
 	Key string
+	// TraceParent and TraceState are the sender's W3C trace context, if
+	// any (at most MaxTraceParentBytes and MaxTraceStateBytes): Options.
+	// Observe is given them with the message's message.accepted. They are
+	// kept in memory only: a message run after a restart has none.
+	TraceParent, TraceState string
 }
 
 // Accepted is a durably accepted message.
@@ -60,6 +65,9 @@ func (m *Manager) submit(ctx context.Context, room, id string, msg Message, forw
 	}
 	if msg.Text == "" || len(msg.Text) > MaxMessageBytes {
 		return Accepted{}, fmt.Errorf("%w: text must be 1 to %d bytes", ErrBadMessage, MaxMessageBytes)
+	}
+	if len(msg.TraceParent) > MaxTraceParentBytes || len(msg.TraceState) > MaxTraceStateBytes {
+		return Accepted{}, fmt.Errorf("%w: trace context over %d/%d bytes", ErrBadMessage, MaxTraceParentBytes, MaxTraceStateBytes)
 	}
 	if forward {
 		if err := ValidateID(room); err != nil {
@@ -158,13 +166,14 @@ func (m *Manager) admit(ctx context.Context, r *roomState, id string, msg Messag
 	// its messages never start a turn in the write that accepts them.
 	atOnce := !direct && m.budget(settings).IsZero()
 	var begun *begunTurn
-	err := m.st.Write(ctx, func(tx Tx) error {
+	err := m.stWrite(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
 			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
 		})
 		if err != nil {
 			return err
 		}
+		traceMessage(tx, msg)
 		acc = Accepted{ID: id, Seq: ev.Seq}
 		if err := tx.PutMessage(record.Message{ID: id, Room: room, Seq: ev.Seq, Sender: msg.Sender, Text: msg.Text,
 			Delivery: msg.Delivery, Status: status, Accepted: now}); err != nil {
@@ -226,7 +235,7 @@ func (m *Manager) admit(ctx context.Context, r *roomState, id string, msg Messag
 		return acc, nil
 	}
 	// Fall back to the queue, in the place it took when accepted.
-	err = m.st.Write(ctx, func(tx Tx) error {
+	err = m.stWrite(ctx, func(tx Tx) error {
 		if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
 			return err
 		}
@@ -263,7 +272,7 @@ func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id stri
 		return false
 	}
 	if a == nil {
-		err := m.st.Write(ctx, func(tx Tx) error {
+		err := m.stWrite(ctx, func(tx Tx) error {
 			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
 				return err
 			}
@@ -279,7 +288,7 @@ func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id stri
 		err = a.FollowUp(ctx, msg.Text)
 	}
 	if err == nil {
-		err = m.st.Write(ctx, func(tx Tx) error {
+		err = m.stWrite(ctx, func(tx Tx) error {
 			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
 				return err
 			}

@@ -228,13 +228,14 @@ func (m *Manager) Refuse(ctx context.Context, room, id string, msg Message, reas
 	}
 	var acc Accepted
 	now := time.Now()
-	err := m.st.Write(ctx, func(tx Tx) error {
+	err := m.stWrite(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
 			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
 		})
 		if err != nil {
 			return err
 		}
+		traceMessage(tx, msg)
 		acc = Accepted{ID: id, Seq: ev.Seq}
 		if err := tx.PutMessage(record.Message{ID: id, Room: room, Seq: ev.Seq, Sender: msg.Sender, Text: msg.Text,
 			Delivery: msg.Delivery, Status: record.MessageAccepted, Accepted: now}); err != nil {

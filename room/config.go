@@ -214,6 +214,16 @@ type Options struct {
 	// with its changes unknown.
 	SnapshotTimeout time.Duration
 	Logger          *slog.Logger
+	// Observe, if set, is told every event the rooms' logs commit here,
+	// once committed, a commit's events at once and in their order, and
+	// the steps of turns no event starts (Phase): tracing's seam. What one
+	// piece of a room's work writes after another is told after it (a
+	// message's acceptance before its turn, a turn's events before its
+	// end); writes that race (a person's decision and the agent's events)
+	// may be told in either order. It runs on the rooms' own goroutines
+	// with no lock held: it must return at once (queue, never wait) and
+	// must not call the Manager.
+	Observe func([]Observed)
 }
 
 func (o *Options) fill() {

@@ -213,7 +213,7 @@ func (m *Manager) resolveApproval(ctx context.Context, room, id string, allow bo
 	if allow {
 		decision = "allow"
 	}
-	err := m.st.Write(ctx, func(tx Tx) error {
+	err := m.stWrite(ctx, func(tx Tx) error {
 		if err := tx.ResolveApproval(room, id, decision, by); err != nil {
 			return err
 		}
@@ -366,7 +366,7 @@ func (m *Manager) answerByMessage(ctx context.Context, room, id, msgID, text str
 }
 
 func (m *Manager) answerQuestionWith(ctx context.Context, room, id, text, by string, ok bool, msgID string) error {
-	err := m.st.Write(ctx, func(tx Tx) error {
+	err := m.stWrite(ctx, func(tx Tx) error {
 		if err := tx.AnswerQuestion(room, id, text, by); err != nil {
 			return err
 		}

@@ -405,7 +405,7 @@ func (m *Manager) write(fn func(tx Tx) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var rec offsetTx
-	err := m.st.Write(ctx, func(tx Tx) error {
+	err := m.stWrite(ctx, func(tx Tx) error {
 		rec = offsetTx{Tx: tx}
 		return fn(&rec)
 	})

@@ -49,7 +49,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 				ids = append(ids, id)
 			}
 		}
-		err := m.st.Write(ctx, func(tx Tx) error {
+		err := m.stWrite(ctx, func(tx Tx) error {
 			// What the lost agent spent in the turn is unknown: it counts
 			// as the turn's, zero.
 			if err := tx.EndTurn(t.ID, OutcomeFailed, reason, "", record.Usage{}); err != nil {
@@ -103,7 +103,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 		}
 		if msg.Status == record.MessageStarted {
 			// Steered into a turn that died with the host.
-			err := m.st.Write(ctx, func(tx Tx) error {
+			err := m.stWrite(ctx, func(tx Tx) error {
 				return endMessages(tx, msg.Room, []string{msg.ID}, msg.TurnID, OutcomeFailed, reason)
 			})
 			if err != nil {
@@ -117,7 +117,7 @@ func (m *Manager) recoverRooms(ctx context.Context, room, reason, by string) err
 			continue
 		}
 		if msg.Status == record.MessageAccepted {
-			err := m.st.Write(ctx, func(tx Tx) error {
+			err := m.stWrite(ctx, func(tx Tx) error {
 				if err := tx.UpdateMessage(msg.ID, record.MessageQueued, "", "", ""); err != nil {
 					return err
 				}
@@ -194,7 +194,7 @@ func (m *Manager) attach(ctx context.Context, turns []record.Turn) (map[string]s
 		a, r, reason := got[i].a, got[i].r, got[i].reason
 		if a == nil {
 			m.log.Warn("room: the agent left running could not be attached; the room recovers", "room", rec.ID, "reason", reason)
-			err := m.st.Write(ctx, func(tx Tx) error {
+			err := m.stWrite(ctx, func(tx Tx) error {
 				if err := tx.SetAgentProc(rec.ID, ""); err != nil {
 					return err
 				}
@@ -342,7 +342,7 @@ func (m *Manager) attachRoom(ctx context.Context, at Attacher, rec record.Room, 
 		r.qmu.Unlock()
 	}
 	r.events.attached(rec.AgentOffset, rec.AgentSeen, r.hasInherited())
-	err = m.st.Write(ctx, func(tx Tx) error {
+	err = m.stWrite(ctx, func(tx Tx) error {
 		_, err := appendEvent(tx, rec.ID, event.AgentAttached{SessionID: rec.SessionID, Offset: rec.AgentOffset, TurnID: t.ID})
 		return err
 	})

@@ -59,6 +59,7 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 		}
 		spec.MCP = servers
 	}
+	startedAt := time.Now()
 	a, err := m.opts.Transport.Start(ctx, spec)
 	lost := ""
 	switch {
@@ -70,6 +71,7 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 	case err == nil && a.SessionID() != sess:
 		lost = "the agent started session " + a.SessionID() + " instead of resuming " + sess
 	}
+	m.phase(r.id, "", PhaseAgentStart, startedAt, errText(err))
 	if err != nil {
 		return nil, fmt.Errorf("starting the agent: %w", err)
 	}

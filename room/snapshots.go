@@ -130,7 +130,10 @@ func (m *Manager) snapshotBefore(r *roomState, t *turnRun) string {
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, m.opts.SnapshotTimeout)
 	defer cancel()
-	if err := s.Before(ctx, r.snapshotPlace(), t.id); err != nil {
+	start := time.Now()
+	err := s.Before(ctx, r.snapshotPlace(), t.id)
+	m.phase(r.id, t.id, PhaseSnapshotBefore, start, errText(err))
+	if err != nil {
 		m.log.Warn("room: snapshot before the turn failed; its changes will be unknown", "room", r.id, "turn", t.id, "err", err)
 		return "no snapshot before the turn: " + err.Error()
 	}
@@ -153,7 +156,9 @@ func (m *Manager) snapshotAfter(r *roomState, t *turnRun, d *event.TurnEnded) {
 	// still count; a closing host gives up on them.
 	ctx, cancel := context.WithTimeout(m.ctx, m.opts.SnapshotTimeout)
 	defer cancel()
+	start := time.Now()
 	c, err := s.After(ctx, r.snapshotPlace(), t.id)
+	m.phase(r.id, t.id, PhaseSnapshotAfter, start, errText(err))
 	if err != nil {
 		m.log.Warn("room: snapshot after the turn failed; its changes are unknown", "room", r.id, "turn", t.id, "err", err)
 		d.ChangesError = "no snapshot after the turn: " + err.Error()

@@ -134,7 +134,7 @@ func (m *Manager) roomTools(r *roomState) []Tool {
 				if len(a.Text) > MaxMessageBytes {
 					return "", fmt.Errorf("room_post: text over %d bytes", MaxMessageBytes)
 				}
-				err := m.st.Write(ctx, func(tx Tx) error {
+				err := m.stWrite(ctx, func(tx Tx) error {
 					_, err := appendEvent(tx, call.Room, event.RoomPost{TurnID: call.TurnID, Text: a.Text})
 					return err
 				})

@@ -65,8 +65,9 @@ func (f confineFlags) enforced() bool {
 }
 
 // confiner resolves the flags on this kernel; modelURL's port (the built-in
-// model's) is added to a port list. It warns when auto falls back.
-func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string) (*confine.Confiner, error) {
+// model's), and those of more URLs the agents must reach (the tracing
+// relay), are added to a port list. It warns when auto falls back.
+func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string, more ...string) (*confine.Confiner, error) {
 	mode, err := confine.ParseMode(f.mode)
 	if err != nil {
 		return nil, &exitError{2, err}
@@ -80,8 +81,10 @@ func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string) (*confi
 		return nil, &exitError{2, err}
 	}
 	var extra []uint16
-	if p := urlPort(modelURL); p != 0 {
-		extra = append(extra, p)
+	for _, u := range append([]string{modelURL}, more...) {
+		if p := urlPort(u); p != 0 {
+			extra = append(extra, p)
+		}
 	}
 	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools, AgentUIDs: uids})
 	if err != nil {

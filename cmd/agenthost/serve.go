@@ -74,6 +74,10 @@ type serveFlags struct {
 	natsSecretFile, natsTLS, natsCreds        string
 	// agentEnv are the variables passed to agents by name (--agent-env).
 	agentEnv []string
+	// OpenTelemetry: the collector (--otlp), whether agents export to it
+	// too (--otlp-agents), and tool inputs on spans (--otlp-tool-input).
+	otlp                     string
+	otlpAgents, otlpToolArgs bool
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -88,6 +92,7 @@ var serveEnv = map[string]string{
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
 	"agent-env":      "AGENTHOST_AGENT_ENV",
 	"room-memory":    "AGENTHOST_ROOM_MEMORY", "room-pids": "AGENTHOST_ROOM_PIDS", "room-cpu": "AGENTHOST_ROOM_CPU",
+	"otlp": "AGENTHOST_OTLP", "otlp-agents": "AGENTHOST_OTLP_AGENTS", "otlp-tool-input": "AGENTHOST_OTLP_TOOL_INPUT",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -137,7 +142,18 @@ With --daemon every room's agent runs as a process of the data dir's process
 daemon (agenthost procd), and SIGUSR2 is a planned restart: the server hands
 the daemon over, stops accepting, and exits 0 with the agents running; the next
 "agenthost serve --daemon" on the data dir within 2 minutes takes them over,
-and their running turns go on. SIGINT and SIGTERM still stop everything.`,
+and their running turns go on. SIGINT and SIGTERM still stop everything.
+
+--otlp URL (or the standard OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables)
+exports OpenTelemetry traces over OTLP/HTTP: a span per turn (invoke_agent),
+its tool calls (execute_tool), approval waits, the agent's start, snapshots and
+git checkouts, and the API's requests; a caller's W3C traceparent on POST
+.../messages is the parent of the turn its message starts. Export is batched
+and bounded: a collector that is down costs dropped spans, counted in /metrics,
+and nothing else. --otlp-agents has the agents export too (omp exports its own
+GenAI spans), to the server's loopback relay, which places their spans in the
+turns' traces and forwards them to the collector; --otlp-tool-input puts tool
+inputs (redacted as the log has them) on their spans.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var custom []string
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
@@ -192,6 +208,9 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	addAgentUIDsFlag(fl, &f.confine)
 	fl.StringSliceVar(&f.agentEnv, "agent-env", nil, "more variables the agents get from the server's environment, by name, comma-separated (besides PATH, HOME, TMPDIR, LANG, LC_*, TERM, proxies and the model's key; never AGENTHOST_*)")
 	addResourceFlags(fl, &f.resources)
+	fl.StringVar(&f.otlp, "otlp", "", "export OpenTelemetry traces to this OTLP/HTTP collector (base URL; /v1/traces is added); default: the OTEL_EXPORTER_OTLP_* variables, else off")
+	fl.BoolVar(&f.otlpAgents, "otlp-agents", false, "have the agents that export (omp) send their own spans too, through the server, into their turns' traces")
+	fl.BoolVar(&f.otlpToolArgs, "otlp-tool-input", false, "put each tool call's input (redacted as in the log) on its span")
 	fl.StringVar(&f.natsClusterAdvertise, "nats-cluster-advertise", "", "the route address the other embedded nodes are told (host:port; default: what --nats-cluster-listen binds)")
 	fl.StringVar(&f.natsSecretFile, "nats-secret-file", "", "the embedded cluster's shared secret, needed by every route and client (default: DATA/"+natsSecretFile+", made on the first start; give every node the same)")
 	fl.StringVar(&f.natsTLS, "nats-tls", "", "a directory with ca.pem, cert.pem and key.pem: mutual TLS on the embedded node's routes and TLS on its client port, or TLS to the --nats servers")
@@ -514,16 +533,24 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if install != nil {
 		tools = install.Dir
 	}
-	cf, err := f.confine.confiner(log, tools, modelURL)
+	// Closed after the rooms (deferred before them): their last events
+	// become spans.
+	otel, err := startTracing(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	defer otel.close(log)
+	cf, err := f.confine.confiner(log, tools, modelURL, otel.agentURL())
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	var tr room.Transport
 	if f.transport == transportACP {
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv, Logger: log})
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv,
+			OTLP: otel.agentEnv, Logger: log})
 	} else {
 		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
-			AgentEnv: f.agentEnv, Logger: log})
+			AgentEnv: f.agentEnv, OTLP: otel.agentEnv, Logger: log})
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -532,9 +559,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
 			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, Limits: limits},
-		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
-		Agents: roomAgents(f.transport, kind, custom),
-		Logger: log,
+		Budget:  room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
+		Agents:  roomAgents(f.transport, kind, custom),
+		Logger:  log,
+		Observe: otel.observe(),
 	}
 	if cl != nil {
 		ropts.Cluster = cl
@@ -564,6 +592,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err != nil {
 		return &exitError{2, fmt.Errorf("serve: %w", err)}
 	}
+	otel.m = m
 	began := time.Now()
 	if err := m.Start(ctx); err != nil {
 		return fmt.Errorf("serve: recovering the rooms: %w", err)
@@ -598,7 +627,8 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Info("shutting down")
 		return nil
 	}
-	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log})
+	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log,
+		Tracing: otel.server()})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -77,7 +77,10 @@ type Options struct {
 	// AgentEnv are more variables every agent gets as the server has them
 	// (serve --agent-env), beyond what agents.Env gives.
 	AgentEnv []string
-	Logger   *slog.Logger
+	// OTLP, if set, gives a room's agent the variables to export its own
+	// spans (serve --otlp-agents; see agents.OTLPEnv).
+	OTLP   func(room string) []string
+	Logger *slog.Logger
 }
 
 // Transport implements room.Transport over ACP.
@@ -122,7 +125,7 @@ func (t *Transport) recipe(spec room.AgentSpec, ws string, user *confine.User) (
 	cfg := spec.Config
 	if len(cfg.Command) > 0 {
 		env := agents.Env(os.Environ(), agents.EnvOptions{Home: spec.Home, Model: cfg.Model, Pass: t.opts.AgentEnv})
-		return Recipe{Argv: cfg.Command, Env: append(env, cfg.Env...)}, nil
+		return Recipe{Argv: cfg.Command, Env: append(t.otlpEnv(env, spec.Room), cfg.Env...)}, nil
 	}
 	kind := agents.Kind(cfg.Agent)
 	if kind == "" {
@@ -143,7 +146,7 @@ func (t *Transport) recipe(spec room.AgentSpec, ws string, user *confine.User) (
 	if err != nil {
 		return Recipe{}, fmt.Errorf("acpagent: %s: %w", kind, err)
 	}
-	r.Env = append(r.Env, cfg.Env...)
+	r.Env = append(t.otlpEnv(r.Env, spec.Room), cfg.Env...)
 	return r, nil
 }
 
@@ -779,3 +782,12 @@ func text(s string) string { return detail.Text(s, MaxDetail) }
 
 // names redacts and bounds the labels of options.
 func names(ss []string) []string { return detail.Names(ss) }
+
+// otlpEnv is env with the OTLP variables of the room's agent, when the
+// operator asked for them (Options.OTLP).
+func (t *Transport) otlpEnv(env []string, room string) []string {
+	if t.opts.OTLP == nil {
+		return env
+	}
+	return append(env, t.opts.OTLP(room)...)
+}

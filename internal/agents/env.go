@@ -225,3 +225,34 @@ func homeEnv(dir string, k Kind, opts EnvOptions) []string {
 	}
 	return env
 }
+
+// OTLPOptions are the OTLP settings an agent that exports its own spans is given (serve
+// --otlp-agents): nothing else of the server's.
+type OTLPOptions struct {
+	// TracesURL is the OTLP/HTTP traces endpoint (its full URL, /v1/traces included): the server's
+	// relay for the room, which places the agent's spans in the room's turns and holds the
+	// collector's own credentials, so the agent never has them.
+	TracesURL string
+	// Room names the agent's room on its spans' resource (agenthost.room.id).
+	Room string
+}
+
+// OTLPEnv returns the variables that make an agent export its spans (omp's telemetry export reads
+// them): OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, the protocol (http/protobuf, the only one omp sends),
+// OTEL_TRACES_EXPORTER=otlp, and OTEL_RESOURCE_ATTRIBUTES naming the room. Only OTLP's own
+// variables: nothing of the server's environment passes through here.
+func OTLPEnv(o OTLPOptions) []string {
+	if o.TracesURL == "" {
+		return nil
+	}
+	env := []string{
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + o.TracesURL,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"OTEL_TRACES_EXPORTER=otlp",
+	}
+	if o.Room != "" {
+		// A room id is [A-Za-z0-9._-]: nothing to escape in the W3C baggage form.
+		env = append(env, "OTEL_RESOURCE_ATTRIBUTES=agenthost.room.id="+o.Room)
+	}
+	return env
+}

@@ -107,8 +107,14 @@ var allowed = map[string][]string{
 	// the HTTP server, a transport or an agent.
 	module + "/internal/natsroom": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event"},
 		append(sqliteDeps, natsDeps...)...),
+	// With OpenTelemetry's HTTP instrumentation (otelhttp) and API, never
+	// its SDK or exporter (serve wires a provider in).
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
-		append(sqliteDeps, prometheusDeps...)...),
+		append(sqliteDeps, append(prometheusDeps, otelAPIDeps...)...)...),
+	// Traces of rooms: rooms' events (their seam, room.Options.Observe) made
+	// spans, and OpenTelemetry's SDK and OTLP/HTTP exporter; the only
+	// package with the SDK. Never the server, a transport or an agent.
+	module + "/internal/tracing": append([]string{module + "/room", module + "/record", module + "/event"}, otelSDKDeps...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,
 
@@ -213,6 +219,18 @@ var prometheusDeps = []string{
 	"github.com/prometheus/", "github.com/beorn7/perks/", "github.com/cespare/xxhash/", "github.com/munnerz/goautoneg",
 	"google.golang.org/protobuf/",
 }
+
+// otelAPIDeps are OpenTelemetry's API and otelhttp with their own
+// dependencies.
+var otelAPIDeps = []string{"go.opentelemetry.io/otel", "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp",
+	"go.opentelemetry.io/auto/sdk", "github.com/felixge/httpsnoop", "github.com/go-logr/", "github.com/cespare/xxhash/"}
+
+// otelSDKDeps are OpenTelemetry's SDK and OTLP/HTTP trace exporter with
+// their own dependencies (the OTLP protobufs, and gRPC's packages the
+// generated collector service brings).
+var otelSDKDeps = append([]string{"go.opentelemetry.io/proto/otlp/", "google.golang.org/protobuf/", "google.golang.org/grpc",
+	"google.golang.org/genproto/", "github.com/grpc-ecosystem/grpc-gateway/", "github.com/cenkalti/backoff/", "github.com/google/uuid",
+	"golang.org/x/net/", "golang.org/x/text/", "golang.org/x/sys/"}, otelAPIDeps...)
 
 // natsDeps are the NATS server's and client's own dependencies.
 var natsDeps = []string{

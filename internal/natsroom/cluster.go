@@ -457,6 +457,9 @@ type inboxEntry struct {
 	Text     string `json:"text"`
 	Sender   string `json:"sender,omitempty"`
 	Delivery string `json:"delivery,omitempty"`
+	// The sender's trace context: the holder's turn continues its trace.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
 }
 
 // Forward implements room.Cluster: the message goes into the room's
@@ -473,7 +476,8 @@ type inboxEntry struct {
 // that finds the message in the log already answers without forwarding:
 // room.Manager.Submit.)
 func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) (room.Accepted, error) {
-	data, err := json.Marshal(inboxEntry{ID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery})
+	data, err := json.Marshal(inboxEntry{ID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
+		TraceParent: msg.TraceParent, TraceState: msg.TraceState})
 	if err != nil {
 		return room.Accepted{}, err
 	}
@@ -1378,7 +1382,7 @@ func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) 
 		return c.recordCursor(ctx, h.room, m.Sequence)
 	}
 	wctx := withInbox(ctx, h.room, m.Sequence)
-	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery}
+	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery, TraceParent: e.TraceParent, TraceState: e.TraceState}
 	_, err := c.m.Accept(wctx, h.room, e.ID, msg)
 	if errors.Is(err, room.ErrQueueFull) || errors.Is(err, room.ErrBadMessage) || errors.Is(err, room.ErrBudgetExhausted) {
 		// Answered 202 by a front end already: the sender gets an

@@ -53,6 +53,8 @@ type hostOpts struct {
 	// slowLink puts the host's client connection on a link whose latency
 	// the test sets (host.link).
 	slowLink bool
+	// observe is the rooms' room.Options.Observe.
+	observe func([]room.Observed)
 }
 
 func startHost(t *testing.T, o hostOpts) *host {
@@ -87,7 +89,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	}
 	h.tr = newFakeTransport(o.name, o.journal)
 	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
-		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit})
+		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, Observe: o.observe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +256,53 @@ func TestCluster_SingleNodeRunsRoomFromInbox(t *testing.T) {
 	ids, err := h.m.Rooms(ctx)
 	if err != nil || len(ids) != 1 || ids[0] != rm {
 		t.Fatalf("Rooms = %q, %v", ids, err)
+	}
+}
+
+// TestCluster_TraceContextRidesTheInbox: a message's sender's trace
+// context (the HTTP request's span) travels with it through the room's
+// inbox, so the holder's observer (the tracer) sees it on the message's
+// message.accepted and the turn continues the sender's trace; it never
+// enters the room's log.
+func TestCluster_TraceContextRidesTheInbox(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const tp, ts = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=opaque"
+	type seen struct{ id, tp, ts string }
+	accepted := make(chan seen, 16)
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true, observe: func(obs []room.Observed) {
+		for _, o := range obs {
+			if o.Event.Type == "message.accepted" {
+				var d struct {
+					MessageID string `json:"message_id"`
+				}
+				_ = json.Unmarshal(o.Event.Data, &d)
+				select {
+				case accepted <- seen{d.MessageID, o.TraceParent, o.TraceState}:
+				default:
+				}
+			}
+		}
+	}})
+	defer h.stop()
+	h.run(ctx)
+	acc, err := h.m.Submit(ctx, "traced", room.Message{Text: "hi", TraceParent: tp, TraceState: ts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, "traced", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	select {
+	case s := <-accepted:
+		if s.id != acc.ID || s.tp != tp || s.ts != ts {
+			t.Errorf("the holder observed %+v, want message %s with %q %q", s, acc.ID, tp, ts)
+		}
+	case <-ctx.Done():
+		t.Fatal("the holder observed no message.accepted")
+	}
+	for _, e := range checkGapFree(ctx, t, h, "traced") {
+		if strings.Contains(string(e.Data), "4bf92f3577b34da6a3ce929d0e0e4736") {
+			t.Errorf("the trace context reached the log: %s %s", e.Type, e.Data)
+		}
 	}
 }
 

@@ -69,7 +69,10 @@ type Options struct {
 	// AgentEnv are more variables every agent gets as the server has them
 	// (serve --agent-env), beyond what agents.Env gives.
 	AgentEnv []string
-	Logger   *slog.Logger
+	// OTLP, if set, gives a room's agent the variables to export its own
+	// spans (serve --otlp-agents; see agents.OTLPEnv).
+	OTLP   func(room string) []string
+	Logger *slog.Logger
 }
 
 // ErrNoMCP: the room configures MCP servers and its agent has no MCP
@@ -149,7 +152,7 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 	}
 	if len(cfg.Command) > 0 {
 		env := agents.Env(os.Environ(), agents.EnvOptions{Home: spec.Home, Model: cfg.Model, Pass: t.opts.AgentEnv})
-		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(env, cfg.Env...)}
+		rs = rpc.Spec{Argv: cfg.Command, Verbatim: true, Env: append(t.otlpEnv(env, spec.Room), cfg.Env...)}
 		rs.Dir = spec.Workspace
 		return rs, kind, settings, nil
 	}
@@ -169,7 +172,7 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 	}
 	settings.ModelURL = t.opts.ModelURL
 	rs = rpc.Spec{Argv: argv, Model: cfg.Model, Thinking: cfg.Thinking, AppendSystemPrompt: cfg.Instructions,
-		SessionDir: sessions, Env: append(env, cfg.Env...)}
+		SessionDir: sessions, Env: append(t.otlpEnv(env, spec.Room), cfg.Env...)}
 	if rs.Model == "" && t.opts.ModelURL != "" {
 		rs.Model = agents.ModelID
 	}
@@ -1183,4 +1186,13 @@ func firstLine(s string) string {
 		return sc.Text()
 	}
 	return s
+}
+
+// otlpEnv is env with the OTLP variables of the room's agent, when the
+// operator asked for them (Options.OTLP).
+func (t *Transport) otlpEnv(env []string, room string) []string {
+	if t.opts.OTLP == nil {
+		return env
+	}
+	return append(env, t.opts.OTLP(room)...)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -335,7 +337,17 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "sender is over 256 characters")
 		return
 	}
-	acc, err := s.m.Submit(r.Context(), id, room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery, Key: key})
+	msg := room.Message{Text: b.Text, Sender: b.Sender, Delivery: b.Delivery, Key: key}
+	if t := s.opts.Tracing; t != nil {
+		// The request's span (otelhttp's, the caller's child): the
+		// message's turn continues the caller's trace under it.
+		c := propagation.MapCarrier{}
+		t.Propagator.Inject(r.Context(), c)
+		if len(c["traceparent"]) <= room.MaxTraceParentBytes && len(c["tracestate"]) <= room.MaxTraceStateBytes {
+			msg.TraceParent, msg.TraceState = c["traceparent"], c["tracestate"]
+		}
+	}
+	acc, err := s.m.Submit(r.Context(), id, msg)
 	if err != nil {
 		s.fail(w, r, err, "room "+id)
 		return

@@ -93,6 +93,28 @@ func newMetrics(s *Server) *metrics {
 	mt.reg.MustRegister(mt.turns, mt.turnDuration, mt.events, mt.streamClients, mt.streamCut, mt.receipts, mt.approvals, mt.tokens, mt.cost,
 		mt.cpu, mt.limits,
 		stateCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if t := s.opts.Tracing; t != nil && t.Stats != nil {
+		stat := func(f func(TraceStats) uint64) func() float64 {
+			return func() float64 { return float64(f(t.Stats())) }
+		}
+		mt.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_spans_exported_total", Help: "Spans the collector took (serve --otlp).",
+			}, stat(func(s TraceStats) uint64 { return s.SpansExported })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_spans_dropped_total", Help: "Spans dropped: their export queue was full, or their export failed (a collector down or too slow).",
+			}, stat(func(s TraceStats) uint64 { return s.SpansDropped })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_events_dropped_total", Help: "Rooms' events never made spans: the tracer's queue was full.",
+			}, stat(func(s TraceStats) uint64 { return s.EventsDropped })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_agent_batches_relayed_total", Help: "Batches of the agents' own spans relayed to the collector (serve --otlp-agents).",
+			}, stat(func(s TraceStats) uint64 { return s.AgentBatchesRelayed })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "agenthost_trace_agent_batches_refused_total", Help: "Batches of the agents' own spans refused: the collector busy, failing or down (the agent's exporter drops them).",
+			}, stat(func(s TraceStats) uint64 { return s.AgentBatchesRefused })),
+		)
+	}
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
 	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
 		mt.mu.Lock()

@@ -22,6 +22,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agenthost/agenthost/internal/buildinfo"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
@@ -86,7 +90,34 @@ type Options struct {
 	// Version names the build in /healthz and the OpenAPI document's
 	// info.version (default: buildinfo.Version()).
 	Version string
+	// Tracing, if set, traces the API's requests (otelhttp, continuing a
+	// caller's W3C traceparent), and a POST .../messages gives its
+	// request's span to the message as its trace context: the turn the
+	// message starts is that span's child.
+	Tracing *Tracing
 }
+
+// Tracing is what Options.Tracing takes.
+type Tracing struct {
+	Provider   trace.TracerProvider
+	Propagator propagation.TextMapPropagator
+	// Stats, if set, gives /metrics the tracer's counters.
+	Stats func() TraceStats
+}
+
+// TraceStats are a tracer's counters, for /metrics: spans exported and
+// dropped, rooms' events dropped before they became spans, and the
+// agents' span batches relayed to the collector and refused (serve
+// --otlp-agents).
+type TraceStats struct {
+	SpansExported, SpansDropped, EventsDropped uint64
+	AgentBatchesRelayed, AgentBatchesRefused   uint64
+}
+
+// untraced are the routes with no span of their own: scrapes, health
+// checks, and event streams (open for hours; their events are the turns'
+// spans already).
+var untraced = map[string]bool{"GET /healthz": true, "GET /metrics": true, "GET /v1/rooms/{room}/events": true}
 
 // Server is the HTTP API. Create it with New, serve Handler, Close it
 // before closing the Manager.
@@ -158,6 +189,10 @@ func New(opts Options) (*Server, error) {
 		var h http.Handler = rt.handler
 		if !rt.open {
 			h = s.auth(h)
+		}
+		if t := opts.Tracing; t != nil && !untraced[rt.pattern] {
+			// The route's pattern names its spans (never a room's id).
+			h = otelhttp.NewHandler(h, rt.pattern, otelhttp.WithTracerProvider(t.Provider), otelhttp.WithPropagators(t.Propagator))
 		}
 		s.mux.Handle(rt.pattern, h)
 	}
