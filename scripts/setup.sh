@@ -10,8 +10,10 @@
 #                    installs them itself when a command first needs them
 #   setup.sh --test  everything the tests need: the ACP agents, Redocly CLI
 #                    (.tools/lint/package.json) for the OpenAPI document's
-#                    lint, and Chromium for the page's browser test (from
-#                    Debian's packages when run as root); not bin/agenthost, which no test runs
+#                    lint, Jaeger's build (the tracing tests' collector,
+#                    compiled into Go's build cache), and Chromium for the
+#                    page's browser test (from Debian's packages when run as
+#                    root); not bin/agenthost, which no test runs
 #                    (the tests build what they run, with make test's race
 #                    flags)
 #
@@ -92,6 +94,20 @@ if [ $lint = 1 ]; then
   # TestOpenAPIRedocly): one bundled package, about 15 MB, in seconds.
   read -r v_redocly <<<"$(pins .tools/lint @redocly/cli)"
   install .tools/lint "Redocly CLI $v_redocly" @redocly/cli
+fi
+
+if [ $lint = 1 ]; then
+  # The tracing tests export to a real Jaeger, pinned as a Go tool in a
+  # module of its own (internal/tracing/testdata/jaeger). Building it is
+  # minutes of CPU on an empty build cache: done here, beside make test's
+  # vet, the tests' own build of it (the same command and flags) is a cache
+  # hit in seconds rather than minutes inside a test's deadline.
+  step "building Jaeger into Go's build cache for the tracing tests"
+  jaeger_out=$(mktemp -d)
+  (cd internal/tracing/testdata/jaeger &&
+    GOFLAGS=-buildvcs=false go build -o "$jaeger_out/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger) ||
+    { rm -rf "$jaeger_out"; fail "building Jaeger for the tracing tests failed"; }
+  rm -rf "$jaeger_out"
 fi
 
 if [ $chromium = 1 ]; then
