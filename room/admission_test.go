@@ -74,7 +74,7 @@ func checkMessageEnds(t *testing.T, l roomLog) map[string]map[string]any {
 				t.Fatalf("seq %d: message.ended outcome %v", ev.Seq, out)
 			}
 		case "turn.ended":
-			if d["reason"] == errDetached.Error() {
+			if d["reason"] == errRequeued.Error() {
 				// Its agent never had it (a planned restart): its
 				// messages are queued again and end with a later turn.
 				continue

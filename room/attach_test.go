@@ -437,7 +437,7 @@ func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := h.turnEnded("r", acc)
-	if end["outcome"] != OutcomeCancelled {
+	if end["outcome"] != OutcomeCancelled || end["reason"] != errRequeued.Error() {
 		t.Fatalf("turn ended %v", end)
 	}
 	h.waitEvent("r", acc.Seq, "message.queued", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["recovered"] == true })

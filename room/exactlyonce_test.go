@@ -91,7 +91,7 @@ func readExactLog(t *testing.T, db *store.DB, room string) *exactLog {
 				t.Fatalf("seq %d: turn.ended of %s while %q was open", ev.Seq, tid, open)
 			}
 			open = ""
-			requeued = d["reason"] == errDetached.Error()
+			requeued = d["reason"] == errRequeued.Error()
 			l.turnEnd[tid], l.turnSeq[tid] = d, ev.Seq
 		}
 	}

@@ -108,6 +108,11 @@ var (
 	errCancelled = errors.New("cancelled")
 	errShutdown  = errors.New("host shutting down")
 	errDetached  = errors.New("host restarting; the agent goes on")
+	// errRequeued is the reason of a turn whose agent never had its
+	// prompt when the host began a planned restart: its messages wait
+	// in the queue for the next host (errDetached would say the agent
+	// goes on with it, which it does not).
+	errRequeued = errors.New("host restarting before the agent had the prompt; queued again for the next host")
 )
 
 // Manager runs rooms. Create it with New, call Start, end it with Close

@@ -446,11 +446,11 @@ func (m *Manager) requeue(r *roomState, t *turnRun) {
 	joined := slices.Clone(t.joined)
 	r.mu.Unlock()
 	err := m.write(func(tx Tx) error {
-		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), "", record.Usage{}); err != nil {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errRequeued.Error(), "", record.Usage{}); err != nil {
 			return err
 		}
 		if _, err := appendEvent(tx, r.id, event.TurnEnded{
-			TurnID: t.id, MessageID: t.messageID, Outcome: OutcomeCancelled, Reason: errDetached.Error(),
+			TurnID: t.id, MessageID: t.messageID, Outcome: OutcomeCancelled, Reason: errRequeued.Error(),
 		}); err != nil {
 			return err
 		}
