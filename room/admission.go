@@ -3,6 +3,7 @@ package room
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/agenthost/agenthost/event"
@@ -250,65 +251,83 @@ func (m *Manager) admit(ctx context.Context, r *roomState, id string, msg Messag
 	return acc, nil
 }
 
-// deliver steers or follows up a message into the running turn; false if
-// that turn is over or the agent refused.
+// deliverTimeout bounds a delivery's call to the agent: finishTurn and
+// Detach wait for deliveries in flight.
+const deliverTimeout = 30 * time.Second
+
+// deliver steers or follows up message id into turn t; false when it is
+// to wait in the queue instead: t is over or ending, the host stops, the
+// agent is gone, or it refused the message. A message delivered (or
+// joined to the prompt) ends with t, whatever is recorded of the delivery:
+// finishTurn waits for deliveries in flight, so a message is never both
+// ended with the turn and queued.
 func (m *Manager) deliver(ctx context.Context, r *roomState, t *turnRun, id string, msg Message) bool {
 	r.mu.Lock()
 	a := r.agent
 	// A turn begun by a write not committed yet may never be: what is
-	// delivered into it would have no turn to end with.
-	live := r.turn == t && !t.accepting
+	// delivered into it would have no turn to end with. A prompted turn
+	// without an agent lost it (Detach let go of it).
+	live := r.turn == t && !t.accepting && !t.closed && !m.stopping.Load() && (a != nil || !t.prompted)
+	early := !t.prompted
 	if live {
 		t.joined = append(t.joined, id)
-		if !t.prompted {
+		t.delivering++
+		if early {
 			// The agent has not had the turn's prompt yet: the text
 			// goes with it.
 			t.early = append(t.early, msg.Text)
-			a = nil
 		}
 	}
 	r.mu.Unlock()
 	if !live {
 		return false
 	}
-	if a == nil {
-		err := m.stWrite(ctx, func(tx Tx) error {
-			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
-				return err
-			}
-			_, err := appendEvent(tx, r.id, event.MessageDelivered{MessageID: id, TurnID: t.id, Delivery: msg.Delivery, With: "prompt"})
-			return err
-		})
-		return err == nil
-	}
+	defer m.deliveryDone(r, t)
 	var err error
-	if msg.Delivery == DeliverSteer {
-		err = a.Steer(ctx, msg.Text)
-	} else {
-		err = a.FollowUp(ctx, msg.Text)
-	}
-	if err == nil {
-		err = m.stWrite(ctx, func(tx Tx) error {
-			if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
-				return err
-			}
-			_, err := appendEvent(tx, r.id, event.MessageDelivered{MessageID: id, TurnID: t.id, Delivery: msg.Delivery})
-			return err
-		})
+	if !early {
+		dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
+		if msg.Delivery == DeliverSteer {
+			err = a.Steer(dctx, msg.Text)
+		} else {
+			err = a.FollowUp(dctx, msg.Text)
+		}
+		cancel()
 	}
 	if err != nil {
 		m.log.Warn("room: delivery into the running turn failed; queued instead", "room", r.id, "err", err)
 		r.mu.Lock()
-		for i, j := range t.joined {
-			if j == id {
-				t.joined = append(t.joined[:i], t.joined[i+1:]...)
-				break
-			}
-		}
+		t.joined = slices.DeleteFunc(t.joined, func(j string) bool { return j == id })
 		r.mu.Unlock()
 		return false
 	}
+	d := event.MessageDelivered{MessageID: id, TurnID: t.id, Delivery: msg.Delivery}
+	if early {
+		d.With = "prompt"
+	}
+	// On the manager's bounded context: the agent has the text, so the
+	// message ends with the turn even when its caller is gone.
+	werr := m.write(func(tx Tx) error {
+		if err := tx.UpdateMessage(id, record.MessageStarted, t.id, "", ""); err != nil {
+			return err
+		}
+		_, err := appendEvent(tx, r.id, d)
+		return err
+	})
+	if werr != nil {
+		m.log.Error("room: recording a delivery failed; the message ends with its turn", "room", r.id, "err", werr)
+	}
 	return true
+}
+
+// deliveryDone ends a delivery into t counted by deliver.
+func (m *Manager) deliveryDone(r *roomState, t *turnRun) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t.delivering--
+	if t.delivering == 0 && t.delivered != nil {
+		close(t.delivered)
+		t.delivered = nil
+	}
 }
 
 // endMessages ends messages ids in tx: their records and, in the same

@@ -21,9 +21,16 @@ import (
 type daemonTransport struct {
 	prompted chan struct{} // a Run waits for its run's end
 	gate     chan struct{} // if set, Start waits for it (or its ctx)
-	mu       sync.Mutex
-	procs    map[string]*daemonProc
-	n        int
+	// steerGate, if set, holds every Steer and FollowUp until it is
+	// closed; steering receives a value as one begins to wait. A Steer
+	// whose agent was let go of meanwhile fails, as the RPC client's
+	// call does when Detach closes it.
+	steerGate, steering chan struct{}
+	mu                  sync.Mutex
+	procs               map[string]*daemonProc
+	agents              []*daemonAgent
+	steered             []string // what Steer and FollowUp were given
+	n                   int
 }
 
 type frame struct {
@@ -57,18 +64,29 @@ func (d *daemonTransport) Start(ctx context.Context, spec AgentSpec) (Agent, err
 	d.n++
 	p := &daemonProc{id: fmt.Sprintf("p%d", d.n), grew: make(chan struct{})}
 	d.procs[p.id] = p
+	a := newDaemonAgent(d, p, spec, 0, false)
+	d.agents = append(d.agents, a)
 	d.mu.Unlock()
-	return newDaemonAgent(d, p, spec, 0, false), nil
+	return a, nil
 }
 
 func (d *daemonTransport) Attach(ctx context.Context, spec AgentSpec, at Attachment) (Detachable, error) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	p := d.procs[at.Handle]
-	d.mu.Unlock()
 	if p == nil {
 		return nil, errors.New("no such process")
 	}
-	return newDaemonAgent(d, p, spec, at.Offset, at.RunOpen), nil
+	a := newDaemonAgent(d, p, spec, at.Offset, at.RunOpen)
+	d.agents = append(d.agents, a)
+	return a, nil
+}
+
+// agent is the n-th agent started or attached (from 0).
+func (d *daemonTransport) agent(n int) *daemonAgent {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.agents[n]
 }
 
 func (d *daemonTransport) proc(id string) *daemonProc {
@@ -206,8 +224,31 @@ func (a *daemonAgent) wait(ctx context.Context, ch chan TurnResult) (TurnResult,
 	}
 }
 
-func (a *daemonAgent) Steer(ctx context.Context, text string) error    { return nil }
-func (a *daemonAgent) FollowUp(ctx context.Context, text string) error { return nil }
+func (a *daemonAgent) Steer(ctx context.Context, text string) error {
+	a.d.mu.Lock()
+	a.d.steered = append(a.d.steered, text) // written to the agent
+	gate, steering := a.d.steerGate, a.d.steering
+	a.d.mu.Unlock()
+	if gate == nil {
+		return nil
+	}
+	if steering != nil {
+		steering <- struct{}{}
+	}
+	select {
+	case <-gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-a.stop:
+		return errors.New("rpc: client closed") // its answer was never read
+	default:
+		return nil
+	}
+}
+
+func (a *daemonAgent) FollowUp(ctx context.Context, text string) error { return a.Steer(ctx, text) }
 func (a *daemonAgent) Done() <-chan struct{}                           { return a.stop }
 
 func (a *daemonAgent) Detach() error {
@@ -396,7 +437,7 @@ func TestDetachBeforeThePromptQueuesTheMessageAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := h.turnEnded("r", acc)
-	if end["outcome"] != OutcomeCancelled {
+	if end["outcome"] != OutcomeCancelled || end["reason"] != errRequeued.Error() {
 		t.Fatalf("turn ended %v", end)
 	}
 	h.waitEvent("r", acc.Seq, "message.queued", func(d map[string]any) bool { return d["message_id"] == acc.ID && d["recovered"] == true })

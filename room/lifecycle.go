@@ -57,10 +57,10 @@ func (m *Manager) releaseLocal(ctx context.Context, room string) error {
 }
 
 // Close begins the manager's shutdown and returns: it stops accepting
-// messages and, on the manager's own goroutines, cancels running turns
-// ("host shutting down"; their queued successors stay queued in the store
-// for the next start) and releases every agent within ShutdownBudget,
-// recording each receipt.
+// messages and starting turns and agents and, on the manager's own
+// goroutines, cancels running turns ("host shutting down"; their queued
+// successors stay queued in the store for the next start) and releases
+// every agent within ShutdownBudget, recording each receipt.
 //
 // Close never waits for user code (the Transport and its agents, the
 // Store, Policy, RoomConfig, MCP, the Cluster), so it is safe to call from
@@ -76,8 +76,11 @@ func (m *Manager) Close() error {
 // Handle) are let go of running, their turns left open in the store with
 // the position their output was read to, their pending approvals and
 // questions left pending; the next manager's Start attaches them (see
-// Attacher) and continues those turns. Other agents are released as by
-// Close. As Close, it is safe from any callback, and Wait joins it. A
+// Attacher) and continues those turns. A turn whose run ended before its
+// agent was let go of is recorded as it ended; one whose agent never had
+// the prompt is queued again; deliveries into a turn in flight end before
+// its agent is let go of. Nothing starts meanwhile: the queues wait in the
+// store for the next manager. Other agents are released as by Close. As Close, it is safe from any callback, and Wait joins it. A
 // second Detach returns the first's result (nil); after Close it is
 // ErrClosed, for the agents were not let go of.
 func (m *Manager) Detach() error {
@@ -121,6 +124,9 @@ func (m *Manager) begin(detach bool) error {
 	}
 	m.closing = true
 	m.detaching = detach
+	// Before any room is looked at: from here no turn, agent or delivery
+	// starts (see Manager.stopping).
+	m.stopping.Store(true)
 	rooms := make([]*roomState, 0, len(m.rooms))
 	for _, r := range m.rooms {
 		rooms = append(rooms, r)
@@ -133,18 +139,22 @@ func (m *Manager) begin(detach bool) error {
 // shutdown ends the turns and the agents; see Close and Detach.
 func (m *Manager) shutdown(rooms []*roomState, detach bool) {
 	defer close(m.joined)
-	cause := errShutdown
 	if detach {
 		// Let go of the agents first: their turns' Run and Continue
-		// return with nothing sent to the agent, and finishTurn records
-		// nothing.
+		// return with nothing sent to the agent, and finishTurn leaves
+		// those turns open for the next host (letGo).
 		m.detachAll(rooms)
-		cause = errDetached
 	}
 	for _, r := range rooms {
 		r.mu.Lock()
-		if r.turn != nil {
-			r.turn.cancel(cause)
+		// A turn whose run returned keeps the outcome the agent gave it:
+		// cancelling it now would record a settled turn as cancelled.
+		if t := r.turn; t != nil && !t.returned {
+			cause := errShutdown
+			if t.letGo {
+				cause = errDetached
+			}
+			t.cancel(cause)
 		}
 		r.mu.Unlock()
 	}
@@ -186,15 +196,16 @@ func (m *Manager) shutdown(rooms []*roomState, detach bool) {
 }
 
 // detachAll lets go of every detachable agent, leaving it running; the
-// room forgets it (the store keeps its handle for the next host).
+// room forgets it (the store keeps its handle for the next host). A
+// turn running on it whose run has not returned is marked letGo: the next
+// host continues it. Deliveries into that turn in flight end first
+// (none begins once the manager stops), so that a message is never half
+// delivered to an agent let go of.
 func (m *Manager) detachAll(rooms []*roomState) {
 	var wg sync.WaitGroup
 	for _, r := range rooms {
 		r.mu.Lock()
 		d, ok := r.agent.(Detachable)
-		if ok && d.Handle() != "" {
-			r.agent = nil
-		}
 		r.mu.Unlock()
 		if !ok || d.Handle() == "" {
 			continue
@@ -202,6 +213,23 @@ func (m *Manager) detachAll(rooms []*roomState) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			r.mu.Lock()
+			t := r.turn
+			r.mu.Unlock()
+			if t != nil {
+				m.awaitDeliveries(r, t)
+			}
+			r.mu.Lock()
+			if r.agent != d {
+				// Released meanwhile (the turn failed).
+				r.mu.Unlock()
+				return
+			}
+			r.agent = nil
+			if t := r.turn; t != nil && !t.returned {
+				t.letGo = true
+			}
+			r.mu.Unlock()
 			if err := d.Detach(); err != nil {
 				m.log.Warn("room: letting go of the agent", "room", r.id, "err", err)
 			}

@@ -15,6 +15,16 @@
 // again in order, turns that were running end failed ("host restarted"),
 // and pending approvals are denied.
 //
+// A steer or follow_up is delivered into the running turn and ends with
+// it, or, when the turn ends meanwhile or the agent refuses it, queued
+// for a turn of its own: never both (a turn's end waits for the
+// deliveries in flight into it). From the moment Close or Detach begins,
+// no turn, agent or delivery starts: waiting messages stay queued in the
+// store for the next host, which runs them in order. Detach lets go of
+// the agents of running turns, which the next host continues; a turn
+// whose run ended before its agent was let go of is recorded as it ended,
+// and one whose agent never had the prompt is queued again.
+//
 // # One door
 //
 // Every operation that reads or changes a room's durable state from
@@ -59,6 +69,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/record"
@@ -97,6 +108,11 @@ var (
 	errCancelled = errors.New("cancelled")
 	errShutdown  = errors.New("host shutting down")
 	errDetached  = errors.New("host restarting; the agent goes on")
+	// errRequeued is the reason of a turn whose agent never had its
+	// prompt when the host began a planned restart: its messages wait
+	// in the queue for the next host (errDetached would say the agent
+	// goes on with it, which it does not).
+	errRequeued = errors.New("host restarting before the agent had the prompt; queued again for the next host")
 )
 
 // Manager runs rooms. Create it with New, call Start, end it with Close
@@ -156,6 +172,11 @@ type Manager struct {
 	released, joined chan struct{}
 	shutErr          error
 
+	// stopping: Close or Detach began (set with closing, and readable
+	// under any lock): no turn, agent or delivery starts any more; what
+	// waits in the queues stays in the store for the next host.
+	stopping atomic.Bool
+
 	mu        sync.Mutex
 	started   bool
 	closing   bool // Close or Detach began
@@ -165,6 +186,12 @@ type Manager struct {
 	slotQ     []*roomState // rooms whose turn waits for a slot, in line
 	// slotWake is signalled when a slot frees or a room goes idle.
 	slotWake wakeup
+
+	// Tests' hooks (nil otherwise; set before the first turn):
+	// onTurnClosing runs as a turn's end begins, before the deliveries in
+	// flight into it are waited for; onAwaitDeliveries as finishTurn or
+	// Detach begins to wait for one.
+	onTurnClosing, onAwaitDeliveries func(room string)
 }
 
 // roomState is a room's life in memory. Lock order: Manager.mu before
@@ -260,6 +287,21 @@ type turnRun struct {
 	// that, deliveries join the prompt's text (early).
 	prompted bool
 	early    []string
+	// The fields below, like those above, are guarded by roomState.mu.
+	// closed: the turn's end is being recorded (finishTurn): no delivery
+	// joins it any more. delivering counts deliveries in flight into it
+	// (a message joined, its agent call or record not done yet);
+	// delivered is closed when that count drops to zero. finishTurn
+	// waits for them before it takes the turn's messages, so that a
+	// message is either joined (and ends with the turn) or refused (and
+	// queued), never both.
+	closed     bool
+	delivering int
+	delivered  chan struct{}
+	// returned: its Run (or Continue) returned, so its outcome is the
+	// agent's; letGo: its agent was let go of running before that
+	// (Detach), so the next host continues it.
+	returned, letGo bool
 	// snapErr says why the snapshot before the turn failed ("" when it
 	// did not, or snapshots are off).
 	snapErr string

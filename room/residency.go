@@ -29,6 +29,11 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 			return a, nil
 		}
 	}
+	// A host that stops starts no agent: the turn is queued again for
+	// the next host (Detach) or cancelled (Close).
+	if m.stopping.Load() {
+		return nil, errShutdown
+	}
 	if err := m.acquireSlot(ctx, r); err != nil {
 		return nil, err
 	}
@@ -38,6 +43,9 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 			m.freeSlot()
 		}
 	}()
+	if m.stopping.Load() {
+		return nil, errShutdown
+	}
 	sess := r.sessionID(ctx, m.st)
 	for _, d := range []string{r.workspace, filepath.Join(r.dir, "home")} {
 		if err := mkdirNoLink(d); err != nil {
@@ -193,10 +201,11 @@ func (m *Manager) transcript(room string, upTo int64) string {
 		strings.Join(lines, "") + "[End of the earlier conversation. The new message follows.]\n\n"
 }
 
-// releaseIfIdle releases the room's agent unless a turn runs (checked as
-// the agent is taken, so a turn starting meanwhile keeps it).
+// releaseIfIdle releases the room's agent unless a turn runs or its end
+// is being recorded (checked as the agent is taken, so a turn starting
+// meanwhile keeps it).
 func (m *Manager) releaseIfIdle(r *roomState, reason string) {
-	if a := r.takeAgent(func(r *roomState) bool { return r.turn == nil }); a != nil {
+	if a := r.takeAgent(func(r *roomState) bool { return r.turn == nil && !r.ending }); a != nil {
 		m.closeAgent(r, a, reason, true)
 	}
 }

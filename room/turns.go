@@ -3,6 +3,7 @@ package room
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/agenthost/agenthost/event"
@@ -23,7 +24,7 @@ func (m *Manager) ensureWorkerLocked(r *roomState) {
 func (m *Manager) reserveWorkerLocked(r *roomState) bool {
 	m.wgMu.Lock()
 	defer m.wgMu.Unlock()
-	if m.ctx.Err() != nil {
+	if m.ctx.Err() != nil || m.stopping.Load() {
 		return false
 	}
 	r.working = true
@@ -155,9 +156,10 @@ func (m *Manager) work(r *roomState, begun *begunTurn) {
 }
 
 // noTurnLocked: the worker starts no turn now (no message is ready, a
-// revert works, or the manager closes).
+// revert works, or the manager stops: Close or Detach began, and what is
+// queued waits in the store for the next host).
 func (r *roomState) noTurnLocked(m *Manager) bool {
-	return len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.ctx.Err() != nil
+	return len(r.queue) == 0 || r.queue[0].pending || r.reverting || m.stopping.Load()
 }
 
 // turnBudget reads the room's settings again and says which limit of its
@@ -296,6 +298,9 @@ func (m *Manager) continueTurn(r *roomState, c contTurn) {
 		tm = m.startMeter(r, t, a)
 		res, err = a.Continue(t.ctx)
 	}
+	r.mu.Lock()
+	t.returned = true
+	r.mu.Unlock()
 	end := m.judge(t, res, err)
 	tm.finish(&end)
 	m.finishTurn(r, t, end)
@@ -305,19 +310,39 @@ func (m *Manager) continueTurn(r *roomState, c contTurn) {
 // right after turn.ended), retiring the agent first when the turn did not
 // settle. A turn whose start the store refused ends its messages only.
 // The room's next turn starts only once this is recorded (see writeEnd),
-// so that the log and a restart keep the order of acceptance. A turn cut
-// short by Detach is left open: the next host continues it.
+// so that the log and a restart keep the order of acceptance.
+//
+// Deliveries into the turn in flight end first (see turnRun.closed): each
+// message steered or followed up into it is then either joined, and ends
+// here with it, or refused, and queued for a turn of its own; never both.
+//
+// While the host detaches (Detach), a turn whose agent was let go of
+// running is left open (the next host continues it and records its end),
+// and one whose agent never had the prompt is queued again; a turn whose
+// run ended before its agent was let go of is recorded as it ended.
 func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
+	r.mu.Lock()
+	t.closed = true
+	r.mu.Unlock()
+	if m.onTurnClosing != nil {
+		m.onTurnClosing(r.id)
+	}
+	m.awaitDeliveries(r, t)
 	if m.isDetaching() {
 		r.mu.Lock()
-		r.turn = nil
-		prompted := t.prompted
+		prompted, letGo := t.prompted, t.letGo
+		if !prompted && t.stored || letGo {
+			r.turn = nil
+		}
 		r.mu.Unlock()
-		if !prompted && t.stored {
+		switch {
+		case !prompted && t.stored:
 			// The agent never had it: the next host runs it again.
 			m.requeue(r, t)
+			return
+		case letGo:
+			return
 		}
-		return
 	}
 	m.settleInherited(r)
 	if res.outcome != OutcomeSettled && t.stored {
@@ -338,7 +363,7 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 	r.ending = true
 	r.endDone = make(chan struct{})
 	r.lastUsed = time.Now()
-	joined := t.joined
+	joined := slices.Clone(t.joined)
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
@@ -429,16 +454,19 @@ func (m *Manager) writeEnd(r *roomState, fn func(tx Tx) error) {
 // requeue ends a turn whose prompt never reached the agent and puts its
 // messages back in the queue (in the store, for the next host).
 func (m *Manager) requeue(r *roomState, t *turnRun) {
+	r.mu.Lock()
+	joined := slices.Clone(t.joined)
+	r.mu.Unlock()
 	err := m.write(func(tx Tx) error {
-		if err := tx.EndTurn(t.id, OutcomeCancelled, errDetached.Error(), "", record.Usage{}); err != nil {
+		if err := tx.EndTurn(t.id, OutcomeCancelled, errRequeued.Error(), "", record.Usage{}); err != nil {
 			return err
 		}
 		if _, err := appendEvent(tx, r.id, event.TurnEnded{
-			TurnID: t.id, MessageID: t.messageID, Outcome: OutcomeCancelled, Reason: errDetached.Error(),
+			TurnID: t.id, MessageID: t.messageID, Outcome: OutcomeCancelled, Reason: errRequeued.Error(),
 		}); err != nil {
 			return err
 		}
-		for _, id := range append([]string{t.messageID}, t.joined...) {
+		for _, id := range append([]string{t.messageID}, joined...) {
 			if err := tx.UpdateMessage(id, record.MessageQueued, "", "", ""); err != nil {
 				return err
 			}
@@ -461,24 +489,35 @@ func (m *Manager) execute(r *roomState, t *turnRun, cfg Config, text string) tur
 	if err == nil {
 		r.mu.Lock()
 		lost := r.lost
-		r.lost = false
 		r.mu.Unlock()
 		if lost {
 			text = m.transcript(r.id, t.messageSeq) + text
 		}
 		r.mu.Lock()
-		if r.revertedTo != "" {
-			text = revertNote(r.revertedTo) + text
-			r.revertedTo = ""
+		// Checked with the prompt, under the lock Detach takes the agent
+		// with: either the agent gets the prompt and is let go of with
+		// the turn open, or neither happens and the turn is queued again.
+		if m.stopping.Load() || r.agent != a {
+			r.mu.Unlock()
+			err = errShutdown
+		} else {
+			r.lost = false
+			if r.revertedTo != "" {
+				text = revertNote(r.revertedTo) + text
+				r.revertedTo = ""
+			}
+			for _, e := range t.early {
+				text += "\n\n" + e
+			}
+			t.prompted = true
+			r.mu.Unlock()
+			tm = m.startMeter(r, t, a)
+			res, err = a.Run(t.ctx, text)
 		}
-		for _, e := range t.early {
-			text += "\n\n" + e
-		}
-		t.prompted = true
-		r.mu.Unlock()
-		tm = m.startMeter(r, t, a)
-		res, err = a.Run(t.ctx, text)
 	}
+	r.mu.Lock()
+	t.returned = true
+	r.mu.Unlock()
 	end := m.judge(t, res, err)
 	tm.finish(&end)
 	return end
@@ -493,7 +532,10 @@ func (m *Manager) judge(t *turnRun, res TurnResult, err error) turnEnd {
 }
 
 func (m *Manager) judgeOutcome(t *turnRun, res TurnResult, err error) turnEnd {
-	if err == nil && t.ctx.Err() == nil {
+	// A run the agent ended well is settled, whatever cut the turn's
+	// context as it answered (a cancel, a deadline, the host's stop):
+	// that is how it ended.
+	if err == nil {
 		if res.Uncertain {
 			return turnEnd{outcome: OutcomeSettled, reason: "uncertain: the agent's state could not be confirmed after the turn", text: res.Text, offset: res.Offset}
 		}
@@ -508,9 +550,35 @@ func (m *Manager) judgeOutcome(t *turnRun, res TurnResult, err error) turnEnd {
 		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
 	case errors.Is(cause, errTurnDeadline), errors.Is(cause, errStalled), errors.Is(cause, errNoSlot):
 		return turnEnd{outcome: OutcomeTimedOut, reason: cause.Error()}
+	case errors.Is(err, errShutdown):
+		// The host stopped before the agent had the prompt.
+		return turnEnd{outcome: OutcomeCancelled, reason: errShutdown.Error()}
 	case err != nil:
 		return turnEnd{outcome: OutcomeFailed, reason: err.Error()}
 	default:
 		return turnEnd{outcome: OutcomeFailed, reason: cause.Error()}
+	}
+}
+
+// awaitDeliveries waits until no delivery into t is in flight. The caller
+// made sure none begins any more (t.closed, or the manager stopping);
+// each one in flight is bounded (deliverTimeout, and the store write's
+// own bound), so this wait is too.
+func (m *Manager) awaitDeliveries(r *roomState, t *turnRun) {
+	for {
+		r.mu.Lock()
+		if t.delivering == 0 {
+			r.mu.Unlock()
+			return
+		}
+		if t.delivered == nil {
+			t.delivered = make(chan struct{})
+		}
+		ch := t.delivered
+		r.mu.Unlock()
+		if m.onAwaitDeliveries != nil {
+			m.onAwaitDeliveries(r.id)
+		}
+		<-ch
 	}
 }

@@ -19,8 +19,13 @@ import (
 )
 
 // fakeAgentEnv makes the test binary a small fake RPC agent (see fakeAgent),
-// for `prompt -- COMMAND`.
-const fakeAgentEnv = "AGENTHOST_CLI_FAKE_AGENT"
+// for `prompt -- COMMAND`; so does fakeAgentArg as its only argument (for
+// a server run as a process of its own, whose environment its agents
+// inherit: the env would make the server a fake agent too).
+const (
+	fakeAgentEnv = "AGENTHOST_CLI_FAKE_AGENT"
+	fakeAgentArg = "agenthost-test-fake-agent"
+)
 
 // serveHelperEnv makes the test binary run agenthost itself (the SIGKILL
 // test kills it as a separate process).
@@ -34,8 +39,8 @@ func TestMain(m *testing.M) {
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
 	// By its variable or, where the environment is an agent's (prompt's own -- COMMAND gets no
-	// variable of the caller's), by its last argument.
-	if os.Getenv(fakeAgentEnv) != "" || os.Args[len(os.Args)-1] == fakeAgentEnv {
+	// variable of the caller's), by its last argument, or fakeAgentArg as its only one.
+	if os.Getenv(fakeAgentEnv) != "" || os.Args[len(os.Args)-1] == fakeAgentEnv || len(os.Args) == 2 && os.Args[1] == fakeAgentArg {
 		fakeAgent()
 		os.Exit(0)
 	}
@@ -71,8 +76,11 @@ const fakeFloodUpdates = 800
 
 // fakeAgent announces itself with a ready frame (as omp does), answers
 // get_state, and answers a prompt with a turn of fakeFloodUpdates
-// message_updates of about 1 KB; a prompt ending in "hang" it never
-// answers, one ending in "eat memory" makes it allocate 4 GiB first.
+// message_updates of about 1 KB ("flooded"). A prompt ending in "hang"
+// never ends, one ending in "eat memory" makes it allocate 4 GiB first;
+// one holding "[few]" has 3 small updates, and "[slow]" 20 of them 25 ms
+// apart; both answer "answer to " and the prompt. It reads its next
+// command once a turn is over, as a busy agent would answer it.
 func fakeAgent() {
 	out := bufio.NewWriter(os.Stdout)
 	send := func(s string) {
@@ -113,11 +121,25 @@ func fakeAgent() {
 				send(`{"type":"agent_end","messages":[]}`)
 				continue
 			}
-			text := strings.Repeat("y", 1000)
-			for i := 0; i < fakeFloodUpdates; i++ {
-				send(`{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"` + text + `"}]}}`)
+			update := `{"type":"message_update","message":{"role":"assistant","content":[{"type":"text","text":"` + strings.Repeat("y", 1000) + `"}]}}`
+			n, pause, answer := fakeFloodUpdates, time.Duration(0), "flooded"
+			switch {
+			case strings.Contains(cmd.Message, "[few]"):
+				n = 3
+			case strings.Contains(cmd.Message, "[slow]"):
+				n, pause = 20, 25*time.Millisecond
 			}
-			send(`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"flooded"}],"stopReason":"stop"}}`)
+			if n < fakeFloodUpdates {
+				// Text deltas, as omp streams them.
+				update = `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"z"}}`
+				a, _ := json.Marshal("answer to " + cmd.Message)
+				answer = strings.Trim(string(a), `"`)
+			}
+			for i := 0; i < n; i++ {
+				time.Sleep(pause) // the agent's own pace
+				send(update)
+			}
+			send(`{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"` + answer + `"}],"stopReason":"stop"}}`)
 			send(`{"type":"agent_end","messages":[]}`)
 		}
 	}

@@ -451,3 +451,154 @@ func BenchmarkServeDaemon_Restart20Rooms(b *testing.B) {
 		}
 	}
 }
+
+// postID posts a message and returns its id.
+func (s *daemonServer) postID(room, text string) string {
+	s.t.Helper()
+	b, _ := json.Marshal(map[string]string{"text": text})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"v1/rooms/"+room+"/messages", strings.NewReader(string(b)))
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var acc struct{ ID string }
+	if res.StatusCode != 202 || json.NewDecoder(res.Body).Decode(&acc) != nil || acc.ID == "" {
+		s.t.Fatalf("post: %d", res.StatusCode)
+	}
+	return acc.ID
+}
+
+// restartWithAQueue (issue 47, usr2-drain.sh): a room's turn streams and
+// queued messages wait behind it; SIGUSR2 restarts the server restarts
+// times, each while the turn of the next of the first messages streams.
+// The detaching server starts nothing (no agent, no turn); each next
+// server attaches the agent (never timing out, never starting one) and
+// runs the queue in order; every message ends once, settled, with the
+// answer the agent gave it (answer), none "failed: host restarted".
+func restartWithAQueue(t *testing.T, args []string, restarts int, texts []string, answer func(text string) string) {
+	data := t.TempDir()
+	addr := freeAddr(t)
+	s := startDaemonServer(t, data, addr, args...)
+	const room = "q"
+	ids := make([]string, len(texts))
+	textOf := map[string]string{}
+	for i, text := range texts {
+		ids[i] = s.postID(room, text)
+		textOf[ids[i]] = text
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Second)
+	defer cancel()
+	for k := range restarts {
+		// The k-th message's turn streams: its agent runs it, the rest wait.
+		msgOf := map[string]string{} // turn id -> its message id
+		streaming := func(ev sseEvent) bool {
+			tid, _ := ev.data["turn_id"].(string)
+			if ev.typ == "turn.started" {
+				msgOf[tid], _ = ev.data["message_id"].(string)
+			}
+			return ev.typ == "text.delta" && msgOf[tid] == ids[k]
+		}
+		if _, err := follow(ctx, s.url, s.token, room, streaming); err != nil {
+			t.Fatalf("restart %d: %v; stderr:\n%s", k, err, s.errOut.String())
+		}
+		s.stop(syscall.SIGUSR2)
+		s = startDaemonServer(t, data, addr, args...)
+		if e := s.errOut.String(); strings.Contains(e, "could not be attached") {
+			t.Fatalf("restart %d: the next server did not attach the agent:\n%s", k, e)
+		}
+	}
+	ended := map[string]map[string]any{}
+	evs, err := follow(ctx, s.url, s.token, room, func(ev sseEvent) bool {
+		if ev.typ == "message.ended" {
+			ended[ev.data["message_id"].(string)] = ev.data
+		}
+		return len(ended) == len(texts)
+	})
+	if err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, s.errOut.String())
+	}
+	s.stop(syscall.SIGTERM)
+	starts, attaches, open := 0, 0, ""
+	endsOf := map[string]int{}
+	turnEnd := map[string]map[string]any{}
+	seqOf := map[string]int64{}
+	var last int64
+	for i, ev := range evs {
+		if ev.id != int64(i+1) {
+			t.Fatalf("event %d has id %d", i+1, ev.id)
+		}
+		mid, _ := ev.data["message_id"].(string)
+		tid, _ := ev.data["turn_id"].(string)
+		switch ev.typ {
+		case "agent.started":
+			starts++
+		case "agent.attached":
+			attaches++
+		case "message.accepted":
+			seqOf[mid] = ev.id
+		case "message.ended":
+			endsOf[mid]++
+		case "turn.started":
+			if open != "" {
+				t.Fatalf("seq %d: turn %s started while %s was open", ev.id, tid, open)
+			}
+			if seqOf[mid] < last {
+				t.Fatalf("seq %d: a turn of the message accepted at seq %d started after one of seq %d", ev.id, seqOf[mid], last)
+			}
+			open, last = tid, seqOf[mid]
+		case "turn.ended":
+			if tid != open {
+				t.Fatalf("seq %d: turn.ended of %s while %q was open", ev.id, tid, open)
+			}
+			open = ""
+			turnEnd[tid] = ev.data
+		}
+	}
+	for _, id := range ids {
+		e := ended[id]
+		if endsOf[id] != 1 || e["outcome"] != "settled" {
+			t.Fatalf("message %s (%q): %d message.ended, the last %v; want one, settled", id, textOf[id], endsOf[id], e)
+		}
+		tid, _ := e["turn_id"].(string)
+		if got := turnEnd[tid]["text"]; got != answer(textOf[id]) {
+			t.Fatalf("message %q's turn answered %q, want %q", textOf[id], got, answer(textOf[id]))
+		}
+	}
+	if starts != 1 || attaches != restarts {
+		t.Fatalf("agent.started %d, agent.attached %d: want 1 and %d (no agent started across the restarts)", starts, attaches, restarts)
+	}
+	checkNothingLeft(t, data, room)
+}
+
+// Planned restarts of a room with a queue, on the fake agent: three
+// restarts, each while one of the first turns streams, 30 messages
+// queued behind them.
+func TestServeDaemon_RestartWithAQueue_FakeAgent(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := []string{"m0 [slow]", "m1 [slow]", "m2 [slow]"}
+	for i := 3; i < 33; i++ {
+		texts = append(texts, fmt.Sprintf("m%d [few]", i))
+	}
+	restartWithAQueue(t, []string{"--confine", "off", "--", exe, fakeAgentArg}, 3, texts,
+		func(text string) string { return "answer to " + text })
+}
+
+// The same on the real omp and the built-in model: two restarts, 8
+// messages queued.
+func TestServeDaemon_RestartWithAQueue_OMP(t *testing.T) {
+	words := "one two three four five six seven eight"
+	texts := []string{"[[slow:300ms]] [[say:first " + words + "]]", "[[slow:300ms]] [[say:second " + words + "]]"}
+	for i := range 8 {
+		texts = append(texts, fmt.Sprintf("[[say:queued %d]]", i))
+	}
+	restartWithAQueue(t, nil, 2, texts, func(text string) string {
+		return strings.TrimSuffix(text[strings.Index(text, "[[say:")+len("[[say:"):], "]]")
+	})
+}

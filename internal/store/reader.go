@@ -53,29 +53,47 @@ func (db *DB) LastSeq(ctx context.Context, room string) (int64, error) {
 }
 
 // Room returns a room's stored state, ErrNotFound for an unknown room.
+// Its last sequence number and usage totals are read in one snapshot: the
+// totals count exactly the turns whose turn.ended is at or before LastSeq.
 func (db *DB) Room(ctx context.Context, id string) (Room, error) {
 	r := Room{ID: id}
-	var created int64
-	var cfg []byte
-	err := db.queryRow(ctx, `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
-		cpu_seconds, peak_memory_bytes, processes,
-		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`, id).
-		Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
-			&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Room{}, fmt.Errorf("store: room %q: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return Room{}, wrap("room", err)
-	}
-	r.Created, r.Config = fromNS(created), cfg
-	byRoom, err := db.usage(ctx, id, id)
+	err := db.snapshot(ctx, []string{roomQuery, usageQuery}, func(q snapReader) error {
+		var created int64
+		var cfg []byte
+		err := q.queryRow(ctx, roomQuery, id).
+			Scan(&created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
+				&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("store: room %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return wrap("room", err)
+		}
+		r.Created, r.Config = fromNS(created), cfg
+		byRoom, err := usage(ctx, q, id, id)
+		if err != nil {
+			return err
+		}
+		byRoom[id].fill(&r)
+		return nil
+	})
 	if err != nil {
 		return Room{}, err
 	}
-	byRoom[id].fill(&r)
 	return r, nil
 }
+
+// The queries of Room and RoomPage.
+const (
+	roomQuery = `SELECT created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+		cpu_seconds, peak_memory_bytes, processes,
+		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id = ?`
+	roomPageQuery = `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
+		cpu_seconds, peak_memory_bytes, processes,
+		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id > ? ORDER BY id LIMIT ?`
+	usageQuery = `SELECT room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd
+		FROM room_usage WHERE room >= ? AND room <= ?`
+)
 
 // roomUsage is one room's rows of room_usage.
 type roomUsage map[string]SenderUsage
@@ -92,9 +110,8 @@ func (u roomUsage) fill(r *Room) {
 
 // usage reads the usage of the rooms whose ids are from first to last,
 // by room: one range read of room_usage's key.
-func (db *DB) usage(ctx context.Context, first, last string) (map[string]roomUsage, error) {
-	rows, err := db.query(ctx, `SELECT room, sender, turns, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd
-		FROM room_usage WHERE room >= ? AND room <= ?`, first, last)
+func usage(ctx context.Context, q snapReader, first, last string) (map[string]roomUsage, error) {
+	rows, err := q.query(ctx, usageQuery, first, last)
 	if err != nil {
 		return nil, wrap("usage", err)
 	}
@@ -164,34 +181,39 @@ func (db *DB) RoomPage(ctx context.Context, after string, limit int) ([]Room, er
 		limit = MaxRoomsPage
 	}
 	limit = min(limit, MaxRoomsPage+1)
-	rows, err := db.query(ctx, `SELECT id, created_ns, agent, session_id, config, agent_proc, agent_offset, agent_seen,
-		cpu_seconds, peak_memory_bytes, processes,
-		(SELECT COALESCE(MAX(seq), 0) FROM events WHERE room = rooms.id) FROM rooms WHERE id > ? ORDER BY id LIMIT ?`, after, limit)
-	if err != nil {
-		return nil, wrap("rooms", err)
-	}
-	defer rows.Close()
 	var out []Room
-	for rows.Next() {
-		var r Room
-		var created int64
-		var cfg []byte
-		if err := rows.Scan(&r.ID, &created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
-			&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq); err != nil {
-			return nil, wrap("rooms", err)
+	// One snapshot, as Room: each room's totals agree with its LastSeq.
+	err := db.snapshot(ctx, []string{roomPageQuery, usageQuery}, func(q snapReader) error {
+		rows, err := q.query(ctx, roomPageQuery, after, limit)
+		if err != nil {
+			return wrap("rooms", err)
 		}
-		r.Created, r.Config = fromNS(created), cfg
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil || len(out) == 0 {
-		return out, wrap("rooms", err)
-	}
-	byRoom, err := db.usage(ctx, out[0].ID, out[len(out)-1].ID)
+		defer rows.Close()
+		for rows.Next() {
+			var r Room
+			var created int64
+			var cfg []byte
+			if err := rows.Scan(&r.ID, &created, &r.Agent, &r.SessionID, &cfg, &r.AgentProc, &r.AgentOffset, &r.AgentSeen,
+				&r.Compute.CPUSeconds, &r.Compute.PeakMemoryBytes, &r.Compute.Processes, &r.LastSeq); err != nil {
+				return wrap("rooms", err)
+			}
+			r.Created, r.Config = fromNS(created), cfg
+			out = append(out, r)
+		}
+		if err := rows.Err(); err != nil || len(out) == 0 {
+			return wrap("rooms", err)
+		}
+		byRoom, err := usage(ctx, q, out[0].ID, out[len(out)-1].ID)
+		if err != nil {
+			return err
+		}
+		for i := range out {
+			byRoom[out[i].ID].fill(&out[i])
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	for i := range out {
-		byRoom[out[i].ID].fill(&out[i])
 	}
 	return out, nil
 }

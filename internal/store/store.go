@@ -190,6 +190,56 @@ func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, 
 	return st.QueryContext(ctx, args...)
 }
 
+// snapshot runs fn's reads in one read transaction, so that they see one
+// state of the store whatever commits meanwhile (in WAL mode, the state
+// as of its first read): a room's last sequence number and its usage
+// totals, read in two queries, then agree. queries are the ones fn runs:
+// their statements are prepared before the transaction takes its pool
+// connection (preparing one inside it would wait for a second connection,
+// which readers holding theirs may never give back).
+func (db *DB) snapshot(ctx context.Context, queries []string, fn func(q snapReader) error) error {
+	for _, q := range queries {
+		if _, err := db.readStmt(ctx, q); err != nil {
+			return wrap("read", err)
+		}
+	}
+	tx, err := db.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return wrap("read", err)
+	}
+	defer func() { _ = tx.Rollback() }() // read only: nothing to commit
+	return fn(snapReader{db: db, tx: tx})
+}
+
+// snapReader reads inside a snapshot, through the readers' prepared
+// statements (a query whose statement is not cached runs as it is).
+type snapReader struct {
+	db *DB
+	tx *sql.Tx
+}
+
+// cached is the readers' prepared statement for query, if any; it never
+// prepares one.
+func (db *DB) cached(query string) *sql.Stmt {
+	db.smu.Lock()
+	defer db.smu.Unlock()
+	return db.rstmts[query]
+}
+
+func (r snapReader) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := r.db.cached(query); st != nil {
+		return r.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return r.tx.QueryContext(ctx, query, args...)
+}
+
+func (r snapReader) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := r.db.cached(query); st != nil {
+		return r.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return r.tx.QueryRowContext(ctx, query, args...)
+}
+
 // queryRow is query for one row; an error comes with Scan.
 func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	st, err := db.readStmt(ctx, query)

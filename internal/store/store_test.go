@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -986,4 +987,128 @@ func TestCheckpointerMovesTheWAL(t *testing.T) {
 	if err != nil || len(evs) != events {
 		t.Fatalf("after reopening: %d events, %v", len(evs), err)
 	}
+}
+
+// A room's state is one snapshot (issue 47 item 4): while writers end
+// turns, every Room and RoomPage read counts exactly the turns whose
+// turn.ended is at or before its LastSeq, and their usage. (Read in two
+// queries, a state counted a turn that ended after its LastSeq, and the
+// page, which adds every turn.ended after LastSeq, counted it twice.)
+func TestRoomStateIsOneSnapshot(t *testing.T) {
+	db := openTest(t, Options{})
+	ctx := t.Context()
+	const writers, turns = 3, 120
+	type sample struct {
+		seq, turns, out int64
+	}
+	var (
+		mu      sync.Mutex
+		samples []sample
+		wg      sync.WaitGroup
+		readers sync.WaitGroup
+	)
+	done := make(chan struct{})
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range turns {
+				tid := fmt.Sprintf("t%d-%d", w, i)
+				err := db.Write(ctx, func(wr *Writer) error {
+					if err := wr.PutTurn(Turn{ID: tid, Room: "s", MessageID: "m" + tid, Started: time.Now()}); err != nil {
+						return err
+					}
+					_, err := wr.Append("s", "turn.started", map[string]string{"turn_id": tid})
+					return err
+				})
+				if err == nil {
+					err = db.Write(ctx, func(wr *Writer) error {
+						if err := wr.EndTurn(tid, "settled", "", "ok", Usage{OutputTokens: 1}); err != nil {
+							return err
+						}
+						_, err := wr.Append("s", "turn.ended", map[string]string{"turn_id": tid})
+						return err
+					})
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	read := func(page bool) {
+		defer readers.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			var r Room
+			if page {
+				rs, err := db.RoomPage(ctx, "", 0)
+				if err != nil || len(rs) > 1 {
+					t.Errorf("page %+v: %v", rs, err)
+					return
+				}
+				if len(rs) == 0 {
+					continue
+				}
+				r = rs[0]
+			} else {
+				var err error
+				if r, err = db.Room(ctx, "s"); errors.Is(err, ErrNotFound) {
+					continue
+				} else if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			mu.Lock()
+			samples = append(samples, sample{r.LastSeq, r.Turns, r.Usage.OutputTokens})
+			mu.Unlock()
+		}
+	}
+	readers.Add(4)
+	go read(false)
+	go read(false)
+	go read(true)
+	go read(true)
+	wg.Wait()
+	close(done)
+	readers.Wait()
+	// The turn.ended events' sequence numbers, in order.
+	var ended []int64
+	for after := int64(0); ; {
+		evs, err := db.Events(ctx, "s", after, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.Type == "turn.ended" {
+				ended = append(ended, ev.Seq)
+			}
+			after = ev.Seq
+		}
+		if len(evs) < MaxEventsPage {
+			break
+		}
+	}
+	if len(ended) != writers*turns {
+		t.Fatalf("%d turn.ended events, want %d", len(ended), writers*turns)
+	}
+	bad := 0
+	for _, s := range samples {
+		want, _ := slices.BinarySearch(ended, s.seq+1)
+		if s.turns != int64(want) || s.out != int64(want) {
+			if bad++; bad <= 5 {
+				t.Errorf("a state at last_seq %d counts %d turns (usage %d): %d turn.ended events are at or before it", s.seq, s.turns, s.out, want)
+			}
+		}
+	}
+	if bad > 0 || len(samples) == 0 {
+		t.Fatalf("%d of %d states disagree with the log at their last_seq", bad, len(samples))
+	}
+	t.Logf("%d states read, each agreeing with the log at its last_seq", len(samples))
 }
