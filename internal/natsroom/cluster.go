@@ -60,7 +60,11 @@ type Config struct {
 	// room's log) are dropped when nobody asked for them for this long and
 	// the node does not hold the room (default 10 min).
 	CacheIdle time.Duration
-	Logger    *slog.Logger
+	// StoreHealth, if set, says why this node's JetStream cannot serve
+	// now (nil: it can): its reason goes into the 503 a message gets
+	// meanwhile (serve's embedded node: JetStream disabled by a full disk).
+	StoreHealth func() error
+	Logger      *slog.Logger
 }
 
 // Cluster is room.Cluster over JetStream. Create it with New, pass
@@ -497,10 +501,15 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 }
 
 // publishInbox makes the entry durable in the room's inbox. An attempt
-// not answered (the stream electing a leader) is sent again under the same
-// id, which JetStream takes once, until one is answered or ctx ends.
+// not answered (the stream electing a leader), or answered that an attempt
+// with the same id is still in flight (10158, after a partition heals), is
+// sent again under the same id, which JetStream takes once, until one is
+// answered or the attempts run out. Every failure is room.ErrUnavailable,
+// saying whether the message may have been stored (an attempt went
+// unanswered) or not: a sender told 500 would post again blindly.
 func (c *Cluster) publishInbox(ctx context.Context, rm, id string, data []byte) error {
 	var err error
+	unclear := false // an attempt may have landed
 	for attempt := 0; attempt < inboxAttempts; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
 		_, err = c.js.PublishMsg(pctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id))
@@ -509,19 +518,44 @@ func (c *Cluster) publishInbox(ctx context.Context, rm, id string, data []byte) 
 		switch {
 		case err == nil:
 			return nil
-		case errors.As(err, &ae) && storageFull(ae):
+		case errors.As(err, &ae) && storageFull(ae) && !unclear:
 			return fmt.Errorf("%w: the cluster's storage is full (%s); nothing was stored", room.ErrUnavailable, ae.Description)
+		case errors.As(err, &ae) && ae.ErrorCode == jsErrDuplicateInProcess:
+			unclear = true // an earlier attempt is in flight: it may land
 		case errors.As(err, &ae):
-			return fmt.Errorf("natsroom: queueing the message: %w", err)
-		case ctx.Err() != nil:
-			return fmt.Errorf("natsroom: queueing the message: %w", ctx.Err())
+			return c.inboxErr(unclear, err)
+		case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
+			// Nobody took this attempt (no leader): it landed nowhere.
+		default:
+			unclear = true // a timeout: it may have landed
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%w: the cluster's log did not answer (a leader election?); the message may have been stored: %v", room.ErrUnavailable, err)
+	return c.inboxErr(unclear, err)
+}
+
+// jsErrDuplicateInProcess is JetStream's answer to a publish whose message
+// id an earlier attempt, not yet stored or refused, carries.
+const jsErrDuplicateInProcess = 10158
+
+// inboxErr is publishInbox's failure: room.ErrUnavailable with the reason
+// (JetStream disabled on this node, if so) and whether the message may
+// have been stored.
+func (c *Cluster) inboxErr(unclear bool, err error) error {
+	stored := "nothing was stored"
+	if unclear {
+		stored = "the message may have been stored"
+	}
+	if herr := c.storeHealth(); herr != nil {
+		return fmt.Errorf("%w: %v; %s", room.ErrUnavailable, herr, stored)
+	}
+	return fmt.Errorf("%w: the cluster's log did not take the message (a leader election?); %s: %v", room.ErrUnavailable, stored, err)
 }
 
 // inboxAttempts bounds the attempts of publishInbox.
@@ -599,38 +633,122 @@ var codes = []struct {
 	{"not_held", room.ErrNotHeld}, {"bad_message", room.ErrBadMessage}, {"closed", room.ErrClosed},
 }
 
-// Control implements room.Cluster: a request to the holder.
+// Control implements room.Cluster: a request to the holder. When no node
+// holds the room, or its holder does not answer (it died and its lease has
+// not expired yet, or it is cut off), or says it no longer holds it, an
+// approval or answer is settled from the room's log: an unknown id is
+// room.ErrNotFound, a decided one room.ErrConflict, and one still pending
+// (the room is moving: its next holder denies or cancels it) is
+// room.ErrUnavailable, to try again.
 func (c *Cluster) Control(ctx context.Context, rm string, op room.ControlOp) error {
 	holder := c.Holder(ctx, rm)
-	if holder == "" {
-		switch op.Kind {
-		case room.ControlCancel:
-			return room.ErrNoTurn
-		case room.ControlRelease:
-			return nil // nothing resident
+	for attempt := 0; ; attempt++ {
+		if holder == "" {
+			return c.unheld(ctx, rm, op, nil)
 		}
-		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
+		why, err := c.control(ctx, holder, rm, op)
+		if why == "" || ctx.Err() != nil {
+			return err
+		}
+		// The holder named (by the nearest replica, which may lag: a node
+		// just healed) does not run the room: ask the lease's leader.
+		l, lerr := c.leaseEntry(ctx, rm)
+		switch {
+		case lerr != nil:
+			return c.unheld(ctx, rm, op, errors.New(why))
+		case !l.live:
+			holder = ""
+		case l.node != holder && attempt == 0:
+			holder = l.node
+		default:
+			return c.unheld(ctx, rm, op, errors.New(why))
+		}
 	}
+}
+
+// control sends op to holder; why says, when the holder does not run the
+// room, why not (it does not answer, or says it no longer holds it).
+func (c *Cluster) control(ctx context.Context, holder, rm string, op room.ControlOp) (why string, err error) {
 	data, _ := json.Marshal(ctlReq{Room: rm, Op: op})
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	reply, err := c.nc.RequestWithContext(rctx, ctlSubject(holder), data)
 	if err != nil {
-		return fmt.Errorf("natsroom: asking %s: %w", holder, err)
+		return fmt.Sprintf("its holder %s does not answer: %v", holder, err), fmt.Errorf("natsroom: asking %s: %w", holder, err)
 	}
 	var r ctlResp
 	if err := json.Unmarshal(reply.Data, &r); err != nil {
-		return fmt.Errorf("natsroom: answer from %s: %w", holder, err)
+		return "", fmt.Errorf("natsroom: answer from %s: %w", holder, err)
+	}
+	if r.Code == "not_held" {
+		return holder + " no longer holds it", fmt.Errorf("%w (on %s)", room.ErrNotHeld, holder)
 	}
 	for _, x := range codes {
 		if r.Code == x.code {
-			return fmt.Errorf("%w (on %s)", x.err, holder)
+			return "", fmt.Errorf("%w (on %s)", x.err, holder)
 		}
 	}
 	if r.Error != "" {
-		return fmt.Errorf("natsroom: on %s: %s", holder, r.Error)
+		return "", fmt.Errorf("natsroom: on %s: %s", holder, r.Error)
 	}
-	return nil
+	return "", nil
+}
+
+// unheld answers op for a room no node runs now: nobody holds its lease
+// (why is nil), or its holder cannot run op (why says so).
+func (c *Cluster) unheld(ctx context.Context, rm string, op room.ControlOp, why error) error {
+	moving := func() error {
+		if why == nil {
+			return fmt.Errorf("%w: no node holds room %q now (it is moving to another node); try again", room.ErrUnavailable, rm)
+		}
+		return fmt.Errorf("%w: room %q: %v (it is moving to another node); try again", room.ErrUnavailable, rm, why)
+	}
+	switch op.Kind {
+	case room.ControlCancel:
+		if why == nil {
+			return room.ErrNoTurn
+		}
+		return moving()
+	case room.ControlRelease:
+		if why == nil {
+			return nil // nothing resident
+		}
+		return moving()
+	case room.ControlApprove:
+		as, err := c.st.Approvals(ctx, rm, false)
+		if err != nil {
+			return fmt.Errorf("%w: room %q: reading its approvals: %v", room.ErrUnavailable, rm, err)
+		}
+		for _, a := range as {
+			if a.ID != op.ID {
+				continue
+			}
+			if a.Decision != "" {
+				return fmt.Errorf("%w: approval %q", room.ErrConflict, op.ID)
+			}
+			return moving()
+		}
+		return fmt.Errorf("%w: approval %q", room.ErrNotFound, op.ID)
+	case room.ControlAnswer:
+		qs, err := c.st.Questions(ctx, rm, false)
+		if err != nil {
+			return fmt.Errorf("%w: room %q: reading its questions: %v", room.ErrUnavailable, rm, err)
+		}
+		for _, q := range qs {
+			if q.ID != op.ID {
+				continue
+			}
+			if q.By != "" {
+				return fmt.Errorf("%w: question %q", room.ErrConflict, op.ID)
+			}
+			return moving()
+		}
+		return fmt.Errorf("%w: question %q", room.ErrNotFound, op.ID)
+	}
+	if why == nil {
+		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
+	}
+	return fmt.Errorf("%w: %q: %v", room.ErrNotHeld, rm, why)
 }
 
 func (c *Cluster) serveControl(msg *nats.Msg) {
@@ -684,6 +802,14 @@ func (c *Cluster) inboxSignal(msg *nats.Msg) {
 		default:
 		}
 	}
+}
+
+// storeHealth is Config.StoreHealth's answer (nil without one).
+func (c *Cluster) storeHealth() error {
+	if c.cfg.StoreHealth == nil {
+		return nil
+	}
+	return c.cfg.StoreHealth()
 }
 
 // heldCount is the number of rooms this host holds.

@@ -26,6 +26,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
 // host is one agenthost node in a test: an embedded JetStream node, a
 // Cluster and a Manager on a fake transport.
 type host struct {
@@ -53,6 +55,8 @@ type hostOpts struct {
 	// slowLink puts the host's client connection on a link whose latency
 	// the test sets (host.link).
 	slowLink bool
+	// idleAfter releases an idle room's agent (and then its lease).
+	idleAfter time.Duration
 }
 
 func startHost(t *testing.T, o hostOpts) *host {
@@ -87,7 +91,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	}
 	h.tr = newFakeTransport(o.name, o.journal)
 	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
-		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit})
+		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, IdleAfter: o.idleAfter})
 	if err != nil {
 		t.Fatal(err)
 	}

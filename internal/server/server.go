@@ -321,6 +321,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 		status, msg = http.StatusNotImplemented, trimPrefix(err)
 	case errors.Is(err, room.ErrNotFound):
 		status, msg = http.StatusNotFound, what+": not found"
+	case errors.Is(err, room.ErrNotHeld):
+		// In a cluster, no node runs the room (nothing of it is pending
+		// there): what the request names is not found on any node.
+		status, msg = http.StatusNotFound, what+": not found (no node holds the room)"
 	case errors.Is(err, room.ErrConflict):
 		status, msg = http.StatusConflict, what+": already resolved"
 	case errors.Is(err, room.ErrPurging):
