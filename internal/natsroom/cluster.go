@@ -64,7 +64,17 @@ type Config struct {
 	// now (nil: it can): its reason goes into the 503 a message gets
 	// meanwhile (serve's embedded node: JetStream disabled by a full disk).
 	StoreHealth func() error
-	Logger      *slog.Logger
+	// HeldAgents says the Manager's agents are frozen at their room's
+	// lease deadline by something that outlives this host (custody's
+	// fuse: serve sets it when the fuse runs). A room whose lease this
+	// host could not renew by its deadline (the lease bucket electing a
+	// leader) is then kept, paused with its agent frozen, while renewals
+	// are tried for up to LapsePatience, and goes on (its agent thawed)
+	// when one lands: an election costs a held room a pause, not a turn.
+	// Without it, such a room is dropped at its deadline (its agent killed:
+	// nothing else would stop it).
+	HeldAgents bool
+	Logger     *slog.Logger
 }
 
 // Cluster is room.Cluster over JetStream. Create it with New, pass
@@ -109,6 +119,13 @@ type held struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	marked   bool // the room's work mark is put (inbox reader only)
+	// lapsed is when this host saw the deadline pass without a renewal
+	// (zero while renewed in time): the room is paused, its agent frozen,
+	// until a renewal lands (Config.HeldAgents).
+	lapsed time.Time
+	// retaking: a goroutine is taking back the room's expired lease (see
+	// retake); the renew rounds leave the room alone meanwhile.
+	retaking bool
 }
 
 func (h *held) until() time.Time {
@@ -116,6 +133,31 @@ func (h *held) until() time.Time {
 	defer h.mu.Unlock()
 	return h.deadline
 }
+
+// writeUntil is how long the room's log writer may go on trying an
+// append (a fenced append is safe whoever holds the lease: the log refuses
+// it after a takeover): while the room is held here, its deadline, and
+// the pause after it when the room is kept paused (Config.HeldAgents).
+func (c *Cluster) writeUntil(h *held) func() time.Time {
+	return func() time.Time { return h.until().Add(c.lapsePatience()) }
+}
+
+// lapsePatience is how long a room whose lease deadline passed is kept,
+// paused, while renewals are tried (0: dropped at the deadline).
+func (c *Cluster) lapsePatience() time.Duration {
+	if !c.cfg.HeldAgents {
+		return 0
+	}
+	return LapsePatience
+}
+
+// LapsePatience bounds how long a host keeps a room whose lease it could
+// not renew by its deadline (with Config.HeldAgents), its agent frozen,
+// while it tries to renew: the lease bucket's election after its leader
+// died takes 4 to 9 s (NATS's election timeout), and more under load; a
+// heal's takes 1 to 3 s. A room that another node took meanwhile is
+// dropped as soon as a renewal is refused.
+const LapsePatience = electionWait
 
 // New checks cfg and returns a Cluster (nothing runs until Start).
 func New(cfg Config) (*Cluster, error) {
@@ -855,7 +897,7 @@ func (c *Cluster) acquire(ctx context.Context, rm string, settle bool) (bool, er
 	c.mu.Lock()
 	c.held[rm] = h
 	c.mu.Unlock()
-	if err := c.st.takeover(ctx, rm, h.epoch, h.until); err != nil {
+	if err := c.st.takeover(ctx, rm, h.epoch, c.writeUntil(h)); err != nil {
 		close(h.done) // no inbox reader runs
 		c.forget(h, "takeover failed")
 		return false, err
@@ -977,19 +1019,37 @@ func (c *Cluster) renewLoop() {
 // for each renewal (up to TTL/3 when the stream does not answer): a cut
 // off holder then ran its agent past the lease's expiry, beside the new
 // holder's agent (seen as an overlap in the partition test).
+//
+// With Config.HeldAgents the room is kept, paused, past its deadline (its
+// agent frozen there by the fuse, whatever this host does) while renewals
+// are tried, and dropped LapsePatience after it.
 func (c *Cluster) deadlineLoop() {
 	c.every(deadlineCheck, func() {
 		now := time.Now()
 		c.mu.Lock()
-		var late []*held
+		var late, lapsing []*held
 		for _, h := range c.held {
-			if !now.Before(h.until()) {
+			switch until := h.until(); {
+			case !now.Before(until.Add(c.lapsePatience())):
 				late = append(late, h)
+			case !now.Before(until):
+				lapsing = append(lapsing, h)
 			}
 		}
 		c.mu.Unlock()
+		for _, h := range lapsing {
+			h.mu.Lock()
+			first := h.lapsed.IsZero()
+			if first {
+				h.lapsed = now
+			}
+			h.mu.Unlock()
+			if first {
+				c.log.Warn("natsroom: lease deadline passed without a renewal; the room's agent is frozen until a renewal lands (or the room moves)", "room", h.room)
+			}
+		}
 		for _, h := range late {
-			c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
+			c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room, "waited", c.lapsePatience())
 			// Off this loop: Drop waits for the room's turn to end, and
 			// the other rooms' deadlines must not wait for it.
 			c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
@@ -1029,14 +1089,19 @@ const renewInFlight = 64
 const deadlineCheck = 100 * time.Millisecond
 
 func (c *Cluster) renew(h *held) {
-	if !time.Now().Before(h.until()) {
+	if !time.Now().Before(h.until()) && !c.cfg.HeldAgents {
 		c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
 		c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
 		return
 	}
+	// (With HeldAgents, past the deadline the room is paused, and the
+	// renewals go on: deadlineLoop drops it after LapsePatience.)
 	h.mu.Lock()
-	rev := h.rev
+	rev, retaking := h.rev, h.retaking
 	h.mu.Unlock()
+	if retaking {
+		return
+	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
 	defer cancel()
@@ -1046,7 +1111,10 @@ func (c *Cluster) renew(h *held) {
 		// of the lease stream longer than its wait): the lease then
 		// names this node at a later revision. Go on from it.
 		l, rerr := c.leaseEntry(ctx, h.room)
-		if rerr == nil && l.live && l.node == c.cfg.Node && l.rev > rev {
+		switch {
+		case rerr != nil:
+			err = rerr // cannot tell: as a timeout, the deadline decides
+		case l.live && l.node == c.cfg.Node && l.rev > rev:
 			c.log.Debug("natsroom: a renewal whose answer was lost had landed", "room", h.room, "rev", l.rev)
 			h.mu.Lock()
 			h.rev = l.rev
@@ -1054,20 +1122,32 @@ func (c *Cluster) renew(h *held) {
 			rev = l.rev
 			sent = time.Now()
 			ack, err = c.publishLease(ctx, h.room, rev)
-		} else if rerr != nil {
-			err = rerr // cannot tell: as a timeout, the deadline decides
+		case l.expired && ae10071(err):
+			// Expired, and taken by nobody: the lease bucket's new
+			// leader expired it before this host could renew it (an
+			// election longer than the lease), or this host was paused.
+			h.mu.Lock()
+			h.retaking = true
+			h.mu.Unlock()
+			c.goRun(func() { c.retake(h, l.rev) })
+			return
 		}
 	}
-	var ae *jetstream.APIError
 	switch {
 	case err == nil:
-		c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
 		h.mu.Lock()
 		h.rev = ack.Sequence
 		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
+		lapsed := h.lapsed
+		h.lapsed = time.Time{}
 		h.mu.Unlock()
+		if lapsed.IsZero() {
+			c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
+		} else {
+			c.log.Info("natsroom: lease renewed after its deadline had passed; the room goes on", "room", h.room, "paused", time.Since(lapsed).Round(time.Millisecond))
+		}
 		c.leaseRenewed(h)
-	case errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+	case ae10071(err):
 		// Not ours (above): it expired and was taken, or given up.
 		c.goRun(func() { c.forget(h, "lease lost: it expired and was taken") })
 	default:
@@ -1075,6 +1155,81 @@ func (c *Cluster) renew(h *held) {
 		// flight): keep acting until the local deadline.
 		c.log.Debug("natsroom: renew failed", "room", h.room, "err", err)
 	}
+}
+
+// ae10071: JetStream refused a publish because the subject's last
+// sequence is not the one expected (the lease moved on).
+func ae10071(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// retake takes back the lease of a room this host holds that expired with
+// nobody taking it (marker: the expiry's sequence): the lease bucket's new
+// leader expires, at once, every lease not renewed while it was being
+// elected, and an election (4 to 9 s after a leader died) outlasts the
+// lease (3 s). Other workers leave such a lease alone for leaderGrace
+// after the election (see place), so its holder is first. The lease is
+// published over the expiry (a compare-and-set: nobody took it since);
+// then the room's log must still be this host's: its last entry of this
+// host's epoch (a holder that took the room meanwhile appended its
+// takeover, and may have given the lease up since). Only then does the
+// room go on (its agent thawed: it was frozen at the deadline); otherwise
+// it is dropped.
+func (c *Cluster) retake(h *held, marker uint64) {
+	defer func() {
+		h.mu.Lock()
+		h.retaking = false
+		h.mu.Unlock()
+	}()
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
+	ack, err := c.publishLease(ctx, h.room, marker)
+	cancel()
+	if err != nil {
+		c.log.Debug("natsroom: taking back an expired lease failed", "room", h.room, "err", err)
+		if ae10071(err) {
+			c.forget(h, "lease lost: it expired and was taken")
+		}
+		return // a timeout: the next renewal round looks again
+	}
+	h.mu.Lock()
+	h.rev = ack.Sequence // ours now (forget gives it up by this revision)
+	h.mu.Unlock()
+	epoch := strconv.FormatUint(h.epoch, 10)
+	var last *jetstream.RawStreamMsg
+	began := time.Now()
+	for {
+		last, err = c.st.getLeader(c.ctx, msgGetReq{LastBySubj: evSubject(h.room)})
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) || c.ctx.Err() != nil || time.Since(began) >= electionWait {
+			break
+		}
+		select { // the log electing a leader too (a heal): ask again
+		case <-c.ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if err != nil || last.Header.Get(hdrEpoch) != epoch {
+		c.log.Warn("natsroom: a room's lease expired and its log is no longer this host's; releasing the room", "room", h.room, "err", err)
+		c.forget(h, "lease lost: it expired and was taken")
+		return
+	}
+	h.mu.Lock()
+	h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
+	lapsed := h.lapsed
+	h.lapsed = time.Time{}
+	h.mu.Unlock()
+	c.log.Info("natsroom: a room's lease expired while the lease bucket could not renew it, and nobody took the room; taken back, the room goes on",
+		"room", h.room, "rev", ack.Sequence, "paused", durSince(lapsed))
+	c.leaseRenewed(h)
+}
+
+// durSince is the time since t, rounded (0 for a zero t).
+func durSince(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t).Round(time.Millisecond)
 }
 
 // publishLease renews the room's lease over revision rev, with its TTL.
@@ -1379,6 +1534,16 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		_ = msg.Ack() // its expiry wakes the room again
 		return
 	}
+	if lease.expired {
+		// Its holder may be alive and kept from renewing by the lease
+		// bucket's election, whose new leader expired the lease at once:
+		// the holder takes it back (retake) if it is given the time.
+		if wait := c.leaseGraceLeft(ctx); wait > 0 {
+			c.log.Debug("natsroom: a lease expired just after the lease bucket's election; leaving it to its holder a moment", "room", rm, "wait", wait)
+			_ = msg.NakWithDelay(wait)
+			return
+		}
+	}
 	free := max(0, c.cfg.Slots-c.heldCount())
 	meta, _ := msg.Metadata()
 	if meta != nil && meta.NumDelivered < 4 {
@@ -1405,6 +1570,37 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		}
 	}
 	_ = msg.Ack()
+}
+
+// leaderGrace is how long after the lease bucket elected a leader an
+// expired lease is left to its holder (see retake): a few of its renewal
+// rounds (one every LeaseTTL/3).
+func (c *Cluster) leaderGrace() time.Duration { return c.cfg.LeaseTTL }
+
+// leaseGraceLeft is how much of leaderGrace is left since the lease
+// bucket's leader took office (0 when it is past, or the bucket is not
+// replicated), as the leader itself tells (its own clock for both
+// times); a leader that cannot be asked leaves a second to wait.
+func (c *Cluster) leaseGraceLeft(ctx context.Context) time.Duration {
+	ictx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	st, err := c.js.Stream(ictx, "KV_"+BucketLease)
+	if err != nil {
+		return time.Second
+	}
+	info := st.CachedInfo()
+	switch {
+	case info.Cluster == nil || c.cfg.Replicas <= 1:
+		return 0
+	case info.Cluster.Leader == "":
+		return time.Second
+	case info.Cluster.LeaderSince == nil || info.TimeStamp.IsZero():
+		return 0 // a server that does not say: no grace
+	}
+	if age := info.TimeStamp.Sub(*info.Cluster.LeaderSince); age < c.leaderGrace() {
+		return c.leaderGrace() - age + 100*time.Millisecond
+	}
+	return 0
 }
 
 // leaseHeld asks the lease stream's leader (not a direct get, which any

@@ -39,6 +39,7 @@ type host struct {
 	m       *room.Manager
 	tr      *fakeTransport
 	link    *latencyProxy // with hostOpts.slowLink
+	stall   *holdProxy    // with hostOpts.stallLink
 	stopped bool
 	// roomsStopped: stopRooms ran (the node may still run).
 	roomsStopped bool
@@ -55,6 +56,8 @@ type hostOpts struct {
 	// slowLink puts the host's client connection on a link whose latency
 	// the test sets (host.link).
 	slowLink bool
+	// stallLink puts it on a link the test stalls (host.stall).
+	stallLink bool
 	// idleAfter releases an idle room's agent (and then its lease).
 	idleAfter time.Duration
 }
@@ -62,7 +65,7 @@ type hostOpts struct {
 func startHost(t *testing.T, o hostOpts) *host {
 	t.Helper()
 	listen := ""
-	if o.slowLink {
+	if o.slowLink || o.stallLink {
 		listen = "127.0.0.1:0"
 	}
 	node, err := StartNode(NodeConfig{Name: o.name, StoreDir: o.storeDir, ClusterListen: o.clusterListen,
@@ -71,10 +74,14 @@ func startHost(t *testing.T, o hostOpts) *host {
 		t.Fatal(err)
 	}
 	h := &host{t: t, name: o.name, node: node}
-	if o.slowLink {
+	switch {
+	case o.slowLink:
 		h.link = newLatencyProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
 		h.nc, err = nats.Connect("nats://"+h.link.addr(), nats.Name(o.name), nats.MaxReconnects(-1))
-	} else {
+	case o.stallLink:
+		h.stall = newHoldProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
+		h.nc, err = nats.Connect("nats://"+h.stall.l.Addr().String(), nats.Name(o.name), nats.MaxReconnects(-1), nats.PingInterval(time.Hour))
+	default:
 		h.nc, err = node.Connect(o.name)
 	}
 	if err != nil {
@@ -85,7 +92,10 @@ func startHost(t *testing.T, o hostOpts) *host {
 	if os.Getenv("NATSROOM_DEBUG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
 	}
-	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second, Logger: lg})
+	// The fake agents are held to their leases as serve's are (see
+	// fakeAgent): a room whose deadline passes is paused, not dropped.
+	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second,
+		HeldAgents: true, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}

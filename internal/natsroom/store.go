@@ -360,7 +360,7 @@ type roomLog struct {
 	// owner side
 	owned    bool
 	epoch    uint64
-	deadline func() time.Time // the lease's local deadline
+	deadline func() time.Time // how long appends may be tried (the lease's local deadline, and a pause after it)
 
 	used time.Time // last asked for (under Store.mu): see evictIdle
 }
@@ -977,11 +977,17 @@ func (s *Store) holds(room string) bool {
 const (
 	appendAttempt = time.Second
 	appendBackoff = 100 * time.Millisecond
+	// appendPatience bounds one append however long the lease is
+	// renewed: a log that answers nothing for that long (it lost its
+	// quorum while the lease bucket kept one) is not an election, and
+	// the room's writer waits no longer for it.
+	appendPatience = 2 * electionWait
 )
 
 // errAppendUnresolved: no attempt of an append was answered before the
-// lease's deadline; the write may or may not be in the log, and this host
-// no longer holds the room (the next holder folds whatever the log has).
+// lease's deadline (or appendPatience); the write may or may not be in the
+// log, and this host no longer holds the room (the next holder folds
+// whatever the log has).
 var errAppendUnresolved = errors.New("natsroom: the log did not answer before the lease's deadline (the write may have landed; the room moves)")
 
 // appendLocked publishes b as the room's next log entry, fenced by the
@@ -1004,11 +1010,22 @@ func (s *Store) appendBatch(ctx context.Context, rm string, l *roomLog, b *batch
 	if !l.owned {
 		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
 	}
-	until := time.Now().Add(3 * reqTimeout)
+	// The lease's deadline is read again before every attempt: it moves
+	// on with each renewal, and an append that waits out the log's
+	// election (seconds) while the lease is renewed must not give the
+	// room up at the deadline it read when it began.
+	began := time.Now()
+	fixed := began.Add(3 * reqTimeout)
+	until := func() time.Time { return fixed }
 	if l.deadline != nil {
-		until = l.deadline()
+		until = func() time.Time {
+			if d := l.deadline(); d.Before(began.Add(appendPatience)) {
+				return d
+			}
+			return began.Add(appendPatience)
+		}
 	}
-	if !time.Now().Before(until) {
+	if !time.Now().Before(until()) {
 		return fmt.Errorf("%w: %w", room.ErrNotHeld, ErrLeaseExpired)
 	}
 	if t, ok := ctx.Value(inboxKey{}).(inboxTake); ok && t.room == rm && t.seq > l.f.inbox {
@@ -1057,14 +1074,14 @@ func (s *Store) appendBatch(ctx context.Context, rm string, l *roomLog, b *batch
 }
 
 // publish sends msg until JetStream answers for it (see appendLocked) and
-// returns its stream sequence.
-func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Msg, msgID string, until time.Time) (uint64, error) {
+// returns its stream sequence; until is the lease's deadline as it is now.
+func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Msg, msgID string, until func() time.Time) (uint64, error) {
 	unclear := false // an attempt may have landed
 	for {
 		if !unclear && ctx.Err() != nil {
 			return 0, fmt.Errorf("natsroom: appending to the log: %w", ctx.Err())
 		}
-		pctx, cancel := context.WithTimeout(context.Background(), min(appendAttempt, max(time.Until(until), time.Millisecond)))
+		pctx, cancel := context.WithTimeout(context.Background(), min(appendAttempt, max(time.Until(until()), time.Millisecond)))
 		ack, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
 		cancel()
 		var ae *jetstream.APIError
@@ -1107,7 +1124,7 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 		default:
 			unclear = true
 		}
-		if !time.Now().Before(until) {
+		if !time.Now().Before(until()) {
 			if !unclear {
 				// Nothing landed: a clean failure (the deadline ends
 				// the room soon enough).
@@ -1116,7 +1133,7 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 			l.owned = false
 			return 0, fmt.Errorf("%w: %w", room.ErrNotHeld, errAppendUnresolved)
 		}
-		if d := min(appendBackoff, time.Until(until)); d > 0 {
+		if d := min(appendBackoff, time.Until(until())); d > 0 {
 			time.Sleep(d) // a backoff between attempts, bounded by the deadline
 		}
 	}
