@@ -95,7 +95,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	// The fake agents are held to their leases as serve's are (see
 	// fakeAgent): a room whose deadline passes is paused, not dropped.
 	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second,
-		HeldAgents: true, Logger: lg})
+		HeldAgents: true, StoreHealth: node.Health, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}
