@@ -23,6 +23,7 @@ import (
 	"github.com/agenthost/agenthost/internal/buildinfo"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Defaults for Options.
@@ -77,7 +78,10 @@ type Options struct {
 	// Health, if set, is asked by /healthz: an error makes it answer 503
 	// with the error as the reason (a part the host needs is down).
 	Health func() error
-	Logger *slog.Logger
+	// Collectors are more metrics /metrics serves (the host's own parts:
+	// a cluster node's JetStream).
+	Collectors []prometheus.Collector
+	Logger     *slog.Logger
 	// Version names the build in /healthz and the OpenAPI document's
 	// info.version (default: buildinfo.Version()).
 	Version string
