@@ -325,6 +325,11 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err := checkClusterFlags(f, clustered); err != nil {
 		return &exitError{2, err}
 	}
+	if clustered {
+		if err := checkSecretPlaces(f); err != nil {
+			return &exitError{2, err}
+		}
+	}
 	if clustered && f.daemon {
 		// A planned restart re-attaches the rooms this server held; in a
 		// cluster they move to other nodes instead (the leases lapse).
