@@ -943,6 +943,7 @@ func (c *Cluster) forget(h *held, reason string) {
 	delete(c.held, h.room)
 	stopped := c.stopped
 	c.mu.Unlock()
+	c.log.Info("natsroom: giving a room up", "room", h.room, "reason", reason)
 	h.cancel()
 	c.st.disown(h.room)
 	// The inbox reader may be in an Accept: it ends on the cancel (its
@@ -1740,7 +1741,12 @@ func (c *Cluster) releaseIdle(hs []*held) {
 			return
 		}
 		l := c.st.log(h.room)
-		l.mu.Lock()
+		// A room whose log is being written is not idle, and its write
+		// may wait out the log's election: the renew loop that runs this
+		// must not wait for it (every lease would lapse meanwhile).
+		if !l.mu.TryLock() {
+			continue
+		}
 		idle := l.owned && !l.f.resident && l.f.idle()
 		l.mu.Unlock()
 		if !idle || time.Since(h.since) < c.cfg.LeaseTTL {

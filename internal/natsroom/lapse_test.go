@@ -174,14 +174,22 @@ func TestCluster_LapsedLeaseIsTakenBackByItsHolder(t *testing.T) {
 }
 
 // TestCluster_StreamLeaderLossAndHealCostHeldRoomsAPause: the node that
-// leads the rooms' log and the lease bucket is cut off (for the others,
-// as its death is) and then heard again (a heal: its raised raft terms
-// make every leader step down); every room held by another node keeps its
-// holder and its running turn, which ends as its sender decides (here:
-// cancelled), never "worker lost". Before, every busy room of the cluster
-// lost its turn at the loss, and again at the heal.
+// leads the rooms' log (and the lease bucket, or not) is cut off (for the
+// others, as its death is) and then heard again (a heal: its raised raft
+// terms make every leader step down), while every room runs one short turn
+// after another (writing to its log all along); every room held by another
+// node keeps its holder, and every turn of it ends settled, never "worker
+// lost". Before, every busy room of the cluster lost its turn at the loss,
+// and again at the heal. (With the lease bucket led elsewhere, the writes
+// waiting out the log's election held up the lease renewals of every room
+// on their node.)
 func TestCluster_StreamLeaderLossAndHealCostHeldRoomsAPause(t *testing.T) {
 	clusterTests(t)
+	t.Run("the log and the lease bucket", func(t *testing.T) { leaderLossAndHeal(t, true) })
+	t.Run("the log alone", func(t *testing.T) { leaderLossAndHeal(t, false) })
+}
+
+func leaderLossAndHeal(t *testing.T, leadsLeases bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	tc := startCluster(t, ctx, [3]bool{true, true, true})
@@ -190,7 +198,7 @@ func TestCluster_StreamLeaderLossAndHealCostHeldRoomsAPause(t *testing.T) {
 	accs := map[string]room.Accepted{}
 	for i := range rooms {
 		rooms[i] = fmt.Sprintf("busy%d", i)
-		acc, err := tc.hosts[i%3].m.Submit(ctx, rooms[i], room.Message{Text: "hang"})
+		acc, err := tc.hosts[i%3].m.Submit(ctx, rooms[i], room.Message{Text: "sleep:200ms"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,16 +227,55 @@ func TestCluster_StreamLeaderLossAndHealCostHeldRoomsAPause(t *testing.T) {
 	healthy := tc.hosts[(victim+1)%3]
 	js, _ := jetstream.New(healthy.nc)
 	leadStream(ctx, t, healthy.nc, js, StreamRooms, vname)
-	leadStream(ctx, t, healthy.nc, js, "KV_"+BucketLease, vname)
-	t.Logf("holders %v; %s leads the log and the lease bucket, and is cut off", holder, vname)
+	leaseLeader := healthy.name
+	if leadsLeases {
+		leaseLeader = vname
+	}
+	leadStream(ctx, t, healthy.nc, js, "KV_"+BucketLease, leaseLeader)
+	t.Logf("holders %v; %s leads the log, %s the lease bucket; %s is cut off", holder, vname, leaseLeader, vname)
 	var healthyRooms []string
 	for _, rm := range rooms {
 		if holder[rm] != vname {
 			healthyRooms = append(healthyRooms, rm)
 		}
 	}
-	leases := watchLeases(ctx, t, js)
-	defer func() { _ = leases.Stop() }()
+	// Every room busy: a turn of 200 ms after another, from now until the
+	// heal's elections are over (through the first host that takes them).
+	var (
+		feedMu sync.Mutex
+		last   = map[string]string{} // room -> its last message accepted
+	)
+	feedCtx, stopFeeding := context.WithCancel(ctx)
+	var feeders sync.WaitGroup
+	for _, rm := range rooms {
+		feeders.Add(1)
+		go func() {
+			defer feeders.Done()
+			for feedCtx.Err() == nil {
+				for _, h := range tc.hosts {
+					if h == tc.hosts[victim] {
+						continue
+					}
+					sctx, scancel := context.WithTimeout(feedCtx, 5*time.Second)
+					acc, err := h.m.Submit(sctx, rm, room.Message{Text: "sleep:200ms"})
+					scancel()
+					if err == nil {
+						feedMu.Lock()
+						last[rm] = acc.ID
+						feedMu.Unlock()
+						break
+					}
+				}
+				select {
+				case <-feedCtx.Done():
+				case <-time.After(250 * time.Millisecond): // the pace of the messages, not a wait for anything
+				}
+			}
+		}()
+	}
+	defer func() { stopFeeding(); feeders.Wait() }()
+	watch := watchLeases(ctx, t, js)
+	defer func() { _ = watch.Stop() }()
 	tc.isolate(victim, true)
 	cutAt := time.Now()
 	// The majority elects new leaders (4 to 9 s each), and moves the
@@ -251,22 +298,32 @@ func TestCluster_StreamLeaderLossAndHealCostHeldRoomsAPause(t *testing.T) {
 		waitCurrent(ctx, t, js, s)
 	}
 	t.Logf("every replica current %v after the heal", time.Since(healedAt).Round(time.Millisecond))
-	waitRenewals(ctx, t, leases, time.Now(), healthyRooms, holder, 2)
-	for _, rm := range healthyRooms {
-		if err := healthy.m.Cancel(ctx, rm); err != nil {
-			t.Fatalf("cancel %s: %v", rm, err)
-		}
+	// With the lease bucket's leader not cut off, no healthy room's
+	// lease may expire before the heal: its renewals go on while the
+	// log elects a leader.
+	var steady time.Time
+	if !leadsLeases {
+		steady = healedAt
 	}
+	waitRenewals(ctx, t, watch, time.Now(), steady, healthyRooms, holder, 2)
+	stopFeeding()
+	feeders.Wait()
 	for _, rm := range healthyRooms {
-		e := waitEvent(ctx, t, healthy, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == accs[rm].ID })
-		if !strings.Contains(string(e.Data), `"outcome":"cancelled"`) {
-			t.Errorf("room %s, held by healthy %s: its turn ended %s; want it running until cancelled", rm, holder[rm], e.Data)
-		}
+		// Turns run in order: the last message's end is every one's.
+		waitEvent(ctx, t, healthy, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == last[rm] })
+		turns := 0
 		for _, ev := range checkGapFree(ctx, t, healthy, rm) {
-			if ev.Type == evTakeover && ev.Seq > 1 {
+			switch {
+			case ev.Type == evTakeover && ev.Seq > 1:
 				t.Errorf("room %s, held by healthy %s, was taken over (seq %d): %s", rm, holder[rm], ev.Seq, ev.Data)
+			case ev.Type == "turn.ended":
+				turns++
+				if !strings.Contains(string(ev.Data), `"outcome":"settled"`) {
+					t.Errorf("room %s, held by healthy %s: a turn ended %s; want every one settled", rm, holder[rm], ev.Data)
+				}
 			}
 		}
+		t.Logf("room %s (held by %s): %d turns, every one settled", rm, holder[rm], turns)
 	}
 	checkNoOverlap(t, tc.spans(t))
 }
@@ -362,8 +419,8 @@ func watchLeases(ctx context.Context, t *testing.T, js jetstream.JetStream) jets
 // waitRenewals waits until each room's lease was renewed n times since
 // by its holder; a lease given up or taken by another node, as w saw,
 // fails the test (one expired by the lease bucket's new leader and taken
-// back by its holder does not).
-func waitRenewals(ctx context.Context, t *testing.T, w jetstream.KeyWatcher, since time.Time, rooms []string, holder map[string]string, n int) {
+// back by its holder does not, unless it expired before steady).
+func waitRenewals(ctx context.Context, t *testing.T, w jetstream.KeyWatcher, since, steady time.Time, rooms []string, holder map[string]string, n int) {
 	t.Helper()
 	want := map[string]string{}
 	for _, rm := range rooms {
@@ -379,6 +436,9 @@ func waitRenewals(ctx context.Context, t *testing.T, w jetstream.KeyWatcher, sin
 				continue
 			}
 			if e.Operation() == jetstream.KeyValuePurge {
+				if e.Created().Before(steady) {
+					t.Fatalf("room %s's lease expired (%v) while the lease bucket kept its leader: its holder stopped renewing it", want[e.Key()], e.Created().Format("15:04:05.000"))
+				}
 				t.Logf("room %s's lease expired (%v): its holder must take it back", want[e.Key()], e.Created().Format("15:04:05.000"))
 				continue
 			}

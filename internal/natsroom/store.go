@@ -964,9 +964,15 @@ func (s *Store) disown(room string) {
 	l.mu.Unlock()
 }
 
+// holds reports whether this host writes the room's log. A room whose
+// log is being written is (a write runs only for a room this host owns):
+// the answer does not wait for the write, which may wait out the log's
+// election.
 func (s *Store) holds(room string) bool {
 	l := s.log(room)
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		return true
+	}
 	defer l.mu.Unlock()
 	return l.owned
 }
@@ -1101,15 +1107,22 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 			// duplicate window) is a success; anything else is another
 			// writer's.
 			m, gerr := s.getLeader(context.Background(), msgGetReq{LastBySubj: evSubject(rm)})
-			if gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID {
+			switch {
+			case gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID:
 				s.resolved(rm, m.Sequence)
 				return m.Sequence, nil
-			}
-			if gerr == nil {
+			case gerr == nil && m.Sequence > l.last:
 				l.owned = false
 				return 0, fmt.Errorf("%w: %w: %w", room.ErrNotHeld, ErrFenced, err)
+			case gerr == nil:
+				// A log that ends before what this writer stored: a
+				// leader behind the log answered (one cut off that does
+				// not know it lost its quorum yet, just after a heal).
+				// Nothing of this attempt landed; ask again.
+				s.logger.Debug("natsroom: an append was answered by a leader behind the log; again", "room", rm, "its_last", m.Sequence, "ours", l.last)
+			default:
+				unclear = true
 			}
-			unclear = true
 		case errors.Is(err, nats.ErrConnectionClosed) && !unclear:
 			// Never sent: nothing landed.
 			return 0, fmt.Errorf("natsroom: appending to the log: %w", err)
