@@ -124,8 +124,11 @@ type held struct {
 	// until a renewal lands (Config.HeldAgents).
 	lapsed time.Time
 	// retaking: a goroutine is taking back the room's expired lease (see
-	// retake); the renew rounds leave the room alone meanwhile.
-	retaking bool
+	// retake); the renew rounds leave the room alone while its
+	// compare-and-set is in flight, and renew it without moving its
+	// deadline while it checks the room's log (verifying).
+	retaking, verifying bool
+	renewed             time.Time // the last renewal sent that landed while verifying
 }
 
 func (h *held) until() time.Time {
@@ -1112,6 +1115,16 @@ func (c *Cluster) renew(h *held) {
 		// of the lease stream longer than its wait): the lease then
 		// names this node at a later revision. Go on from it.
 		l, rerr := c.leaseEntry(ctx, h.room)
+		if rerr != nil {
+			// The leader cannot be read (JetStream busy electing): a
+			// replica's copy may show the renewal that landed (the
+			// compare-and-set below checks it); anything else it shows
+			// proves nothing.
+			if e, gerr := c.lease.Get(ctx, token(h.room)); gerr == nil && e.Operation() == jetstream.KeyValuePut &&
+				string(e.Value()) == c.cfg.Node && e.Revision() > rev {
+				l, rerr = leaseState{rev: e.Revision(), node: c.cfg.Node, live: true}, nil
+			}
+		}
 		switch {
 		case rerr != nil:
 			err = rerr // cannot tell: as a timeout, the deadline decides
@@ -1128,9 +1141,12 @@ func (c *Cluster) renew(h *held) {
 			// leader expired it before this host could renew it (an
 			// election longer than the lease), or this host was paused.
 			h.mu.Lock()
-			h.retaking = true
+			verifying := h.verifying
+			h.retaking = !verifying
 			h.mu.Unlock()
-			c.goRun(func() { c.retake(h, l.rev) })
+			if !verifying { // (else the retake under way looks again)
+				c.goRun(func() { c.retake(h, l.rev) })
+			}
 			return
 		}
 	}
@@ -1138,6 +1154,13 @@ func (c *Cluster) renew(h *held) {
 	case err == nil:
 		h.mu.Lock()
 		h.rev = ack.Sequence
+		if h.verifying {
+			// Taken back, and the log not checked yet: the lease is
+			// kept, the agent stays frozen (retake moves the deadline).
+			h.renewed = sent
+			h.mu.Unlock()
+			return
+		}
 		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
 		lapsed := h.lapsed
 		h.lapsed = time.Time{}
@@ -1196,6 +1219,10 @@ func (c *Cluster) retake(h *held, marker uint64) {
 	}
 	h.mu.Lock()
 	h.rev = ack.Sequence // ours now (forget gives it up by this revision)
+	h.renewed = sent
+	// Renewed meanwhile (the check below may wait out the log's own
+	// election), without moving the deadline.
+	h.retaking, h.verifying = false, true
 	h.mu.Unlock()
 	epoch := strconv.FormatUint(h.epoch, 10)
 	var last *jetstream.RawStreamMsg
@@ -1216,7 +1243,8 @@ func (c *Cluster) retake(h *held, marker uint64) {
 		return
 	}
 	h.mu.Lock()
-	h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
+	h.verifying = false
+	h.deadline = h.renewed.Add(c.cfg.LeaseTTL - leaseMargin)
 	lapsed := h.lapsed
 	h.lapsed = time.Time{}
 	h.mu.Unlock()
@@ -1539,7 +1567,7 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		// Its holder may be alive and kept from renewing by the lease
 		// bucket's election, whose new leader expired the lease at once:
 		// the holder takes it back (retake) if it is given the time.
-		if wait := c.leaseGraceLeft(ctx); wait > 0 {
+		if wait := c.leaseGraceLeft(ctx, lease.at); wait > 0 {
 			c.log.Debug("natsroom: a lease expired just after the lease bucket's election; leaving it to its holder a moment", "room", rm, "wait", wait)
 			_ = msg.NakWithDelay(wait)
 			return
@@ -1573,16 +1601,25 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	_ = msg.Ack()
 }
 
-// leaderGrace is how long after the lease bucket elected a leader an
-// expired lease is left to its holder (see retake): a few of its renewal
-// rounds (one every LeaseTTL/3).
+// leaderGrace is how long after its expiry a lease that expired soon after
+// the lease bucket elected a leader (within electionExpiries of it) is left
+// to its holder (see retake): a few of its renewal rounds (one every
+// LeaseTTL/3).
 func (c *Cluster) leaderGrace() time.Duration { return c.cfg.LeaseTTL }
 
-// leaseGraceLeft is how much of leaderGrace is left since the lease
-// bucket's leader took office (0 when it is past, or the bucket is not
-// replicated), as the leader itself tells (its own clock for both
+// electionExpiries is how long after the lease bucket's election an expiry
+// may be the election's doing: its new leader expires the leases not
+// renewed while it was elected about a lease's life after it took office,
+// and a renewal of those seconds may have landed without its answer (its
+// holder then learns its revision late).
+func (c *Cluster) electionExpiries() time.Duration { return 3 * c.cfg.LeaseTTL }
+
+// leaseGraceLeft is how much of leaderGrace is left of a lease that
+// expired at expiredAt (0 when it is past, when the expiry came long after
+// the lease bucket's leader took office, or when the bucket is not
+// replicated), as the leader itself tells (its own clock for all the
 // times); a leader that cannot be asked leaves a second to wait.
-func (c *Cluster) leaseGraceLeft(ctx context.Context) time.Duration {
+func (c *Cluster) leaseGraceLeft(ctx context.Context, expiredAt time.Time) time.Duration {
 	ictx, cancel := context.WithTimeout(ctx, reqTimeout)
 	defer cancel()
 	st, err := c.js.Stream(ictx, "KV_"+BucketLease)
@@ -1595,11 +1632,13 @@ func (c *Cluster) leaseGraceLeft(ctx context.Context) time.Duration {
 		return 0
 	case info.Cluster.Leader == "":
 		return time.Second
-	case info.Cluster.LeaderSince == nil || info.TimeStamp.IsZero():
+	case info.Cluster.LeaderSince == nil || info.TimeStamp.IsZero() || expiredAt.IsZero():
 		return 0 // a server that does not say: no grace
+	case expiredAt.Sub(*info.Cluster.LeaderSince) > c.electionExpiries():
+		return 0 // long after the election: its holder had its renewals
 	}
-	if age := info.TimeStamp.Sub(*info.Cluster.LeaderSince); age < c.leaderGrace() {
-		return c.leaderGrace() - age + 100*time.Millisecond
+	if left := expiredAt.Add(c.leaderGrace()).Sub(info.TimeStamp); left > 0 {
+		return left + 100*time.Millisecond
 	}
 	return 0
 }
@@ -1617,7 +1656,8 @@ type leaseState struct {
 	rev     uint64
 	node    string // the holder a live lease names
 	live    bool
-	expired bool // its last entry is an expiry: its holder did not give it up
+	expired bool      // its last entry is an expiry: its holder did not give it up
+	at      time.Time // its last entry's time (the leader's clock)
 }
 
 // leaseEntry reads the room's lease from the lease stream's leader.
@@ -1629,7 +1669,7 @@ func (c *Cluster) leaseEntry(ctx context.Context, rm string) (leaseState, error)
 	if err != nil {
 		return leaseState{}, fmt.Errorf("natsroom: reading the lease: %w", err)
 	}
-	l := leaseState{rev: m.Sequence}
+	l := leaseState{rev: m.Sequence, at: m.Time}
 	switch {
 	case m.Header.Get("Nats-Marker-Reason") != "":
 		l.expired = true
