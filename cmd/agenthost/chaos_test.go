@@ -478,6 +478,9 @@ func startChaos(t *testing.T, ctx context.Context) *chaosRun {
 			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", nport[i]), "--nats-cluster-listen", fmt.Sprintf("127.0.0.1:%d", cport[i]),
 			"--nats-cluster-advertise", fmt.Sprintf("127.0.0.1:%d", dead), "--nats-routes", strings.Join(routes, ","),
 			"--confine", "off", "--", "/usr/bin/env", journalAgentEnv + "=" + c.journal, chaosNodeEnv + "=" + name, "GORACE=atexit_sleep_ms=0", exe, "-test.run=^$"}
+		if os.Getenv("AGENTHOST_CHAOS_LOGS") != "" {
+			args = append([]string{"serve", "-v"}, args[1:]...) // the logs kept: with the debug lines
+		}
 		c.nodes[i] = &chaosNode{name: name, args: args, natsURL: fmt.Sprintf("nats://127.0.0.1:%d", nport[i])}
 	}
 	t.Cleanup(func() {

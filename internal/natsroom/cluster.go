@@ -1769,7 +1769,14 @@ func (c *Cluster) recordCursor(ctx context.Context, rm string, seq uint64) bool 
 	if seq <= l.f.inbox {
 		return true
 	}
-	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node, Ops: []op{{K: opInboxCur, Inbox: seq}}}) == nil
+	err := c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node, Ops: []op{{K: opInboxCur, Inbox: seq}}})
+	if err != nil && !l.owned {
+		// Fenced, or not answered in time: as a Write's, the room is
+		// given up (it stayed held, its log no longer written, and
+		// every inbox entry after failed).
+		c.fenced(rm, err)
+	}
+	return err == nil
 }
 
 // releaseIdle gives up the leases of held rooms with nothing to do (no
