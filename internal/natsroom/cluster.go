@@ -1136,10 +1136,12 @@ func (c *Cluster) renew(h *held) {
 			rev = l.rev
 			sent = time.Now()
 			ack, err = c.publishLease(ctx, h.room, rev)
-		case l.expired && ae10071(err):
-			// Expired, and taken by nobody: the lease bucket's new
-			// leader expired it before this host could renew it (an
-			// election longer than the lease), or this host was paused.
+		case !l.live && ae10071(err):
+			// Expired (or its expiry's marker gone too), and taken by
+			// nobody: the lease bucket's new leader expired it before
+			// this host could renew it (an election longer than the
+			// lease), or this host was paused. (A lease given up by
+			// another holder is one the log shows: retake checks.)
 			h.mu.Lock()
 			verifying := h.verifying
 			h.retaking = !verifying
@@ -1206,10 +1208,27 @@ func (c *Cluster) retake(h *held, marker uint64) {
 		h.retaking = false
 		h.mu.Unlock()
 	}()
+	var ack *jetstream.PubAck
+	var err error
 	sent := time.Now()
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
-	ack, err := c.publishLease(ctx, h.room, marker)
-	cancel()
+	for try := 0; ; try++ {
+		sent = time.Now()
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
+		ack, err = c.publishLease(ctx, h.room, marker)
+		if err == nil || !ae10071(err) || try == 2 {
+			cancel()
+			break
+		}
+		// The lease moved since it was read: its expiry marker expired
+		// in turn (the key holds nothing now), or another worker took
+		// it. Read it again.
+		l, lerr := c.leaseEntry(ctx, h.room)
+		cancel()
+		if lerr != nil || l.live {
+			break
+		}
+		marker = l.rev
+	}
 	if err != nil {
 		c.log.Debug("natsroom: taking back an expired lease failed", "room", h.room, "err", err)
 		if ae10071(err) {
