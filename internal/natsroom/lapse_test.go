@@ -3,6 +3,7 @@ package natsroom
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -121,6 +122,13 @@ func TestStore_AppendWaitsOutTheLogWhileTheLeaseIsRenewed(t *testing.T) {
 // holder, with no takeover. It dropped the room (the turn ended failed,
 // "worker lost") and took it again.
 func TestCluster_LapsedLeaseIsTakenBackByItsHolder(t *testing.T) {
+	t.Run("its expiry marker there", func(t *testing.T) { lapsedLease(t, false) })
+	// The marker lives a lease's life: once it is gone too, the key holds
+	// nothing, which read as taken.
+	t.Run("its expiry marker gone too", func(t *testing.T) { lapsedLease(t, true) })
+}
+
+func lapsedLease(t *testing.T, markerGone bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	dir := t.TempDir()
@@ -156,6 +164,17 @@ func TestCluster_LapsedLeaseIsTakenBackByItsHolder(t *testing.T) {
 			t.Fatal("the lease did not expire while its holder was cut off")
 		case e := <-w.Updates():
 			expired = e != nil && e.Operation() != jetstream.KeyValuePut
+		}
+	}
+	for markerGone {
+		_, err := leaderGet(ctx, nc, "KV_"+BucketLease, msgGetReq{LastBySubj: "$KV." + BucketLease + "." + token(rm)})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the lease's expiry marker stayed")
+		case <-time.After(100 * time.Millisecond): // the marker's own expiry: polled
 		}
 	}
 	h.stall.stall(false)
