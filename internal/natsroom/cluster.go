@@ -1210,7 +1210,7 @@ func (c *Cluster) retake(h *held, marker uint64) {
 	}()
 	var ack *jetstream.PubAck
 	var err error
-	sent := time.Now()
+	var sent time.Time // when the attempt that landed was sent
 	for try := 0; ; try++ {
 		sent = time.Now()
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
