@@ -1801,6 +1801,14 @@ func (c *Cluster) recordCursor(ctx context.Context, rm string, seq uint64) bool 
 // releaseIdle gives up the leases of held rooms with nothing to do (no
 // turn, nothing queued, no agent resident), so that an idle room costs
 // no renewals and frees its slot; its next message wakes it anywhere.
+//
+// A room found idle leaves the held set here (no round renews it again),
+// and is given up off the renew loop: the give-up waits for the room's
+// goroutine and its Drop, then writes to the streams (seconds on a busy
+// host or during an election), and the next renew round must not wait for
+// it: every other lease of the node lapsed meanwhile, and a healthy room
+// moved mid-turn (seen in make chaos). Its lease is deleted last, so no
+// host takes the room before it is given up.
 func (c *Cluster) releaseIdle(hs []*held) {
 	for _, h := range hs {
 		if c.ctx.Err() != nil {
@@ -1825,32 +1833,38 @@ func (c *Cluster) releaseIdle(hs []*held) {
 		}
 		delete(c.held, h.room)
 		c.mu.Unlock()
-		h.cancel()
-		<-h.done
-		c.st.disown(h.room)
-		c.m.Drop(h.room, "idle: lease given up")
-
-		h.mu.Lock()
-		rev := h.rev
-		h.mu.Unlock()
-		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
-		// Taken entries whose purge failed go now (the cursor is past
-		// them), then the work mark: the room has nothing left to do.
-		if st, err := c.st.roomsStream(ctx); err == nil {
-			_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
-		}
-		if err := c.unmarkWork(ctx, h.room); err != nil {
-			c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
-		}
-		_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
-		// A message that came in while the lease was given up found the
-		// room held and its wake-up was dropped: wake the room again.
-		if c.needsWake(ctx, h.room) {
-			c.wakeRoom(ctx, h.room)
-		}
-		cancel()
-		c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
+		c.goRun(func() { c.giveUpIdle(h) })
 	}
+}
+
+// giveUpIdle gives up the lease of h, an idle room taken out of the held
+// set (see releaseIdle).
+func (c *Cluster) giveUpIdle(h *held) {
+	h.cancel()
+	<-h.done
+	c.st.disown(h.room)
+	c.m.Drop(h.room, "idle: lease given up")
+
+	h.mu.Lock()
+	rev := h.rev
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+	defer cancel()
+	// Taken entries whose purge failed go now (the cursor is past
+	// them), then the work mark: the room has nothing left to do.
+	if st, err := c.st.roomsStream(ctx); err == nil {
+		_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
+	}
+	if err := c.unmarkWork(ctx, h.room); err != nil {
+		c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
+	}
+	_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+	// A message that came in while the lease was given up found the
+	// room held and its wake-up was dropped: wake the room again.
+	if c.needsWake(ctx, h.room) {
+		c.wakeRoom(ctx, h.room)
+	}
+	c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
 }
 
 // needsWake reports whether a room this host gave up has work left: a
