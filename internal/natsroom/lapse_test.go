@@ -114,6 +114,76 @@ func TestStore_AppendWaitsOutTheLogWhileTheLeaseIsRenewed(t *testing.T) {
 	}
 }
 
+// TestStore_ReadWithADeadlineDoesNotWaitOutAnAppend: on the holder, a
+// read of the room (its state, its events) with a deadline gives up at
+// that deadline while an append holds the room's log waiting out the
+// log's election; it waited for the append (up to appendPatience), and a
+// /metrics scrape, whose reading is bounded, went unanswered past 30 s.
+func TestStore_ReadWithADeadlineDoesNotWaitOutAnAppend(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	px := newHoldProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
+	nc, err := nats.Connect("nats://"+px.l.Addr().String(), nats.PingInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := Setup(ctx, js, 1, 3*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(nc, js, "n1")
+	// The lease renewed all along: its deadline always ahead.
+	if err := st.takeover(ctx, "r", 1, func() time.Time { return time.Now().Add(time.Second) }); err != nil {
+		t.Fatal(err)
+	}
+	write := func(typ string) error {
+		return st.Write(ctx, func(tx room.Tx) error { _, err := tx.Append("r", typ, nil); return err })
+	}
+	if err := write("a"); err != nil {
+		t.Fatal(err)
+	}
+	// The log answers nothing: the append holds the room's log.
+	px.count(evSubject("r"))
+	px.set(true)
+	appended := make(chan error, 1)
+	go func() { appended <- write("b") }()
+	if !px.waitPubs(1, nil) {
+		t.Fatal("the append was not sent")
+	}
+	for _, read := range []struct {
+		name string
+		fn   func(ctx context.Context) error
+	}{
+		{"the room", func(ctx context.Context) error { _, err := st.Room(ctx, "r"); return err }},
+		{"its events", func(ctx context.Context) error { _, err := st.Events(ctx, "r", 0, 0); return err }},
+	} {
+		rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := read.fn(rctx)
+		rcancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("reading %s while the append waits: %v; want its deadline's error", read.name, err)
+		}
+		select {
+		case err := <-appended:
+			t.Fatalf("the append ended (%v) before the read gave up: the read waited it out", err)
+		default:
+		}
+	}
+	px.set(false)
+	if err := <-appended; err != nil {
+		t.Fatalf("the append, answered once the log is heard again: %v", err)
+	}
+	if _, err := st.Room(ctx, "r"); err != nil {
+		t.Fatalf("reading the room after the append: %v", err)
+	}
+}
+
 // TestCluster_LapsedLeaseIsTakenBackByItsHolder: a holder cut off from
 // JetStream past its lease (its renewals unanswered, the lease expired by
 // the bucket) whose room nobody took meanwhile goes on with it once it is

@@ -348,7 +348,7 @@ func (s *Store) getBatch(ctx context.Context, seq uint64) (*jetstream.RawStreamM
 }
 
 type roomLog struct {
-	mu    sync.Mutex
+	mu    logLock
 	f     *fold
 	last  uint64     // stream sequence of the last batch folded
 	index []batchRef // batches with events, in order
@@ -363,6 +363,45 @@ type roomLog struct {
 	deadline func() time.Time // how long appends may be tried (the lease's local deadline, and a pause after it)
 
 	used time.Time // last asked for (under Store.mu): see evictIdle
+}
+
+// logLock is a room log's lock: a mutex whose reader can stop waiting
+// when its context ends (lockCtx). The holder's append keeps it while it
+// waits out the log's election (up to appendPatience), and a read with a
+// deadline must not outlast that: a /metrics scrape on the holder, whose
+// reading of the rooms is bounded, waited over 30 s for one (make chaos,
+// just after a full disk was freed).
+type logLock chan struct{}
+
+func newLogLock() logLock { return make(logLock, 1) }
+
+func (l logLock) Lock() { l <- struct{}{} }
+
+func (l logLock) Unlock() {
+	select {
+	case <-l:
+	default:
+		panic("natsroom: unlock of an unlocked room log")
+	}
+}
+
+func (l logLock) TryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// lockCtx locks l, or gives up with ctx's error once ctx ends.
+func (l logLock) lockCtx(ctx context.Context) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natsroom: waiting for the room's log (a write waiting out an election?): %w", ctx.Err())
+	}
 }
 
 type batchRef struct {
@@ -380,7 +419,7 @@ func (s *Store) log(room string) *roomLog {
 	defer s.mu.Unlock()
 	l := s.rooms[room]
 	if l == nil {
-		l = &roomLog{f: newFold(room)}
+		l = &roomLog{mu: newLogLock(), f: newFold(room)}
 		s.rooms[room] = l
 	}
 	l.used = time.Now()
@@ -553,7 +592,9 @@ func (l *roomLog) indexLocked(b *batch, seq uint64) {
 // read runs fn on the room's current fold.
 func (s *Store) read(ctx context.Context, room string, fn func(f *fold)) error {
 	l := s.log(room)
-	l.mu.Lock()
+	if err := l.mu.lockCtx(ctx); err != nil {
+		return err
+	}
 	defer l.mu.Unlock()
 	if err := s.syncLocked(ctx, room, l); err != nil {
 		return err
@@ -570,7 +611,9 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 	}
 	began := time.Now()
 	l := s.log(room)
-	l.mu.Lock()
+	if err := l.mu.lockCtx(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.syncLocked(ctx, room, l); err != nil {
 		l.mu.Unlock()
 		return nil, err
