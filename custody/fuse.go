@@ -19,6 +19,16 @@ import (
 // room's agent to the room's lease this way, so that an agent whose host
 // lost the lease stops acting even when the host cannot act itself.
 //
+// Without a cgroup, the fuse stops, besides the scope's process group,
+// every process the host last listed as the scope's (with the hold), every
+// process carrying the scope's marker, and every descendant of those it
+// stops (a job that left the group with setsid: it kept working beside the
+// next holder's agent); it looks again until it finds nothing new, and
+// sends those the same SIGCONT or SIGKILL later. A process born between
+// two of its looks, of a parent not stopped yet, that cleared its
+// environment and left the group, is not found: only a cgroup (a delegated
+// cgroup v2) contains every descendant.
+//
 // A hold made in this process is kept by a timer here, which a paused
 // host (SIGSTOP, swap) does not run. A Fuse keeps it in a small process
 // of its own instead: it freezes a scope whose deadline passes while the
@@ -155,9 +165,28 @@ func (f *Fuse) hold(s *Scope, deadline time.Time) error {
 	// between.
 	now := monoNow()
 	at := now + time.Until(deadline).Nanoseconds()
-	line := fmt.Sprintf("hold %s %d %d %s %d\n", s.id, s.leader.pid, s.leader.start, orDash(cgroupDir(s.cg)), at)
+	// Without a cgroup, what the fuse stops besides the group: the
+	// processes custody found the scope's (bounded), and its marker.
+	members := "-"
+	if s.cg == nil {
+		var b strings.Builder
+		for i, id := range s.liveIdents() {
+			if i == maxHoldMembers {
+				break
+			}
+			if b.Len() > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%d:%d", id.pid, id.start)
+		}
+		members = orDash(b.String())
+	}
+	line := fmt.Sprintf("hold %s %d %d %s %d %s %s\n", s.id, s.leader.pid, s.leader.start, orDash(cgroupDir(s.cg)), at, orDash(s.marker), members)
 	return f.send(line)
 }
+
+// maxHoldMembers bounds the processes a hold lists.
+const maxHoldMembers = 512
 
 func (f *Fuse) send(line string) error {
 	f.mu.Lock()
@@ -204,6 +233,12 @@ type fuseTarget struct {
 	cgroup string // its cgroup directory ("" for none)
 	until  int64  // monotonic clock, ns
 	frozen bool
+	// Without a cgroup: the scope's marker ("" unknown), the processes
+	// its host listed as the scope's, and those a freeze stopped one by
+	// one (a thaw continues them).
+	marker  string
+	members []ident
+	stopped []ident
 }
 
 // alive reports whether the target's leader is still the process it was.
@@ -263,6 +298,7 @@ func RunFuse(r io.Reader) error {
 			old := targets[id]
 			targets[id] = t
 			if old != nil && old.frozen {
+				t.stopped = old.stopped
 				if t.until > monoNow() {
 					thawTarget(t)
 				} else {
@@ -294,7 +330,7 @@ func RunFuse(r io.Reader) error {
 
 func parseHold(line string) (string, *fuseTarget, bool) {
 	f := strings.Fields(line)
-	if len(f) != 6 || f[0] != "hold" {
+	if (len(f) != 6 && len(f) != 8) || f[0] != "hold" {
 		return "", nil, false
 	}
 	pid, err1 := strconv.Atoi(f[2])
@@ -306,6 +342,22 @@ func parseHold(line string) (string, *fuseTarget, bool) {
 	t := &fuseTarget{pid: pid, start: start, until: until}
 	if f[4] != "-" {
 		t.cgroup = f[4]
+	}
+	if len(f) == 8 {
+		if f[6] != "-" {
+			t.marker = f[6]
+		}
+		if f[7] != "-" {
+			for _, m := range strings.Split(f[7], ",") {
+				p, s, ok := strings.Cut(m, ":")
+				mpid, err1 := strconv.Atoi(p)
+				mstart, err2 := strconv.ParseUint(s, 10, 64)
+				if !ok || err1 != nil || err2 != nil || mpid <= 1 {
+					return "", nil, false
+				}
+				t.members = append(t.members, ident{pid: mpid, start: mstart})
+			}
+		}
 	}
 	return f[1], t, true
 }

@@ -7,3 +7,15 @@ package custody
 func cgroupFreeze(*cgroup, bool)       {}
 func cgroupDir(*cgroup) string         { return "" }
 func procStart(pid int) (uint64, bool) { return 0, procAlive(pid) }
+
+// scopeProcs are the processes its host listed as t's scope (no /proc to
+// look in here).
+func scopeProcs(t *fuseTarget) []ident {
+	var out []ident
+	for _, m := range t.members {
+		if procAlive(m.pid) {
+			out = append(out, m)
+		}
+	}
+	return out
+}

@@ -34,6 +34,13 @@ func init() {
 	}
 }
 
+// fuseDetachEnv, set to a folder, makes the fuse host's scope a shell
+// that starts two jobs which leave its process group (setsid), one with
+// the scope's environment (its marker) and one with none, each writing
+// its pid to the folder and then ticking into a file there, and waits;
+// the scope has no cgroup (custody's portable path).
+const fuseDetachEnv = "AGENTHOST_FUSE_DETACH"
+
 // runFuseHost plays a host in a cluster: a scope held through a fuse to a
 // deadline 1 s ahead, renewed every 100 ms (as a lease is) until this
 // process is stopped or killed. It prints the scope leader's pid.
@@ -50,11 +57,19 @@ func runFuseHost() {
 	if err != nil {
 		fail(err)
 	}
-	c, err := New(Options{Fuse: f})
+	cmd := exec.Command("/bin/sleep", "3001")
+	opts := Options{Fuse: f}
+	if dir := os.Getenv(fuseDetachEnv); dir != "" {
+		opts.NoCgroup = true
+		tick := `echo $$ > %[1]s/%[2]s.pid; while :; do echo tick >> %[1]s/%[2]s.ticks; sleep 0.02; done`
+		cmd = exec.Command("/bin/sh", "-c", fmt.Sprintf(`setsid /bin/sh -c '%s' & env -i /usr/bin/setsid /bin/sh -c '%s' & exec /bin/sleep 3001`,
+			fmt.Sprintf(tick, dir, "marked"), fmt.Sprintf(tick, dir, "bare")))
+	}
+	c, err := New(opts)
 	if err != nil {
 		fail(err)
 	}
-	s, err := c.Start(context.Background(), exec.Command("/bin/sleep", "3001"))
+	s, err := c.Start(context.Background(), cmd)
 	if err != nil {
 		fail(err)
 	}
@@ -188,4 +203,81 @@ func TestFuse_HoldsWhileTheHostIsPausedAndKillsWhenItDies(t *testing.T) {
 	}
 	_ = host.Wait()
 	waitState(t, pid, "killed when its host died", gone)
+}
+
+// TestFuse_FreezesJobsThatLeftTheGroupWithoutACgroup: without a cgroup, a
+// scope's jobs that left its process group (setsid; one with the scope's
+// environment, one with none) are frozen by the fuse when their paused
+// host's deadline passes, and killed when the host dies. Only the group
+// was: a detached job went on writing beside the next holder's agent.
+func TestFuse_FreezesJobsThatLeftTheGroupWithoutACgroup(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	host := exec.Command(exe, "-test.run=^$")
+	host.Env = append(os.Environ(), fuseHelperEnv+"=fuse-host", fuseDetachEnv+"="+dir)
+	out, err := host.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = host.Process.Kill()
+		_ = host.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	leader, perr := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || perr != nil {
+		t.Fatalf("the host said %q (%v)", line, err)
+	}
+	jobs := map[string]int{}
+	for _, name := range []string{"marked", "bare"} {
+		waitState(t, 0, "written its pid", func(int) bool {
+			b, err := os.ReadFile(filepath.Join(dir, name+".pid"))
+			if err != nil {
+				return false
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			jobs[name] = pid
+			return err == nil && pid > 0
+		})
+		if pi, ok := readStat(jobs[name]); !ok || pi.pgid == leader {
+			t.Fatalf("job %s (pid %d) did not leave the scope's group (%+v)", name, jobs[name], pi)
+		}
+	}
+	if err := host.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, leader, "frozen while its host was paused", frozen)
+	for name, pid := range jobs {
+		waitState(t, pid, "frozen while its host was paused ("+name+" job)", frozen)
+	}
+	// Frozen: the ticks stop.
+	before := map[string]int64{}
+	for name := range jobs {
+		fi, err := os.Stat(filepath.Join(dir, name+".ticks"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[name] = fi.Size()
+	}
+	time.Sleep(200 * time.Millisecond) // ten ticks' time: the frozen jobs write none
+	for name := range jobs {
+		fi, _ := os.Stat(filepath.Join(dir, name+".ticks"))
+		if fi.Size() != before[name] {
+			t.Errorf("job %s went on writing while frozen", name)
+		}
+	}
+	if err := host.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = host.Wait()
+	waitState(t, leader, "killed when its host died", gone)
+	for name, pid := range jobs {
+		waitState(t, pid, "killed when its host died ("+name+" job)", gone)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -33,11 +34,16 @@ import (
 // three-node cluster of serve processes while it injects, one after
 // another, each fault of a round: kill -9 of a room's holder, SIGSTOP of
 // a holder beyond its lease, a lost answer to a log append, a full queue,
-// and a restart of the whole cluster. Then it checks, from the API and
-// from the agents' own journal: every message answered 202 ended exactly
-// once; each room's turns ran in the order of acceptance; no two turns of
-// a room overlapped; each room's log has contiguous sequence numbers and
-// replays identically through every node.
+// and a restart of the whole cluster; with AGENTHOST_CHAOS_LONG (make
+// chaos, issue 48) also kill -9 of the node that leads the rooms' log and
+// the lease bucket, a partition of that node healed 15 s later, and (as
+// root, the data dir on a tmpfs) a full disk, then freed. Then it checks,
+// from the API and from the agents' own journal: every message answered
+// 202 ended exactly once; each room's turns ran in the order of
+// acceptance; no two turns of a room overlapped; each room's log has
+// contiguous sequence numbers and replays identically through every node;
+// and no turn failed in a room whose holder no fault hit (a stream's
+// election costs a held room a pause, not a turn).
 //
 // The agent is a small fake (journalAgent) that writes each turn's start,
 // its activity every 25 ms (its side effects) and its end to a journal
@@ -46,7 +52,7 @@ import (
 // Size: AGENTHOST_CHAOS_ROUNDS rounds of the five faults (default 1, as
 // make test runs it: about a minute and a half on 2 cores) over
 // AGENTHOST_CHAOS_ROOMS rooms (default 4); make chaos runs 5 rounds over 8
-// rooms.
+// rooms, with the long faults.
 
 // journalAgentEnv makes the test binary the journalling fake agent; its
 // value is the journal's path (the node's name in chaosNodeEnv).
@@ -157,13 +163,15 @@ func journalAgent(path, node string) {
 }
 
 // routeProxy forwards a route's TCP connections to a node; each direction
-// can be held (its bytes wait, as on a stalled link).
+// can be held (its bytes wait, as on a stalled link), and the route cut
+// (its connections reset, new ones refused: a partition).
 type routeProxy struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	cond   *sync.Cond
 	held   [2]bool // [0] client to target, [1] target to client
+	isCut  bool
 	conns  []net.Conn
 	wg     sync.WaitGroup
 }
@@ -190,6 +198,13 @@ func (p *routeProxy) accept() {
 		if err != nil {
 			return
 		}
+		p.mu.Lock()
+		cut := p.isCut
+		p.mu.Unlock()
+		if cut {
+			_ = c.Close()
+			continue
+		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
 			_ = c.Close()
@@ -201,6 +216,20 @@ func (p *routeProxy) accept() {
 		p.wg.Add(2)
 		go p.pipe(up, c, 0)
 		go p.pipe(c, up, 1)
+	}
+}
+
+// cut resets the route's connections and refuses new ones (on), or lets
+// them be made again.
+func (p *routeProxy) cut(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isCut = on
+	if on {
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.conns = nil
 	}
 }
 
@@ -267,22 +296,56 @@ type chaosRun struct {
 	token    string
 	data     string
 	journal  string
+	tmpfs    bool // data is a tmpfs of the test's own (the full-disk fault)
 	nodes    [3]*chaosNode
 	proxies  [3][3]*routeProxy // [from][to]
 	nc       *nats.Conn        // the checker's own connection (cluster secret)
+	auth     nats.Option       // its sign-in
 	mu       sync.Mutex        // guards the nodes' liveness and urls, and what follows
 	sent     []sentMsg
 	refused  int // 429
 	unknown  int // no answer (a node went down mid-request)
 	failover []time.Duration
-	faults   map[string]int
+	// elections: from the loss of the node leading the log and the lease
+	// bucket (its kill, or a partition) to their new leaders.
+	elections []time.Duration
+	faults    map[string]int
 	// streamErrs counts event streams through a survivor that failed to
 	// open, or ended, during a failover.
 	streamErrs int
 	// paused: the turns whose holder was stopped mid-turn, and when.
 	paused map[string]time.Time
 	labels int // the faults' messages so far
+	// windows: when each fault hit which nodes (a turn those nodes held
+	// then may fail; any other turn must not).
+	windows []faultWindow
 }
+
+// faultWindow is a fault's time and the nodes it hit.
+type faultWindow struct {
+	fault    string
+	nodes    map[string]bool
+	from, to time.Time
+}
+
+// hit records that fault hit nodes from from until now.
+func (c *chaosRun) hit(fault string, from time.Time, nodes ...string) {
+	c.hitUntil(fault, from, time.Now(), nodes...)
+}
+
+// hitUntil records that fault hit nodes from from until to.
+func (c *chaosRun) hitUntil(fault string, from, to time.Time, nodes ...string) {
+	w := faultWindow{fault: fault, nodes: map[string]bool{}, from: from, to: to}
+	for _, n := range nodes {
+		w.nodes[n] = true
+	}
+	c.mu.Lock()
+	c.windows = append(c.windows, w)
+	c.mu.Unlock()
+}
+
+// chaosLong: the long faults run too (make chaos).
+func chaosLong() bool { return os.Getenv("AGENTHOST_CHAOS_LONG") != "" }
 
 func chaosSize() (rounds, rooms int) {
 	rounds, rooms = 1, 4
@@ -303,7 +366,11 @@ func TestServe_NATSClusterFaults(t *testing.T) {
 		t.Skip("set AGENTHOST_CLUSTER_TESTS=1 (make test does) to run the cluster process tests")
 	}
 	rounds, nrooms := chaosSize()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(3+4*rounds)*time.Minute)
+	perRound := 4
+	if chaosLong() {
+		perRound = 7
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(3+perRound*rounds)*time.Minute)
 	defer cancel()
 	c := startChaos(t, ctx)
 	defer c.stop()
@@ -355,6 +422,11 @@ func TestServe_NATSClusterFaults(t *testing.T) {
 			c.pauseHolder(ctx, slices.DeleteFunc(slices.Clone(rooms), func(rm string) bool { return rm == filled && len(rooms) > 1 }))
 		})
 		phase("whole-cluster restart", func() { c.restartAll(ctx, rooms) })
+		if chaosLong() {
+			phase("kill -9 of the streams' leader", func() { c.killStreamLeader(ctx) })
+			phase("a partition healed", func() { c.partitionHealed(ctx, 15*time.Second) })
+			phase("a full disk, freed", func() { c.fillDisk(ctx) })
+		}
 	}
 	stopTraffic()
 	traffic.Wait()
@@ -364,7 +436,20 @@ func TestServe_NATSClusterFaults(t *testing.T) {
 func startChaos(t *testing.T, ctx context.Context) *chaosRun {
 	t.Helper()
 	c := &chaosRun{t: t, token: "chaos-token", data: t.TempDir(), faults: map[string]int{}, paused: map[string]time.Time{}}
-	c.journal = filepath.Join(c.data, "journal")
+	// Outside the data dir: the full-disk fault fills that.
+	c.journal = filepath.Join(t.TempDir(), "journal")
+	if chaosLong() && os.Geteuid() == 0 {
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", c.data).CombinedOutput(); err != nil {
+			t.Logf("the full-disk fault will not run: mounting a tmpfs for the data dir: %v: %s", err, out)
+		} else {
+			c.tmpfs = true
+			t.Cleanup(func() {
+				if out, err := exec.Command("umount", "-l", c.data).CombinedOutput(); err != nil {
+					t.Errorf("umount %s: %v: %s", c.data, err, out)
+				}
+			})
+		}
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -393,6 +478,9 @@ func startChaos(t *testing.T, ctx context.Context) *chaosRun {
 			"--nats-listen", fmt.Sprintf("127.0.0.1:%d", nport[i]), "--nats-cluster-listen", fmt.Sprintf("127.0.0.1:%d", cport[i]),
 			"--nats-cluster-advertise", fmt.Sprintf("127.0.0.1:%d", dead), "--nats-routes", strings.Join(routes, ","),
 			"--confine", "off", "--", "/usr/bin/env", journalAgentEnv + "=" + c.journal, chaosNodeEnv + "=" + name, "GORACE=atexit_sleep_ms=0", exe, "-test.run=^$"}
+		if os.Getenv("AGENTHOST_CHAOS_LOGS") != "" {
+			args = append([]string{"serve", "-v"}, args[1:]...) // the logs kept: with the debug lines
+		}
 		c.nodes[i] = &chaosNode{name: name, args: args, natsURL: fmt.Sprintf("nats://127.0.0.1:%d", nport[i])}
 	}
 	t.Cleanup(func() {
@@ -430,6 +518,7 @@ func startChaos(t *testing.T, ctx context.Context) *chaosRun {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.auth = auth
 	urls := []string{c.nodes[0].natsURL, c.nodes[1].natsURL, c.nodes[2].natsURL}
 	if c.nc, err = nats.Connect(strings.Join(urls, ","), auth, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
 		t.Fatal(err)
@@ -727,7 +816,11 @@ func (c *chaosRun) killHolder(ctx context.Context, rooms []string) <-chan error 
 	c.record("kill -9 of a holder", took)
 	c.t.Logf("kill -9 of %s (holding %s): the room moved in %v", victim, rm, took.Round(time.Millisecond))
 	done := make(chan error, 1)
-	go func() { done <- c.startNodes(ctx, i) }()
+	go func() {
+		err := c.startNodes(ctx, i)
+		c.hit("kill -9 of a holder", at, victim)
+		done <- err
+	}()
 	return done
 }
 
@@ -762,6 +855,9 @@ func (c *chaosRun) pauseHolder(ctx context.Context, rooms []string) {
 	c.mu.Lock()
 	n.alive = true
 	c.mu.Unlock()
+	// (Resumed, the node finds it lost its rooms, and their turns end
+	// failed: the window takes a few seconds past the resume.)
+	c.hitUntil("SIGSTOP of a holder", at, time.Now().Add(10*time.Second), n.name)
 	c.record("SIGSTOP of a holder beyond its lease", took)
 	c.t.Logf("SIGSTOP of %s (holding %s, mid-turn) for %v: the room moved in %v", n.name, rm, time.Since(at).Round(time.Millisecond), took.Round(time.Millisecond))
 }
@@ -878,6 +974,7 @@ func (c *chaosRun) fillQueue(ctx context.Context, rm string) {
 // all start again; the rooms resume without a new message.
 func (c *chaosRun) restartAll(ctx context.Context, rooms []string) {
 	c.busyRoom(ctx, rooms, -1)
+	at := time.Now()
 	for i := range c.nodes {
 		c.kill(i)
 	}
@@ -885,7 +982,269 @@ func (c *chaosRun) restartAll(ctx context.Context, rooms []string) {
 	if err := c.startNodes(ctx, 0, 1, 2); err != nil {
 		c.t.Fatal(err)
 	}
+	c.hit("a whole-cluster restart", at, c.nodes[0].name, c.nodes[1].name, c.nodes[2].name)
 	c.t.Logf("the whole cluster was killed and started again")
+}
+
+// leadStreams makes node i lead the rooms' log and the lease bucket (a
+// step-down asking for it, a few times: placement is a preference).
+func (c *chaosRun) leadStreams(ctx context.Context, js jetstream.JetStream, i int) {
+	for _, stream := range []string{natsroom.StreamRooms, "KV_" + natsroom.BucketLease} {
+		for try := 0; try < 5 && ctx.Err() == nil; try++ {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			st, err := js.Stream(rctx, stream)
+			cancel()
+			if err == nil && st.CachedInfo().Cluster != nil && st.CachedInfo().Cluster.Leader == c.nodes[i].name {
+				break
+			}
+			req, _ := json.Marshal(map[string]any{"placement": map[string]any{"preferred": c.nodes[i].name}})
+			rctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+			_, _ = c.nc.RequestWithContext(rctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, req)
+			cancel()
+			time.Sleep(time.Second) // the election it asked for: no event to wait on
+		}
+	}
+}
+
+// streamsLed is the nodes leading the rooms' log and the lease bucket.
+func (c *chaosRun) streamsLed(ctx context.Context, js jetstream.JetStream) (rooms, lease string) {
+	leader := func(stream string) string {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		st, err := js.Stream(rctx, stream)
+		if err != nil || st.CachedInfo().Cluster == nil {
+			return ""
+		}
+		return st.CachedInfo().Cluster.Leader
+	}
+	return leader(natsroom.StreamRooms), leader("KV_" + natsroom.BucketLease)
+}
+
+// via is JetStream through node i alone (a node cut off answers from its
+// own stale view); done closes it.
+func (c *chaosRun) via(i int) (js jetstream.JetStream, done func()) {
+	nc, err := nats.Connect(c.nodes[i].natsURL, c.auth, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		c.t.Fatalf("connecting to %s: %v", c.nodes[i].name, err)
+	}
+	js, _ = jetstream.New(nc)
+	return js, nc.Close
+}
+
+// waitLeaders waits until the log and the lease bucket have leaders other
+// than not (as js, through a node of the majority, sees them), and
+// returns how long it took from since.
+func (c *chaosRun) waitLeaders(ctx context.Context, js jetstream.JetStream, not string, since time.Time) time.Duration {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for wctx.Err() == nil {
+		r, l := c.streamsLed(wctx, js)
+		if r != "" && l != "" && r != not && l != not {
+			return time.Since(since)
+		}
+		time.Sleep(250 * time.Millisecond) // an election: polled
+	}
+	c.t.Fatalf("no new leaders of the streams in 2 min (the old: %s): %s", not, c.clusterInfo(ctx, js))
+	return 0
+}
+
+// chaosStreams are the cluster's streams and buckets.
+var chaosStreams = []string{natsroom.StreamRooms, natsroom.StreamWake, "KV_" + natsroom.BucketLease, "KV_" + natsroom.BucketLoad,
+	"KV_" + natsroom.BucketWork, "KV_" + natsroom.BucketSettings}
+
+// clusterInfo says, for a failure, each stream's leader and replicas.
+func (c *chaosRun) clusterInfo(ctx context.Context, js jetstream.JetStream) string {
+	var b strings.Builder
+	for _, stream := range chaosStreams {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := js.Stream(rctx, stream)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v; ", stream, err)
+			continue
+		}
+		ci, _ := json.Marshal(st.CachedInfo().Cluster)
+		fmt.Fprintf(&b, "%s: %s; ", stream, ci)
+	}
+	return b.String()
+}
+
+// waitAllCurrent waits until every stream has a leader and every replica
+// is current: a node started again holds no replica of the buckets kept in
+// memory until it caught up, and one more fault before that (its peer's
+// loss) leaves them no quorum (NATS counts no empty replica's vote).
+// Each fault of the checker is one at a time, as an R3 cluster tolerates.
+func (c *chaosRun) waitAllCurrent(ctx context.Context, js jetstream.JetStream) time.Duration {
+	began := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for wctx.Err() == nil {
+		current := true
+		for _, stream := range chaosStreams {
+			rctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+			st, err := js.Stream(rctx, stream)
+			cancel()
+			var ci *jetstream.ClusterInfo
+			if err == nil {
+				ci = st.CachedInfo().Cluster
+			}
+			current = current && ci != nil && ci.Leader != "" && len(ci.Replicas) == 2
+			if ci != nil {
+				for _, r := range ci.Replicas {
+					current = current && r.Current && !r.Offline
+				}
+			}
+			if !current {
+				break
+			}
+		}
+		if current {
+			return time.Since(began)
+		}
+		time.Sleep(250 * time.Millisecond) // replicas catching up: polled
+	}
+	c.t.Fatalf("the streams' replicas not all current in 2 min: %s", c.clusterInfo(ctx, js))
+	return 0
+}
+
+// killStreamLeader: kill -9 of the node that leads the rooms' log and the
+// lease bucket, whatever rooms it holds; every other node's rooms must
+// wait out the elections (a pause, not a turn). The node starts again.
+func (c *chaosRun) killStreamLeader(ctx context.Context) {
+	js, _ := jetstream.New(c.nc)
+	c.waitAllCurrent(ctx, js)
+	leader, _ := c.streamsLed(ctx, js)
+	i := slices.IndexFunc(c.nodes[:], func(n *chaosNode) bool { return n.name == leader })
+	if i < 0 {
+		c.t.Fatalf("the rooms' log has no leader (%q)", leader)
+	}
+	c.leadStreams(ctx, js, i)
+	r, l := c.streamsLed(ctx, js)
+	other, done := c.via((i + 1) % 3)
+	defer done()
+	at := time.Now()
+	c.kill(i)
+	took := c.waitLeaders(ctx, other, c.nodes[i].name, at)
+	c.record("kill -9 of the node leading the log and the lease bucket", 0)
+	c.mu.Lock()
+	c.elections = append(c.elections, took)
+	c.mu.Unlock()
+	c.t.Logf("kill -9 of %s (leading the log: %s, the lease bucket: %s): new leaders in %v", c.nodes[i].name, r, l, took.Round(time.Millisecond))
+	if err := c.startNodes(ctx, i); err != nil {
+		c.t.Fatal(err)
+	}
+	c.hit("kill -9 of the streams' leader", at, c.nodes[i].name)
+}
+
+// partitionHealed: the node leading the log and the lease bucket is cut
+// off (its routes reset) for d, then heard again: at the heal its raised
+// raft terms make every leader step down. Only its own rooms may lose a
+// turn (they move while it is cut off); its API stays up, and a message
+// posted through it is answered 202, 429 or 503, never 500.
+func (c *chaosRun) partitionHealed(ctx context.Context, d time.Duration) {
+	js, _ := jetstream.New(c.nc)
+	c.t.Logf("every stream's replicas current after %v", c.waitAllCurrent(ctx, js).Round(time.Millisecond))
+	leader, _ := c.streamsLed(ctx, js)
+	i := slices.IndexFunc(c.nodes[:], func(n *chaosNode) bool { return n.name == leader })
+	if i < 0 {
+		c.t.Fatalf("the rooms' log has no leader (%q)", leader)
+	}
+	c.leadStreams(ctx, js, i)
+	cut := func(on bool) {
+		for j := range c.nodes {
+			if j != i {
+				c.proxies[i][j].cut(on)
+				c.proxies[j][i].cut(on)
+			}
+		}
+	}
+	other, done := c.via((i + 1) % 3)
+	defer done()
+	at := time.Now()
+	cut(true)
+	took := c.waitLeaders(ctx, other, c.nodes[i].name, at)
+	time.Sleep(max(0, d-time.Since(at))) // the partition's length: the fault itself
+	cut(false)
+	healed := time.Now()
+	// Every stream's replicas current again (the heal's elections done).
+	c.waitAllCurrent(ctx, other)
+	c.record("a partition of the streams' leader, healed", 0)
+	c.mu.Lock()
+	c.elections = append(c.elections, took)
+	c.mu.Unlock()
+	c.t.Logf("%s cut off for %v: new leaders in %v; every replica current %v after the heal", c.nodes[i].name, d, took.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond))
+	// (Healed, the node finds it lost its rooms, and drops them.)
+	c.hitUntil("a partition healed", at, time.Now().Add(10*time.Second), c.nodes[i].name)
+}
+
+// fillDisk: the data dir every node shares (its JetStream stores too: a
+// tmpfs here) fills up, and every node's JetStream is disabled; each says
+// so in /healthz (503) and /metrics; then the space is freed, and every
+// node restarts its JetStream by itself (no restart by hand). It needs
+// root (the tmpfs); without, it says so and is not injected.
+func (c *chaosRun) fillDisk(ctx context.Context) {
+	if !c.tmpfs {
+		c.t.Logf("a full disk: not injected (the data dir is not a tmpfs of the test's own: it needs root)")
+		return
+	}
+	js, _ := jetstream.New(c.nc)
+	c.waitAllCurrent(ctx, js)
+	filler := filepath.Join(c.data, "filler")
+	at := time.Now()
+	f, err := os.Create(filler)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				c.t.Fatal(err)
+			}
+			break
+		}
+	}
+	_ = f.Close()
+	// The traffic's writes meet the full disk; every node says so.
+	health := func(n *chaosNode) (int, string) {
+		code, b, err := c.do(ctx, "GET", n.url+"healthz", "")
+		if err != nil {
+			return 0, err.Error()
+		}
+		return code, string(b)
+	}
+	for _, n := range c.nodes {
+		for ctx.Err() == nil {
+			if code, body := health(n); code == http.StatusServiceUnavailable && strings.Contains(body, "JetStream is disabled") {
+				break
+			}
+			time.Sleep(250 * time.Millisecond) // the node's watch: polled
+		}
+		if _, b, err := c.do(ctx, "GET", n.url+"metrics", ""); err != nil || !strings.Contains(string(b), "agenthost_nats_jetstream_enabled 0") {
+			c.t.Errorf("%s's /metrics while its JetStream is disabled: %v, no agenthost_nats_jetstream_enabled 0", n.name, err)
+		}
+	}
+	full := time.Since(at)
+	if err := os.Remove(filler); err != nil {
+		c.t.Fatal(err)
+	}
+	freed := time.Now()
+	for _, n := range c.nodes {
+		for ctx.Err() == nil {
+			if code, _ := health(n); code == http.StatusOK {
+				break
+			}
+			time.Sleep(250 * time.Millisecond) // the node's watch: polled
+		}
+		if _, b, err := c.do(ctx, "GET", n.url+"metrics", ""); err != nil || !strings.Contains(string(b), "agenthost_nats_jetstream_enabled 1") {
+			c.t.Errorf("%s's /metrics once its JetStream runs again: %v, no agenthost_nats_jetstream_enabled 1", n.name, err)
+		}
+	}
+	c.record("a full disk, then freed", 0)
+	c.t.Logf("a full disk: every node's JetStream disabled %v after it filled; every node healthy %v after it was freed", full.Round(time.Millisecond), time.Since(freed).Round(time.Millisecond))
+	// (Every node's rooms lost their leases: their turns end failed once
+	// placed again.)
+	c.hitUntil("a full disk", at, time.Now().Add(30*time.Second), c.nodes[0].name, c.nodes[1].name, c.nodes[2].name)
 }
 
 // label names a fault's message in rm, once in the run.
@@ -1019,6 +1378,7 @@ func (c *chaosRun) checkAll(ctx context.Context, rooms []string) {
 	// message accepted once and ended at most once per kind.
 	seqOf := map[string]int64{} // label -> message.accepted seq
 	turnOrder := map[string][]int64{}
+	failedTurns, collateral := 0, 0
 	replayVia := func(n *chaosNode, rm string) []string {
 		var evs []string
 		if err := chaosEvents(ctx, n.url, c.token, rm, 0, false, func(typ string, raw []byte) (bool, error) {
@@ -1044,16 +1404,39 @@ func (c *chaosRun) checkAll(ctx context.Context, rooms []string) {
 			}
 		}
 		accepted, turnEnded, msgEnded := map[string]int{}, map[string]int{}, map[string]int{}
+		holder := ""                     // the node of the last takeover
+		turnOn := map[string]string{}    // turn id -> the node it ran on
+		turnAt := map[string]time.Time{} // turn id -> its start
 		for i, raw := range first {
 			var e struct {
 				Seq       int64
 				Type      string
+				Time      time.Time
 				MessageID string `json:"message_id"`
+				TurnID    string `json:"turn_id"`
+				Node      string
+				Outcome   string
+				Reason    string
 				Text      string
 			}
 			_ = json.Unmarshal([]byte(raw), &e)
 			if e.Seq != int64(i+1) {
 				t.Fatalf("room %s: event %d has seq %d", rm, i, e.Seq)
+			}
+			switch e.Type {
+			case "takeover":
+				holder = e.Node
+			case "turn.started":
+				turnOn[e.TurnID], turnAt[e.TurnID] = holder, e.Time
+			}
+			if e.Type == "turn.ended" && e.Outcome == "failed" {
+				// 5. A turn fails only where a fault hit its node.
+				failedTurns++
+				if !c.faultHit(turnOn[e.TurnID], turnAt[e.TurnID], e.Time) {
+					collateral++
+					t.Errorf("room %s: turn %s on %s (%s to %s) failed (%s), and no fault hit %s then",
+						rm, e.TurnID, turnOn[e.TurnID], turnAt[e.TurnID].Format("15:04:05.000"), e.Time.Format("15:04:05.000"), e.Reason, turnOn[e.TurnID])
+				}
 			}
 			switch e.Type {
 			case "message.accepted":
@@ -1165,9 +1548,28 @@ func (c *chaosRun) checkAll(ctx context.Context, rooms []string) {
 	t.Logf("chaos: the agents' journal: %d turns; overlapping turns of a room: %d (max overlap %v); least gap between two nodes' agents of a room: %v",
 		len(spans), overlaps, maxOverlap, minGap.Round(time.Millisecond))
 	t.Logf("chaos: a paused holder's agent worked on at most %v after the pause (frozen at the holder's lease deadline: 3 s lease - 0.5 s margin after its last renewal)", frozeAfter.Round(time.Millisecond))
+	if len(c.elections) > 0 {
+		el := slices.Clone(c.elections)
+		slices.Sort(el)
+		t.Logf("chaos: new leaders of the log and the lease bucket after their leader's loss, over %d: p50 %v, max %v", len(el), el[(len(el)-1)/2].Round(time.Millisecond), el[len(el)-1].Round(time.Millisecond))
+	}
+	t.Logf("chaos: turns that ended failed: %d; of them in rooms whose holder no fault hit: %d (goal: none)", failedTurns, collateral)
 	if c.streamErrs > 0 {
 		t.Errorf("%d event streams through a surviving node failed during a failover (they must open and replay while the room has no holder)", c.streamErrs)
 	}
+}
+
+// faultHit reports whether a fault hit node while a turn ran on it (from
+// start to end): a turn it held then may fail.
+func (c *chaosRun) faultHit(node string, start, end time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.windows {
+		if w.nodes[node] && !start.After(w.to) && !end.Before(w.from) {
+			return true
+		}
+	}
+	return false
 }
 
 // chaosEvents reads rm's events through the node at base, on one

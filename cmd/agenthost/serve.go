@@ -34,6 +34,7 @@ import (
 	"github.com/agenthost/agenthost/procd"
 	"github.com/agenthost/agenthost/room"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -375,6 +376,11 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err := checkClusterFlags(f, clustered); err != nil {
 		return &exitError{2, err}
 	}
+	if clustered {
+		if err := checkSecretPlaces(f); err != nil {
+			return &exitError{2, err}
+		}
+	}
 	if clustered && f.daemon {
 		// A planned restart re-attaches the rooms this server held; in a
 		// cluster they move to other nodes instead (the leases lapse).
@@ -396,16 +402,36 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		defer signal.Stop(restartSig)
 	}
 
+	health := &serveHealth{}
+	var fuse *custody.Fuse
+	if clustered {
+		// Before custody and the cluster, and closed after both: every
+		// agent of this host is held to its room's lease by a process
+		// this one's pause or death does not stop (the cluster then
+		// keeps a room whose lease lapsed paused rather than dropping it).
+		if fuse, err = startFuse(); errors.Is(err, custody.ErrNoFreeze) {
+			log.Warn("serve: this platform cannot freeze processes: a paused host's agents are not held to their rooms' leases")
+		} else if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		} else {
+			defer fuse.Close()
+		}
+	}
+
 	var rstore room.Store
 	var cl *natsroom.Cluster
+	var node *natsroom.Node
 	if clustered {
 		var stop func()
-		cl, stop, err = startCluster(f, log)
+		cl, node, stop, err = startCluster(f, log, fuse != nil)
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
 		defer stop()
 		rstore = cl.Store()
+		if node != nil {
+			health.check(healthNATS, node.Health)
+		}
 	} else {
 		db, err := store.Open(ctx, filepath.Join(f.data, "agenthost.db"), store.Options{Logger: log})
 		if errors.Is(err, store.ErrLocked) {
@@ -440,19 +466,6 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Debug("looking for orphans of dead hosts", "err", ferr) // not on this platform
 	}
 
-	var fuse *custody.Fuse
-	if clustered {
-		// Before custody, and closed after it: every agent of this host
-		// is held to its room's lease by a process this one's pause or
-		// death does not stop.
-		if fuse, err = startFuse(); errors.Is(err, custody.ErrNoFreeze) {
-			log.Warn("serve: this platform cannot freeze processes: a paused host's agents are not held to their rooms' leases")
-		} else if err != nil {
-			return fmt.Errorf("serve: %w", err)
-		} else {
-			defer fuse.Close()
-		}
-	}
 	// Resources: the rooms' limits; on a cgroup v2 host whose group the
 	// server owns (Delegate=yes) it moves itself into a leaf below it.
 	cust, err := custody.New(custody.Options{Logger: log, Fuse: fuse, Resources: true})
@@ -473,7 +486,6 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	var modelURL string
 	var pd *procd.Client
 	var runner *daemonproc.Runner
-	health := &serveHealth{}
 	if f.daemon {
 		// The owner of the data dir's daemon: a handoff left by the server
 		// before is claimed (its agents run on), or a fresh daemon starts.
@@ -628,7 +640,8 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		return nil
 	}
 	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log,
-		Tracing: otel.server()})
+		Tracing:    otel.server(),
+		Collectors: nodeCollectors(node)})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -837,8 +850,10 @@ func loadSecret(path string) (string, error) {
 }
 
 // startCluster starts the embedded node (if any), connects, and returns
-// the cluster; stop closes it, the connection and the node, in order.
-func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), error) {
+// the cluster and the node; stop closes the cluster, the connection and
+// the node, in order. heldAgents: custody's fuse holds the agents to their
+// leases (natsroom.Config.HeldAgents).
+func startCluster(f serveFlags, log *slog.Logger, heldAgents bool) (*natsroom.Cluster, *natsroom.Node, func(), error) {
 	var node *natsroom.Node
 	var nc *nats.Conn
 	var err error
@@ -854,13 +869,13 @@ func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), er
 		}
 		secret, serr := loadSecret(secretPath)
 		if serr != nil {
-			return nil, nil, serr
+			return nil, nil, nil, serr
 		}
 		node, err = natsroom.StartNode(natsroom.NodeConfig{Name: f.node, StoreDir: filepath.Join(f.data, "nats", f.node),
 			Listen: f.natsListen, ClusterListen: f.natsClusterListen, ClusterAdvertise: f.natsClusterAdvertise, Routes: f.natsRoutes,
 			Secret: secret, TLS: tlsFiles, Logger: log})
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		nc, err = node.Connect("agenthost " + f.node)
 		if replicas == 0 {
@@ -879,16 +894,20 @@ func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), er
 		if node != nil {
 			node.Close()
 		}
-		return nil, nil, fmt.Errorf("connecting to NATS: %w", err)
+		return nil, nil, nil, fmt.Errorf("connecting to NATS: %w", err)
 	}
-	cl, err := natsroom.New(natsroom.Config{Node: f.node, Conn: nc, Replicas: replicas, Slots: f.maxResident,
-		Worker: f.role != natsroom.RoleFrontend, Logger: log})
+	cfg := natsroom.Config{Node: f.node, Conn: nc, Replicas: replicas, Slots: f.maxResident,
+		Worker: f.role != natsroom.RoleFrontend, HeldAgents: heldAgents, Logger: log}
+	if node != nil {
+		cfg.StoreHealth = node.Health
+	}
+	cl, err := natsroom.New(cfg)
 	if err != nil {
 		nc.Close()
 		if node != nil {
 			node.Close()
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	stop := func() {
 		cl.Close()
@@ -897,7 +916,30 @@ func startCluster(f serveFlags, log *slog.Logger) (*natsroom.Cluster, func(), er
 			node.Close()
 		}
 	}
-	return cl, stop, nil
+	return cl, node, stop, nil
+}
+
+// nodeCollectors are the embedded node's metrics: whether its JetStream
+// runs, and how often it was restarted in place (none without a node).
+func nodeCollectors(node *natsroom.Node) []prometheus.Collector {
+	if node == nil {
+		return nil
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "agenthost_nats_jetstream_enabled",
+			Help: "1 while the embedded NATS node's JetStream runs; 0 while it is disabled (its store could not write: a full disk), until the node restarts it.",
+		}, func() float64 {
+			if node.Status().JetStream {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "agenthost_nats_restarts_total",
+			Help: "Restarts in place of the embedded NATS node, after its JetStream was disabled and its store had room again.",
+		}, func() float64 { return float64(node.Status().Restarts) }),
+	}
 }
 
 // printGaps says, in one line, which room promises the rooms' agent cannot

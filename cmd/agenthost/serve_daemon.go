@@ -19,6 +19,17 @@ import (
 type serveHealth struct {
 	mu       sync.Mutex
 	problems map[string]error
+	checks   map[string]func() error // asked at each /healthz
+}
+
+// check makes part's health fn's answer at each /healthz.
+func (h *serveHealth) check(part string, fn func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.checks == nil {
+		h.checks = map[string]func() error{}
+	}
+	h.checks[part] = fn
 }
 
 func (h *serveHealth) set(part string, err error) {
@@ -40,16 +51,24 @@ func (h *serveHealth) clear(part string) {
 func (h *serveHealth) err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.problems) == 0 {
-		return nil
-	}
 	parts := make([]string, 0, len(h.problems))
 	for p, err := range h.problems {
 		parts = append(parts, p+": "+err.Error())
 	}
+	for p, fn := range h.checks {
+		if err := fn(); err != nil {
+			parts = append(parts, p+": "+err.Error())
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
 	sort.Strings(parts)
 	return errors.New(strings.Join(parts, "; "))
 }
+
+// healthNATS names the embedded NATS node's entry in serveHealth.
+const healthNATS = "nats"
 
 // healthDaemon names the process daemon's entry in serveHealth.
 const healthDaemon = "process daemon"

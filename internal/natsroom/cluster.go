@@ -60,7 +60,21 @@ type Config struct {
 	// room's log) are dropped when nobody asked for them for this long and
 	// the node does not hold the room (default 10 min).
 	CacheIdle time.Duration
-	Logger    *slog.Logger
+	// StoreHealth, if set, says why this node's JetStream cannot serve
+	// now (nil: it can): its reason goes into the 503 a message gets
+	// meanwhile (serve's embedded node: JetStream disabled by a full disk).
+	StoreHealth func() error
+	// HeldAgents says the Manager's agents are frozen at their room's
+	// lease deadline by something that outlives this host (custody's
+	// fuse: serve sets it when the fuse runs). A room whose lease this
+	// host could not renew by its deadline (the lease bucket electing a
+	// leader) is then kept, paused with its agent frozen, while renewals
+	// are tried for up to LapsePatience, and goes on (its agent thawed)
+	// when one lands: an election costs a held room a pause, not a turn.
+	// Without it, such a room is dropped at its deadline (its agent killed:
+	// nothing else would stop it).
+	HeldAgents bool
+	Logger     *slog.Logger
 }
 
 // Cluster is room.Cluster over JetStream. Create it with New, pass
@@ -105,6 +119,16 @@ type held struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	marked   bool // the room's work mark is put (inbox reader only)
+	// lapsed is when this host saw the deadline pass without a renewal
+	// (zero while renewed in time): the room is paused, its agent frozen,
+	// until a renewal lands (Config.HeldAgents).
+	lapsed time.Time
+	// retaking: a goroutine is taking back the room's expired lease (see
+	// retake); the renew rounds leave the room alone while its
+	// compare-and-set is in flight, and renew it without moving its
+	// deadline while it checks the room's log (verifying).
+	retaking, verifying bool
+	renewed             time.Time // the last renewal sent that landed while verifying
 }
 
 func (h *held) until() time.Time {
@@ -112,6 +136,31 @@ func (h *held) until() time.Time {
 	defer h.mu.Unlock()
 	return h.deadline
 }
+
+// writeUntil is how long the room's log writer may go on trying an
+// append (a fenced append is safe whoever holds the lease: the log refuses
+// it after a takeover): while the room is held here, its deadline, and
+// the pause after it when the room is kept paused (Config.HeldAgents).
+func (c *Cluster) writeUntil(h *held) func() time.Time {
+	return func() time.Time { return h.until().Add(c.lapsePatience()) }
+}
+
+// lapsePatience is how long a room whose lease deadline passed is kept,
+// paused, while renewals are tried (0: dropped at the deadline).
+func (c *Cluster) lapsePatience() time.Duration {
+	if !c.cfg.HeldAgents {
+		return 0
+	}
+	return LapsePatience
+}
+
+// LapsePatience bounds how long a host keeps a room whose lease it could
+// not renew by its deadline (with Config.HeldAgents), its agent frozen,
+// while it tries to renew: the lease bucket's election after its leader
+// died takes 4 to 9 s (NATS's election timeout), and more under load; a
+// heal's takes 1 to 3 s. A room that another node took meanwhile is
+// dropped as soon as a renewal is refused.
+const LapsePatience = electionWait
 
 // New checks cfg and returns a Cluster (nothing runs until Start).
 func New(cfg Config) (*Cluster, error) {
@@ -510,10 +559,15 @@ func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) 
 }
 
 // publishInbox makes the entry durable in the room's inbox. An attempt
-// not answered (the stream electing a leader) is sent again under the same
-// id, which JetStream takes once, until one is answered or ctx ends.
+// not answered (the stream electing a leader), or answered that an attempt
+// with the same id is still in flight (10158, after a partition heals), is
+// sent again under the same id, which JetStream takes once, until one is
+// answered or the attempts run out. Every failure is room.ErrUnavailable,
+// saying whether the message may have been stored (an attempt went
+// unanswered) or not: a sender told 500 would post again blindly.
 func (c *Cluster) publishInbox(ctx context.Context, rm, id string, data []byte) error {
 	var err error
+	unclear := false // an attempt may have landed
 	for attempt := 0; attempt < inboxAttempts; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
 		_, err = c.js.PublishMsg(pctx, &nats.Msg{Subject: inSubject(rm), Data: data}, jetstream.WithMsgID(id))
@@ -522,19 +576,44 @@ func (c *Cluster) publishInbox(ctx context.Context, rm, id string, data []byte) 
 		switch {
 		case err == nil:
 			return nil
-		case errors.As(err, &ae) && storageFull(ae):
+		case errors.As(err, &ae) && storageFull(ae) && !unclear:
 			return fmt.Errorf("%w: the cluster's storage is full (%s); nothing was stored", room.ErrUnavailable, ae.Description)
+		case errors.As(err, &ae) && ae.ErrorCode == jsErrDuplicateInProcess:
+			unclear = true // an earlier attempt is in flight: it may land
 		case errors.As(err, &ae):
-			return fmt.Errorf("natsroom: queueing the message: %w", err)
-		case ctx.Err() != nil:
-			return fmt.Errorf("natsroom: queueing the message: %w", ctx.Err())
+			return c.inboxErr(unclear, err)
+		case errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders):
+			// Nobody took this attempt (no leader): it landed nowhere.
+		default:
+			unclear = true // a timeout: it may have landed
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%w: the cluster's log did not answer (a leader election?); the message may have been stored: %v", room.ErrUnavailable, err)
+	return c.inboxErr(unclear, err)
+}
+
+// jsErrDuplicateInProcess is JetStream's answer to a publish whose message
+// id an earlier attempt, not yet stored or refused, carries.
+const jsErrDuplicateInProcess = 10158
+
+// inboxErr is publishInbox's failure: room.ErrUnavailable with the reason
+// (JetStream disabled on this node, if so) and whether the message may
+// have been stored.
+func (c *Cluster) inboxErr(unclear bool, err error) error {
+	stored := "nothing was stored"
+	if unclear {
+		stored = "the message may have been stored"
+	}
+	if herr := c.storeHealth(); herr != nil {
+		return fmt.Errorf("%w: %v; %s", room.ErrUnavailable, herr, stored)
+	}
+	return fmt.Errorf("%w: the cluster's log did not take the message (a leader election?); %s: %v", room.ErrUnavailable, stored, err)
 }
 
 // inboxAttempts bounds the attempts of publishInbox.
@@ -612,38 +691,122 @@ var codes = []struct {
 	{"not_held", room.ErrNotHeld}, {"bad_message", room.ErrBadMessage}, {"closed", room.ErrClosed},
 }
 
-// Control implements room.Cluster: a request to the holder.
+// Control implements room.Cluster: a request to the holder. When no node
+// holds the room, or its holder does not answer (it died and its lease has
+// not expired yet, or it is cut off), or says it no longer holds it, an
+// approval or answer is settled from the room's log: an unknown id is
+// room.ErrNotFound, a decided one room.ErrConflict, and one still pending
+// (the room is moving: its next holder denies or cancels it) is
+// room.ErrUnavailable, to try again.
 func (c *Cluster) Control(ctx context.Context, rm string, op room.ControlOp) error {
 	holder := c.Holder(ctx, rm)
-	if holder == "" {
-		switch op.Kind {
-		case room.ControlCancel:
-			return room.ErrNoTurn
-		case room.ControlRelease:
-			return nil // nothing resident
+	for attempt := 0; ; attempt++ {
+		if holder == "" {
+			return c.unheld(ctx, rm, op, nil)
 		}
-		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
+		why, err := c.control(ctx, holder, rm, op)
+		if why == "" || ctx.Err() != nil {
+			return err
+		}
+		// The holder named (by the nearest replica, which may lag: a node
+		// just healed) does not run the room: ask the lease's leader.
+		l, lerr := c.leaseEntry(ctx, rm)
+		switch {
+		case lerr != nil:
+			return c.unheld(ctx, rm, op, errors.New(why))
+		case !l.live:
+			holder = ""
+		case l.node != holder && attempt == 0:
+			holder = l.node
+		default:
+			return c.unheld(ctx, rm, op, errors.New(why))
+		}
 	}
+}
+
+// control sends op to holder; why says, when the holder does not run the
+// room, why not (it does not answer, or says it no longer holds it).
+func (c *Cluster) control(ctx context.Context, holder, rm string, op room.ControlOp) (why string, err error) {
 	data, _ := json.Marshal(ctlReq{Room: rm, Op: op})
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	reply, err := c.nc.RequestWithContext(rctx, ctlSubject(holder), data)
 	if err != nil {
-		return fmt.Errorf("natsroom: asking %s: %w", holder, err)
+		return fmt.Sprintf("its holder %s does not answer: %v", holder, err), fmt.Errorf("natsroom: asking %s: %w", holder, err)
 	}
 	var r ctlResp
 	if err := json.Unmarshal(reply.Data, &r); err != nil {
-		return fmt.Errorf("natsroom: answer from %s: %w", holder, err)
+		return "", fmt.Errorf("natsroom: answer from %s: %w", holder, err)
+	}
+	if r.Code == "not_held" {
+		return holder + " no longer holds it", fmt.Errorf("%w (on %s)", room.ErrNotHeld, holder)
 	}
 	for _, x := range codes {
 		if r.Code == x.code {
-			return fmt.Errorf("%w (on %s)", x.err, holder)
+			return "", fmt.Errorf("%w (on %s)", x.err, holder)
 		}
 	}
 	if r.Error != "" {
-		return fmt.Errorf("natsroom: on %s: %s", holder, r.Error)
+		return "", fmt.Errorf("natsroom: on %s: %s", holder, r.Error)
 	}
-	return nil
+	return "", nil
+}
+
+// unheld answers op for a room no node runs now: nobody holds its lease
+// (why is nil), or its holder cannot run op (why says so).
+func (c *Cluster) unheld(ctx context.Context, rm string, op room.ControlOp, why error) error {
+	moving := func() error {
+		if why == nil {
+			return fmt.Errorf("%w: no node holds room %q now (it is moving to another node); try again", room.ErrUnavailable, rm)
+		}
+		return fmt.Errorf("%w: room %q: %v (it is moving to another node); try again", room.ErrUnavailable, rm, why)
+	}
+	switch op.Kind {
+	case room.ControlCancel:
+		if why == nil {
+			return room.ErrNoTurn
+		}
+		return moving()
+	case room.ControlRelease:
+		if why == nil {
+			return nil // nothing resident
+		}
+		return moving()
+	case room.ControlApprove:
+		as, err := c.st.Approvals(ctx, rm, false)
+		if err != nil {
+			return fmt.Errorf("%w: room %q: reading its approvals: %v", room.ErrUnavailable, rm, err)
+		}
+		for _, a := range as {
+			if a.ID != op.ID {
+				continue
+			}
+			if a.Decision != "" {
+				return fmt.Errorf("%w: approval %q", room.ErrConflict, op.ID)
+			}
+			return moving()
+		}
+		return fmt.Errorf("%w: approval %q", room.ErrNotFound, op.ID)
+	case room.ControlAnswer:
+		qs, err := c.st.Questions(ctx, rm, false)
+		if err != nil {
+			return fmt.Errorf("%w: room %q: reading its questions: %v", room.ErrUnavailable, rm, err)
+		}
+		for _, q := range qs {
+			if q.ID != op.ID {
+				continue
+			}
+			if q.By != "" {
+				return fmt.Errorf("%w: question %q", room.ErrConflict, op.ID)
+			}
+			return moving()
+		}
+		return fmt.Errorf("%w: question %q", room.ErrNotFound, op.ID)
+	}
+	if why == nil {
+		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
+	}
+	return fmt.Errorf("%w: %q: %v", room.ErrNotHeld, rm, why)
 }
 
 func (c *Cluster) serveControl(msg *nats.Msg) {
@@ -699,6 +862,14 @@ func (c *Cluster) inboxSignal(msg *nats.Msg) {
 	}
 }
 
+// storeHealth is Config.StoreHealth's answer (nil without one).
+func (c *Cluster) storeHealth() error {
+	if c.cfg.StoreHealth == nil {
+		return nil
+	}
+	return c.cfg.StoreHealth()
+}
+
 // heldCount is the number of rooms this host holds.
 func (c *Cluster) heldCount() int {
 	c.mu.Lock()
@@ -742,7 +913,7 @@ func (c *Cluster) acquire(ctx context.Context, rm string, settle bool) (bool, er
 	c.mu.Lock()
 	c.held[rm] = h
 	c.mu.Unlock()
-	if err := c.st.takeover(ctx, rm, h.epoch, h.until); err != nil {
+	if err := c.st.takeover(ctx, rm, h.epoch, c.writeUntil(h)); err != nil {
 		close(h.done) // no inbox reader runs
 		c.forget(h, "takeover failed")
 		return false, err
@@ -788,6 +959,7 @@ func (c *Cluster) forget(h *held, reason string) {
 	delete(c.held, h.room)
 	stopped := c.stopped
 	c.mu.Unlock()
+	c.log.Info("natsroom: giving a room up", "room", h.room, "reason", reason)
 	h.cancel()
 	c.st.disown(h.room)
 	// The inbox reader may be in an Accept: it ends on the cancel (its
@@ -864,19 +1036,37 @@ func (c *Cluster) renewLoop() {
 // for each renewal (up to TTL/3 when the stream does not answer): a cut
 // off holder then ran its agent past the lease's expiry, beside the new
 // holder's agent (seen as an overlap in the partition test).
+//
+// With Config.HeldAgents the room is kept, paused, past its deadline (its
+// agent frozen there by the fuse, whatever this host does) while renewals
+// are tried, and dropped LapsePatience after it.
 func (c *Cluster) deadlineLoop() {
 	c.every(deadlineCheck, func() {
 		now := time.Now()
 		c.mu.Lock()
-		var late []*held
+		var late, lapsing []*held
 		for _, h := range c.held {
-			if !now.Before(h.until()) {
+			switch until := h.until(); {
+			case !now.Before(until.Add(c.lapsePatience())):
 				late = append(late, h)
+			case !now.Before(until):
+				lapsing = append(lapsing, h)
 			}
 		}
 		c.mu.Unlock()
+		for _, h := range lapsing {
+			h.mu.Lock()
+			first := h.lapsed.IsZero()
+			if first {
+				h.lapsed = now
+			}
+			h.mu.Unlock()
+			if first {
+				c.log.Warn("natsroom: lease deadline passed without a renewal; the room's agent is frozen until a renewal lands (or the room moves)", "room", h.room)
+			}
+		}
 		for _, h := range late {
-			c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
+			c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room, "waited", c.lapsePatience())
 			// Off this loop: Drop waits for the room's turn to end, and
 			// the other rooms' deadlines must not wait for it.
 			c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
@@ -916,14 +1106,19 @@ const renewInFlight = 64
 const deadlineCheck = 100 * time.Millisecond
 
 func (c *Cluster) renew(h *held) {
-	if !time.Now().Before(h.until()) {
+	if !time.Now().Before(h.until()) && !c.cfg.HeldAgents {
 		c.log.Warn("natsroom: lease deadline passed without a renewal; releasing the room", "room", h.room)
 		c.goRun(func() { c.forget(h, "lease lost: no renewal before its deadline") })
 		return
 	}
+	// (With HeldAgents, past the deadline the room is paused, and the
+	// renewals go on: deadlineLoop drops it after LapsePatience.)
 	h.mu.Lock()
-	rev := h.rev
+	rev, retaking := h.rev, h.retaking
 	h.mu.Unlock()
+	if retaking {
+		return
+	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
 	defer cancel()
@@ -933,7 +1128,20 @@ func (c *Cluster) renew(h *held) {
 		// of the lease stream longer than its wait): the lease then
 		// names this node at a later revision. Go on from it.
 		l, rerr := c.leaseEntry(ctx, h.room)
-		if rerr == nil && l.live && l.node == c.cfg.Node && l.rev > rev {
+		if rerr != nil {
+			// The leader cannot be read (JetStream busy electing): a
+			// replica's copy may show the renewal that landed (the
+			// compare-and-set below checks it); anything else it shows
+			// proves nothing.
+			if e, gerr := c.lease.Get(ctx, token(h.room)); gerr == nil && e.Operation() == jetstream.KeyValuePut &&
+				string(e.Value()) == c.cfg.Node && e.Revision() > rev {
+				l, rerr = leaseState{rev: e.Revision(), node: c.cfg.Node, live: true}, nil
+			}
+		}
+		switch {
+		case rerr != nil:
+			err = rerr // cannot tell: as a timeout, the deadline decides
+		case l.live && l.node == c.cfg.Node && l.rev > rev:
 			c.log.Debug("natsroom: a renewal whose answer was lost had landed", "room", h.room, "rev", l.rev)
 			h.mu.Lock()
 			h.rev = l.rev
@@ -941,20 +1149,44 @@ func (c *Cluster) renew(h *held) {
 			rev = l.rev
 			sent = time.Now()
 			ack, err = c.publishLease(ctx, h.room, rev)
-		} else if rerr != nil {
-			err = rerr // cannot tell: as a timeout, the deadline decides
+		case !l.live && ae10071(err):
+			// Expired (or its expiry's marker gone too), and taken by
+			// nobody: the lease bucket's new leader expired it before
+			// this host could renew it (an election longer than the
+			// lease), or this host was paused. (A lease given up by
+			// another holder is one the log shows: retake checks.)
+			h.mu.Lock()
+			verifying := h.verifying
+			h.retaking = !verifying
+			h.mu.Unlock()
+			if !verifying { // (else the retake under way looks again)
+				c.goRun(func() { c.retake(h, l.rev) })
+			}
+			return
 		}
 	}
-	var ae *jetstream.APIError
 	switch {
 	case err == nil:
-		c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
 		h.mu.Lock()
 		h.rev = ack.Sequence
+		if h.verifying {
+			// Taken back, and the log not checked yet: the lease is
+			// kept, the agent stays frozen (retake moves the deadline).
+			h.renewed = sent
+			h.mu.Unlock()
+			return
+		}
 		h.deadline = sent.Add(c.cfg.LeaseTTL - leaseMargin)
+		lapsed := h.lapsed
+		h.lapsed = time.Time{}
 		h.mu.Unlock()
+		if lapsed.IsZero() {
+			c.log.Debug("natsroom: renewed", "room", h.room, "rev", ack.Sequence)
+		} else {
+			c.log.Info("natsroom: lease renewed after its deadline had passed; the room goes on", "room", h.room, "paused", time.Since(lapsed).Round(time.Millisecond))
+		}
 		c.leaseRenewed(h)
-	case errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+	case ae10071(err):
 		// Not ours (above): it expired and was taken, or given up.
 		c.goRun(func() { c.forget(h, "lease lost: it expired and was taken") })
 	default:
@@ -962,6 +1194,103 @@ func (c *Cluster) renew(h *held) {
 		// flight): keep acting until the local deadline.
 		c.log.Debug("natsroom: renew failed", "room", h.room, "err", err)
 	}
+}
+
+// ae10071: JetStream refused a publish because the subject's last
+// sequence is not the one expected (the lease moved on).
+func ae10071(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// retake takes back the lease of a room this host holds that expired with
+// nobody taking it (marker: the expiry's sequence): the lease bucket's new
+// leader expires, at once, every lease not renewed while it was being
+// elected, and an election (4 to 9 s after a leader died) outlasts the
+// lease (3 s). Other workers leave such a lease alone for leaderGrace
+// after the election (see place), so its holder is first. The lease is
+// published over the expiry (a compare-and-set: nobody took it since);
+// then the room's log must still be this host's: its last entry of this
+// host's epoch (a holder that took the room meanwhile appended its
+// takeover, and may have given the lease up since). Only then does the
+// room go on (its agent thawed: it was frozen at the deadline); otherwise
+// it is dropped.
+func (c *Cluster) retake(h *held, marker uint64) {
+	defer func() {
+		h.mu.Lock()
+		h.retaking = false
+		h.mu.Unlock()
+	}()
+	var ack *jetstream.PubAck
+	var err error
+	var sent time.Time // when the attempt that landed was sent
+	for try := 0; ; try++ {
+		sent = time.Now()
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.LeaseTTL/3)
+		ack, err = c.publishLease(ctx, h.room, marker)
+		if err == nil || !ae10071(err) || try == 2 {
+			cancel()
+			break
+		}
+		// The lease moved since it was read: its expiry marker expired
+		// in turn (the key holds nothing now), or another worker took
+		// it. Read it again.
+		l, lerr := c.leaseEntry(ctx, h.room)
+		cancel()
+		if lerr != nil || l.live {
+			break
+		}
+		marker = l.rev
+	}
+	if err != nil {
+		c.log.Debug("natsroom: taking back an expired lease failed", "room", h.room, "err", err)
+		if ae10071(err) {
+			c.forget(h, "lease lost: it expired and was taken")
+		}
+		return // a timeout: the next renewal round looks again
+	}
+	h.mu.Lock()
+	h.rev = ack.Sequence // ours now (forget gives it up by this revision)
+	h.renewed = sent
+	// Renewed meanwhile (the check below may wait out the log's own
+	// election), without moving the deadline.
+	h.retaking, h.verifying = false, true
+	h.mu.Unlock()
+	epoch := strconv.FormatUint(h.epoch, 10)
+	var last *jetstream.RawStreamMsg
+	began := time.Now()
+	for {
+		last, err = c.st.getLeader(c.ctx, msgGetReq{LastBySubj: evSubject(h.room)})
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) || c.ctx.Err() != nil || time.Since(began) >= electionWait {
+			break
+		}
+		select { // the log electing a leader too (a heal): ask again
+		case <-c.ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	if err != nil || last.Header.Get(hdrEpoch) != epoch {
+		c.log.Warn("natsroom: a room's lease expired and its log is no longer this host's; releasing the room", "room", h.room, "err", err)
+		c.forget(h, "lease lost: it expired and was taken")
+		return
+	}
+	h.mu.Lock()
+	h.verifying = false
+	h.deadline = h.renewed.Add(c.cfg.LeaseTTL - leaseMargin)
+	lapsed := h.lapsed
+	h.lapsed = time.Time{}
+	h.mu.Unlock()
+	c.log.Info("natsroom: a room's lease expired while the lease bucket could not renew it, and nobody took the room; taken back, the room goes on",
+		"room", h.room, "rev", ack.Sequence, "paused", durSince(lapsed))
+	c.leaseRenewed(h)
+}
+
+// durSince is the time since t, rounded (0 for a zero t).
+func durSince(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return time.Since(t).Round(time.Millisecond)
 }
 
 // publishLease renews the room's lease over revision rev, with its TTL.
@@ -1266,6 +1595,16 @@ func (c *Cluster) place(msg jetstream.Msg) {
 		_ = msg.Ack() // its expiry wakes the room again
 		return
 	}
+	if lease.expired {
+		// Its holder may be alive and kept from renewing by the lease
+		// bucket's election, whose new leader expired the lease at once:
+		// the holder takes it back (retake) if it is given the time.
+		if wait := c.leaseGraceLeft(ctx, lease.at); wait > 0 {
+			c.log.Debug("natsroom: a lease expired just after the lease bucket's election; leaving it to its holder a moment", "room", rm, "wait", wait)
+			_ = msg.NakWithDelay(wait)
+			return
+		}
+	}
 	free := max(0, c.cfg.Slots-c.heldCount())
 	meta, _ := msg.Metadata()
 	if meta != nil && meta.NumDelivered < 4 {
@@ -1294,6 +1633,48 @@ func (c *Cluster) place(msg jetstream.Msg) {
 	_ = msg.Ack()
 }
 
+// leaderGrace is how long after its expiry a lease that expired soon after
+// the lease bucket elected a leader (within electionExpiries of it) is left
+// to its holder (see retake): a few of its renewal rounds (one every
+// LeaseTTL/3).
+func (c *Cluster) leaderGrace() time.Duration { return c.cfg.LeaseTTL }
+
+// electionExpiries is how long after the lease bucket's election an expiry
+// may be the election's doing: its new leader expires the leases not
+// renewed while it was elected about a lease's life after it took office,
+// and a renewal of those seconds may have landed without its answer (its
+// holder then learns its revision late).
+func (c *Cluster) electionExpiries() time.Duration { return 3 * c.cfg.LeaseTTL }
+
+// leaseGraceLeft is how much of leaderGrace is left of a lease that
+// expired at expiredAt (0 when it is past, when the expiry came long after
+// the lease bucket's leader took office, or when the bucket is not
+// replicated), as the leader itself tells (its own clock for all the
+// times); a leader that cannot be asked leaves a second to wait.
+func (c *Cluster) leaseGraceLeft(ctx context.Context, expiredAt time.Time) time.Duration {
+	ictx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	st, err := c.js.Stream(ictx, "KV_"+BucketLease)
+	if err != nil {
+		return time.Second
+	}
+	info := st.CachedInfo()
+	switch {
+	case info.Cluster == nil || c.cfg.Replicas <= 1:
+		return 0
+	case info.Cluster.Leader == "":
+		return time.Second
+	case info.Cluster.LeaderSince == nil || info.TimeStamp.IsZero() || expiredAt.IsZero():
+		return 0 // a server that does not say: no grace
+	case expiredAt.Sub(*info.Cluster.LeaderSince) > c.electionExpiries():
+		return 0 // long after the election: its holder had its renewals
+	}
+	if left := expiredAt.Add(c.leaderGrace()).Sub(info.TimeStamp); left > 0 {
+		return left + 100*time.Millisecond
+	}
+	return 0
+}
+
 // leaseHeld asks the lease stream's leader (not a direct get, which any
 // replica may serve) whether the room's lease is live: its last entry is
 // a value, not a delete, a purge or an expiry marker.
@@ -1307,7 +1688,8 @@ type leaseState struct {
 	rev     uint64
 	node    string // the holder a live lease names
 	live    bool
-	expired bool // its last entry is an expiry: its holder did not give it up
+	expired bool      // its last entry is an expiry: its holder did not give it up
+	at      time.Time // its last entry's time (the leader's clock)
 }
 
 // leaseEntry reads the room's lease from the lease stream's leader.
@@ -1319,7 +1701,7 @@ func (c *Cluster) leaseEntry(ctx context.Context, rm string) (leaseState, error)
 	if err != nil {
 		return leaseState{}, fmt.Errorf("natsroom: reading the lease: %w", err)
 	}
-	l := leaseState{rev: m.Sequence}
+	l := leaseState{rev: m.Sequence, at: m.Time}
 	switch {
 	case m.Header.Get("Nats-Marker-Reason") != "":
 		l.expired = true
@@ -1419,19 +1801,39 @@ func (c *Cluster) recordCursor(ctx context.Context, rm string, seq uint64) bool 
 	if seq <= l.f.inbox {
 		return true
 	}
-	return c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node, Ops: []op{{K: opInboxCur, Inbox: seq}}}) == nil
+	err := c.st.appendLocked(ctx, rm, l, &batch{Epoch: l.epoch, Node: c.cfg.Node, Ops: []op{{K: opInboxCur, Inbox: seq}}})
+	if err != nil && !l.owned {
+		// Fenced, or not answered in time: as a Write's, the room is
+		// given up (it stayed held, its log no longer written, and
+		// every inbox entry after failed).
+		c.fenced(rm, err)
+	}
+	return err == nil
 }
 
 // releaseIdle gives up the leases of held rooms with nothing to do (no
 // turn, nothing queued, no agent resident), so that an idle room costs
 // no renewals and frees its slot; its next message wakes it anywhere.
+//
+// A room found idle leaves the held set here (no round renews it again),
+// and is given up off the renew loop: the give-up waits for the room's
+// goroutine and its Drop, then writes to the streams (seconds on a busy
+// host or during an election), and the next renew round must not wait for
+// it: every other lease of the node lapsed meanwhile, and a healthy room
+// moved mid-turn (seen in make chaos). Its lease is deleted last, so no
+// host takes the room before it is given up.
 func (c *Cluster) releaseIdle(hs []*held) {
 	for _, h := range hs {
 		if c.ctx.Err() != nil {
 			return
 		}
 		l := c.st.log(h.room)
-		l.mu.Lock()
+		// A room whose log is being written is not idle, and its write
+		// may wait out the log's election: the renew loop that runs this
+		// must not wait for it (every lease would lapse meanwhile).
+		if !l.mu.TryLock() {
+			continue
+		}
 		idle := l.owned && !l.f.resident && l.f.idle()
 		l.mu.Unlock()
 		if !idle || time.Since(h.since) < c.cfg.LeaseTTL {
@@ -1444,32 +1846,38 @@ func (c *Cluster) releaseIdle(hs []*held) {
 		}
 		delete(c.held, h.room)
 		c.mu.Unlock()
-		h.cancel()
-		<-h.done
-		c.st.disown(h.room)
-		c.m.Drop(h.room, "idle: lease given up")
-
-		h.mu.Lock()
-		rev := h.rev
-		h.mu.Unlock()
-		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
-		// Taken entries whose purge failed go now (the cursor is past
-		// them), then the work mark: the room has nothing left to do.
-		if st, err := c.st.roomsStream(ctx); err == nil {
-			_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
-		}
-		if err := c.unmarkWork(ctx, h.room); err != nil {
-			c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
-		}
-		_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
-		// A message that came in while the lease was given up found the
-		// room held and its wake-up was dropped: wake the room again.
-		if c.needsWake(ctx, h.room) {
-			c.wakeRoom(ctx, h.room)
-		}
-		cancel()
-		c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
+		c.goRun(func() { c.giveUpIdle(h) })
 	}
+}
+
+// giveUpIdle gives up the lease of h, an idle room taken out of the held
+// set (see releaseIdle).
+func (c *Cluster) giveUpIdle(h *held) {
+	h.cancel()
+	<-h.done
+	c.st.disown(h.room)
+	c.m.Drop(h.room, "idle: lease given up")
+
+	h.mu.Lock()
+	rev := h.rev
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+	defer cancel()
+	// Taken entries whose purge failed go now (the cursor is past
+	// them), then the work mark: the room has nothing left to do.
+	if st, err := c.st.roomsStream(ctx); err == nil {
+		_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
+	}
+	if err := c.unmarkWork(ctx, h.room); err != nil {
+		c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
+	}
+	_ = c.lease.Delete(ctx, token(h.room), jetstream.LastRevision(rev))
+	// A message that came in while the lease was given up found the
+	// room held and its wake-up was dropped: wake the room again.
+	if c.needsWake(ctx, h.room) {
+		c.wakeRoom(ctx, h.room)
+	}
+	c.log.Debug("natsroom: idle room's lease given up", "room", h.room)
 }
 
 // needsWake reports whether a room this host gave up has work left: a

@@ -35,6 +35,12 @@ type testCluster struct {
 
 func startCluster(t *testing.T, ctx context.Context, workers [3]bool) *testCluster {
 	t.Helper()
+	return startClusterIn(t, ctx, workers, func(int) string { return t.TempDir() })
+}
+
+// startClusterIn is startCluster with host i's store in storeDir(i).
+func startClusterIn(t *testing.T, ctx context.Context, workers [3]bool, storeDir func(i int) string) *testCluster {
+	t.Helper()
 	tc := &testCluster{journal: filepath.Join(t.TempDir(), "journal")}
 	started := false
 	defer func() {
@@ -63,7 +69,7 @@ func startCluster(t *testing.T, ctx context.Context, workers [3]bool) *testClust
 				routes = append(routes, "nats://"+tc.proxies[i][j].addr())
 			}
 		}
-		tc.hosts = append(tc.hosts, startHost(t, hostOpts{name: fmt.Sprintf("n%d", i+1), storeDir: t.TempDir(),
+		tc.hosts = append(tc.hosts, startHost(t, hostOpts{name: fmt.Sprintf("n%d", i+1), storeDir: storeDir(i),
 			clusterListen: fmt.Sprintf("127.0.0.1:%d", cport[i]), advertise: fmt.Sprintf("127.0.0.1:%d", dead),
 			routes: routes, replicas: 3, worker: workers[i], journal: tc.journal}))
 	}
@@ -361,6 +367,9 @@ func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 		t.Fatalf("message after the partition ended %s", e.Data)
 	}
 	tc.isolate(old, false)
+	// The old holder kept the room paused, its agent frozen at its
+	// deadline, until it hears the lease was taken: it drops it then.
+	waitDropped(ctx, t, tc.hosts[old], rm)
 	// Whatever the old holder tried after the takeover was refused: the
 	// log after it holds only the new holder's steps, and the cut turn's
 	// end is the new holder's ("worker lost").
@@ -371,4 +380,22 @@ func TestCluster_PartitionedWorkerNeverRunsBesideTheNewHolder(t *testing.T) {
 		}
 	}
 	checkNoOverlap(t, tc.spans(t))
+}
+
+// waitDropped waits until h no longer holds rm (its agent ended).
+func waitDropped(ctx context.Context, t *testing.T, h *host, rm string) {
+	t.Helper()
+	for {
+		h.c.mu.Lock()
+		held := h.c.held[rm] != nil
+		h.c.mu.Unlock()
+		if !held {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s still holds %s", h.name, rm)
+		case <-time.After(50 * time.Millisecond): // the host's state: polled
+		}
+	}
 }

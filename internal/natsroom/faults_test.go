@@ -224,13 +224,15 @@ func waitLeaseExpired(ctx context.Context, t *testing.T, dir, rm string) {
 
 // holdProxy forwards TCP connections to a target. While held, nothing
 // goes from the server to the client (the bytes wait, as on a stalled
-// link); it counts the client's publishes to a subject.
+// link); while stalled, nothing goes either way; it counts the client's
+// publishes to a subject.
 type holdProxy struct {
 	l      net.Listener
 	target string
 	mu     sync.Mutex
 	cond   *sync.Cond
 	hold   bool
+	holdUp bool
 	subj   string
 	pubs   int
 	conns  []net.Conn
@@ -274,6 +276,9 @@ func (p *holdProxy) accept() {
 				n, err := c.Read(buf)
 				if n > 0 {
 					p.mu.Lock()
+					for p.holdUp {
+						p.cond.Wait()
+					}
 					if p.subj != "" {
 						p.pubs += bytes.Count(buf[:n], []byte(" "+p.subj+" "))
 						p.cond.Broadcast()
@@ -320,6 +325,14 @@ func (p *holdProxy) set(hold bool) {
 	p.mu.Unlock()
 }
 
+// stall holds both directions (or lets both go).
+func (p *holdProxy) stall(on bool) {
+	p.mu.Lock()
+	p.hold, p.holdUp = on, on
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
 // count starts counting the client's publishes to subj.
 func (p *holdProxy) count(subj string) {
 	p.mu.Lock()
@@ -356,7 +369,7 @@ func (p *holdProxy) waitPubs(n int, done <-chan struct{}) bool {
 
 func (p *holdProxy) close() {
 	_ = p.l.Close()
-	p.set(false)
+	p.stall(false)
 	p.mu.Lock()
 	for _, c := range p.conns {
 		_ = c.Close()

@@ -26,6 +26,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
 // host is one agenthost node in a test: an embedded JetStream node, a
 // Cluster and a Manager on a fake transport.
 type host struct {
@@ -37,6 +39,7 @@ type host struct {
 	m       *room.Manager
 	tr      *fakeTransport
 	link    *latencyProxy // with hostOpts.slowLink
+	stall   *holdProxy    // with hostOpts.stallLink
 	stopped bool
 	// roomsStopped: stopRooms ran (the node may still run).
 	roomsStopped bool
@@ -55,12 +58,16 @@ type hostOpts struct {
 	slowLink bool
 	// observe is the rooms' room.Options.Observe.
 	observe func([]room.Observed)
+	// stallLink puts it on a link the test stalls (host.stall).
+	stallLink bool
+	// idleAfter releases an idle room's agent (and then its lease).
+	idleAfter time.Duration
 }
 
 func startHost(t *testing.T, o hostOpts) *host {
 	t.Helper()
 	listen := ""
-	if o.slowLink {
+	if o.slowLink || o.stallLink {
 		listen = "127.0.0.1:0"
 	}
 	node, err := StartNode(NodeConfig{Name: o.name, StoreDir: o.storeDir, ClusterListen: o.clusterListen,
@@ -69,10 +76,14 @@ func startHost(t *testing.T, o hostOpts) *host {
 		t.Fatal(err)
 	}
 	h := &host{t: t, name: o.name, node: node}
-	if o.slowLink {
+	switch {
+	case o.slowLink:
 		h.link = newLatencyProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
 		h.nc, err = nats.Connect("nats://"+h.link.addr(), nats.Name(o.name), nats.MaxReconnects(-1))
-	} else {
+	case o.stallLink:
+		h.stall = newHoldProxy(t, strings.TrimPrefix(node.ClientURL(), "nats://"))
+		h.nc, err = nats.Connect("nats://"+h.stall.l.Addr().String(), nats.Name(o.name), nats.MaxReconnects(-1), nats.PingInterval(time.Hour))
+	default:
 		h.nc, err = node.Connect(o.name)
 	}
 	if err != nil {
@@ -83,13 +94,16 @@ func startHost(t *testing.T, o hostOpts) *host {
 	if os.Getenv("NATSROOM_DEBUG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
 	}
-	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second, Logger: lg})
+	// The fake agents are held to their leases as serve's are (see
+	// fakeAgent): a room whose deadline passes is paused, not dropped.
+	h.c, err = New(Config{Node: o.name, Conn: h.nc, Replicas: o.replicas, Worker: o.worker, Slots: cmp.Or(o.slots, 8), AcceptWait: 20 * time.Second,
+		HeldAgents: true, StoreHealth: node.Health, Logger: lg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.tr = newFakeTransport(o.name, o.journal)
 	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
-		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, Observe: o.observe})
+		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, Observe: o.observe, IdleAfter: o.idleAfter})
 	if err != nil {
 		t.Fatal(err)
 	}

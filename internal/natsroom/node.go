@@ -74,9 +74,29 @@ func TLSDir(dir string) *TLSFiles {
 
 // Node is an embedded JetStream server. Create it with StartNode and
 // Close it last.
+//
+// The server disables its JetStream when its store cannot write (a full
+// disk: nats-server shuts JetStream down and never turns it on again); a
+// node then serves no replica, and when every node's store shares the full
+// disk, the whole cluster stops. The Node watches for that: Health says
+// so, and once its store has room again (free space, and a test write that
+// succeeds) it restarts the server in place, with the same options (it
+// rejoins its JetStream cluster with the state kept on disk); the
+// in-process connections reconnect to it.
 type Node struct {
-	ns     *server.Server
+	cfg    NodeConfig
 	secret string
+	lg     *logger
+
+	mu       sync.Mutex
+	ns       *server.Server
+	disabled time.Time // since when JetStream is disabled (zero: it is not)
+	restarts int
+	lastErr  error // the last restart's failure
+	closed   bool
+
+	stop chan struct{}
+	done chan struct{}
 }
 
 // routeUser is the user name every route signs in with (the password is
@@ -125,6 +145,49 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		// any other (its own host connects in-process all the same).
 		cfg.Listen = "127.0.0.1:0"
 	}
+	if _, err := nodeOptions(cfg, true); err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, secret: cfg.Secret, lg: &logger{l: cfg.Logger}, stop: make(chan struct{}), done: make(chan struct{})}
+	ns, err := n.startServer()
+	if err != nil {
+		return nil, err
+	}
+	n.ns = ns
+	go n.watch()
+	return n, nil
+}
+
+// startServer starts a server with the node's options and waits until it
+// accepts clients.
+func (n *Node) startServer() (*server.Server, error) {
+	opts, err := nodeOptions(n.cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("natsroom: %w", err)
+	}
+	n.lg.reset()
+	ns.SetLoggerV2(n.lg, false, false, false)
+	ns.Start()
+	for deadline := time.Now().Add(10 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
+		if why := n.lg.fatal(); why != "" {
+			ns.Shutdown()
+			return nil, fmt.Errorf("natsroom: the embedded node did not start: %s", why)
+		}
+		if time.Now().After(deadline) {
+			ns.Shutdown()
+			return nil, errors.New("natsroom: embedded node not ready after 10s")
+		}
+	}
+	return ns, nil
+}
+
+// nodeOptions are the server options of cfg (check: the listeners are
+// checked free first, at the node's first start).
+func nodeOptions(cfg NodeConfig, check bool) (*server.Options, error) {
 	opts := &server.Options{
 		ServerName: cfg.Name, JetStream: true, StoreDir: cfg.StoreDir,
 		NoSigs: true, NoLog: true, DontListen: cfg.Listen == "",
@@ -134,8 +197,10 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: --nats-listen: %w", err)
 		}
-		if err := canListen("--nats-listen", h, p); err != nil {
-			return nil, err
+		if check {
+			if err := canListen("--nats-listen", h, p); err != nil {
+				return nil, err
+			}
 		}
 		opts.Host, opts.Port = h, p
 		if p == 0 {
@@ -165,8 +230,10 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("natsroom: --nats-cluster-listen: %w", err)
 		}
-		if err := canListen("--nats-cluster-listen", h, p); err != nil {
-			return nil, err
+		if check {
+			if err := canListen("--nats-cluster-listen", h, p); err != nil {
+				return nil, err
+			}
 		}
 		name := cfg.ClusterName
 		if name == "" {
@@ -195,24 +262,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("natsroom: %w", err)
-	}
-	lg := &logger{l: cfg.Logger}
-	ns.SetLoggerV2(lg, false, false, false)
-	ns.Start()
-	for deadline := time.Now().Add(10 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
-		if why := lg.fatal(); why != "" {
-			ns.Shutdown()
-			return nil, fmt.Errorf("natsroom: the embedded node did not start: %s", why)
-		}
-		if time.Now().After(deadline) {
-			ns.Shutdown()
-			return nil, errors.New("natsroom: embedded node not ready after 10s")
-		}
-	}
-	return &Node{ns: ns, secret: cfg.Secret}, nil
+	return opts, nil
 }
 
 // canListen fails with the address and the reason when addr cannot be
@@ -228,9 +278,26 @@ func canListen(flag, host string, port int) error {
 	return l.Close()
 }
 
-// Connect returns an in-process client connection to the node, signed in.
+// server is the node's server now (another after a restart).
+func (n *Node) server() *server.Server {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ns
+}
+
+// InProcessConn is a connection to the node's server now: the in-process
+// clients reconnect through it after a restart.
+func (n *Node) InProcessConn() (net.Conn, error) { return n.server().InProcessConn() }
+
+// Connect returns an in-process client connection to the node, signed in
+// (it reconnects to the node's server after a restart in place).
 func (n *Node) Connect(name string) (*nats.Conn, error) {
-	opts := []nats.Option{nats.InProcessServer(n.ns), nats.Name(name), nats.MaxReconnects(-1)}
+	opts := []nats.Option{nats.InProcessServer(n), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			// (Without one the client prints to stderr: a restart in
+			// place leaves a watch's consumer behind, for one.)
+			n.lg.log(slog.LevelDebug, "a client's asynchronous error", "client", name, "err", err)
+		})}
 	if n.secret != "" {
 		auth, err := Auth(n.secret)
 		if err != nil {
@@ -243,7 +310,7 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 
 // ClientURL is the node's client URL ("" when it listens for none).
 func (n *Node) ClientURL() string {
-	if a := n.ns.Addr(); a != nil {
+	if a := n.server().Addr(); a != nil {
 		return "nats://" + a.String()
 	}
 	return ""
@@ -251,19 +318,150 @@ func (n *Node) ClientURL() string {
 
 // ClusterAddr is the node's route listener address ("" for none).
 func (n *Node) ClusterAddr() string {
-	if a := n.ns.ClusterAddr(); a != nil {
+	if a := n.server().ClusterAddr(); a != nil {
 		return a.String()
 	}
 	return ""
 }
 
 // NumRoutes is how many routes the node has to other nodes now.
-func (n *Node) NumRoutes() int { return n.ns.NumRoutes() }
+func (n *Node) NumRoutes() int { return n.server().NumRoutes() }
 
 // Close shuts the node down and waits for it.
 func (n *Node) Close() {
-	n.ns.Shutdown()
-	n.ns.WaitForShutdown()
+	n.mu.Lock()
+	closed := n.closed
+	n.closed = true
+	n.mu.Unlock()
+	if !closed {
+		close(n.stop)
+	}
+	<-n.done
+	ns := n.server()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+}
+
+// NodeStatus is what a node tells of its JetStream (serve's /healthz and
+// /metrics).
+type NodeStatus struct {
+	// JetStream: the node's JetStream runs (false: disabled, its store
+	// could not write).
+	JetStream bool
+	// DisabledSince is when this node saw it disabled (zero: it is not).
+	DisabledSince time.Time
+	// Restarts is how many times the node restarted its server in place.
+	Restarts int
+}
+
+// Status is the node's JetStream status now.
+func (n *Node) Status() NodeStatus {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return NodeStatus{JetStream: n.disabled.IsZero(), DisabledSince: n.disabled, Restarts: n.restarts}
+}
+
+// Health is nil while the node's JetStream runs, else why not, and what
+// the node waits for (for /healthz, and a 503's reason).
+func (n *Node) Health() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.disabled.IsZero() {
+		return nil
+	}
+	why := fmt.Sprintf("JetStream is disabled on node %s since %s (its store at %s could not write: is the disk full?); the node restarts it once the store has room",
+		n.cfg.Name, n.disabled.UTC().Format(time.RFC3339), n.cfg.StoreDir)
+	if n.lastErr != nil {
+		why += " (last try: " + n.lastErr.Error() + ")"
+	}
+	return errors.New(why)
+}
+
+// Bounds of the node's watch: how often it looks, how much free space its
+// store needs (the smaller of storeRoom and a quarter of the disk) and the
+// size of the test write, before it restarts a server whose JetStream was
+// disabled.
+const (
+	watchEvery = time.Second
+	storeRoom  = 64 << 20
+	probeSize  = 1 << 20
+)
+
+// watch restarts the server in place once its JetStream was disabled and
+// its store has room again (see Node).
+func (n *Node) watch() {
+	defer close(n.done)
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-tick.C:
+		}
+		ns := n.server()
+		if ns.JetStreamEnabled() {
+			continue
+		}
+		n.mu.Lock()
+		first := n.disabled.IsZero()
+		if first {
+			n.disabled = time.Now()
+		}
+		n.mu.Unlock()
+		if first {
+			n.lg.log(slog.LevelError, "JetStream is disabled on this node (its store could not write: is the disk full?); the node restarts it once the store has room")
+		}
+		if err := storeHasRoom(n.cfg.StoreDir); err != nil {
+			n.mu.Lock()
+			n.lastErr = err
+			n.mu.Unlock()
+			continue
+		}
+		n.lg.log(slog.LevelWarn, "the node's store has room again; restarting the embedded NATS server in place")
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		nns, err := n.startServer()
+		n.mu.Lock()
+		if err != nil {
+			// The old server is gone: the next round tries again (its
+			// JetStream reads as disabled).
+			n.lastErr = err
+			n.mu.Unlock()
+			n.lg.log(slog.LevelError, "restarting the embedded NATS server failed; trying again", "err", err)
+			continue
+		}
+		n.ns, n.restarts, n.lastErr, n.disabled = nns, n.restarts+1, nil, time.Time{}
+		n.mu.Unlock()
+		n.lg.log(slog.LevelWarn, "the embedded NATS server runs again, its JetStream enabled")
+	}
+}
+
+// storeHasRoom checks the store's disk has room for JetStream again:
+// enough free space, and a test write (with its sync) that succeeds.
+func storeHasRoom(dir string) error {
+	if free, size, err := diskSpace(dir); err == nil {
+		need := min(uint64(storeRoom), size/4)
+		if free < need {
+			return fmt.Errorf("%d MiB free on the store's disk, %d MiB needed", free>>20, need>>20)
+		}
+	}
+	f, err := os.CreateTemp(dir, ".room-probe-*")
+	if err != nil {
+		return fmt.Errorf("a test write in the store: %w", err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(make([]byte, probeSize))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("a test write in the store: %w", err)
+	}
+	return nil
 }
 
 // DialOptions are how Dial signs in to external servers: a credentials
@@ -334,15 +532,29 @@ func (l *logger) fatal() string {
 	return l.first
 }
 
-func (l *logger) log(level slog.Level, f string, a ...any) {
+// reset forgets the fatal error of a server before (a restart).
+func (l *logger) reset() {
+	l.mu.Lock()
+	l.first = ""
+	l.mu.Unlock()
+}
+
+func (l *logger) log(level slog.Level, msg string, args ...any) {
+	if l.l != nil {
+		l.l.Log(context.Background(), level, "natsroom: "+msg, args...)
+	}
+}
+
+// logf logs one of the server's own lines.
+func (l *logger) logf(level slog.Level, f string, a ...any) {
 	if l.l != nil {
 		l.l.Log(context.Background(), level, "nats: "+fmt.Sprintf(f, a...))
 	}
 }
 
 func (l *logger) Noticef(string, ...any)    {}
-func (l *logger) Warnf(f string, a ...any)  { l.log(slog.LevelWarn, f, a...) }
-func (l *logger) Errorf(f string, a ...any) { l.log(errorLevel(f), f, a...) }
+func (l *logger) Warnf(f string, a ...any)  { l.logf(slog.LevelWarn, f, a...) }
+func (l *logger) Errorf(f string, a ...any) { l.logf(errorLevel(f), f, a...) }
 
 // routeRetryFormat is the NATS server's line for a route it could not dial
 // yet (its first attempt, then every so often): at a cluster's start, peers
@@ -364,5 +576,5 @@ func (l *logger) Fatalf(f string, a ...any) {
 		l.first = fmt.Sprintf(f, a...)
 	}
 	l.mu.Unlock()
-	l.log(slog.LevelError, f, a...)
+	l.logf(slog.LevelError, f, a...)
 }

@@ -348,7 +348,7 @@ func (s *Store) getBatch(ctx context.Context, seq uint64) (*jetstream.RawStreamM
 }
 
 type roomLog struct {
-	mu    sync.Mutex
+	mu    logLock
 	f     *fold
 	last  uint64     // stream sequence of the last batch folded
 	index []batchRef // batches with events, in order
@@ -360,9 +360,48 @@ type roomLog struct {
 	// owner side
 	owned    bool
 	epoch    uint64
-	deadline func() time.Time // the lease's local deadline
+	deadline func() time.Time // how long appends may be tried (the lease's local deadline, and a pause after it)
 
 	used time.Time // last asked for (under Store.mu): see evictIdle
+}
+
+// logLock is a room log's lock: a mutex whose reader can stop waiting
+// when its context ends (lockCtx). The holder's append keeps it while it
+// waits out the log's election (up to appendPatience), and a read with a
+// deadline must not outlast that: a /metrics scrape on the holder, whose
+// reading of the rooms is bounded, waited over 30 s for one (make chaos,
+// just after a full disk was freed).
+type logLock chan struct{}
+
+func newLogLock() logLock { return make(logLock, 1) }
+
+func (l logLock) Lock() { l <- struct{}{} }
+
+func (l logLock) Unlock() {
+	select {
+	case <-l:
+	default:
+		panic("natsroom: unlock of an unlocked room log")
+	}
+}
+
+func (l logLock) TryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// lockCtx locks l, or gives up with ctx's error once ctx ends.
+func (l logLock) lockCtx(ctx context.Context) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("natsroom: waiting for the room's log (a write waiting out an election?): %w", ctx.Err())
+	}
 }
 
 type batchRef struct {
@@ -380,7 +419,7 @@ func (s *Store) log(room string) *roomLog {
 	defer s.mu.Unlock()
 	l := s.rooms[room]
 	if l == nil {
-		l = &roomLog{f: newFold(room)}
+		l = &roomLog{mu: newLogLock(), f: newFold(room)}
 		s.rooms[room] = l
 	}
 	l.used = time.Now()
@@ -553,7 +592,9 @@ func (l *roomLog) indexLocked(b *batch, seq uint64) {
 // read runs fn on the room's current fold.
 func (s *Store) read(ctx context.Context, room string, fn func(f *fold)) error {
 	l := s.log(room)
-	l.mu.Lock()
+	if err := l.mu.lockCtx(ctx); err != nil {
+		return err
+	}
 	defer l.mu.Unlock()
 	if err := s.syncLocked(ctx, room, l); err != nil {
 		return err
@@ -570,7 +611,9 @@ func (s *Store) Events(ctx context.Context, room string, after int64, limit int)
 	}
 	began := time.Now()
 	l := s.log(room)
-	l.mu.Lock()
+	if err := l.mu.lockCtx(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.syncLocked(ctx, room, l); err != nil {
 		l.mu.Unlock()
 		return nil, err
@@ -964,9 +1007,15 @@ func (s *Store) disown(room string) {
 	l.mu.Unlock()
 }
 
+// holds reports whether this host writes the room's log. A room whose
+// log is being written is (a write runs only for a room this host owns):
+// the answer does not wait for the write, which may wait out the log's
+// election.
 func (s *Store) holds(room string) bool {
 	l := s.log(room)
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		return true
+	}
 	defer l.mu.Unlock()
 	return l.owned
 }
@@ -977,11 +1026,17 @@ func (s *Store) holds(room string) bool {
 const (
 	appendAttempt = time.Second
 	appendBackoff = 100 * time.Millisecond
+	// appendPatience bounds one append however long the lease is
+	// renewed: a log that answers nothing for that long (it lost its
+	// quorum while the lease bucket kept one) is not an election, and
+	// the room's writer waits no longer for it.
+	appendPatience = 2 * electionWait
 )
 
 // errAppendUnresolved: no attempt of an append was answered before the
-// lease's deadline; the write may or may not be in the log, and this host
-// no longer holds the room (the next holder folds whatever the log has).
+// lease's deadline (or appendPatience); the write may or may not be in the
+// log, and this host no longer holds the room (the next holder folds
+// whatever the log has).
 var errAppendUnresolved = errors.New("natsroom: the log did not answer before the lease's deadline (the write may have landed; the room moves)")
 
 // appendLocked publishes b as the room's next log entry, fenced by the
@@ -1004,11 +1059,22 @@ func (s *Store) appendBatch(ctx context.Context, rm string, l *roomLog, b *batch
 	if !l.owned {
 		return fmt.Errorf("%w: %q", room.ErrNotHeld, rm)
 	}
-	until := time.Now().Add(3 * reqTimeout)
+	// The lease's deadline is read again before every attempt: it moves
+	// on with each renewal, and an append that waits out the log's
+	// election (seconds) while the lease is renewed must not give the
+	// room up at the deadline it read when it began.
+	began := time.Now()
+	fixed := began.Add(3 * reqTimeout)
+	until := func() time.Time { return fixed }
 	if l.deadline != nil {
-		until = l.deadline()
+		until = func() time.Time {
+			if d := l.deadline(); d.Before(began.Add(appendPatience)) {
+				return d
+			}
+			return began.Add(appendPatience)
+		}
 	}
-	if !time.Now().Before(until) {
+	if !time.Now().Before(until()) {
 		return fmt.Errorf("%w: %w", room.ErrNotHeld, ErrLeaseExpired)
 	}
 	if t, ok := ctx.Value(inboxKey{}).(inboxTake); ok && t.room == rm && t.seq > l.f.inbox {
@@ -1057,14 +1123,14 @@ func (s *Store) appendBatch(ctx context.Context, rm string, l *roomLog, b *batch
 }
 
 // publish sends msg until JetStream answers for it (see appendLocked) and
-// returns its stream sequence.
-func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Msg, msgID string, until time.Time) (uint64, error) {
+// returns its stream sequence; until is the lease's deadline as it is now.
+func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Msg, msgID string, until func() time.Time) (uint64, error) {
 	unclear := false // an attempt may have landed
 	for {
 		if !unclear && ctx.Err() != nil {
 			return 0, fmt.Errorf("natsroom: appending to the log: %w", ctx.Err())
 		}
-		pctx, cancel := context.WithTimeout(context.Background(), min(appendAttempt, max(time.Until(until), time.Millisecond)))
+		pctx, cancel := context.WithTimeout(context.Background(), min(appendAttempt, max(time.Until(until()), time.Millisecond)))
 		ack, err := s.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(l.last), jetstream.WithMsgID(msgID))
 		cancel()
 		var ae *jetstream.APIError
@@ -1084,15 +1150,22 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 			// duplicate window) is a success; anything else is another
 			// writer's.
 			m, gerr := s.getLeader(context.Background(), msgGetReq{LastBySubj: evSubject(rm)})
-			if gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID {
+			switch {
+			case gerr == nil && m.Header.Get(nats.MsgIdHdr) == msgID:
 				s.resolved(rm, m.Sequence)
 				return m.Sequence, nil
-			}
-			if gerr == nil {
+			case gerr == nil && m.Sequence > l.last:
 				l.owned = false
 				return 0, fmt.Errorf("%w: %w: %w", room.ErrNotHeld, ErrFenced, err)
+			case gerr == nil:
+				// A log that ends before what this writer stored: a
+				// leader behind the log answered (one cut off that does
+				// not know it lost its quorum yet, just after a heal).
+				// Nothing of this attempt landed; ask again.
+				s.logger.Debug("natsroom: an append was answered by a leader behind the log; again", "room", rm, "its_last", m.Sequence, "ours", l.last)
+			default:
+				unclear = true
 			}
-			unclear = true
 		case errors.Is(err, nats.ErrConnectionClosed) && !unclear:
 			// Never sent: nothing landed.
 			return 0, fmt.Errorf("natsroom: appending to the log: %w", err)
@@ -1107,7 +1180,7 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 		default:
 			unclear = true
 		}
-		if !time.Now().Before(until) {
+		if !time.Now().Before(until()) {
 			if !unclear {
 				// Nothing landed: a clean failure (the deadline ends
 				// the room soon enough).
@@ -1116,7 +1189,7 @@ func (s *Store) publish(ctx context.Context, rm string, l *roomLog, msg *nats.Ms
 			l.owned = false
 			return 0, fmt.Errorf("%w: %w", room.ErrNotHeld, errAppendUnresolved)
 		}
-		if d := min(appendBackoff, time.Until(until)); d > 0 {
+		if d := min(appendBackoff, time.Until(until())); d > 0 {
 			time.Sleep(d) // a backoff between attempts, bounded by the deadline
 		}
 	}

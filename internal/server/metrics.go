@@ -115,6 +115,7 @@ func newMetrics(s *Server) *metrics {
 			}, stat(func(s TraceStats) uint64 { return s.AgentBatchesRefused })),
 		)
 	}
+	mt.reg.MustRegister(s.opts.Collectors...)
 	mt.h = promhttp.HandlerFor(mt.reg, promhttp.HandlerOpts{})
 	mt.untap, mt.tapped = s.m.TapEvents(func(evs []store.Event) {
 		mt.mu.Lock()
@@ -141,12 +142,20 @@ func newMetrics(s *Server) *metrics {
 }
 
 func (mt *metrics) serve(w http.ResponseWriter, r *http.Request) {
-	if err := mt.catchUp(r.Context()); err != nil {
-		mt.s.fail(w, r, err, "metrics")
-		return
+	// A store that cannot be read now (a cluster whose JetStream is down)
+	// leaves the counters as last read, for the next scrape to catch up:
+	// the gauges that say why are served all the same, without waiting
+	// for the store longer than a scrape would.
+	ctx, cancel := context.WithTimeout(r.Context(), catchUpWait)
+	defer cancel()
+	if err := mt.catchUp(ctx); err != nil && r.Context().Err() == nil {
+		mt.s.log.Warn("server: metrics: counting the events written since the last scrape failed; served as last counted", "err", err)
 	}
 	mt.h.ServeHTTP(w, r)
 }
+
+// catchUpWait bounds a scrape's reading of the rooms' logs.
+const catchUpWait = 5 * time.Second
 
 // close stops counting committed events.
 func (mt *metrics) close() { mt.untap() }

@@ -29,6 +29,7 @@ import (
 	"github.com/agenthost/agenthost/internal/buildinfo"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Defaults for Options.
@@ -86,7 +87,10 @@ type Options struct {
 	// Health, if set, is asked by /healthz: an error makes it answer 503
 	// with the error as the reason (a part the host needs is down).
 	Health func() error
-	Logger *slog.Logger
+	// Collectors are more metrics /metrics serves (the host's own parts:
+	// a cluster node's JetStream).
+	Collectors []prometheus.Collector
+	Logger     *slog.Logger
 	// Version names the build in /healthz and the OpenAPI document's
 	// info.version (default: buildinfo.Version()).
 	Version string
@@ -382,6 +386,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what st
 		status, msg = http.StatusNotImplemented, trimPrefix(err)
 	case errors.Is(err, room.ErrNotFound):
 		status, msg = http.StatusNotFound, what+": not found"
+	case errors.Is(err, room.ErrNotHeld):
+		// In a cluster, no node runs the room (nothing of it is pending
+		// there): what the request names is not found on any node.
+		status, msg = http.StatusNotFound, what+": not found (no node holds the room)"
 	case errors.Is(err, room.ErrConflict):
 		status, msg = http.StatusConflict, what+": already resolved"
 	case errors.Is(err, room.ErrNoTurn):

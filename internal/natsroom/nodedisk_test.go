@@ -1,0 +1,213 @@
+package natsroom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/agenthost/agenthost/room"
+)
+
+// Regression tests for issue 48 (review-cluster): a node whose JetStream
+// a full disk disabled comes back by itself.
+
+// TestNode_RestartsItsServerWhenJetStreamWasDisabled: a node whose
+// JetStream was shut down (what the server does when its store cannot
+// write: a full disk) says so in Health, restarts its server in place once
+// its store has room (here: at once), and the in-process connections made
+// before go on with the new server. It stayed down until restarted by
+// hand.
+func TestNode_RestartsItsServerWhenJetStreamWasDisabled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	nc, err := node.Connect("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Health(); err != nil {
+		t.Fatalf("health before: %v", err)
+	}
+	// What nats-server does on a store write error.
+	if err := node.server().ShutdownJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	sawDown := false
+	for {
+		st := node.Status()
+		if !st.JetStream {
+			sawDown = sawDown || node.Health() != nil && strings.Contains(node.Health().Error(), "disabled")
+		}
+		if st.Restarts > 0 && st.JetStream {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the node did not restart its server: %+v, %v", node.Status(), node.Health())
+		case <-time.After(100 * time.Millisecond): // the node's watch: polled
+		}
+	}
+	if !sawDown {
+		t.Log("the restart came before Health was read while down")
+	}
+	if err := node.Health(); err != nil {
+		t.Fatalf("health after the restart: %v", err)
+	}
+	// The same connection, through the new server: the stream and its
+	// message are there (kept on disk), and it takes another.
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Publish(pctx, "s", []byte("after"))
+		pcancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("publishing after the restart: %v", err)
+		case <-time.After(100 * time.Millisecond): // the client reconnecting: polled
+		}
+	}
+	s, err := js.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 2 {
+		t.Fatalf("%d messages in the stream after the restart, want 2", n)
+	}
+}
+
+// TestCluster_FullSharedDiskThenFreedComesBack: three nodes whose stores
+// share one small disk (a tmpfs: root only); the disk fills, every node's
+// JetStream is disabled, and each says so (Health, and the 503's reason of
+// a message); once the space is freed every node restarts its server in
+// place, and the cluster takes messages again and runs them, with no
+// restart by hand. It stayed down until every node was restarted.
+func TestCluster_FullSharedDiskThenFreedComesBack(t *testing.T) {
+	clusterTests(t)
+	if os.Geteuid() != 0 {
+		t.Skip("mounting the small disk (a tmpfs) needs root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	disk := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", disk).CombinedOutput(); err != nil {
+		t.Skipf("mounting a tmpfs (as root): %v: %s", err, out)
+	}
+	defer func() {
+		if out, err := exec.Command("umount", "-l", disk).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", disk, err, out)
+		}
+	}()
+	tc := startClusterIn(t, ctx, [3]bool{true, true, true}, func(i int) string { return filepath.Join(disk, fmt.Sprintf("n%d", i+1)) })
+	defer tc.stop()
+	front := tc.hosts[0]
+	rm := "full"
+	acc, err := front.m.Submit(ctx, rm, room.Message{Text: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, front, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	// Fill the disk, then write to the log until a store write fails.
+	filler := filepath.Join(disk, "filler")
+	fillDisk(t, filler)
+	for i := 0; ; i++ {
+		down := 0
+		for _, h := range tc.hosts {
+			if !h.node.Status().JetStream {
+				down++
+			}
+		}
+		if down == len(tc.hosts) {
+			break
+		}
+		sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+		_, _ = front.m.Submit(sctx, rm, room.Message{Text: fmt.Sprintf("while full %d", i)})
+		scancel()
+		if ctx.Err() != nil {
+			t.Fatalf("JetStream was disabled on %d of 3 nodes", down)
+		}
+	}
+	for _, h := range tc.hosts {
+		if err := h.node.Health(); err == nil || !strings.Contains(err.Error(), "disabled") {
+			t.Fatalf("%s's health while its JetStream is disabled: %v", h.name, err)
+		}
+	}
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = front.m.Submit(sctx, rm, room.Message{Text: "refused"})
+	scancel()
+	if !errors.Is(err, room.ErrUnavailable) || !strings.Contains(err.Error(), "disabled") {
+		t.Fatalf("a message while every node's JetStream is disabled: %v; want room.ErrUnavailable saying why", err)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	freedAt := time.Now()
+	for _, h := range tc.hosts {
+		for !h.node.Status().JetStream {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s did not come back: %v", h.name, h.node.Health())
+			case <-time.After(250 * time.Millisecond): // the node's watch: polled
+			}
+		}
+	}
+	t.Logf("every node's JetStream back %v after the space was freed", time.Since(freedAt).Round(time.Millisecond))
+	var after room.Accepted
+	for {
+		sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+		after, err = front.m.Submit(sctx, rm, room.Message{Text: "after"})
+		scancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || !errors.Is(err, room.ErrUnavailable) {
+			t.Fatalf("a message after the space was freed: %v", err)
+		}
+	}
+	e := waitEvent(ctx, t, front, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == after.ID })
+	if !strings.Contains(string(e.Data), `"outcome":"settled"`) {
+		t.Fatalf("the message after the space was freed ended %s", e.Data)
+	}
+	t.Logf("a message ran %v after the space was freed", time.Since(freedAt).Round(time.Millisecond))
+}
+
+// fillDisk writes path until its disk is full.
+func fillDisk(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
