@@ -17,6 +17,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
 )
@@ -144,7 +145,8 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 	} else if f.cwd != "" {
 		spec.Dir = f.cwd
 	}
-	unconfine, err := f.confine.wrap(log, where, ws, &spec.Argv, &spec.Env)
+	command := spec.Argv
+	unconfine, pol, err := f.confine.wrap(log, where, ws, &spec.Argv, &spec.Env)
 	if err != nil {
 		return err
 	}
@@ -181,7 +183,15 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 	defer floodGC()()
 	c, err := rpc.Spawn(ctx, spec, opts)
 	if err != nil {
-		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
+		var exit *rpc.ExitError
+		tail := ""
+		if errors.As(err, &exit) {
+			tail = exit.Stderr
+		}
+		err = startfail.Explain(fmt.Errorf("starting the agent: %w", err), tail,
+			startfail.Info{Command: command, Custom: len(custom) > 0, Policy: pol, Allow: "prompt --confine-read"})
+		printStartTail(ctx, log, stderr, err)
+		return classify(ctx, err)
 	}
 	defer c.Close()
 	turn, err := c.Run(ctx, msg, nil)
@@ -293,6 +303,19 @@ func classify(ctx context.Context, err error) error {
 		return &exitError{3, fmt.Errorf("timed out: %w", err)}
 	}
 	return &exitError{1, err}
+}
+
+// printStartTail writes, with -v, the last lines of the agent's stderr that
+// err (a start failure) keeps: the error itself is printed as one line.
+func printStartTail(ctx context.Context, log *slog.Logger, w io.Writer, err error) {
+	var sf *startfail.Error
+	if !errors.As(err, &sf) || len(sf.Tail) == 0 || !log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	fmt.Fprintln(w, "agenthost: the agent's stderr ended with:")
+	for _, l := range sf.Tail {
+		fmt.Fprintln(w, "  "+l)
+	}
 }
 
 // agentSpec resolves what to run. Without a model it starts the built-in

@@ -81,7 +81,7 @@ var serveEnv = map[string]string{
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
 	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
-	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
+	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET", "confine-read": "AGENTHOST_CONFINE_READ",
 	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
@@ -112,7 +112,9 @@ the kernel has it (--confine auto, the default; landlock refuses to start
 without it; off): they read and write only the room's workspace, the agent's
 home and a temporary folder of their own, read the system and the installed
 agents, and cannot signal the server or other rooms. --confine-net PORTS
-limits their TCP connects to those ports (and the built-in model's). A server
+limits their TCP connects to those ports (and the built-in model's);
+--confine-read DIR,... lets them read more folders, never write them (a custom
+agent's interpreter in a user's home; never the data dir or the workspaces). A server
 run as root gives each room's agent a uid of its own from --agent-uids
 (default 2000000000-2000999999; off: agents run as the server's user). Agents
 get an allowlisted environment: PATH, TERM, LANG, LC_*, the proxy and CA
@@ -335,6 +337,9 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if f.workspaces == "" {
 		f.workspaces = filepath.Join(f.data, "workspaces")
+	}
+	if err := f.confine.checkRead(f.data, f.workspaces); err != nil {
+		return err
 	}
 	clustered := f.natsEmbedded || len(f.nats) > 0
 	if err := checkClusterFlags(f, clustered); err != nil {

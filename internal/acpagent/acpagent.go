@@ -28,6 +28,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
@@ -193,7 +194,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		}
 		ports = append(ports, a.tools.port())
 	}
-	argv, env, err := t.confine(spec, ws, r, ports, a, user)
+	argv, env, pol, err := t.confine(spec, ws, r, ports, a, user)
 	if err != nil {
 		return nil, errors.Join(err, a.tools.close())
 	}
@@ -220,7 +221,14 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Logger:            t.opts.Logger,
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("acpagent: starting the agent: %w", err), a.tools.close())
+		var exit *acp.ExitError
+		stderr := ""
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		err = startfail.Explain(fmt.Errorf("acpagent: starting the agent: %w", err), stderr,
+			startfail.Info{Command: r.Argv, Custom: len(cfg.Command) > 0, Policy: pol})
+		return nil, errors.Join(err, a.tools.close())
 	}
 	a.c = c
 	fail := func(err error) (room.Agent, error) {
@@ -301,7 +309,7 @@ func (t *Transport) keepSessionCost(id string, cost float64) {
 
 // confine wraps the recipe's command in the room's confinement (as given
 // when unconfined), as user, and records it on a.
-func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent, user *confine.User) ([]string, []string, error) {
+func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent, user *confine.User) ([]string, []string, *confine.Policy, error) {
 	exec := []string{r.Argv[0]}
 	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
 		if s := spec.MCP[name]; len(s.Command) > 0 {
@@ -313,14 +321,14 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 	cr.User = user
 	pol, err := t.opts.Confine.Policy(cr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+		return nil, nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}
 	argv, env, err := pol.Wrap(r.Argv, r.Env)
 	if err != nil {
-		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+		return nil, nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}
 	a.confined = room.Confinement(pol.Report())
-	return argv, env, nil
+	return argv, env, pol, nil
 }
 
 // Confinement implements room.Confined: what confines the agents this

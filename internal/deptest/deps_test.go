@@ -34,7 +34,7 @@ var allowed = map[string][]string{
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
-	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage",
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/startfail",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Confinement (the policy and the Landlock launcher) stands alone: the
@@ -102,6 +102,9 @@ var allowed = map[string][]string{
 		append(sqliteDeps, natsDeps...)...),
 	module + "/internal/server": append([]string{module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
 		append(sqliteDeps, prometheusDeps...)...),
+	// Start failures explained: the confinement policy (what the agent may
+	// read) and the redactor; never a transport, rooms or the server.
+	module + "/internal/startfail": append([]string{module + "/internal/confine", module + "/internal/detail", module + "/internal/agentfs"}, landlockDeps...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,
 }

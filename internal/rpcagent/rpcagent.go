@@ -31,6 +31,7 @@ import (
 	"github.com/agenthost/agenthost/internal/daemonproc"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
@@ -277,6 +278,7 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
 	}
+	command := rs.Argv
 	pol, err := t.confine(spec, &rs, true, user)
 	if err != nil {
 		return nil, err
@@ -291,7 +293,13 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
-		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
+		var exit *rpc.ExitError
+		stderr := ""
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		return nil, startfail.Explain(fmt.Errorf("rpcagent: starting %s: %w", kind, err), stderr,
+			startfail.Info{Command: command, Custom: custom, Policy: pol})
 	}
 	a.c = c
 	a.live.Store(c)
