@@ -129,7 +129,8 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 	}
 	lines := [][2]string{
 		{"agent", str(c.Agent)}, {"model", str(c.Model)}, {"thinking", str(c.Thinking)}, {"instructions", strings.ReplaceAll(str(instr), "\n", " ")},
-		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout}, {"idle_after", c.IdleAfter},
+		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout},
+		{"question_timeout", c.QuestionTimeout}, {"idle_after", c.IdleAfter},
 		{"mcp", string(mcp)}, {"budget.tokens", budget(c.Budget.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(c.Budget.Turns)},
 	}
 	for _, l := range lines {

@@ -56,6 +56,7 @@ type serveFlags struct {
 	transport                               string
 	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
+	questionTimeout                         time.Duration
 	approvalMode, config                    string
 	budgetTokens                            int64
 	budgetUSD                               float64
@@ -80,7 +81,8 @@ var serveEnv = map[string]string{
 	"listen": "AGENTHOST_LISTEN", "data": "AGENTHOST_DATA", "agent": "AGENTHOST_AGENT", "model": "AGENTHOST_MODEL",
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
-	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
+	"question-timeout": "AGENTHOST_QUESTION_TIMEOUT",
+	"approval-mode":    "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
 	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET", "confine-read": "AGENTHOST_CONFINE_READ",
 	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
@@ -163,6 +165,7 @@ and their running turns go on. SIGINT and SIGTERM still stop everything.`,
 	fl.DurationVar(&f.idleAfter, "idle-after", room.DefaultIdleAfter, "release a room's agent after this long idle")
 	fl.DurationVar(&f.turnTimeout, "turn-timeout", room.DefaultTurnTimeout, "bound on a turn's active time")
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
+	fl.DurationVar(&f.questionTimeout, "question-timeout", room.DefaultQuestionTimeout, "cancel a question nobody answered after this long (the agent goes on without an answer)")
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.Int64Var(&f.budgetTokens, "room-budget-tokens", 0, "every room's token budget unless its config sets one (0: none)")
 	fl.Float64Var(&f.budgetUSD, "room-budget-usd", 0, "every room's budget in dollars unless its config sets one (0: none)")
@@ -512,7 +515,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	ropts := room.Options{
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
-			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout},
+			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, QuestionTimeout: f.questionTimeout},
 		Budget: room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
 		Agents: roomAgents(f.transport, custom),
 		Logger: log,

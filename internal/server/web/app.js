@@ -277,7 +277,7 @@ async function loadHistory(rm) {
 
 // ---- a room's settings (GET and PUT .../config)
 
-const CONFIG_TEXT = ["agent", "model", "thinking", "approval_mode", "turn_timeout", "approval_timeout", "idle_after", "instructions"];
+const CONFIG_TEXT = ["agent", "model", "thinking", "approval_mode", "turn_timeout", "approval_timeout", "question_timeout", "idle_after", "instructions"];
 const CONFIG_BUDGET = ["tokens", "cost_usd", "turns"];
 
 // loadConfig fills the settings form from the room's effective settings
