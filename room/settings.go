@@ -142,12 +142,44 @@ func ParseSettings(b []byte, readOnly ...string) (Settings, error) {
 	dec.DisallowUnknownFields()
 	var s Settings
 	if err := dec.Decode(&s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// In the settings' own names, not Go's types.
+			return Settings{}, fmt.Errorf("%w: %s must be a JSON %s, not %s", ErrBadSettings, te.Field, jsonKind(te.Type.Kind().String()), aJSON(te.Value))
+		}
 		return Settings{}, fmt.Errorf("%w: %s", ErrBadSettings, strings.TrimPrefix(err.Error(), "json: "))
 	}
 	if err := s.check(nil); err != nil {
 		return Settings{}, err
 	}
 	return s, nil
+}
+
+// aJSON is a JSON value's kind with its article ("an array").
+func aJSON(kind string) string {
+	if kind == "array" || kind == "object" {
+		return "an " + kind
+	}
+	return "a " + kind
+}
+
+// jsonKind names a Go kind as JSON does.
+func jsonKind(k string) string {
+	switch k {
+	case "string":
+		return "string"
+	case "int64", "int":
+		return "whole number"
+	case "float64":
+		return "number"
+	case "bool":
+		return "boolean (true or false)"
+	case "map", "struct":
+		return "object"
+	case "slice":
+		return "array"
+	}
+	return k
 }
 
 // check says what is wrong with s; agents, if not nil, are the agent
@@ -181,7 +213,7 @@ func (s Settings) check(agents []string) error {
 		v    Duration
 	}{{"turn_timeout", s.TurnTimeout}, {"approval_timeout", s.ApprovalTimeout}, {"question_timeout", s.QuestionTimeout}, {"idle_after", s.IdleAfter}} {
 		if d.v < 0 || time.Duration(d.v) > maxDuration || d.v > 0 && time.Duration(d.v) < time.Second {
-			return bad("%s must be from 1s to %s (or empty for the server's default)", d.name, maxDuration)
+			return bad("%s must be from 1s to %s (or 0 or empty for the server's default)", d.name, maxDuration)
 		}
 	}
 	if err := validateMCP(s.MCP); err != nil {

@@ -305,6 +305,15 @@ func classify(ctx context.Context, err error) error {
 	return &exitError{1, err}
 }
 
+// unknownRPCAgent says an agent is not one the RPC transport runs, and
+// for an ACP agent (claude, codex, copilot) the flag that runs it.
+func unknownRPCAgent(agent string) error {
+	if agents.ACPOnly(agents.Kind(agent)) {
+		return fmt.Errorf("agent %q runs over ACP: add --transport acp (over RPC: omp or pi)", agent)
+	}
+	return fmt.Errorf("unknown agent %q (omp or pi; claude, codex and copilot with --transport acp)", agent)
+}
+
 // printStartTail writes, with -v, the last lines of the agent's stderr that
 // err (a start failure) keeps: the error itself is printed as one line.
 func printStartTail(ctx context.Context, log *slog.Logger, w io.Writer, err error) {
@@ -333,7 +342,7 @@ func agentSpec(ctx context.Context, log *slog.Logger, agent, model string, custo
 	}
 	kind := agents.Kind(agent)
 	if kind != agents.OMP && kind != agents.Pi {
-		return rpc.Spec{}, agentWhere{}, noop, &exitError{2, fmt.Errorf("unknown agent %q (omp or pi)", agent)}
+		return rpc.Spec{}, agentWhere{}, noop, &exitError{2, unknownRPCAgent(agent)}
 	}
 	in, err := agents.Find()
 	if err != nil {

@@ -331,7 +331,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 			return &exitError{2, fmt.Errorf("serve: %w", err)}
 		}
 	case kind != agents.OMP && kind != agents.Pi:
-		return &exitError{2, fmt.Errorf("serve: unknown agent %q (omp or pi)", f.agent)}
+		return &exitError{2, fmt.Errorf("serve: %w", unknownRPCAgent(f.agent))}
 	}
 	if f.data == "" {
 		if f.data, err = defaultDataDir(); err != nil {
@@ -352,6 +352,15 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		// A planned restart re-attaches the rooms this server held; in a
 		// cluster they move to other nodes instead (the leases lapse).
 		return &exitError{2, errors.New("serve: --daemon is for a single machine (not with --nats or --nats-embedded)")}
+	}
+	// The port first: a server that cannot serve creates nothing (no data
+	// dir, no token) and says what to do.
+	var ln net.Listener
+	if f.role != natsroom.RoleWorker {
+		if ln, err = net.Listen("tcp", f.listen); err != nil {
+			return fmt.Errorf("serve: %w (give another --listen, or stop what serves there)", err)
+		}
+		defer ln.Close() // Serve's own close comes first; this one is for an early return
 	}
 	if err := os.MkdirAll(f.data, 0o700); err != nil {
 		return fmt.Errorf("serve: data dir: %w", err)
@@ -585,11 +594,6 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		api.Close()
-		return fmt.Errorf("serve: %w", err)
-	}
 	hs := api.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(api.Listener(ln)) }()
@@ -608,7 +612,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	printGaps(stdout, f, kind, custom)
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	printAgentUsers(stdout, cf)
-	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
+	log.Info("serving", "addr", ln.Addr().String(), "pid", os.Getpid(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that
 	// dies is replaced (watchDaemon); the watch ends before a planned

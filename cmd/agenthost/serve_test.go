@@ -630,3 +630,21 @@ func TestServe_QuestionTimeout(t *testing.T) {
 		t.Fatalf("a bad value: %d %q", rc, errs)
 	}
 }
+
+// serve on a port already taken fails at once, says what to do, and
+// creates nothing: no data dir, no token.
+func TestServe_BusyPortCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	_, errs, code := runCLI(t, "serve", "--listen", busy.Addr().String(), "--data", data)
+	if code != exitFailed || !strings.Contains(errs, "address already in use (give another --listen, or stop what serves there)") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Fatal("the data dir was created")
+	}
+}
