@@ -189,7 +189,11 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	// agent may connect to their port only.
 	var ports []uint16
 	if len(spec.Tools) > 0 {
-		if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
+		a.askFirst = cfg.ApprovalMode != room.ApprovalYolo
+		for _, tl := range spec.Tools {
+			a.toolNames = append(a.toolNames, tl.Name)
+		}
+		if a.tools, err = serveTools(askFirst(spec.Tools, spec.Handler, cfg.ApprovalMode), t.opts.Logger); err != nil {
 			return nil, err
 		}
 		ports = append(ports, a.tools.port())
@@ -431,6 +435,11 @@ type agent struct {
 	confined room.Confinement
 
 	tools *toolServer // the room's tools over MCP (nil: none)
+	// toolNames are the room's tools' names; askFirst: they ask the room
+	// themselves (always-ask), so the agent's own prompt for one is
+	// answered for it (roomTool).
+	toolNames []string
+	askFirst  bool
 
 	mu        sync.Mutex
 	denied    bool              // a permission was denied in the running turn
@@ -716,11 +725,57 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 		tool = n
 	}
 	a.mu.Unlock()
+	if (req.Kind == "" || req.Kind == "other") && len(req.RawInput) > 0 && a.roomTool(req.Title) {
+		// The agent's own prompt for the room's tool (claude, copilot):
+		// the tool asks the room itself when it runs (askFirst).
+		return true
+	}
 	in := text(string(req.RawInput))
 	if len(req.RawInput) == 0 {
 		in = text(req.Title)
 	}
 	return a.approve(ctx, room.ApprovalRequest{Tool: tool, Input: in, Options: names(labels)})
+}
+
+// askFirst makes each of the room's tools ask the room before it runs, in
+// a room that asks (always-ask), with its arguments as the approval's input
+// (redacted and bounded), as over RPC: every agent path asks the same, and
+// shows what will be posted. A denied call runs nothing and tells the
+// agent so.
+func askFirst(tools []room.Tool, h room.Handler, mode string) []room.Tool {
+	if mode == room.ApprovalYolo || h == nil {
+		return tools
+	}
+	out := make([]room.Tool, 0, len(tools))
+	for _, t := range tools {
+		run := t.Run
+		t.Run = func(ctx context.Context, call room.ToolCall) (string, error) {
+			if !h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(t.Name), Input: text(string(call.Args)), Options: ompApprovalOptions}) {
+				return "", fmt.Errorf("the room denied the call of %s", t.Name)
+			}
+			return run(ctx, call)
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// roomTool reports whether name is how the agent names one of the room's
+// tools, served by the MCP server agenthost: exactly, never a part of a
+// longer title (a command's text could hold one).
+func (a *agent) roomTool(name string) bool {
+	if a.tools == nil || !a.askFirst {
+		return false
+	}
+	for _, t := range a.toolNames {
+		for _, form := range []string{t, "mcp__" + room.ReservedName + "__" + t, "mcp__" + room.ReservedName + "_" + t,
+			room.ReservedName + "__" + t, room.ReservedName + "_" + t, room.ReservedName + "/" + t, room.ReservedName + "." + t} {
+			if name == form {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // approve asks the room, noting a denial (see Run).
@@ -748,6 +803,11 @@ var ompApprovalOptions = []string{"Approve", "Deny"}
 func (a *agent) ask(ctx context.Context, q acp.Question) (string, bool) {
 	if rest, ok := strings.CutPrefix(q.Title, ompApprovalPrefix); ok && slices.Equal(q.Options, ompApprovalOptions) {
 		tool, details, _ := strings.Cut(rest, "\n")
+		if a.roomTool(tool) {
+			// omp's own prompt for the room's tool, which shows no
+			// arguments: the tool asks the room itself when it runs.
+			return "Approve", true
+		}
 		if a.approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: q.Options}) {
 			return "Approve", true
 		}
