@@ -1137,7 +1137,7 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 		// Any reply but Approve denies; say it plainly.
 		return rpc.Value("Deny")
 	}
-	title := req.Title
+	title := ompOtherTitle(req.Title)
 	if title == "" {
 		title = req.Message
 	}
@@ -1162,6 +1162,28 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 		return rpc.Confirmed(strings.EqualFold(strings.TrimSpace(ans), "yes"))
 	}
 	return rpc.Value(ans)
+}
+
+// ompOtherTitle is the title of omp's follow-up to "Other (type your
+// own)", which repeats its terminal's picker ("○ red", "◉ Other (type your
+// own)", "Enter your response:"), as the question and a note that it takes
+// the person's own words; any other title as it is.
+func ompOtherTitle(title string) string {
+	if !strings.Contains(title, "\n◉ ") && !strings.HasPrefix(title, "◉ ") {
+		return title
+	}
+	var keep []string
+	for _, l := range strings.Split(title, "\n") {
+		t := strings.TrimSpace(l)
+		if t == "" || strings.HasPrefix(t, "○ ") || strings.HasPrefix(t, "◉ ") || t == "Enter your response:" {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	if len(keep) == 0 {
+		return title
+	}
+	return strings.Join(keep, "\n") + " (your own answer)"
 }
 
 // text redacts and bounds what the agent says for the room's record.
