@@ -22,10 +22,14 @@ run: setup
 	./bin/agenthost doctor --transport rpc
 	./bin/agenthost serve $(ARGS)
 
-# One turn against omp on the built-in model, printed (what `make run` did
-# before the server).
+# One turn against omp on the built-in model (what `make run` did before the
+# server): omp runs a command in a throwaway folder, confined to it, and the
+# file it wrote is shown.
 demo: setup
-	./bin/agenthost prompt --agent omp "Run this: [[tool:bash {\"command\":\"echo hello from omp\"}]]"
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	echo 'agenthost prompt: omp, on the built-in model, runs: echo hello from omp > hello.txt' && \
+	./bin/agenthost prompt --agent omp --cwd "$$d" "Run this: [[tool:bash {\"command\":\"echo hello from omp > hello.txt\"}]]" && \
+	echo "hello.txt, which omp wrote in its folder: $$(cat "$$d/hello.txt")"
 
 # go vet runs every analyzer first; go test's own subset of them would only
 # analyze every dependency again (about a minute of CPU on a cold cache).

@@ -76,17 +76,22 @@ type ExitError struct {
 	// Status is the process's exit status (nil: exited 0, or it had not
 	// exited within a short wait).
 	Status error
-	// Stderr is the last line the agent wrote to stderr, if any.
+	// Stderr is the tail of what the agent wrote to stderr (at most
+	// exitStderrTail bytes), if anything.
 	Stderr string
 }
+
+// exitStderrTail bounds ExitError.Stderr: enough for a runtime's error and
+// its stack, which the message picks the cause from (see causeLine).
+const exitStderrTail = 4 << 10
 
 func (e *ExitError) Error() string {
 	s := "acp: the agent exited"
 	if e.Status != nil {
 		s += " (" + e.Status.Error() + ")"
 	}
-	if e.Stderr != "" {
-		s += "; stderr: " + e.Stderr
+	if t := strings.TrimSpace(e.Stderr); t != "" {
+		s += "; stderr: " + trim(causeLine(t), 300)
 	}
 	return s
 }
@@ -495,18 +500,15 @@ func (c *Client) exitError() *ExitError {
 		case <-t.C:
 		}
 	}
-	e.Stderr = lastLine(strings.TrimSpace(c.stderr.String()))
+	tail := strings.TrimSpace(c.stderr.String())
+	if len(tail) > exitStderrTail {
+		tail = tail[len(tail)-exitStderrTail:]
+		if i := strings.IndexByte(tail, '\n'); i >= 0 {
+			tail = tail[i+1:]
+		}
+	}
+	e.Stderr = tail
 	return e
-}
-
-func lastLine(s string) string {
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	if len(s) > 300 {
-		s = s[:300] + "…"
-	}
-	return s
 }
 
 // read passes the agent's stdout to the SDK, line by line: malformed lines

@@ -303,6 +303,7 @@ type RoomConfig struct {
 	ApprovalMode    string               `json:"approval_mode,omitempty"`
 	TurnTimeout     string               `json:"turn_timeout,omitempty"`
 	ApprovalTimeout string               `json:"approval_timeout,omitempty"`
+	QuestionTimeout string               `json:"question_timeout,omitempty"`
 	IdleAfter       string               `json:"idle_after,omitempty"`
 	MCP             map[string]MCPServer `json:"mcp,omitempty"`
 	// Workspace, if set, is the git repository and ref the room's

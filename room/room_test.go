@@ -243,6 +243,47 @@ func TestUnansweredQuestionIsCancelledAndTheTurnGoesOn(t *testing.T) {
 	}
 }
 
+// A room's question_timeout replaces the Manager's for that room: its
+// question's deadline is the room's, and it is cancelled there; another
+// room keeps the default.
+func TestRoomQuestionTimeoutSetting(t *testing.T) {
+	h := newHarness(t, Options{Config: Config{QuestionTimeout: time.Hour}})
+	if _, err := h.m.SetSettings(t.Context(), "r", Settings{QuestionTimeout: Duration(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := h.m.EffectiveSettings(t.Context(), "r")
+	if err != nil || time.Duration(e.QuestionTimeout) != time.Second {
+		t.Fatalf("effective %+v, %v", e, err)
+	}
+	if b, _ := json.Marshal(e); !strings.Contains(string(b), `"question_timeout":"1s"`) {
+		t.Fatalf("effective JSON %s", b)
+	}
+	acc := h.submit("r", "ask:Anyone?")
+	q := h.waitEvent("r", acc.Seq, "question.asked", nil)
+	var asked struct{ Deadline time.Time }
+	if err := json.Unmarshal(q.Data, &asked); err != nil || asked.Deadline.Sub(q.Time) > 2*time.Second {
+		t.Fatalf("question.asked %s (event at %s), want a deadline within the room's 1s", q.Data, q.Time)
+	}
+	if d := h.turnEnded("r", acc); d["text"] != "answer: "+NoAnswer {
+		t.Fatalf("turn: %v", d)
+	}
+	if ans := h.waitEvent("r", acc.Seq, "question.answered", nil); field(ans, "by") != "deadline" {
+		t.Fatalf("answered: %s", ans.Data)
+	}
+	acc = h.submit("other", "ask:Anyone?")
+	q = h.waitEvent("other", acc.Seq, "question.asked", nil)
+	if err := json.Unmarshal(q.Data, &asked); err != nil || asked.Deadline.Sub(q.Time) < 59*time.Minute {
+		t.Fatalf("another room's question.asked %s, want the Manager's hour", q.Data)
+	}
+	if err := h.m.Answer(t.Context(), "other", field(q, "question_id"), "red"); err != nil {
+		t.Fatal(err)
+	}
+	h.turnEnded("other", acc)
+	if _, err := h.m.SetSettings(t.Context(), "r", Settings{QuestionTimeout: Duration(time.Millisecond)}); !errors.Is(err, ErrBadSettings) {
+		t.Fatalf("a 1ms question_timeout: %v", err)
+	}
+}
+
 func TestSteerAndFollowUpJoinTheRunningTurn(t *testing.T) {
 	h := newHarness(t, Options{})
 	acc := h.submit("r", "approve:bash") // holds the turn open until decided

@@ -30,6 +30,7 @@ type Settings struct {
 	// Durations are Go durations as strings ("5m", "90s").
 	TurnTimeout     Duration             `json:"turn_timeout,omitempty"`
 	ApprovalTimeout Duration             `json:"approval_timeout,omitempty"`
+	QuestionTimeout Duration             `json:"question_timeout,omitempty"`
 	IdleAfter       Duration             `json:"idle_after,omitempty"`
 	MCP             map[string]MCPServer `json:"mcp,omitempty"`
 	// Workspace, if set, is a git repository the room's workspace holds,
@@ -252,9 +253,9 @@ func (s Settings) check(agents []string) error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"turn_timeout", s.TurnTimeout}, {"approval_timeout", s.ApprovalTimeout}, {"idle_after", s.IdleAfter}} {
+	}{{"turn_timeout", s.TurnTimeout}, {"approval_timeout", s.ApprovalTimeout}, {"question_timeout", s.QuestionTimeout}, {"idle_after", s.IdleAfter}} {
 		if d.v < 0 || time.Duration(d.v) > maxDuration || d.v > 0 && time.Duration(d.v) < time.Second {
-			return bad("%s must be from 1s to %s (or empty for the server's default)", d.name, maxDuration)
+			return bad("%s must be from 1s to %s (or 0 or empty for the server's default)", d.name, maxDuration)
 		}
 	}
 	if err := validateMCP(s.MCP); err != nil {
@@ -276,7 +277,7 @@ func (s Settings) check(agents []string) error {
 func (s Settings) config() Config {
 	return Config{Agent: s.Agent, Model: s.Model, Thinking: s.Thinking, Instructions: s.Instructions, ApprovalMode: s.ApprovalMode,
 		TurnTimeout: time.Duration(s.TurnTimeout), ApprovalTimeout: time.Duration(s.ApprovalTimeout),
-		IdleAfter: time.Duration(s.IdleAfter), MCP: s.MCP, Limits: s.Resources}
+		QuestionTimeout: time.Duration(s.QuestionTimeout), IdleAfter: time.Duration(s.IdleAfter), MCP: s.MCP, Limits: s.Resources}
 }
 
 // Effective is a room's settings with the Manager's defaults filled in,
@@ -309,13 +310,14 @@ func (e Effective) MarshalJSON() ([]byte, error) {
 		ApprovalMode    string               `json:"approval_mode"`
 		TurnTimeout     Duration             `json:"turn_timeout"`
 		ApprovalTimeout Duration             `json:"approval_timeout"`
+		QuestionTimeout Duration             `json:"question_timeout"`
 		IdleAfter       Duration             `json:"idle_after"`
 		MCP             map[string]MCPServer `json:"mcp"`
 		Workspace       *Workspace           `json:"workspace"`
 		Budget          Budget               `json:"budget"`
 		Resources       Limits               `json:"resources"`
 		NextStart       []string             `json:"next_start"`
-	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.IdleAfter, mcp, e.Workspace, e.Budget, e.Resources, next})
+	}{e.Agent, e.Model, e.Thinking, e.Instructions, e.ApprovalMode, e.TurnTimeout, e.ApprovalTimeout, e.QuestionTimeout, e.IdleAfter, mcp, e.Workspace, e.Budget, e.Resources, next})
 }
 
 // startFields are the settings an agent takes at its start.
@@ -408,7 +410,7 @@ func (m *Manager) effective(room string, s Settings) Effective {
 	c.Limits = c.Limits.within(m.opts.Config.Limits)
 	e := Effective{Settings: Settings{Agent: c.Agent, Model: c.Model, Thinking: c.Thinking, Instructions: c.Instructions,
 		ApprovalMode: c.ApprovalMode, TurnTimeout: Duration(c.TurnTimeout), ApprovalTimeout: Duration(c.ApprovalTimeout),
-		IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: m.heldWorkspace(room, s.Workspace), Budget: m.budget(s),
+		QuestionTimeout: Duration(c.QuestionTimeout), IdleAfter: Duration(m.idleAfter(c)), MCP: c.MCP, Workspace: m.heldWorkspace(room, s.Workspace), Budget: m.budget(s),
 		Resources: c.Limits}, NextStart: []string{}}
 	if e.MCP == nil {
 		e.MCP = map[string]MCPServer{}

@@ -101,16 +101,15 @@ type ExitError struct {
 	Stderr string // bounded tail of the agent's stderr
 }
 
+// Error names the line of Stderr that says why (see causeLine), not merely
+// its last: a runtime's last words are often its banner or a stack frame.
 func (e *ExitError) Error() string {
 	msg := "rpc: agent exited"
 	if e.Status != nil {
 		msg += ": " + e.Status.Error()
 	}
 	if t := strings.TrimSpace(e.Stderr); t != "" {
-		if i := strings.LastIndexByte(t, '\n'); i >= 0 {
-			t = t[i+1:]
-		}
-		msg += " (stderr: " + trim(t, 200) + ")"
+		msg += " (stderr: " + trim(causeLine(t), 300) + ")"
 	}
 	return msg
 }

@@ -748,6 +748,9 @@ func (c *Client) endTransport(readErr error) {
 	var cause error
 	if c.owned != nil {
 		cause = waitExit(c.owned, exitStatusWait)
+		// The stderr drain ends at the pipe's EOF, just after the exit:
+		// its tail says why (bounded: a descendant may hold the pipe).
+		waitGroupTimeout(&c.stderrWG, 200*time.Millisecond)
 	}
 	if cause == nil && readErr != nil && !errors.Is(readErr, io.EOF) && !errors.Is(readErr, os.ErrClosed) {
 		cause = readErr

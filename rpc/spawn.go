@@ -159,7 +159,7 @@ func Spawn(ctx context.Context, spec Spec, opts SpawnOptions) (*Client, error) {
 	if err := c.Start(ctx); err != nil {
 		c.discard()
 		if t := strings.TrimSpace(c.Stderr()); t != "" && !strings.Contains(err.Error(), "stderr:") {
-			return nil, fmt.Errorf("%w (stderr: %s)", err, trim(lastLine(t), 300))
+			return nil, fmt.Errorf("%w (stderr: %s)", err, trim(causeLine(t), 300))
 		}
 		return nil, err
 	}
@@ -201,13 +201,6 @@ func checkDir(dir string) error {
 		return fmt.Errorf("rpc: spawn: the agent's working directory: %w", err)
 	}
 	return nil
-}
-
-func lastLine(s string) string {
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		return s[i+1:]
-	}
-	return s
 }
 
 // Process returns the agent process the client owns (nil when attached to

@@ -86,17 +86,31 @@ func reconnectNotes(w io.Writer) func(client.Reconnect) {
 	}
 }
 
-// clientErr makes a client error the command's: a server that does not
-// answer gets a hint; the rest is the operation failing (exit 1).
+// clientErr makes a client error the command's, with the next step where
+// there is one: a server that does not answer, a token it refuses, a
+// budget spent. A request the server (or the client, before sending it)
+// finds malformed is a usage error (exit 2); the rest is the operation
+// failing (exit 1, as main makes any other error). main passes every
+// command's error through it.
 func clientErr(err error) error {
 	var ee *exitError
+	msg := ""
+	if err != nil {
+		msg = strings.TrimPrefix(err.Error(), "client: ")
+	}
 	switch {
 	case err == nil || errors.As(err, &ee):
 		return err
 	case errors.Is(err, client.ErrUnreachable):
-		return &exitError{1, fmt.Errorf("%s (is agenthost serve running? --server or AGENTHOST_URL name it)", strings.TrimPrefix(err.Error(), "client: "))}
+		return &exitError{exitFailed, fmt.Errorf("%s (is agenthost serve running? --server or AGENTHOST_URL name it)", msg)}
+	case errors.Is(err, client.ErrUnauthorized):
+		return &exitError{exitFailed, fmt.Errorf("%s: the server's token is in its data dir (give --data or AGENTHOST_DATA), or set %s to the one it was started with", msg, tokenEnv)}
+	case errors.Is(err, client.ErrBudgetExhausted):
+		return &exitError{exitFailed, fmt.Errorf("%s: raise the room's budget with agenthost config ROOM --set budget.turns=N (or budget.tokens, budget.cost_usd; 0 is no limit)", msg)}
+	case errors.Is(err, client.ErrBadRequest):
+		return &exitError{exitUsage, errors.New(msg)}
 	}
-	return &exitError{1, err}
+	return err
 }
 
 // requestTimeout bounds a one-shot request (not a follower, which

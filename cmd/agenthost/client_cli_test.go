@@ -177,16 +177,32 @@ func TestConfigCommandAndBudget(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &cfg) != nil || cfg["instructions"] != "Always be brief." || cfg["agent"] != "omp" {
 		t.Fatalf("config --json: %d %q %q", code, out, errs)
 	}
-	if _, errs, code := s.cli("config", "cfg", "--set", "colour=red"); code != exitUsage || !strings.Contains(errs, `unknown field "colour"`) {
-		t.Fatalf("config --set of an unknown setting: %d %q", code, errs)
+	// Usage errors exit 2 whether the client or the server finds them, and
+	// say what the setting takes in its own words (never Go's types).
+	for _, c := range []struct{ set, want string }{
+		{"colour=red", `agenthost: config: no setting "colour" (agenthost config ROOM lists them)` + "\n"},
+		{"approval_mode=never", `approval_mode "never"`},
+		{"turn_timeout=500ms", "turn_timeout must be from 1s to 168h0m0s (or 0 or empty for the server's default) (HTTP 400)"},
+		{"idle_after=10", `agenthost: config: idle_after takes a Go duration such as "90s" or "5m", not a number (see agenthost config --help)` + "\n"},
+		{"budget.turns=abc", "agenthost: config: budget.turns takes a whole number (0 is no limit), not a string (see agenthost config --help)\n"},
+	} {
+		if _, errs, code := s.cli("config", "cfg", "--set", c.set); code != exitUsage || !strings.Contains(errs, c.want) || strings.Contains(errs, "Go struct") {
+			t.Fatalf("config --set %s: %d %q, want %q", c.set, code, errs, c.want)
+		}
 	}
-	if _, errs, code := s.cli("config", "cfg", "--set", "approval_mode=never"); code != exitFailed || !strings.Contains(errs, `approval_mode "never"`) {
-		t.Fatalf("config --set of a bad value: %d %q", code, errs)
+	if _, errs, code := s.cli("send", "..", "x"); code != exitUsage || errs != `agenthost: bad request: invalid room id ".."`+"\n" {
+		t.Fatalf("send to a bad room id: %d %q", code, errs)
 	}
+	t.Setenv("AGENTHOST_TOKEN", "wrong")
+	if _, errs, code := runCLI(t, "rooms"); code != exitFailed || !strings.Contains(errs, "a valid bearer token is required (HTTP 401): the server's token is in its data dir (give --data or AGENTHOST_DATA), or set AGENTHOST_TOKEN") {
+		t.Fatalf("a wrong token: %d %q", code, errs)
+	}
+	t.Setenv("AGENTHOST_TOKEN", "")
 	if out, errs, code := s.cli("send", "cfg", "hello", "--follow", "--timeout", "2m"); code != 0 || out != "ok: hello\n" {
 		t.Fatalf("send within the budget: %d %q %q", code, out, errs)
 	}
-	if _, errs, code := s.cli("send", "cfg", "more"); code != exitFailed || !strings.Contains(errs, "room budget exhausted: 1 of 1 turns run (HTTP 429)") {
+	if _, errs, code := s.cli("send", "cfg", "more"); code != exitFailed ||
+		!strings.Contains(errs, "room budget exhausted: 1 of 1 turns run (HTTP 429): raise the room's budget with agenthost config ROOM --set budget.turns=N") {
 		t.Fatalf("send over the budget: %d %q", code, errs)
 	}
 	if out, errs, code := s.cli("config", "cfg", "--set", "budget.turns=2"); code != 0 || !strings.Contains(out, "budget.turns:     2\n") ||

@@ -13,10 +13,11 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// confineFlags are --confine and --confine-net (serve and prompt), and
-// serve's --agent-uids ("": off).
+// confineFlags are --confine, --confine-net and --confine-read (serve and
+// prompt), and serve's --agent-uids ("": off).
 type confineFlags struct {
 	mode, net, uids string
+	read            []string
 }
 
 func addConfineFlags(fl *pflag.FlagSet, f *confineFlags) {
@@ -24,6 +25,8 @@ func addConfineFlags(fl *pflag.FlagSet, f *confineFlags) {
 		"confine each agent and what it starts with Landlock: auto (when the kernel has it), landlock (refuse to start without it) or off")
 	fl.StringVar(&f.net, "confine-net", "any",
 		"network for confined agents: any, or the TCP ports they may connect to, comma-separated (the built-in model's and the room tools' are added; bind is denied)")
+	fl.StringSliceVar(&f.read, "confine-read", nil,
+		"more folders confined agents may read (never write or execute), comma-separated: a custom agent's interpreter installed outside the system's folders (never the data dir or the workspaces)")
 }
 
 // addAgentUIDsFlag adds serve's --agent-uids.
@@ -42,6 +45,18 @@ func (f confineFlags) check() error {
 	}
 	if _, err := f.agentUIDs(); err != nil {
 		return &exitError{2, err}
+	}
+	if err := confine.CheckRead(f.read, nil); err != nil {
+		return &exitError{2, err}
+	}
+	return nil
+}
+
+// checkRead refuses a --confine-read folder that is, holds or lies in one
+// of private (serve's data dir and workspaces), exit 2.
+func (f confineFlags) checkRead(private ...string) error {
+	if err := confine.CheckRead(f.read, private); err != nil {
+		return &exitError{2, fmt.Errorf("--confine-read: %w", err)}
 	}
 	return nil
 }
@@ -86,7 +101,7 @@ func (f confineFlags) confiner(log *slog.Logger, tools, modelURL string, more ..
 			extra = append(extra, p)
 		}
 	}
-	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools, AgentUIDs: uids})
+	c, err := confine.New(confine.Options{Mode: mode, Net: ports, Ports: extra, Tools: tools, AgentUIDs: uids, Read: f.read})
 	if err != nil {
 		return nil, err
 	}
@@ -143,26 +158,26 @@ type agentWhere struct {
 
 // wrap confines prompt's agent to cwd (default: the working directory),
 // its home and a TMPDIR of its own, rewriting argv and env; cleanup
-// removes the TMPDIR.
-func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv, env *[]string) (func(), error) {
+// removes the TMPDIR. The policy is nil when agents run unconfined.
+func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv, env *[]string) (func(), *confine.Policy, error) {
 	c, err := f.confiner(log, where.tools, where.modelURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !c.Enforced() {
-		return func() {}, nil
+		return func() {}, nil, nil
 	}
 	if cwd == "" {
 		if cwd, err = os.Getwd(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if cwd, err = filepath.Abs(cwd); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tmp, err := os.MkdirTemp("", "agenthost-tmp-")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cleanup := func() { os.RemoveAll(tmp) }
 	p, err := c.Policy(confine.Room{Workspace: cwd, Home: where.home, Tmp: tmp, Exec: (*argv)[:1]})
@@ -171,10 +186,10 @@ func (f confineFlags) wrap(log *slog.Logger, where agentWhere, cwd string, argv,
 	}
 	if err != nil {
 		cleanup()
-		return nil, err
+		return nil, nil, err
 	}
 	log.Debug("the agent runs confined: " + confineReport(p.Report()))
-	return cleanup, nil
+	return cleanup, p, nil
 }
 
 // printAgentUsers says at start that rooms' agents run as uids of their

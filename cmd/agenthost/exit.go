@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 
+	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/rpc"
 	sdk "github.com/coder/acp-go-sdk"
 )
@@ -61,6 +63,7 @@ func exitStatus(ctx context.Context, err error) (int, string) {
 		}
 		return exitInterrupted, in.Error()
 	}
+	err = clientErr(err)
 	var ee *exitError
 	switch {
 	case errors.As(err, &ee):
@@ -99,7 +102,27 @@ func errorLine(err error) string {
 		}
 		msg = strings.Replace(msg, ae.Error(), clean, 1)
 	}
-	return dedupe(firstLine(msg))
+	// A room's reason is the agent path's error as text (send --follow).
+	msg = strings.Replace(msg, "rpc: prompt failed: rpc: prompt: failed after acknowledgement: ", "the agent refused the prompt: ", 1)
+	return withKeyHint(dedupe(firstLine(msg)))
+}
+
+// noKeyRE matches an agent's refusal for want of its provider's key (omp's
+// and pi's words).
+var noKeyRE = regexp.MustCompile(`No API key found for ([A-Za-z0-9._-]+?)\.?(\s|$)`)
+
+// withKeyHint adds to an agent's refusal for want of a key the variable
+// that gives it.
+func withKeyHint(line string) string {
+	m := noKeyRE.FindStringSubmatch(line)
+	if m == nil {
+		return line
+	}
+	keys := agents.ProviderKeys(m[1])
+	if len(keys) == 0 {
+		return line + " (set the provider's key variable where agenthost runs)"
+	}
+	return line + " (set " + keys[0] + " where agenthost runs; agents get their provider's key variables)"
 }
 
 // requestErrorDetail is the first line of a JSON-RPC error's data: its

@@ -282,6 +282,8 @@ func TestPrompt_Errors(t *testing.T) {
 		msg  string
 	}{
 		{"unknown agent", []string{"prompt", "--agent", "nope", "x"}, 2, "unknown agent"},
+		{"an ACP agent over RPC", []string{"prompt", "--agent", "claude", "x"}, 2, `agent "claude" runs over ACP: add --transport acp`},
+		{"serve: an ACP agent over RPC", []string{"serve", "--agent", "codex", "--data", "/nonexistent/agenthost"}, 2, `agent "codex" runs over ACP: add --transport acp`},
 		{"no message", []string{"prompt"}, 2, "MESSAGE"},
 		{"unknown flag", []string{"prompt", "--nope", "x"}, 2, "nope"},
 		{"cwd missing", []string{"prompt", "--cwd", "/nonexistent/agenthost", "x", "--", "/bin/true"}, 2, "--cwd /nonexistent/agenthost: no such file or directory"},

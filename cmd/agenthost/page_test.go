@@ -99,7 +99,7 @@ func closeBrowser() {
 }
 
 // pageState describes the page for a failure message.
-const pageState = `"status: " + document.getElementById("status").textContent + "\nconversation:\n" + document.getElementById("log").innerText + "\npending:\n" + document.getElementById("pending").innerText`
+const pageState = `"rooms: " + document.getElementById("rooms").innerHTML + "\nstatus: " + document.getElementById("status").textContent + "\nconversation:\n" + document.getElementById("log").innerText + "\npending:\n" + document.getElementById("pending").innerText`
 
 // waitFor polls a JS condition until it holds, failing with what and the
 // page's state after browserWait.

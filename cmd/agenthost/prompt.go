@@ -17,6 +17,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agentproc"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/rpc"
 	"github.com/spf13/cobra"
 )
@@ -144,7 +145,8 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 	} else if f.cwd != "" {
 		spec.Dir = f.cwd
 	}
-	unconfine, err := f.confine.wrap(log, where, ws, &spec.Argv, &spec.Env)
+	command := spec.Argv
+	unconfine, pol, err := f.confine.wrap(log, where, ws, &spec.Argv, &spec.Env)
 	if err != nil {
 		return err
 	}
@@ -181,7 +183,15 @@ func runPrompt(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, 
 	defer floodGC()()
 	c, err := rpc.Spawn(ctx, spec, opts)
 	if err != nil {
-		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
+		var exit *rpc.ExitError
+		tail := ""
+		if errors.As(err, &exit) {
+			tail = exit.Stderr
+		}
+		err = startfail.Explain(fmt.Errorf("starting the agent: %w", err), tail,
+			startfail.Info{Command: command, Custom: len(custom) > 0, Policy: pol, Allow: "prompt --confine-read"})
+		printStartTail(ctx, log, stderr, err)
+		return classify(ctx, err)
 	}
 	defer c.Close()
 	turn, err := c.Run(ctx, msg, nil)
@@ -295,6 +305,28 @@ func classify(ctx context.Context, err error) error {
 	return &exitError{1, err}
 }
 
+// unknownRPCAgent says an agent is not one the RPC transport runs, and
+// for an ACP agent (claude, codex, copilot) the flag that runs it.
+func unknownRPCAgent(agent string) error {
+	if agents.ACPOnly(agents.Kind(agent)) {
+		return fmt.Errorf("agent %q runs over ACP: add --transport acp (over RPC: omp or pi)", agent)
+	}
+	return fmt.Errorf("unknown agent %q (omp or pi; claude, codex and copilot with --transport acp)", agent)
+}
+
+// printStartTail writes, with -v, the last lines of the agent's stderr that
+// err (a start failure) keeps: the error itself is printed as one line.
+func printStartTail(ctx context.Context, log *slog.Logger, w io.Writer, err error) {
+	var sf *startfail.Error
+	if !errors.As(err, &sf) || len(sf.Tail) == 0 || !log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	fmt.Fprintln(w, "agenthost: the agent's stderr ended with:")
+	for _, l := range sf.Tail {
+		fmt.Fprintln(w, "  "+l)
+	}
+}
+
 // agentSpec resolves what to run. Without a model it starts the built-in
 // scripted model and a throwaway agent home pointing at it; on a named one
 // the throwaway home is seeded with a copy of the user's configuration
@@ -310,7 +342,7 @@ func agentSpec(ctx context.Context, log *slog.Logger, agent, model string, custo
 	}
 	kind := agents.Kind(agent)
 	if kind != agents.OMP && kind != agents.Pi {
-		return rpc.Spec{}, agentWhere{}, noop, &exitError{2, fmt.Errorf("unknown agent %q (omp or pi)", agent)}
+		return rpc.Spec{}, agentWhere{}, noop, &exitError{2, unknownRPCAgent(agent)}
 	}
 	in, err := agents.Find()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/startfail"
 	sdk "github.com/coder/acp-go-sdk"
 )
 
@@ -115,7 +116,8 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 		return err
 	}
 	defer cleanup()
-	unconfine, err := f.confine.wrap(log, where, cwd, &r.Argv, &r.Env)
+	command := r.Argv
+	unconfine, pol, err := f.confine.wrap(log, where, cwd, &r.Argv, &r.Env)
 	if err != nil {
 		return err
 	}
@@ -148,7 +150,15 @@ func runPromptACP(ctx context.Context, stdout, stderr io.Writer, log *slog.Logge
 	}
 	c, err := acp.Start(ctx, acp.Spec{Argv: r.Argv, Dir: dir, Env: r.Env}, opts)
 	if err != nil {
-		return classify(ctx, fmt.Errorf("starting the agent: %w", err))
+		var exit *acp.ExitError
+		tail := ""
+		if errors.As(err, &exit) {
+			tail = exit.Stderr
+		}
+		err = startfail.Explain(fmt.Errorf("starting the agent: %w", err), tail,
+			startfail.Info{Command: command, Custom: len(custom) > 0, Policy: pol, Allow: "prompt --confine-read"})
+		printStartTail(ctx, log, stderr, err)
+		return classify(ctx, err)
 	}
 	res, err := acpTurn(ctx, c, r, cwd, msg, f.model != "")
 	if f.json && err == nil {

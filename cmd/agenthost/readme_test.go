@@ -220,20 +220,22 @@ func (o *outBuf) lines() []string {
 	return strings.Split(s, "\n")
 }
 
-// The README's "First ten minutes", walked against a real server (omp on
-// the built-in model): every command of the section is run as written
-// (agenthost in-process, curl through sh), and its output must be the
-// README's but for ids and times. The server runs on the default data dir
-// (XDG_DATA_HOME, for the token the curl line reads) and, as the section's
-// last paragraph says, a port of its own given to the clients in
-// AGENTHOST_URL. About 30 s: three turns of a real agent.
+// The README's "First ten minutes", then its "Changes and undo" (which goes
+// on in the same room), walked against a real server (omp on the built-in
+// model): every command of the sections is run as written (agenthost
+// in-process, curl through sh), and its output must be the README's but for
+// ids and times: every line shown, and none more. The server runs on the
+// default data dir (XDG_DATA_HOME, for the token the curl line reads) and,
+// as the section's last paragraph says, a port of its own given to the
+// clients in AGENTHOST_URL. About 40 s: five turns of a real agent.
 func TestReadme_FirstTenMinutes(t *testing.T) {
-	steps := readmeSteps(t, "First ten minutes")
+	steps := append(readmeSteps(t, "First ten minutes"), readmeSteps(t, "Changes and undo")...)
 	var seen []string
 	for _, st := range steps {
 		seen = append(seen, st.cmd)
 	}
-	for _, want := range []string{"agenthost send demo \"hello\" --follow", "agenthost approve ", "agenthost answer ", "agenthost events demo --after ", "curl "} {
+	for _, want := range []string{"agenthost send demo \"hello\" --follow", "agenthost approve ", "agenthost answer ", "agenthost events demo --after ", "curl ",
+		"[[tool:write ", "agenthost diff demo", "agenthost diff demo t_", "agenthost revert demo t_"} {
 		if !strings.Contains(strings.Join(seen, "\n"), want) {
 			t.Fatalf("the section runs no %q: %q", want, seen)
 		}

@@ -124,9 +124,43 @@ func applySets(cfg client.RoomConfig, sets []string) (client.RoomConfig, error) 
 	dec.DisallowUnknownFields()
 	var out client.RoomConfig
 	if err := dec.Decode(&out); err != nil {
-		return cfg, fmt.Errorf("config: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return cfg, setError(err)
 	}
 	return out, nil
+}
+
+// setError says which setting a --set value does not fit and what it
+// takes, in the settings' own names (never Go's types).
+func setError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if i := strings.LastIndex(field, "budget."); i > 0 {
+			field = field[i:] // Go's path repeats the struct: Budget.budget.turns
+		}
+		want := map[string]string{
+			"string":  "text",
+			"int64":   "a whole number (0 is no limit)",
+			"float64": "a number (0 is no limit)",
+			"bool":    "true or false",
+		}[te.Type.Kind().String()]
+		if strings.HasSuffix(field, "_timeout") || field == "idle_after" {
+			want = `a Go duration such as "90s" or "5m"`
+		}
+		if want == "" {
+			want = "a JSON " + te.Type.Kind().String()
+		}
+		article := "a "
+		if te.Value == "array" || te.Value == "object" {
+			article = "an "
+		}
+		return fmt.Errorf("config: %s takes %s, not %s%s (see agenthost config --help)", field, want, article, te.Value)
+	}
+	msg := strings.TrimPrefix(err.Error(), "json: ")
+	if name, ok := strings.CutPrefix(msg, "unknown field "); ok {
+		return fmt.Errorf("config: no setting %s (agenthost config ROOM lists them)", name)
+	}
+	return fmt.Errorf("config: %s", msg)
 }
 
 // printConfig writes the settings one per line.
@@ -167,7 +201,8 @@ func printConfig(w io.Writer, c client.RoomConfig) error {
 	}
 	lines := [][2]string{
 		{"agent", str(c.Agent)}, {"model", str(c.Model)}, {"thinking", str(c.Thinking)}, {"instructions", strings.ReplaceAll(str(instr), "\n", " ")},
-		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout}, {"idle_after", c.IdleAfter},
+		{"approval_mode", c.ApprovalMode}, {"turn_timeout", c.TurnTimeout}, {"approval_timeout", c.ApprovalTimeout},
+		{"question_timeout", c.QuestionTimeout}, {"idle_after", c.IdleAfter},
 		{"mcp", string(mcp)}, {"budget.tokens", budget(b.Tokens)}, {"budget.cost_usd", usd}, {"budget.turns", budget(b.Turns)},
 		{"resources.memory", limit(c.Resources.Memory, room.FormatBytes(c.Resources.Memory))},
 		{"resources.pids", limit(c.Resources.Pids, fmt.Sprint(c.Resources.Pids))},

@@ -57,6 +57,7 @@ type serveFlags struct {
 	transport                               string
 	maxResident                             int
 	idleAfter, turnTimeout, approvalTimeout time.Duration
+	questionTimeout                         time.Duration
 	approvalMode, config                    string
 	budgetTokens                            int64
 	budgetUSD                               float64
@@ -86,8 +87,9 @@ var serveEnv = map[string]string{
 	"listen": "AGENTHOST_LISTEN", "data": "AGENTHOST_DATA", "agent": "AGENTHOST_AGENT", "model": "AGENTHOST_MODEL",
 	"workspaces": "AGENTHOST_WORKSPACES", "max-resident": "AGENTHOST_MAX_RESIDENT", "idle-after": "AGENTHOST_IDLE_AFTER",
 	"turn-timeout": "AGENTHOST_TURN_TIMEOUT", "approval-timeout": "AGENTHOST_APPROVAL_TIMEOUT",
-	"approval-mode": "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
-	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET",
+	"question-timeout": "AGENTHOST_QUESTION_TIMEOUT",
+	"approval-mode":    "AGENTHOST_APPROVAL_MODE", "transport": "AGENTHOST_TRANSPORT", "daemon": "AGENTHOST_DAEMON",
+	"confine": "AGENTHOST_CONFINE", "confine-net": "AGENTHOST_CONFINE_NET", "confine-read": "AGENTHOST_CONFINE_READ",
 	"agent-uids":         "AGENTHOST_AGENT_UIDS",
 	"room-budget-tokens": "AGENTHOST_ROOM_BUDGET_TOKENS", "room-budget-usd": "AGENTHOST_ROOM_BUDGET_USD",
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
@@ -120,7 +122,9 @@ the kernel has it (--confine auto, the default; landlock refuses to start
 without it; off): they read and write only the room's workspace, the agent's
 home and a temporary folder of their own, read the system and the installed
 agents, and cannot signal the server or other rooms. --confine-net PORTS
-limits their TCP connects to those ports (and the built-in model's). A server
+limits their TCP connects to those ports (and the built-in model's);
+--confine-read DIR,... lets them read more folders, never write them (a custom
+agent's interpreter in a user's home; never the data dir or the workspaces). A server
 run as root gives each room's agent a uid of its own from --agent-uids
 (default 2000000000-2000999999; off: agents run as the server's user). Agents
 get an allowlisted environment: PATH, TERM, LANG, LC_*, the proxy and CA
@@ -189,6 +193,7 @@ inputs (redacted as the log has them) on their spans.`,
 	fl.DurationVar(&f.idleAfter, "idle-after", room.DefaultIdleAfter, "release a room's agent after this long idle")
 	fl.DurationVar(&f.turnTimeout, "turn-timeout", room.DefaultTurnTimeout, "bound on a turn's active time")
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
+	fl.DurationVar(&f.questionTimeout, "question-timeout", room.DefaultQuestionTimeout, "cancel a question nobody answered after this long (the agent goes on without an answer)")
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.Int64Var(&f.budgetTokens, "room-budget-tokens", 0, "every room's token budget unless its config sets one (0: none)")
 	fl.Float64Var(&f.budgetUSD, "room-budget-usd", 0, "every room's budget in dollars unless its config sets one (0: none)")
@@ -362,7 +367,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 			return &exitError{2, fmt.Errorf("serve: %w", err)}
 		}
 	case kind != agents.OMP && kind != agents.Pi:
-		return &exitError{2, fmt.Errorf("serve: unknown agent %q (omp or pi)", f.agent)}
+		return &exitError{2, fmt.Errorf("serve: %w", unknownRPCAgent(f.agent))}
 	}
 	if f.data == "" {
 		if f.data, err = defaultDataDir(); err != nil {
@@ -371,6 +376,9 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if f.workspaces == "" {
 		f.workspaces = filepath.Join(f.data, "workspaces")
+	}
+	if err := f.confine.checkRead(f.data, f.workspaces); err != nil {
+		return err
 	}
 	clustered := f.natsEmbedded || len(f.nats) > 0
 	if err := checkClusterFlags(f, clustered); err != nil {
@@ -385,6 +393,15 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		// A planned restart re-attaches the rooms this server held; in a
 		// cluster they move to other nodes instead (the leases lapse).
 		return &exitError{2, errors.New("serve: --daemon is for a single machine (not with --nats or --nats-embedded)")}
+	}
+	// The port first: a server that cannot serve creates nothing (no data
+	// dir, no token) and says what to do.
+	var ln net.Listener
+	if f.role != natsroom.RoleWorker {
+		if ln, err = net.Listen("tcp", f.listen); err != nil {
+			return fmt.Errorf("serve: %w (give another --listen, or stop what serves there)", err)
+		}
+		defer ln.Close() // Serve's own close comes first; this one is for an early return
 	}
 	if err := os.MkdirAll(f.data, 0o700); err != nil {
 		return fmt.Errorf("serve: data dir: %w", err)
@@ -570,7 +587,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	ropts := room.Options{
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
 		Config: room.Config{Agent: string(kind), Command: custom, Model: f.model, ApprovalMode: f.approvalMode,
-			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, Limits: limits},
+			TurnTimeout: f.turnTimeout, ApprovalTimeout: f.approvalTimeout, QuestionTimeout: f.questionTimeout, Limits: limits},
 		Budget:  room.Budget{Tokens: f.budgetTokens, CostUSD: f.budgetUSD},
 		Agents:  roomAgents(f.transport, kind, custom),
 		Logger:  log,
@@ -645,11 +662,6 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		api.Close()
-		return fmt.Errorf("serve: %w", err)
-	}
 	hs := api.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(api.Listener(ln)) }()
@@ -669,7 +681,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	printAgentUsers(stdout, cf)
 	printLimits(stdout, limits, cust.Support())
-	log.Info("serving", "addr", ln.Addr().String(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
+	log.Info("serving", "addr", ln.Addr().String(), "pid", os.Getpid(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that
 	// dies is replaced (watchDaemon); the watch ends before a planned

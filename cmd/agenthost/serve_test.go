@@ -606,3 +606,45 @@ func TestServe_AgentUIDsAndPrivateData(t *testing.T) {
 		}
 	}
 }
+
+// --question-timeout is every room's question deadline (a room's
+// question_timeout replaces it); the config file takes it as
+// question_timeout, and a bad value is a usage error.
+func TestServe_QuestionTimeout(t *testing.T) {
+	url, token, _ := startServe(t, "--data", t.TempDir(), "--question-timeout", "90s")
+	code, b := call(t, "PUT", url+"v1/rooms/q/config", token, `{}`)
+	if code != 200 || !strings.Contains(string(b), `"question_timeout":"1m30s"`) {
+		t.Fatalf("the server's default: %d %s", code, b)
+	}
+	code, b = call(t, "PUT", url+"v1/rooms/q/config", token, `{"question_timeout":"2h"}`)
+	if code != 200 || !strings.Contains(string(b), `"question_timeout":"2h0m0s"`) {
+		t.Fatalf("the room's own: %d %s", code, b)
+	}
+	yml := filepath.Join(t.TempDir(), "c.yaml")
+	_ = os.WriteFile(yml, []byte("question_timeout: 3m\n"), 0o600)
+	cmd := newServeCmd(func() bool { return false })
+	if err := applyOverrides(cmd.Flags(), yml); err != nil || cmd.Flags().Lookup("question-timeout").Value.String() != "3m0s" {
+		t.Fatalf("from the config file: %v", err)
+	}
+	if _, errs, rc := runCLI(t, "serve", "--question-timeout", "soon", "--data", t.TempDir()); rc != exitUsage || !strings.Contains(errs, "question-timeout") {
+		t.Fatalf("a bad value: %d %q", rc, errs)
+	}
+}
+
+// serve on a port already taken fails at once, says what to do, and
+// creates nothing: no data dir, no token.
+func TestServe_BusyPortCreatesNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	_, errs, code := runCLI(t, "serve", "--listen", busy.Addr().String(), "--data", data)
+	if code != exitFailed || !strings.Contains(errs, "address already in use (give another --listen, or stop what serves there)") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Fatal("the data dir was created")
+	}
+}

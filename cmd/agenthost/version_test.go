@@ -130,7 +130,10 @@ func TestErrorLine(t *testing.T) {
 		want string
 	}{
 		{errors.New("agent exited:\n\n  stack line\n"), "agent exited"},
-		{fmt.Errorf("%w: %w", rpc.ErrPromptFailed, piNoKey), "the agent refused the prompt: after accepting it: No API key found for anthropic."},
+		{fmt.Errorf("%w: %w", rpc.ErrPromptFailed, piNoKey), "the agent refused the prompt: after accepting it: No API key found for anthropic. (set ANTHROPIC_API_KEY where agenthost runs; agents get their provider's key variables)"},
+		// A room's reason, as send --follow gets it: the same words, the same hint.
+		{&exitError{1, errors.New("message m_1 failed: rpc: prompt failed: rpc: prompt: failed after acknowledgement: No API key found for openai.")},
+			"message m_1 failed: the agent refused the prompt: No API key found for openai. (set OPENAI_API_KEY where agenthost runs; agents get their provider's key variables)"},
 		{&exitError{1, fmt.Errorf("starting the agent: %w", fmt.Errorf("acp: session/prompt: %w", acpNoModel))}, "starting the agent: acp: session/prompt: Internal error: No model selected."},
 		{fmt.Errorf("serve: serve: listen tcp: bind: address already in use"), "serve: listen tcp: bind: address already in use"},
 	} {
@@ -145,7 +148,7 @@ func TestErrorLine(t *testing.T) {
 func TestPrompt_AgentErrorIsOneLine(t *testing.T) {
 	t.Setenv("ANTHROPIC_API_KEY", "")
 	out, errs, code := runCLI(t, "prompt", "--agent", "pi", "--model", "anthropic/claude-sonnet-4-5", "explain this repo")
-	if code != exitFailed || out != "" || errs != "agenthost: the agent refused the prompt: No API key found for anthropic.\n" {
+	if code != exitFailed || out != "" || errs != "agenthost: the agent refused the prompt: No API key found for anthropic. (set ANTHROPIC_API_KEY where agenthost runs; agents get their provider's key variables)\n" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

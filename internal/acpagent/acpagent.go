@@ -29,6 +29,7 @@ import (
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/roomlimits"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/record"
 	"github.com/agenthost/agenthost/room"
@@ -192,12 +193,16 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	// agent may connect to their port only.
 	var ports []uint16
 	if len(spec.Tools) > 0 {
-		if a.tools, err = serveTools(spec.Tools, t.opts.Logger); err != nil {
+		a.askFirst = cfg.ApprovalMode != room.ApprovalYolo
+		for _, tl := range spec.Tools {
+			a.toolNames = append(a.toolNames, tl.Name)
+		}
+		if a.tools, err = serveTools(askFirst(spec.Tools, spec.Handler, cfg.ApprovalMode), t.opts.Logger); err != nil {
 			return nil, err
 		}
 		ports = append(ports, a.tools.port())
 	}
-	argv, env, err := t.confine(spec, ws, r, ports, a, user)
+	argv, env, pol, err := t.confine(spec, ws, r, ports, a, user)
 	if err != nil {
 		return nil, errors.Join(err, a.tools.close())
 	}
@@ -226,7 +231,14 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		Logger:            t.opts.Logger,
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("acpagent: starting the agent: %w", err), a.tools.close())
+		var exit *acp.ExitError
+		stderr := ""
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		err = startfail.Explain(fmt.Errorf("acpagent: starting the agent: %w", err), stderr,
+			startfail.Info{Command: r.Argv, Custom: len(cfg.Command) > 0, Policy: pol})
+		return nil, errors.Join(err, a.tools.close())
 	}
 	a.c = c
 	fail := func(err error) (room.Agent, error) {
@@ -307,7 +319,7 @@ func (t *Transport) keepSessionCost(id string, cost float64) {
 
 // confine wraps the recipe's command in the room's confinement (as given
 // when unconfined), as user, and records it on a.
-func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent, user *confine.User) ([]string, []string, error) {
+func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []uint16, a *agent, user *confine.User) ([]string, []string, *confine.Policy, error) {
 	exec := []string{r.Argv[0]}
 	for _, name := range slices.Sorted(maps.Keys(spec.MCP)) {
 		if s := spec.MCP[name]; len(s.Command) > 0 {
@@ -319,14 +331,14 @@ func (t *Transport) confine(spec room.AgentSpec, ws string, r Recipe, ports []ui
 	cr.User = user
 	pol, err := t.opts.Confine.Policy(cr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+		return nil, nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}
 	argv, env, err := pol.Wrap(r.Argv, r.Env)
 	if err != nil {
-		return nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
+		return nil, nil, nil, fmt.Errorf("acpagent: confining the agent: %w", err)
 	}
 	a.confined = room.Confinement(pol.Report())
-	return argv, env, nil
+	return argv, env, pol, nil
 }
 
 // Confinement implements room.Confined: what confines the agents this
@@ -431,6 +443,11 @@ type agent struct {
 	res      room.Resources
 
 	tools *toolServer // the room's tools over MCP (nil: none)
+	// toolNames are the room's tools' names; askFirst: they ask the room
+	// themselves (always-ask), so the agent's own prompt for one is
+	// answered for it (roomTool).
+	toolNames []string
+	askFirst  bool
 
 	mu        sync.Mutex
 	denied    bool              // a permission was denied in the running turn
@@ -731,11 +748,57 @@ func (a *agent) permission(ctx context.Context, req acp.PermissionRequest) bool 
 		tool = n
 	}
 	a.mu.Unlock()
+	if (req.Kind == "" || req.Kind == "other") && len(req.RawInput) > 0 && a.roomTool(req.Title) {
+		// The agent's own prompt for the room's tool (claude, copilot):
+		// the tool asks the room itself when it runs (askFirst).
+		return true
+	}
 	in := text(string(req.RawInput))
 	if len(req.RawInput) == 0 {
 		in = text(req.Title)
 	}
 	return a.approve(ctx, room.ApprovalRequest{Tool: tool, Input: in, Options: names(labels)})
+}
+
+// askFirst makes each of the room's tools ask the room before it runs, in
+// a room that asks (always-ask), with its arguments as the approval's input
+// (redacted and bounded), as over RPC: every agent path asks the same, and
+// shows what will be posted. A denied call runs nothing and tells the
+// agent so.
+func askFirst(tools []room.Tool, h room.Handler, mode string) []room.Tool {
+	if mode == room.ApprovalYolo || h == nil {
+		return tools
+	}
+	out := make([]room.Tool, 0, len(tools))
+	for _, t := range tools {
+		run := t.Run
+		t.Run = func(ctx context.Context, call room.ToolCall) (string, error) {
+			if !h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(t.Name), Input: text(string(call.Args)), Options: ompApprovalOptions}) {
+				return "", fmt.Errorf("the room denied the call of %s", t.Name)
+			}
+			return run(ctx, call)
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// roomTool reports whether name is how the agent names one of the room's
+// tools, served by the MCP server agenthost: exactly, never a part of a
+// longer title (a command's text could hold one).
+func (a *agent) roomTool(name string) bool {
+	if a.tools == nil || !a.askFirst {
+		return false
+	}
+	for _, t := range a.toolNames {
+		for _, form := range []string{t, "mcp__" + room.ReservedName + "__" + t, "mcp__" + room.ReservedName + "_" + t,
+			room.ReservedName + "__" + t, room.ReservedName + "_" + t, room.ReservedName + "/" + t, room.ReservedName + "." + t} {
+			if name == form {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // approve asks the room, noting a denial (see Run).
@@ -763,6 +826,11 @@ var ompApprovalOptions = []string{"Approve", "Deny"}
 func (a *agent) ask(ctx context.Context, q acp.Question) (string, bool) {
 	if rest, ok := strings.CutPrefix(q.Title, ompApprovalPrefix); ok && slices.Equal(q.Options, ompApprovalOptions) {
 		tool, details, _ := strings.Cut(rest, "\n")
+		if a.roomTool(tool) {
+			// omp's own prompt for the room's tool, which shows no
+			// arguments: the tool asks the room itself when it runs.
+			return "Approve", true
+		}
 		if a.approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: q.Options}) {
 			return "Approve", true
 		}

@@ -121,6 +121,11 @@ type Options struct {
 	// one each, when the server runs as root (see RoomUser); the zero
 	// range: agents run as the server's own user.
 	AgentUIDs UIDRange
+	// Read are folders every agent may read, never write or execute
+	// (serve --confine-read: a custom agent's interpreter installed in a
+	// user's home); absolute and existing. The caller keeps the server's
+	// own folders out of it (see CheckRead).
+	Read []string
 }
 
 // UIDRange is an inclusive range of uids.
@@ -211,8 +216,71 @@ func New(opts Options) (*Confiner, error) {
 			c.opts.Tools = t
 		}
 	}
+	c.opts.Read = nil
+	for _, d := range opts.Read {
+		real, err := readFolder(d)
+		if err != nil {
+			return nil, err
+		}
+		c.opts.Read = append(c.opts.Read, real)
+	}
 	c.abi = min(c.kernel, MaxABI)
 	return c, nil
+}
+
+// readFolder is d, a folder every agent may read, absolute with its links
+// resolved (the launcher follows none).
+func readFolder(d string) (string, error) {
+	if !filepath.IsAbs(d) {
+		return "", fmt.Errorf("confine: the read-only folder %q is not absolute", d)
+	}
+	real, err := filepath.EvalSymlinks(d)
+	if err != nil {
+		return "", fmt.Errorf("confine: the read-only folder: %w", err)
+	}
+	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("confine: the read-only folder %s is not a folder", d)
+	}
+	return real, nil
+}
+
+// CheckRead refuses a folder every agent would read (Options.Read) that is,
+// holds or lies in one of private (the server's data dir, the rooms'
+// workspaces): read access there would show each room every other room.
+func CheckRead(dirs, private []string) error {
+	for _, d := range dirs {
+		real, err := readFolder(d)
+		if err != nil {
+			return err
+		}
+		for _, p := range private {
+			pr, err := filepath.Abs(p)
+			if err != nil {
+				return err
+			}
+			if r, err := filepath.EvalSymlinks(pr); err == nil {
+				pr = r
+			}
+			if under(real, []string{pr}) || under(pr, []string{real}) {
+				return fmt.Errorf("confine: the read-only folder %s would show the agents %s, the server's own", d, p)
+			}
+		}
+	}
+	return nil
+}
+
+// Reads reports whether p lets the agent read path (an absolute path, its
+// links resolved): a rule covers it. A nil policy reads everything.
+func (p *Policy) Reads(path string) bool {
+	if p == nil {
+		return true
+	}
+	for _, r := range p.Rules {
+		if under(path, []string{r.Path}) {
+			return true
+		}
+	}
+	return false
 }
 
 // Enforced reports whether agents run confined.
@@ -432,6 +500,9 @@ func (c *Confiner) Policy(r Room) (*Policy, error) {
 	}
 	if c.opts.Tools != "" {
 		add(AccessReadExec, false, c.opts.Tools)
+	}
+	for _, d := range c.opts.Read {
+		add(AccessRead, false, d)
 	}
 	for _, e := range r.Exec {
 		path, err := executable(e)

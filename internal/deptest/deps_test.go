@@ -38,7 +38,7 @@ var allowed = map[string][]string{
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server.
-	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits",
+	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits", module + "/internal/startfail",
 		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Rooms' limits as custody's (and custody's support as rooms'
@@ -115,6 +115,9 @@ var allowed = map[string][]string{
 	// spans, and OpenTelemetry's SDK and OTLP/HTTP exporter; the only
 	// package with the SDK. Never the server, a transport or an agent.
 	module + "/internal/tracing": append([]string{module + "/room", module + "/record", module + "/event"}, otelSDKDeps...),
+	// Start failures explained: the confinement policy (what the agent may
+	// read) and the redactor; never a transport, rooms or the server.
+	module + "/internal/startfail": append([]string{module + "/internal/confine", module + "/internal/detail", module + "/internal/agentfs"}, landlockDeps...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,
 

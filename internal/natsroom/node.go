@@ -519,11 +519,54 @@ func splitHostPort(addr string) (string, int, error) {
 
 // logger routes the server's log lines to slog (warnings and errors) and
 // keeps its first fatal error (a listener that could not bind) for
-// StartNode to report.
+// StartNode to report. A warning repeated word for word is logged once per
+// repeatWarnEvery: the server says "Waiting for routing to be
+// established..." every second or two while its peers are down (its own
+// rate limit forgets what it said), which is what the node waits for, not
+// news each time.
 type logger struct {
 	l     *slog.Logger
 	mu    sync.Mutex
 	first string
+	// warned is when each recent warning was last logged (at most
+	// maxRepeatKeys, the oldest dropped).
+	warned map[string]time.Time
+	now    func() time.Time // tests move the clock
+}
+
+// repeatWarnEvery is how often a warning repeated word for word is logged
+// (the README's "every 10 s").
+const repeatWarnEvery = 10 * time.Second
+
+// maxRepeatKeys bounds the warnings remembered for repeatWarnEvery.
+const maxRepeatKeys = 64
+
+// repeated reports whether msg was logged less than repeatWarnEvery ago,
+// and otherwise records it as logged now.
+func (l *logger) repeated(msg string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
+	if last, ok := l.warned[msg]; ok && now.Sub(last) < repeatWarnEvery {
+		return true
+	}
+	if l.warned == nil {
+		l.warned = map[string]time.Time{}
+	}
+	if len(l.warned) >= maxRepeatKeys {
+		oldest := ""
+		for k, t := range l.warned {
+			if oldest == "" || t.Before(l.warned[oldest]) {
+				oldest = k
+			}
+		}
+		delete(l.warned, oldest)
+	}
+	l.warned[msg] = now
+	return false
 }
 
 func (l *logger) fatal() string {
@@ -552,8 +595,12 @@ func (l *logger) logf(level slog.Level, f string, a ...any) {
 	}
 }
 
-func (l *logger) Noticef(string, ...any)    {}
-func (l *logger) Warnf(f string, a ...any)  { l.logf(slog.LevelWarn, f, a...) }
+func (l *logger) Noticef(string, ...any) {}
+func (l *logger) Warnf(f string, a ...any) {
+	if !l.repeated(fmt.Sprintf(f, a...)) {
+		l.logf(slog.LevelWarn, f, a...)
+	}
+}
 func (l *logger) Errorf(f string, a ...any) { l.logf(errorLevel(f), f, a...) }
 
 // routeRetryFormat is the NATS server's line for a route it could not dial

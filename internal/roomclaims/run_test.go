@@ -4,6 +4,7 @@ package roomclaims
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -75,6 +76,38 @@ func claimRoomTools(r *pathRun) {
 	r.settled(roomMain, acc)
 	if !r.modelSaw("tool", `"room":"main"`) {
 		r.t.Fatal("room_info's result never reached the model")
+	}
+}
+
+// claimRoomToolsAsked: under always-ask a room tool's call waits for a person, once, and the
+// approval shows its arguments; denied, the tool does nothing and the turn settles; allowed, it runs.
+func claimRoomToolsAsked(r *pathRun) {
+	r.askPerson.Store(true)
+	defer r.askPerson.Store(false)
+	for _, allow := range []bool{false, true} {
+		text := fmt.Sprintf("post-%v-%s", allow, r.p.kind)
+		acc := r.submit(roomMain, `[[tool:`+r.roomTool("room_post")+` {"text":"`+text+`"}]]`)
+		ev, req := r.wait(roomMain, acc.Seq, "approval.requested", nil)
+		if in, _ := req["input"].(string); !strings.Contains(in, text) || !strings.HasSuffix(req["tool"].(string), "room_post") {
+			r.t.Fatalf("approval.requested does not show the call: %v", req)
+		}
+		if err := r.h.m.Approve(r.t.Context(), roomMain, req["approval_id"].(string), allow); err != nil {
+			r.t.Fatal(err)
+		}
+		r.wait(roomMain, ev.Seq, "approval.resolved", nil)
+		r.settled(roomMain, acc)
+		if n := len(r.events(roomMain, acc.Seq, "approval.requested")); n != 1 {
+			r.t.Fatalf("%d approvals for one call of room_post", n)
+		}
+		posted := 0
+		for _, p := range r.events(roomMain, acc.Seq, "room.post") {
+			if p["text"] == text {
+				posted++
+			}
+		}
+		if want := map[bool]int{false: 0, true: 1}[allow]; posted != want {
+			r.t.Fatalf("allowed %v: %d room.post events, want %d", allow, posted, want)
+		}
 	}
 }
 

@@ -47,6 +47,7 @@ const (
 	cReply      = "reply"
 	cStreaming  = "streaming"
 	cRoomTools  = "room-tools"
+	cToolsAsked = "room-tools-asked"
 	cAllow      = "approval-allow"
 	cDeny       = "approval-deny"
 	cDeadline   = "approval-deadline"
@@ -77,6 +78,10 @@ var claims = []claim{
 		"rpc": "omp host tools over RPC",
 		"acp": "a per-agent MCP server `agenthost` (streamable HTTP on loopback, bearer token) in `session/new`",
 	}, claimRoomTools},
+	{cToolsAsked, "Room tools ask: under `always-ask` a call of a room tool waits for a person, who sees its arguments; denied, it does nothing", map[string]string{
+		"rpc": "the room asks when the host runs the tool (omp's own prompt for a host tool, which shows no arguments, is answered for it; pi's extension asks nothing itself)",
+		"acp": "the room asks when its MCP server `agenthost` runs the tool",
+	}, claimRoomToolsAsked},
 	{cAllow, "Approvals, allow: a tool call waits for a person's allow, then runs", map[string]string{
 		"rpc": "omp `--approval-mode always-ask` select dialog → durable approval",
 		"acp": "`session/request_permission` → durable approval → `allow_once`",
@@ -267,6 +272,8 @@ var paths = []path{
 		gaps: map[string]string{
 			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
 			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
+			cToolsAsked: "codex asks its own permission for an MCP tool call in a request that names nothing (kind `execute`, no title, no input), " +
+				"which agenthost cannot tell from a command's: a person is asked twice, the room's approval second, with the arguments",
 		},
 	},
 	{

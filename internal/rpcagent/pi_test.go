@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,7 +155,8 @@ func TestRealPiQuestions(t *testing.T) {
 }
 
 // The room's tools reach pi: room_post, room_info and a program's own,
-// none of them asking an approval.
+// each asking the room first (always-ask; the policy here allows), with
+// the call's arguments as the approval's input.
 func TestRealPiRoomTools(t *testing.T) {
 	lookup := room.Tool{
 		Name: "lookup", Description: "Look a key up.",
@@ -167,7 +169,15 @@ func TestRealPiRoomTools(t *testing.T) {
 		Name: "broken", Description: "Always fails.",
 		Run: func(context.Context, room.ToolCall) (string, error) { return "", os.ErrPermission },
 	}
-	h := startHost(t, "", nil, room.Options{Tools: []room.Tool{lookup, broken}, Config: room.Config{Agent: "pi"}})
+	var mu sync.Mutex
+	var asked []string
+	policy := func(_ string, req room.ApprovalRequest) room.Decision {
+		mu.Lock()
+		asked = append(asked, req.Tool+" "+req.Input)
+		mu.Unlock()
+		return room.Allow
+	}
+	h := startHost(t, "", nil, room.Options{Tools: []room.Tool{lookup, broken}, Config: room.Config{Agent: "pi"}, Policy: policy})
 	acc := h.Submit("r", `[[tool:room_post {"text":"hello people"}]]`)
 	h.Settled("r", acc)
 	_, post := h.Wait("r", acc.Seq, "room.post", nil)
@@ -189,8 +199,11 @@ func TestRealPiRoomTools(t *testing.T) {
 		}
 		h.Settled("r", acc)
 	}
-	if n := h.Count("r", "approval.requested"); n != 0 {
-		t.Fatalf("the room's own tools asked %d approvals", n)
+	mu.Lock()
+	got := strings.Join(asked, "\n")
+	mu.Unlock()
+	if want := "room_post {\"text\":\"hello people\"}\nroom_info {}\nlookup {\"key\":\"k1\"}\nbroken {}"; got != want {
+		t.Fatalf("the room's tools asked:\n%s\nwant:\n%s", got, want)
 	}
 	if n := h.Count("r", "question.asked"); n != 0 {
 		t.Fatalf("the room's tool calls became %d questions", n)

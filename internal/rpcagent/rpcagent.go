@@ -32,6 +32,7 @@ import (
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/roomlimits"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
+	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/room"
 	"github.com/agenthost/agenthost/rpc"
@@ -249,6 +250,7 @@ type launchSettings struct {
 func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
+	spec.Tools = askFirst(spec.Tools, spec.Handler, spec.Config.ApprovalMode)
 	cfg := spec.Config
 	user, err := t.roomUser(spec)
 	if err != nil {
@@ -277,10 +279,11 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		resume = []string{flag, file}
 		rs.ExtraArgs = append(rs.ExtraArgs, resume...)
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger}
+	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, roomTools: roomToolNames(spec.Tools)}
 	if kind == agents.Pi && !custom {
 		a.piext, a.tools = true, spec.Tools
 	}
+	command := rs.Argv
 	pol, err := t.confine(spec, &rs, true, user)
 	if err != nil {
 		return nil, err
@@ -299,7 +302,13 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	}
 	c, err := rpc.Spawn(ctx, rs, opts)
 	if err != nil {
-		return nil, fmt.Errorf("rpcagent: starting %s: %w", kind, err)
+		var exit *rpc.ExitError
+		stderr := ""
+		if errors.As(err, &exit) {
+			stderr = exit.Stderr
+		}
+		return nil, startfail.Explain(fmt.Errorf("rpcagent: starting %s: %w", kind, err), stderr,
+			startfail.Info{Command: command, Custom: custom, Policy: pol})
 	}
 	a.c = c
 	a.live.Store(c)
@@ -346,6 +355,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
+	spec.Tools = askFirst(spec.Tools, spec.Handler, spec.Config.ApprovalMode)
 	h, err := daemonproc.ParseHandle(at.Handle)
 	if err != nil {
 		return nil, err
@@ -361,7 +371,7 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 		kind = agents.OMP
 	}
 	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, proc: p, handle: at.Handle, attached: at.RunOpen,
-		confined: attachedConfinement(h), res: attachedResources(h)}
+		confined: attachedConfinement(h), res: attachedResources(h), roomTools: roomToolNames(spec.Tools)}
 	if kind == agents.Pi && len(cfg.Command) == 0 {
 		// The extension loaded at its start calls the room's tools.
 		a.piext, a.tools = true, spec.Tools
@@ -776,6 +786,9 @@ type agent struct {
 	// room's tools through dialogs (omp's host tools the client runs).
 	piext bool
 	tools []room.Tool
+	// roomTools are the names of the room's tools, which ask the room
+	// themselves (askFirst): omp's own prompt for one is answered Approve.
+	roomTools map[string]bool
 	// live is c once set, for dialogs that may come while it is being set
 	// (an attached agent's requests are read again at once).
 	live    atomic.Pointer[rpc.Client]
@@ -1126,6 +1139,39 @@ func (a *agent) runTool(ctx context.Context, name string, args json.RawMessage) 
 	return piext.ToolResult("", fmt.Errorf("%w: %q", piext.ErrNoTool, name))
 }
 
+// askFirst makes each of the room's tools ask the room before it runs, in
+// a room that asks (always-ask), with its arguments as the approval's input
+// (redacted and bounded): the same on omp, whose own prompt for a host tool
+// shows no arguments (answered Approve, see dialog), and on pi, whose
+// extension runs the room's tools unasked. A denied call runs nothing and
+// tells the agent so.
+func askFirst(tools []room.Tool, h room.Handler, mode string) []room.Tool {
+	if mode == room.ApprovalYolo || h == nil {
+		return tools
+	}
+	out := make([]room.Tool, 0, len(tools))
+	for _, t := range tools {
+		run := t.Run
+		t.Run = func(ctx context.Context, call room.ToolCall) (string, error) {
+			if !h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(t.Name), Input: text(string(call.Args)), Options: approvalOptions}) {
+				return "", fmt.Errorf("the room denied the call of %s", t.Name)
+			}
+			return run(ctx, call)
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// roomToolNames are the names of tools.
+func roomToolNames(tools []room.Tool) map[string]bool {
+	m := make(map[string]bool, len(tools))
+	for _, t := range tools {
+		m[t.Name] = true
+	}
+	return m
+}
+
 // dialog turns the agent's dialogs into approvals and questions, and the
 // pi extension's calls into room tool runs.
 func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
@@ -1144,13 +1190,18 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, details, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
+		if a.roomTools[tool] {
+			// omp asks for a host tool without its arguments; the room's
+			// tool asks the room itself when it runs, showing them.
+			return rpc.Value("Approve")
+		}
 		if a.h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
 		return rpc.Value("Deny")
 	}
-	title := req.Title
+	title := ompOtherTitle(req.Title)
 	if title == "" {
 		title = req.Message
 	}
@@ -1175,6 +1226,28 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 		return rpc.Confirmed(strings.EqualFold(strings.TrimSpace(ans), "yes"))
 	}
 	return rpc.Value(ans)
+}
+
+// ompOtherTitle is the title of omp's follow-up to "Other (type your
+// own)", which repeats its terminal's picker ("○ red", "◉ Other (type your
+// own)", "Enter your response:"), as the question and a note that it takes
+// the person's own words; any other title as it is.
+func ompOtherTitle(title string) string {
+	if !strings.Contains(title, "\n◉ ") && !strings.HasPrefix(title, "◉ ") {
+		return title
+	}
+	var keep []string
+	for _, l := range strings.Split(title, "\n") {
+		t := strings.TrimSpace(l)
+		if t == "" || strings.HasPrefix(t, "○ ") || strings.HasPrefix(t, "◉ ") || t == "Enter your response:" {
+			continue
+		}
+		keep = append(keep, l)
+	}
+	if len(keep) == 0 {
+		return title
+	}
+	return strings.Join(keep, "\n") + " (your own answer)"
 }
 
 // text redacts and bounds what the agent says for the room's record.

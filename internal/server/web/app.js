@@ -76,7 +76,9 @@ let roomsNext = "";
 
 function roomItem(r) {
   const li = el("li");
-  const b = el("button", "room-link", r.id);
+  const b = el("button", "room-link");
+  b.append(el("span", "name", r.id));
+  b.dataset.room = r.id;
   b.type = "button";
   if (current && current.id === r.id) b.setAttribute("aria-current", "true");
   const waiting = r.approvals.length + r.questions.length;
@@ -169,8 +171,11 @@ async function refreshRooms() {
   try {
     data = await api("GET", "/v1/rooms?limit=" + Math.min(roomsShown, 1000));
   } catch (e) {
+    if (!current) setStatus("down", "cannot reach the server: " + e.message);
     return;
   }
+  // Before a room is opened the list is what the page is connected for.
+  if (!current) setStatus("live", "connected: open a room");
   const ul = $("rooms");
   ul.replaceChildren();
   for (const r of data.rooms) ul.append(roomItem(r));
@@ -312,7 +317,7 @@ async function loadHistory(rm) {
 
 // ---- a room's settings (GET and PUT .../config)
 
-const CONFIG_TEXT = ["agent", "model", "thinking", "approval_mode", "turn_timeout", "approval_timeout", "idle_after", "instructions"];
+const CONFIG_TEXT = ["agent", "model", "thinking", "approval_mode", "turn_timeout", "approval_timeout", "question_timeout", "idle_after", "instructions"];
 const CONFIG_BUDGET = ["tokens", "cost_usd", "turns"];
 
 // loadConfig fills the settings form from the room's effective settings
@@ -746,6 +751,9 @@ function showChanges(rm, t, ev) {
       }
       body.append(files, patch);
       if (diff.truncated) body.append(el("p", "note", "the diff was cut at the server's bound"));
+      // Opened at the log's end, the diff would land below its fold:
+      // bring what was opened into view (the log scrolls, then the page).
+      d.scrollIntoView({ block: "nearest" });
     } catch (e) {
       loaded = false;
       err.textContent = e.message;
@@ -795,6 +803,9 @@ function addApproval(rm, ev) {
   $("approvals").append(li);
 }
 
+// OTHER_OPTION is omp's option for an answer of one's own.
+const OTHER_OPTION = /^Other \(type your own\)$/;
+
 function addQuestion(rm, ev) {
   if ($("questions").querySelector('[data-id="' + CSS.escape(ev.question_id) + '"]')) return; // shown from the room's state
   const li = el("li", "question");
@@ -816,14 +827,17 @@ function addQuestion(rm, ev) {
   const row = el("div", "row");
   row.setAttribute("role", "group");
   row.setAttribute("aria-labelledby", title.id);
+  const inputID = "qa-" + ev.question_id;
   for (const opt of ev.options || []) {
     const b = el("button", "", opt);
     b.type = "button";
-    b.addEventListener("click", () => send(opt));
+    // omp's own "Other (type your own)": answered, it asks again in its
+    // terminal's words; the answer box below takes the person's own words.
+    if (OTHER_OPTION.test(opt)) b.addEventListener("click", () => $(inputID).focus());
+    else b.addEventListener("click", () => send(opt));
     row.append(b);
   }
   const form = el("form", "row");
-  const inputID = "qa-" + ev.question_id;
   const lab = el("label", "", "Your answer");
   lab.htmlFor = inputID;
   const input = el("input");
