@@ -206,8 +206,10 @@ func TestServePage_Chromium(t *testing.T) {
 	}
 	waitFor(t, ctx, "the room in the list", `[...document.querySelectorAll("#rooms .room-link")].some(b => b.textContent.startsWith("web"))`)
 	// What the turn cost, as omp reported it on the built-in model (a
-	// registered price): on the turn, the room, and its entry in the list.
-	waitFor(t, ctx, "the room's usage", `!document.getElementById("room-usage").hidden && /^1 turn, [0-9,]+ tokens · \$[0-9.e-]+ \(input \d+, output \d+, cache read \d+, cache write \d+\)$/.test(document.getElementById("room-usage").textContent)`)
+	// registered price): on the turn, the room, and its entry in the list
+	// (the room's compute follows where the host measures it:
+	// TestServePage_RoomResources checks it).
+	waitFor(t, ctx, "the room's usage", `!document.getElementById("room-usage").hidden && /^1 turn, [0-9,]+ tokens · \$[0-9.e-]+ \(input \d+, output \d+, cache read \d+, cache write \d+\)(; [0-9.]+ s CPU · .+)?$/.test(document.getElementById("room-usage").textContent)`)
 	waitFor(t, ctx, "the turn's usage", `/tokens · \$/.test(document.querySelector("#log .msg.assistant .turn-usage")?.textContent ?? "")`)
 	waitFor(t, ctx, "the room's usage in the list", `[...document.querySelectorAll("#rooms .room-link")].some(b => b.textContent.startsWith("web") && /tokens/.test(b.querySelector(".usage")?.textContent ?? ""))`)
 	// The room's agent runs confined (serve's default, auto, on a kernel with Landlock), and the

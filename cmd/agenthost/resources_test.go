@@ -965,7 +965,7 @@ func TestConfigCommand_Resources(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "resources.memory: 512 MiB\n") || !strings.Contains(out, "resources.pids:   256\n") {
 		t.Fatalf("config --set resources: %d %q %q", code, out, errs)
 	}
-	if _, errs, code := s.cli("config", "lim", "--set", "resources.pids=999999"); code != exitFailed || !strings.Contains(errs, "over the server's ceiling, 4096") {
+	if _, errs, code := s.cli("config", "lim", "--set", "resources.pids=999999"); code != exitUsage || !strings.Contains(errs, "over the server's ceiling, 4096") {
 		t.Fatalf("a limit over the ceiling: %d %q", code, errs)
 	}
 	if _, errs, code := s.cli("config", "lim", "--set", "resources.memory=lots"); code != exitUsage || !strings.Contains(errs, "resources.memory") {

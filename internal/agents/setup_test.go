@@ -18,7 +18,8 @@ func setupCheckout(t *testing.T) (dir string, run func(args ...string) string, n
 	npmLog = withFakeNPM(t, "")
 	dir = t.TempDir()
 	for _, f := range []string{"scripts/setup.sh", ".tools/package.json", ".tools/package-lock.json",
-		".tools/acp/package.json", ".tools/acp/package-lock.json"} {
+		".tools/acp/package.json", ".tools/acp/package-lock.json", ".tools/lint/package.json", ".tools/lint/package-lock.json",
+		"internal/tracing/testdata/jaeger/go.mod"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", f))
 		if err != nil {
 			t.Fatal(err)
@@ -58,7 +59,8 @@ func setupCheckout(t *testing.T) (dir string, run func(args ...string) string, n
 
 // make run's setup installs what serve uses by default (omp, pi, Bun) and
 // nothing else: no ACP agent, no Chromium. --acp adds the ACP agents,
-// --test Chromium too (and builds no binary); a second run installs nothing.
+// --test Redocly CLI, Jaeger's build and Chromium too (and builds no
+// binary); a second run installs nothing.
 func TestSetup_RunInstallsOnlyWhatServeUses(t *testing.T) {
 	dir, run, npmLog, aptLog := setupCheckout(t)
 	out := run()
@@ -95,7 +97,9 @@ func TestSetup_RunInstallsOnlyWhatServeUses(t *testing.T) {
 		t.Fatal(err)
 	}
 	out = run("--test")
-	if runs := npmRuns(t, npmLog); len(runs) != 2 || !strings.Contains(out, "chromium for the browser test: Chromium 1.0") ||
+	if runs := npmRuns(t, npmLog); len(runs) != 3 || !strings.HasSuffix(runs[2], " in "+filepath.Join(dir, ".tools", "lint")) ||
+		!strings.Contains(out, "chromium for the browser test: Chromium 1.0") ||
+		!strings.Contains(out, "building Jaeger into Go's build cache") ||
 		!strings.Contains(out, "ACP agents: claude-agent-acp 0.101.0, codex-acp 2.6.0, copilot 1.0.102 already installed") {
 		t.Fatalf("setup --test: npm runs %q\n%s", runs, out)
 	}

@@ -134,7 +134,7 @@ var allowed = map[string][]string{
 	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
 		module + "/procd", module + "/internal/rpcagent", module + "/internal/acpagent", module + "/internal/agentproc", module + "/internal/daemonproc",
 		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio"}, append(mcpDeps, append(landlockDeps,
+		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail"}, append(mcpDeps, append(landlockDeps,
 		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
 	// Rooms' snapshots and git workspaces: the engines and their room
 	// adapters; never a transport, the store or the server.
@@ -142,7 +142,7 @@ var allowed = map[string][]string{
 		module + "/internal/roomgit", module + "/internal/gitws", module + "/internal/agentfs"},
 	// The HTTP API as a handler: what internal/server may use, and it.
 	module + "/httpapi": append([]string{module + "/internal/server", module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/buildinfo"},
-		append(sqliteDeps, prometheusDeps...)...),
+		append(sqliteDeps, append(prometheusDeps, otelAPIDeps...)...)...),
 }
 
 // library are the public packages that wrap internal ones.

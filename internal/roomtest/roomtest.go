@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -223,6 +224,7 @@ func (h *Host) waitFor(roomID string, after int64, what string, ok func(store.Ev
 	defer stop()
 	deadline := time.NewTimer(120 * time.Second)
 	defer deadline.Stop()
+	var seen []string // what came instead, for the failure's message
 	for {
 		evs, err := h.DB.Events(h.T.Context(), roomID, after, 0)
 		if err != nil {
@@ -233,11 +235,14 @@ func (h *Host) waitFor(roomID string, after int64, what string, ok func(store.Ev
 			if ok(ev) {
 				return ev
 			}
+			if len(seen) < 40 {
+				seen = append(seen, fmt.Sprintf("%d %s %.200s", ev.Seq, ev.Type, ev.Data))
+			}
 		}
 		select {
 		case <-watch:
 		case <-deadline.C:
-			h.T.Fatalf("room %q: no %s event after seq %d", roomID, what, after)
+			h.T.Fatalf("room %q: no %s event after seq %d; came instead:\n%s", roomID, what, after, strings.Join(seen, "\n"))
 		}
 	}
 }
