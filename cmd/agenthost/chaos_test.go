@@ -621,7 +621,12 @@ func (c *chaosRun) stop() {
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
-			c.kill(i)
+			// Killed, and waited for by the goroutine above alone (a
+			// second Wait of the same command races it).
+			c.mu.Lock()
+			n.alive = false
+			c.mu.Unlock()
+			_ = n.cmd.Process.Signal(syscall.SIGKILL)
 			<-done
 		}
 		<-n.drained
