@@ -91,6 +91,12 @@ const (
 // meanwhile. It returns an error when no daemon could be had within
 // reownBudget.
 func watchDaemon(ctx context.Context, pd *procd.Client, health *serveHealth, log *slog.Logger) error {
+	// The followers of dead daemons' trees end when this returns at the
+	// latest.
+	var followers sync.WaitGroup
+	defer followers.Wait()
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
 	for {
 		done := pd.Done()
 		select {
@@ -104,7 +110,10 @@ func watchDaemon(ctx context.Context, pd *procd.Client, health *serveHealth, log
 		dead := pd.PID()
 		log.Error("the process daemon ended, and the rooms' agents with it; starting a new one", "daemon_pid", dead)
 		health.set(healthDaemon, errors.New("the process daemon ended; a new one is starting"))
-		reapDaemon(ctx, dead, log)
+		// What the dead daemon left exits at any time from now on (see
+		// daemonTree): followed until it is all collected.
+		tree := reapDaemon(ctx, dead, log)
+		followers.Go(func() { tree.follow(fctx, log) })
 		if err := reown(ctx, pd, log); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -112,8 +121,6 @@ func watchDaemon(ctx context.Context, pd *procd.Client, health *serveHealth, log
 			health.set(healthDaemon, fmt.Errorf("no process daemon: %w", err))
 			return fmt.Errorf("the process daemon ended and no new one could be started: %w", err)
 		}
-		// What died after the first pass (children that exited late).
-		reapDaemon(ctx, dead, log)
 		health.clear(healthDaemon)
 		log.Info("a new process daemon runs the agents", "daemon_pid", pd.PID())
 	}
@@ -141,16 +148,16 @@ func reown(ctx context.Context, pd *procd.Client, log *slog.Logger) error {
 	}
 }
 
-// reapDaemon collects what a dead daemon leaves this server: the server
-// is a child subreaper and the daemon its child (through the detaching
-// start), so the daemon and every process it ran that exited become the
-// server's zombies, and those still running its orphans. The daemon is
-// collected first (its children are ours from then on), then the orphans
-// are ended (custody's marker names the dead daemon as their host) and
-// collected, then the zombies left. With --daemon the server runs no
-// process of its own outside its session, so every zombie child in
-// another session is the dead daemon's (reapStrays).
-func reapDaemon(ctx context.Context, pid int, log *slog.Logger) {
+// reapDaemon collects what a dead daemon leaves this server at once and
+// returns its tree, to follow for what exits later: the server is a
+// child subreaper and the daemon its child (through the detaching start),
+// so the daemon and every process it ran that exited become the server's
+// zombies, and those still running its orphans. The daemon is collected
+// first (its children are ours from then on), then the orphans are ended
+// (custody's marker names the dead daemon as their host) and collected,
+// then the tree's zombies.
+func reapDaemon(ctx context.Context, pid int, log *slog.Logger) *daemonTree {
+	tree := newDaemonTree(pid) // before the daemon is collected: its start time names its tree
 	reapDeadChild(ctx, pid)
 	if orphans, err := custody.FindOrphans(); err == nil && len(orphans) > 0 {
 		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -162,7 +169,8 @@ func reapDaemon(ctx context.Context, pid int, log *slog.Logger) {
 			log.Info("ended what the dead process daemon left", "ended", len(orphans))
 		}
 	}
-	if n := reapStrays(); n > 0 {
+	if n := tree.collect(); n > 0 {
 		log.Info("collected the dead process daemon's exited processes", "count", n)
 	}
+	return tree
 }
