@@ -324,6 +324,39 @@ func TestFindOrphans_Markers(t *testing.T) {
 	}
 }
 
+// A host run as root starts its agents on uids of their own: when it
+// dies, their processes are its orphans whatever their uid (they were
+// missed, and outlived the host and every reap after it).
+func TestFindOrphans_RootListsAgentUIDs(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("not root: only root's hosts start agents on other uids")
+	}
+	cmd := exec.Command("/bin/sleep", "3014")
+	cmd.Env = []string{MarkerEnv + "=" + fmt.Sprintf("%d.1.y", fakePid)} // a dead host
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 2000000123, Gid: 2000000123}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var found []Orphan
+	for _, o := range mustOrphans(t) {
+		if o.PID == cmd.Process.Pid {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("a dead host's process on an agent uid not listed as orphan (pid %d)", cmd.Process.Pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if left, err := KillOrphans(ctx, found, time.Second); err != nil || len(left) != 0 {
+		t.Fatalf("KillOrphans: left %v, %v", left, err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the orphan exited 0: it was not ended")
+	}
+}
+
 // Issue 12 item 6: Close racing Start. Either Start fails with ErrClosed,
 // or its scope is closed with the rest: nothing runs after Close returns
 // nil.

@@ -22,8 +22,9 @@ import (
 // marker). A host is compared in its own pid namespace (named in the
 // marker); a marker whose host cannot be checked from here (a pid namespace
 // this process cannot see) is not an orphan. A process without a marker
-// outside such a cgroup, of another user, or whose host is alive is never
-// listed.
+// outside such a cgroup, or whose host is alive, is never listed, nor, for
+// a caller that is not root, one of another user (root's hosts run their
+// agents on uids of their own, so root lists them whatever their uid).
 func FindOrphans() ([]Orphan, error) {
 	p := newLinuxPlatform()
 	t := p.table()
@@ -47,7 +48,10 @@ func FindOrphans() ([]Orphan, error) {
 		}
 		dir := inDir[pi.pid]
 		m := p.marker(pi)
-		if (m == "" && dir == "") || !ownedByUID(pi.pid, uid) {
+		// Root's hosts start their agents on uids of their own (a room's
+		// agent uid), so root's orphans are any user's; a host that is not
+		// root lists only its own user's.
+		if (m == "" && dir == "") || (uid != 0 && !ownedByUID(pi.pid, uid)) {
 			continue
 		}
 		hm, ok := parseMarker(m)
