@@ -52,6 +52,23 @@ func (m *Manager) releaseLocal(ctx context.Context, room string) error {
 		return err
 	}
 	defer leave()
+	// A turn whose end is being written (its turn.ended may already be
+	// read) is over: wait for its end, so that a release right after a
+	// turn ended releases, rather than finding the room busy.
+	r.mu.Lock()
+	wait := r.endDone
+	ending := r.ending
+	r.mu.Unlock()
+	if ending {
+		if m.onReleaseWaits != nil {
+			m.onReleaseWaits(room)
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	m.releaseIfIdle(r, "released on request")
 	return nil
 }

@@ -192,6 +192,9 @@ type Manager struct {
 	// flight into it are waited for; onAwaitDeliveries as finishTurn or
 	// Detach begins to wait for one.
 	onTurnClosing, onAwaitDeliveries func(room string)
+	// onTurnEndWritten runs once a turn's end is written, while the room
+	// is still ending; onReleaseWaits as a Release waits for that end.
+	onTurnEndWritten, onReleaseWaits func(room string)
 }
 
 // roomState is a room's life in memory. Lock order: Manager.mu before

@@ -401,6 +401,9 @@ func (m *Manager) finishTurn(r *roomState, t *turnRun, res turnEnd) {
 		}
 		return nil
 	})
+	if m.onTurnEndWritten != nil {
+		m.onTurnEndWritten(r.id)
+	}
 	if t.stored {
 		m.noteBudget(r)
 	}
