@@ -187,15 +187,16 @@ func findFile(dir, name string) string {
 	return found
 }
 
-// A process of the dead daemon's tree that exits only after the server
-// has reaped what the daemon left, and started a new one, is collected
-// when it exits: no zombie is left under the server. The process is a
-// tool's background job of the room's agent, in a session of its own; run
-// as root the agent has a uid of its own, so custody's orphans (this
-// user's processes) do not list it and it outlives the daemon's death
-// until the test lets it go. (It stayed the server's zombie for good:
-// the server looked for zombies once, right after the death; omp exiting
-// late under load when its stdio closed showed the same.)
+// A tool's background job of the room's agent, in a session of its own,
+// when the process daemon dies: it is ended and collected, or, where it
+// outlives the server's first reaping pass (a process custody's orphan
+// search does not find, or one that exits on its own later, as omp does
+// under load when its stdio closes), collected when it exits: no zombie is
+// left under the server either way. (It stayed the server's zombie for
+// good: the server looked for zombies once, right after the death, and
+// custody's search missed agents on uids of their own. Now that it finds
+// them, the job here is ended by the first pass wherever custody sees it;
+// TestDaemonTree_CollectsOnlyWhatItInherited drives the late path.)
 func TestServeDaemon_DaemonTreeExitsLate(t *testing.T) {
 	data := t.TempDir()
 	s := startDaemonServer(t, data, "127.0.0.1:0")
@@ -238,11 +239,10 @@ func TestServeDaemon_DaemonTreeExitsLate(t *testing.T) {
 		return pid != old && healthz(t, s.url) == http.StatusOK
 	})
 	if st, ok := statOf(late); ok && st.state != 'Z' {
+		// It outlived the first pass: let it exit now, late.
 		if err := os.WriteFile(release, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-	} else if os.Geteuid() == 0 {
-		t.Fatalf("the background job (pid %d) did not outlive the daemon's death: the fault did not happen", late)
 	}
 	eventually(t, "the late job to be collected", 30*time.Second, func() bool {
 		_, ok := statOf(late)
