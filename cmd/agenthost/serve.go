@@ -656,7 +656,18 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Info("shutting down")
 		return nil
 	}
-	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log,
+	// Room tokens (POST /v1/tokens) are kept by this node: in a cluster,
+	// each API node has its own (they are not replicated).
+	toks, err := store.OpenTokens(ctx, filepath.Join(f.data, "tokens.db"))
+	if err != nil {
+		return fmt.Errorf("serve: opening the token store: %w", err)
+	}
+	defer func() {
+		if cerr := toks.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	api, err := server.New(server.Options{Manager: m, Token: tok, Tokens: toks, Index: server.Page(), Health: health.err, Logger: log,
 		Tracing:    otel.server(),
 		Collectors: nodeCollectors(node)})
 	if err != nil {
