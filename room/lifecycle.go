@@ -52,7 +52,7 @@ func (m *Manager) releaseLocal(ctx context.Context, room string) error {
 		return err
 	}
 	defer leave()
-	m.releaseIfIdle(r, "released on request")
+	m.releaseIfIdle(r, "released on request", tokenOf(ctx))
 	return nil
 }
 

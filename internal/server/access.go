@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -241,7 +242,9 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 		}
 		// The request (an event stream) ends when the token is revoked or
 		// expires.
-		ctx, cancel := context.WithCancel(context.WithValue(r.Context(), principalKey{}, principal{g}))
+		// The events it causes name it (never its secret).
+		ctx := room.WithToken(context.WithValue(r.Context(), principalKey{}, principal{g}), event.TokenRef{ID: g.ID, Label: g.Label})
+		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stop := context.AfterFunc(g.ctx, cancel)
 		defer stop()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -442,5 +443,82 @@ func TestTokensSurviveRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestTokenInEvents: what a room token does through the API is recorded
+// with its id and label (never its secret) in the room's log; what the
+// admin token does carries no token.
+func TestTokenInEvents(t *testing.T) {
+	toks, _ := tokenStore(t)
+	h := newHarness(t, room.Options{Snapshots: snapshots(t)}, Options{Tokens: toks})
+	v := mint(t, h, []string{"w"}, Perms, "1h", "reviewer ann")
+	post := func(tok, text string) int64 {
+		r := h.as(tok, "POST", "/v1/rooms/w/messages", map[string]string{"text": text})
+		if r.status != http.StatusAccepted {
+			t.Fatalf("post %q: %d %s", text, r.status, r.body)
+		}
+		var acc room.Accepted
+		if err := json.Unmarshal(r.body, &acc); err != nil {
+			t.Fatal(err)
+		}
+		return acc.Seq
+	}
+	seq := post(v.Token, "approve:bash")
+	req := h.until("w", seq, func(ev sse) bool { return ev.typ == "approval.requested" })
+	if r := h.as(v.Token, "POST", "/v1/rooms/w/approvals/"+req.data["approval_id"].(string), map[string]string{"decision": "allow"}); r.status != 200 {
+		t.Fatalf("approve: %d %s", r.status, r.body)
+	}
+	h.until("w", seq, func(ev sse) bool { return ev.typ == "message.ended" })
+	seq = post(testToken, "ask:colour?")
+	q := h.until("w", seq, func(ev sse) bool { return ev.typ == "question.asked" })
+	if r := h.as(v.Token, "POST", "/v1/rooms/w/questions/"+q.data["question_id"].(string), map[string]string{"answer": "red"}); r.status != 200 {
+		t.Fatalf("answer: %d %s", r.status, r.body)
+	}
+	h.until("w", seq, func(ev sse) bool { return ev.typ == "message.ended" })
+	seq = post(v.Token, "write:new.txt")
+	ended := h.until("w", seq, func(ev sse) bool { return ev.typ == "turn.ended" })
+	if r := h.as(v.Token, "POST", "/v1/rooms/w/turns/"+ended.data["turn_id"].(string)+"/revert", nil); r.status != 200 {
+		t.Fatalf("revert: %d %s", r.status, r.body)
+	}
+	h.until("w", seq, func(ev sse) bool { return ev.typ == "message.ended" })
+	if r := h.as(v.Token, "DELETE", "/v1/rooms/w", nil); r.status != 200 {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	s, err := h.open(ctx, "w", "?follow=0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	byToken := map[string]int{}
+	admin := 0
+	for {
+		ev, err := s.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := json.Marshal(ev.data)
+		if bytes.Contains(raw, []byte(v.Token)) {
+			t.Fatalf("event %d carries the secret: %s", ev.id, raw)
+		}
+		tok, has := ev.data["token"].(map[string]any)
+		switch {
+		case has && (tok["id"] != v.ID || tok["label"] != "reviewer ann" || len(tok) != 2):
+			t.Fatalf("event %d (%s): token %v", ev.id, ev.typ, tok)
+		case has:
+			byToken[ev.typ]++
+		case ev.typ == "message.accepted":
+			admin++
+		}
+	}
+	want := map[string]int{"message.accepted": 2, "approval.resolved": 1, "question.answered": 1, "workspace.reverted": 1, "agent.released": 1}
+	if fmt.Sprint(byToken) != fmt.Sprint(want) || admin != 1 {
+		t.Fatalf("events with the token %v (want %v), admin's messages without %d", byToken, want, admin)
 	}
 }
