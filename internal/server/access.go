@@ -59,6 +59,7 @@ var scopes = map[string]scope{
 	"GET /healthz":                              {open: true},
 	"GET /metrics":                              {admin: true},
 	"GET /v1/openapi.json":                      {any: true},
+	"GET /v1/token":                             {any: true}, // the caller's own scope
 	"GET /v1/tokens":                            {admin: true},
 	"POST /v1/tokens":                           {admin: true},
 	"DELETE /v1/tokens/{id}":                    {admin: true},
@@ -480,4 +481,16 @@ func (s *Server) roomsOf(ctx context.Context, g *grant, after string, limit int)
 		page.Rooms = append(page.Rooms, st)
 	}
 	return page, nil
+}
+
+// whoami answers the caller's own scope: {"admin": true}, or a room
+// token's rooms and permissions (the page hides what it cannot use).
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
+	g := who(r)
+	if g == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"admin": true})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"admin": false, "id": g.ID, "label": g.Label, "rooms": nonNil(g.Rooms),
+		"can": nonNil(g.Can), "expires": g.Expires.UTC()})
 }

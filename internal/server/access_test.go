@@ -60,11 +60,14 @@ func tokenStatuses(t *testing.T, h, bare *harness) {
 	if r := h.do("GET", "/v1/tokens", nil); r.status != 200 {
 		t.Fatalf("list: %d", r.status)
 	}
+	if r := h.as(v.Token, "GET", "/v1/token", nil); r.status != 200 {
+		t.Fatalf("whoami: %d", r.status)
+	}
 	if r := h.do("DELETE", "/v1/tokens/tok_none", nil); r.status != http.StatusNotFound {
 		t.Fatalf("revoke unknown: %d", r.status)
 	}
 	for _, c := range routeCases("known") {
-		if c.pattern == "GET /v1/openapi.json" {
+		if c.pattern == "GET /v1/openapi.json" || c.pattern == "GET /v1/token" {
 			continue // any token
 		}
 		if r := h.as(v.Token, c.method, c.path, c.body); r.status != http.StatusForbidden {
@@ -119,6 +122,7 @@ func routeCases(rm string) []routeCase {
 	return []routeCase{
 		{"GET /metrics", "GET", "/metrics", nil},
 		{"GET /v1/openapi.json", "GET", "/v1/openapi.json", nil},
+		{"GET /v1/token", "GET", "/v1/token", nil},
 		{"POST /v1/tokens", "POST", "/v1/tokens", map[string]any{"rooms": []string{"*"}, "can": Perms}},
 		{"GET /v1/tokens", "GET", "/v1/tokens", nil},
 		{"DELETE /v1/tokens/{id}", "DELETE", "/v1/tokens/tok_0000000000000000", nil},
@@ -520,5 +524,20 @@ func TestTokenInEvents(t *testing.T) {
 	want := map[string]int{"message.accepted": 2, "approval.resolved": 1, "question.answered": 1, "workspace.reverted": 1, "agent.released": 1}
 	if fmt.Sprint(byToken) != fmt.Sprint(want) || admin != 1 {
 		t.Fatalf("events with the token %v (want %v), admin's messages without %d", byToken, want, admin)
+	}
+}
+
+// TestWhoami: GET /v1/token answers the caller's own scope.
+func TestWhoami(t *testing.T) {
+	h, _, _ := tokenHarness(t)
+	if r := h.do("GET", "/v1/token", nil); r.status != 200 || r.json(t)["admin"] != true {
+		t.Fatalf("admin: %d %s", r.status, r.body)
+	}
+	v := mint(t, h, []string{"a", "b*"}, []string{PermRead, PermApprove}, "1h", "ann")
+	r := h.as(v.Token, "GET", "/v1/token", nil)
+	m := r.json(t)
+	if r.status != 200 || m["admin"] != false || m["id"] != v.ID || m["label"] != "ann" || fmt.Sprint(m["rooms"]) != "[a b*]" ||
+		fmt.Sprint(m["can"]) != "[approve read]" || bytes.Contains(r.body, []byte(v.Token)) {
+		t.Fatalf("room token: %d %s", r.status, r.body)
 	}
 }

@@ -243,6 +243,7 @@ func (s *Server) routes() []route {
 		{pattern: "GET /healthz", handler: s.healthz, open: true},
 		{pattern: "GET /metrics", handler: s.metrics.serve},
 		{pattern: "GET /v1/openapi.json", handler: s.serveOpenAPI},
+		{pattern: "GET /v1/token", handler: s.whoami},
 		{pattern: "POST /v1/tokens", handler: s.createToken},
 		{pattern: "GET /v1/tokens", handler: s.listTokens},
 		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken},
