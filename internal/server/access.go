@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -97,6 +98,15 @@ const (
 	tokenPrefix = "aht_"
 )
 
+// A room token's rate limits (Options.TokenMessagesPerMinute and
+// TokenStreams): a person at a page sends a few messages a minute and
+// keeps a stream or two open (a tab each); a script looping on a leaked
+// token meets the bound.
+const (
+	DefaultTokenMessagesPerMinute = 30
+	DefaultTokenStreams           = 8
+)
+
 // TokenStore keeps room tokens (store.Tokens is the SQLite one).
 type TokenStore interface {
 	CreateToken(ctx context.Context, t store.Token) error
@@ -110,6 +120,47 @@ type grant struct {
 	store.Token
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	mu sync.Mutex
+	// sent are the times of the messages of the last minute (at most
+	// the limit: the bound of the slice).
+	sent    []time.Time
+	streams int // event streams open
+}
+
+// send takes a place for a message at now, or answers how long until one
+// frees (the oldest of the last minute's limit messages turns a minute).
+func (g *grant) send(now time.Time, limit int) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i := 0
+	for i < len(g.sent) && now.Sub(g.sent[i]) >= time.Minute {
+		i++
+	}
+	g.sent = g.sent[i:]
+	if len(g.sent) >= limit {
+		return time.Minute - now.Sub(g.sent[0])
+	}
+	g.sent = append(g.sent, now)
+	return 0
+}
+
+// stream takes a place for an event stream (false: limit are open); the
+// caller gives it back with unstream.
+func (g *grant) stream(limit int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.streams >= limit {
+		return false
+	}
+	g.streams++
+	return true
+}
+
+func (g *grant) unstream() {
+	g.mu.Lock()
+	g.streams--
+	g.mu.Unlock()
 }
 
 // allows reports whether the grant reaches room id with perm.
@@ -240,6 +291,24 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 		if reason := sc.refuse(g, r, known); reason != "" {
 			writeError(w, http.StatusForbidden, reason)
 			return
+		}
+		switch pattern {
+		case "POST /v1/rooms/{room}/messages":
+			if wait := g.send(time.Now(), s.opts.TokenMessagesPerMinute); wait > 0 {
+				secs := int((wait + time.Second - 1) / time.Second)
+				w.Header().Set("Retry-After", strconv.Itoa(secs))
+				writeError(w, http.StatusTooManyRequests, fmt.Sprintf("token rate limit: this token sent %d messages in the last minute, its limit; the next may come in %ds",
+					s.opts.TokenMessagesPerMinute, secs))
+				return
+			}
+		case "GET /v1/rooms/{room}/events":
+			if !g.stream(s.opts.TokenStreams) {
+				// A stream frees when its reader leaves.
+				w.Header().Set("Retry-After", "5")
+				writeError(w, http.StatusTooManyRequests, fmt.Sprintf("token rate limit: this token has %d event streams open, its limit; close one", s.opts.TokenStreams))
+				return
+			}
+			defer g.unstream()
 		}
 		// The request (an event stream) ends when the token is revoked or
 		// expires.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,20 @@ func tokenStatuses(t *testing.T, h, bare *harness) {
 	}
 	if r := h.as(v.Token, "GET", "/v1/token", nil); r.status != 200 {
 		t.Fatalf("whoami: %d", r.status)
+	}
+	// A stream past the token's limit is 429.
+	streamer := mint(t, h, []string{"known"}, []string{PermRead}, "1h", "streams")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for i := 0; ; i++ {
+		s, err := h.openAs(ctx, streamer.Token, "known", "", "")
+		if err != nil {
+			if !strings.Contains(err.Error(), "429") || i != h.s.opts.TokenStreams {
+				t.Fatalf("stream %d: %v", i, err)
+			}
+			break
+		}
+		defer s.close()
 	}
 	if r := h.do("DELETE", "/v1/tokens/tok_none", nil); r.status != http.StatusNotFound {
 		t.Fatalf("revoke unknown: %d", r.status)
@@ -540,4 +555,62 @@ func TestWhoami(t *testing.T) {
 		fmt.Sprint(m["can"]) != "[approve read]" || bytes.Contains(r.body, []byte(v.Token)) {
 		t.Fatalf("room token: %d %s", r.status, r.body)
 	}
+}
+
+// TestTokenRateLimits: a room token's messages past its limit a minute
+// and its streams past its limit open are 429 with Retry-After; the
+// admin token and another token are not held by them.
+func TestTokenRateLimits(t *testing.T) {
+	toks, _ := tokenStore(t)
+	h := newHarness(t, room.Options{}, Options{Tokens: toks, TokenMessagesPerMinute: 3, TokenStreams: 2})
+	a := mint(t, h, []string{"r"}, []string{PermRead, PermSend}, "1h", "a")
+	b := mint(t, h, []string{"r"}, []string{PermRead, PermSend}, "1h", "b")
+	for i := range 3 {
+		if r := h.as(a.Token, "POST", "/v1/rooms/r/messages", map[string]string{"text": "hi"}); r.status != http.StatusAccepted {
+			t.Fatalf("message %d: %d %s", i, r.status, r.body)
+		}
+	}
+	r := h.as(a.Token, "POST", "/v1/rooms/r/messages", map[string]string{"text": "hi"})
+	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	if r.status != http.StatusTooManyRequests || ra < 1 || ra > 60 || !strings.Contains(r.json(t)["error"].(string), "token rate limit") {
+		t.Fatalf("the 4th message: %d %q %s", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	if r := h.as(b.Token, "POST", "/v1/rooms/r/messages", map[string]string{"text": "hi"}); r.status != http.StatusAccepted {
+		t.Fatalf("another token's message: %d %s", r.status, r.body)
+	}
+	h.post("r", "the admin's")
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var open []*stream
+	for range 2 {
+		s, err := h.openAs(ctx, a.Token, "r", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, s)
+	}
+	if _, err := h.openAs(ctx, a.Token, "r", "", ""); err == nil || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("a third stream: %v", err)
+	}
+	s, err := h.openAs(ctx, b.Token, "r", "", "")
+	if err != nil {
+		t.Fatalf("another token's stream: %v", err)
+	}
+	s.close()
+	// A stream closed gives its place back once the server sees it gone
+	// (no event says when: the next opening is tried until it passes).
+	open[0].close()
+	for {
+		s, err := h.openAs(ctx, a.Token, "r", "", "")
+		if err == nil {
+			s.close()
+			break
+		}
+		if !strings.Contains(err.Error(), "429") || ctx.Err() != nil {
+			t.Fatalf("a stream after one closed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	open[1].close()
 }

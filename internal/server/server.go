@@ -67,6 +67,12 @@ type Options struct {
 	// such a route may pass as the admin (false: a room token's turn, or
 	// 401); it must not read the body.
 	Authorize func(r *http.Request) bool
+	// TokenMessagesPerMinute and TokenStreams bound what one room token
+	// may do (DefaultTokenMessagesPerMinute, DefaultTokenStreams): more
+	// messages in a minute, or another event stream while that many are
+	// open, are 429 with Retry-After. The admin token has no such bound.
+	TokenMessagesPerMinute int
+	TokenStreams           int
 	// Tokens, if set, keeps the room tokens the admin creates (POST
 	// /v1/tokens); without it the token routes answer 501 and only the
 	// admin token passes.
@@ -182,6 +188,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.TokenMessagesPerMinute <= 0 {
+		opts.TokenMessagesPerMinute = DefaultTokenMessagesPerMinute
+	}
+	if opts.TokenStreams <= 0 {
+		opts.TokenStreams = DefaultTokenStreams
 	}
 	if opts.Version == "" {
 		opts.Version = buildinfo.Version()
