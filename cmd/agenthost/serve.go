@@ -657,8 +657,17 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		return nil
 	}
 	// Room tokens (POST /v1/tokens) are kept by this node: in a cluster,
-	// each API node has its own (they are not replicated).
-	toks, err := store.OpenTokens(ctx, filepath.Join(f.data, "tokens.db"))
+	// each API node has its own file (they are not replicated), even in a
+	// data dir the nodes share, so that no node serves another's tokens
+	// from a copy that a revocation there would not reach.
+	tokensDB := filepath.Join(f.data, "tokens.db")
+	if clustered {
+		if strings.ContainsAny(f.node, `/\`) || f.node == ".." {
+			return fmt.Errorf("serve: --node %q: a node's name names its files: no slash", f.node)
+		}
+		tokensDB = filepath.Join(f.data, "tokens."+f.node+".db")
+	}
+	toks, err := store.OpenTokens(ctx, tokensDB)
 	if err != nil {
 		return fmt.Errorf("serve: opening the token store: %w", err)
 	}
