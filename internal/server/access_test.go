@@ -614,3 +614,35 @@ func TestTokenRateLimits(t *testing.T) {
 	}
 	open[1].close()
 }
+
+// TestTokenOtherRoomsIDs: another room's approval, question and turn ids
+// under the token's own room's path reach nothing of the other room.
+func TestTokenOtherRoomsIDs(t *testing.T) {
+	toks, _ := tokenStore(t)
+	h := newHarness(t, room.Options{Snapshots: snapshots(t)}, Options{Tokens: toks})
+	v := mint(t, h, []string{"a"}, Perms, "1h", "a's")
+	h.ended("a", h.post("a", "hello"))
+	turn := h.ended("b", h.post("b", "write:new.txt"))["turn_id"].(string)
+	acc := h.post("b", "approve:bash")
+	apID := h.until("b", acc.Seq, func(ev sse) bool { return ev.typ == "approval.requested" }).data["approval_id"].(string)
+	for _, c := range []struct{ method, path string }{
+		{"POST", "/v1/rooms/a/approvals/" + apID},
+		{"GET", "/v1/rooms/a/turns/" + turn + "/diff"},
+		{"POST", "/v1/rooms/a/turns/" + turn + "/revert"},
+	} {
+		var body any
+		if strings.Contains(c.path, "approvals") {
+			body = map[string]string{"decision": "allow"}
+		}
+		if r := h.as(v.Token, c.method, c.path, body); r.status != http.StatusNotFound {
+			t.Fatalf("%s %s: %d %s, want 404", c.method, c.path, r.status, r.body)
+		}
+	}
+	if aps := h.do("GET", "/v1/rooms/b", nil).json(t)["approvals"].([]any); len(aps) != 1 {
+		t.Fatalf("b's approval was resolved from a's path: %v", aps)
+	}
+	if r := h.do("POST", "/v1/rooms/b/approvals/"+apID, map[string]string{"decision": "deny"}); r.status != 200 {
+		t.Fatalf("deny: %d %s", r.status, r.body)
+	}
+	h.ended("b", acc)
+}
