@@ -55,6 +55,10 @@ var (
 	ErrBadRequest = errors.New("client: bad request")
 	// ErrUnauthorized: the bearer token is missing or wrong (401).
 	ErrUnauthorized = errors.New("client: unauthorized")
+	// ErrForbidden: the token is a room token without the scope the
+	// request needs (403): a room it does not reach, a permission it
+	// lacks, an admin route. The error's text says which.
+	ErrForbidden = errors.New("client: forbidden")
 	// ErrNotFound: no such room, approval or question (404).
 	ErrNotFound = errors.New("client: not found")
 	// ErrConflict: the request conflicts with the room's state (409): an
@@ -107,6 +111,8 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrBadRequest
 	case http.StatusUnauthorized:
 		return target == ErrUnauthorized
+	case http.StatusForbidden:
+		return target == ErrForbidden
 	case http.StatusNotFound:
 		return target == ErrNotFound
 	case http.StatusConflict:
@@ -700,4 +706,40 @@ func (c *Client) SetConfig(ctx context.Context, room string, cfg RoomConfig) (Ro
 	var out RoomConfig
 	err = c.do(ctx, "PUT", p, nil, cfg, &out)
 	return out, err
+}
+
+// CreateToken creates a room token (POST /v1/tokens; the admin token
+// only): it reaches only t.Rooms, with only t.Can, until it expires or is
+// revoked. The answer's Secret is the token, given this once.
+func (c *Client) CreateToken(ctx context.Context, t NewToken) (Token, error) {
+	body := map[string]any{"rooms": t.Rooms, "can": t.Can}
+	if t.ExpiresIn != 0 {
+		body["expires_in"] = t.ExpiresIn.String()
+	}
+	if t.Label != "" {
+		body["label"] = t.Label
+	}
+	var out Token
+	err := c.do(ctx, "POST", "/v1/tokens", nil, body, &out)
+	return out, err
+}
+
+// Tokens lists the room tokens, revoked and expired ones included,
+// without their secrets (GET /v1/tokens; the admin token only).
+func (c *Client) Tokens(ctx context.Context) ([]Token, error) {
+	var out struct {
+		Tokens []Token `json:"tokens"`
+	}
+	err := c.do(ctx, "GET", "/v1/tokens", nil, nil, &out)
+	return out.Tokens, err
+}
+
+// RevokeToken revokes a room token at once: its requests are refused and
+// its open event streams end (DELETE /v1/tokens/{id}). ErrNotFound for an
+// unknown id; revoking a revoked token again is no error.
+func (c *Client) RevokeToken(ctx context.Context, id string) error {
+	if id == "" || strings.ContainsAny(id, "/?#% ") {
+		return fmt.Errorf("%w: token id %q", ErrBadRequest, id)
+	}
+	return c.do(ctx, "DELETE", "/v1/tokens/"+url.PathEscape(id), nil, nil, nil)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agenthost/agenthost/client"
 	"github.com/agenthost/agenthost/room"
@@ -111,5 +112,52 @@ func TestRoomConfinement(t *testing.T) {
 	}
 	if !errors.Is(&client.APIError{StatusCode: http.StatusNotImplemented}, client.ErrNotSupported) {
 		t.Fatal("501 is not ErrNotSupported")
+	}
+}
+
+// TestClientTokens: the admin creates, lists and revokes room tokens; a
+// room token's client reaches its room, is ErrForbidden elsewhere and
+// ErrUnauthorized once revoked.
+func TestClientTokens(t *testing.T) {
+	api := newAPI(t, room.Options{})
+	admin, err := client.New(api.URL(), client.Options{Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	tok, err := admin.CreateToken(ctx, client.NewToken{Rooms: []string{"mine"}, Can: []string{client.CanRead, client.CanSend},
+		ExpiresIn: time.Hour, Label: "ann"})
+	if err != nil || tok.Secret == "" || tok.ID == "" || tok.Label != "ann" || tok.Expires.Sub(tok.Created) != time.Hour {
+		t.Fatalf("create: %+v %v", tok, err)
+	}
+	list, err := admin.Tokens(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != tok.ID || list[0].Secret != "" || list[0].Revoked != nil {
+		t.Fatalf("tokens: %+v %v", list, err)
+	}
+	c, err := client.New(api.URL(), client.Options{Token: tok.Secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := c.Send(ctx, "mine", client.NewMessage{Text: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, "mine", acc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Send(ctx, "theirs", client.NewMessage{Text: "hello"}); !errors.Is(err, client.ErrForbidden) {
+		t.Fatalf("send to another room: %v", err)
+	}
+	if _, err := c.CreateToken(ctx, client.NewToken{Rooms: []string{"*"}, Can: []string{client.CanRead}}); !errors.Is(err, client.ErrForbidden) {
+		t.Fatalf("a room token created a token: %v", err)
+	}
+	if err := admin.RevokeToken(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.RevokeToken(ctx, "tok_none"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("revoke unknown: %v", err)
+	}
+	if _, err := c.Room(ctx, "mine"); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("a revoked token: %v", err)
 	}
 }

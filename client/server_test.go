@@ -35,10 +35,11 @@ type apiServer struct {
 	// the server when it returns true (serve is the server).
 	fault func(w http.ResponseWriter, r *http.Request, serve http.Handler) bool
 
-	db *store.DB
-	m  *room.Manager
-	s  *server.Server
-	ts *httptest.Server
+	db   *store.DB
+	toks *store.Tokens
+	m    *room.Manager
+	s    *server.Server
+	ts   *httptest.Server
 }
 
 // startAPI starts an apiServer in dir (a fresh one when dir is "").
@@ -52,20 +53,28 @@ func (a *apiServer) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	toks, err := store.OpenTokens(ctx, filepath.Join(a.dir, "tokens.db"))
+	if err != nil {
+		db.Close()
+		return err
+	}
 	ropt := a.ropt
 	ropt.Store, ropt.Transport, ropt.Root = roomsqlite.New(db), roomfake.New(), filepath.Join(a.dir, "rooms")
 	m, err := room.New(ropt)
 	if err != nil {
+		toks.Close()
 		db.Close()
 		return err
 	}
 	if err := m.Start(ctx); err != nil {
+		toks.Close()
 		db.Close()
 		return err
 	}
-	s, err := server.New(server.Options{Manager: m, Token: testToken})
+	s, err := server.New(server.Options{Manager: m, Token: testToken, Tokens: toks})
 	if err != nil {
 		closeRooms(m)
+		toks.Close()
 		db.Close()
 		return err
 	}
@@ -77,6 +86,7 @@ func (a *apiServer) start(ctx context.Context) error {
 	if err != nil {
 		s.Close()
 		closeRooms(m)
+		toks.Close()
 		db.Close()
 		return err
 	}
@@ -95,7 +105,7 @@ func (a *apiServer) start(ctx context.Context) error {
 	ts.Listener = ln
 	ts.Start()
 	a.addr = ln.Addr().String()
-	a.db, a.m, a.s, a.ts = db, m, s, ts
+	a.db, a.toks, a.m, a.s, a.ts = db, toks, m, s, ts
 	return nil
 }
 
@@ -119,6 +129,7 @@ func (a *apiServer) stop() {
 	a.ts.CloseClientConnections()
 	a.ts.Close()
 	closeRooms(a.m)
+	_ = a.toks.Close()
 	_ = a.db.Close()
 	a.ts = nil
 }

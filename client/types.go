@@ -351,3 +351,39 @@ type MCPServer struct {
 // messages get ErrBudgetExhausted until it is raised (see
 // RoomConfig.Budget).
 type Budget = event.Budget
+
+// The permissions of a room token (NewToken.Can).
+const (
+	CanRead      = "read"      // the room, its messages, turns, events, diffs and settings
+	CanSend      = "send"      // send messages, cancel the turn
+	CanApprove   = "approve"   // decide approvals, answer questions
+	CanConfigure = "configure" // set the room's settings, revert a turn
+	CanRelease   = "release"   // release the room's agent
+	CanPurge     = "purge"     // delete the room for good
+)
+
+// NewToken is a room token to create (Client.CreateToken).
+type NewToken struct {
+	// Rooms are room ids, or "prefix*" patterns reaching every room whose
+	// id starts with prefix.
+	Rooms []string
+	// Can are the permissions (CanRead...).
+	Can []string
+	// ExpiresIn is the token's life (0: the server's default, 24h).
+	ExpiresIn time.Duration
+	// Label names the token's holder; events it causes carry it.
+	Label string
+}
+
+// Token is a room token as the server lists it.
+type Token struct {
+	ID      string     `json:"id"`
+	Label   string     `json:"label"`
+	Rooms   []string   `json:"rooms"`
+	Can     []string   `json:"can"`
+	Created time.Time  `json:"created"`
+	Expires time.Time  `json:"expires"`
+	Revoked *time.Time `json:"revoked,omitempty"`
+	// Secret is the token itself: set only in CreateToken's answer.
+	Secret string `json:"token,omitempty"`
+}

@@ -188,6 +188,9 @@ type MessageAccepted struct {
 	MessageID string `json:"message_id"`
 	Sender    string `json:"sender"`
 	Text      string `json:"text"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token *TokenRef `json:"token,omitempty"`
 }
 
 // MessageQueued: the message waits in the room's queue for a turn.
@@ -309,6 +312,9 @@ type ApprovalResolved struct {
 	By string `json:"by"`
 	// Decision is allow or deny.
 	Decision string `json:"decision"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token *TokenRef `json:"token,omitempty"`
 }
 
 // QuestionAsked: the agent asks people (POST .../questions/{id}, or a
@@ -331,6 +337,9 @@ type QuestionAnswered struct {
 	// MessageID names the message that answered it, if one did.
 	MessageID  string `json:"message_id,omitempty"`
 	QuestionID string `json:"question_id"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token *TokenRef `json:"token,omitempty"`
 }
 
 // TurnEnded: the turn ended; Text is its answer.
@@ -438,8 +447,11 @@ type WorkspaceReverted struct {
 	// snapshots never touch (a file over the size bound, a nested
 	// repository, a folder that is not empty) occupies them; an ignored
 	// file or link there is replaced.
-	Kept   []string `json:"kept,omitempty"`
-	TurnID string   `json:"turn_id"`
+	Kept []string `json:"kept,omitempty"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token  *TokenRef `json:"token,omitempty"`
+	TurnID string    `json:"turn_id"`
 }
 
 // RoomPost: the agent posted to the room (its room_post tool).
@@ -482,6 +494,16 @@ type AgentReleased struct {
 	// Receipt is custody's receipt: every process the agent started and
 	// how it ended.
 	Receipt json.RawMessage `json:"receipt,omitempty"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token *TokenRef `json:"token,omitempty"`
+}
+
+// TokenRef names the room token (POST /v1/tokens) that caused an event
+// through the HTTP API: its id and label, never its secret.
+type TokenRef struct {
+	ID    string `json:"id"`
+	Label string `json:"label"`
 }
 
 // Changes count what a turn changed in the workspace.

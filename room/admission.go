@@ -27,6 +27,10 @@ type Message struct {
 	// Observe is given them with the message's message.accepted. They are
 	// kept in memory only: a message run after a restart has none.
 	TraceParent, TraceState string
+	// Token, if set, is the room token that sent it through the API: its
+	// message.accepted names it (Submit takes it from ctx when unset, see
+	// WithToken).
+	Token *event.TokenRef
 }
 
 // Accepted is a durably accepted message.
@@ -51,6 +55,9 @@ func (m *Manager) Submit(ctx context.Context, room string, msg Message) (Accepte
 			return Accepted{}, err
 		}
 		id = keyID(room, msg.Key)
+	}
+	if msg.Token == nil {
+		msg.Token = tokenOf(ctx)
 	}
 	return m.submit(ctx, room, id, msg, m.opts.Cluster != nil)
 }
@@ -169,7 +176,7 @@ func (m *Manager) admit(ctx context.Context, r *roomState, id string, msg Messag
 	var begun *begunTurn
 	err := m.stWrite(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
-			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
+			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery, Token: msg.Token,
 		})
 		if err != nil {
 			return err

@@ -74,6 +74,8 @@ type ControlOp struct {
 	ID    string `json:"id,omitempty"`
 	Allow bool   `json:"allow,omitempty"`
 	Text  string `json:"text,omitempty"`
+	// Token is the room token that asked for op (see WithToken).
+	Token *event.TokenRef `json:"token,omitempty"`
 }
 
 // Kinds of ControlOp.
@@ -148,6 +150,9 @@ type StatusStore interface {
 // Apply runs op on this host's room (the holder's side of
 // Cluster.Control).
 func (m *Manager) Apply(ctx context.Context, room string, op ControlOp) error {
+	if op.Token != nil {
+		ctx = WithToken(ctx, *op.Token)
+	}
 	switch op.Kind {
 	case ControlCancel:
 		return m.cancelLocal(ctx, room)
@@ -167,6 +172,7 @@ func (m *Manager) remote(ctx context.Context, room string, op ControlOp) (bool, 
 	if c == nil || c.Owns(room) {
 		return false, nil
 	}
+	op.Token = tokenOf(ctx)
 	return true, c.Control(ctx, room, op)
 }
 
@@ -230,7 +236,7 @@ func (m *Manager) Refuse(ctx context.Context, room, id string, msg Message, reas
 	now := time.Now()
 	err := m.stWrite(ctx, func(tx Tx) error {
 		ev, err := appendEvent(tx, room, event.MessageAccepted{
-			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
+			MessageID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery, Token: msg.Token,
 		})
 		if err != nil {
 			return err

@@ -217,7 +217,11 @@ func (m *Manager) resolveApproval(ctx context.Context, room, id string, allow bo
 		if err := tx.ResolveApproval(room, id, decision, by); err != nil {
 			return err
 		}
-		_, err := appendEvent(tx, room, event.ApprovalResolved{ApprovalID: id, Decision: decision, By: by})
+		d := event.ApprovalResolved{ApprovalID: id, Decision: decision, By: by}
+		if by == "person" {
+			d.Token = tokenOf(ctx)
+		}
+		_, err := appendEvent(tx, room, d)
 		return err
 	})
 	if err != nil {
@@ -371,6 +375,9 @@ func (m *Manager) answerQuestionWith(ctx context.Context, room, id, text, by str
 			return err
 		}
 		d := event.QuestionAnswered{QuestionID: id, Answer: text, By: by, Cancelled: !ok, MessageID: msgID}
+		if ok {
+			d.Token = tokenOf(ctx)
+		}
 		if _, err := appendEvent(tx, room, d); err != nil {
 			return err
 		}

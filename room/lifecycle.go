@@ -69,7 +69,7 @@ func (m *Manager) releaseLocal(ctx context.Context, room string) error {
 			return ctx.Err()
 		}
 	}
-	m.releaseIfIdle(r, "released on request")
+	m.releaseIfIdle(r, "released on request", tokenOf(ctx))
 	return nil
 }
 

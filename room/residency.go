@@ -204,9 +204,9 @@ func (m *Manager) transcript(room string, upTo int64) string {
 // releaseIfIdle releases the room's agent unless a turn runs or its end
 // is being recorded (checked as the agent is taken, so a turn starting
 // meanwhile keeps it).
-func (m *Manager) releaseIfIdle(r *roomState, reason string) {
+func (m *Manager) releaseIfIdle(r *roomState, reason string, by *event.TokenRef) {
 	if a := r.takeAgent(func(r *roomState) bool { return r.turn == nil && !r.ending }); a != nil {
-		m.closeAgent(r, a, reason, true)
+		m.closeAgentBy(r, a, reason, true, by)
 	}
 }
 
@@ -220,13 +220,18 @@ func (m *Manager) release(r *roomState, reason string) {
 // closeAgent closes a, taken from the room, and records its receipt; free
 // gives its slot back (an eviction passes it on instead).
 func (m *Manager) closeAgent(r *roomState, a Agent, reason string, free bool) {
+	m.closeAgentBy(r, a, reason, free, nil)
+}
+
+// closeAgentBy is closeAgent for a release a room token asked for (by).
+func (m *Manager) closeAgentBy(r *roomState, a Agent, reason string, free bool, by *event.TokenRef) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.ShutdownBudget)
 	receipt, err := a.Close(ctx)
 	cancel()
 	if free {
 		m.freeSlot()
 	}
-	data := event.AgentReleased{Reason: reason, Receipt: receipt}
+	data := event.AgentReleased{Reason: reason, Receipt: receipt, Token: by}
 	if err != nil {
 		data.Error = err.Error()
 		m.log.Error("room: releasing the agent", "room", r.id, "err", err)

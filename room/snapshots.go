@@ -256,7 +256,7 @@ func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, erro
 		listed = listed[:maxRevertedListed]
 	}
 	d := event.WorkspaceReverted{TurnID: turn, Files: nonNilStrings(listed), Count: len(res.Files),
-		FilesOmitted: len(res.Files) - len(listed)}
+		FilesOmitted: len(res.Files) - len(listed), Token: tokenOf(ctx)}
 	if len(res.Kept) > 0 {
 		d.Kept = res.Kept[:min(len(res.Kept), maxRevertedListed)]
 	}

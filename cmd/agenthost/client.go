@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,8 +48,9 @@ func (f *clientFlags) client(stderr io.Writer) (*client.Client, error) {
 	}
 	base, frag, _ := strings.Cut(base, "#")
 	tok := strings.TrimSpace(os.Getenv(tokenEnv))
-	if t, ok := strings.CutPrefix(frag, "token="); ok && tok == "" {
-		tok = t
+	// The page's fragment: token=...&room=... (a room token's link).
+	if q, err := url.ParseQuery(frag); err == nil && tok == "" {
+		tok = q.Get("token")
 	}
 	if tok == "" {
 		data := f.data

@@ -311,3 +311,55 @@ func TestServe_GitWorkspacesOnOmpAndPi(t *testing.T) {
 		t.Fatalf("the new room's workspace: %q", out)
 	}
 }
+
+// TestTokenCommands: token create prints the secret and a link whose
+// fragment the client commands take; the room token sees only its rooms
+// and cannot list tokens; token list shows no secret; token revoke ends
+// it; the secret is in no file of the server's data dir.
+func TestTokenCommands(t *testing.T) {
+	s := newClientServer(t)
+	out, errs, code := s.cli("token", "create", "ticket-4*,ticket-7", "--can", "read,send", "--expires", "1h", "--label", "ann")
+	m := regexp.MustCompile(`(?m)^token (tok_[0-9a-f]+) .*\nsecret \(shown once\): (aht_\S+)\nlink: (http://\S+)$`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("token create: code %d out %q err %q", code, out, errs)
+	}
+	id, secret, link := m[1], m[2], m[3]
+	if want := strings.TrimSuffix(s.url, "/") + "/#token=" + secret + "&room=ticket-7"; link != want {
+		t.Fatalf("link %q, want %q", link, want)
+	}
+	if out, errs, code := s.cli("token", "list"); code != 0 || !strings.Contains(out, id+"\tann\tticket-4*,ticket-7\tread,send\texpires ") || strings.Contains(out, secret) {
+		t.Fatalf("token list: code %d out %q err %q", code, out, errs)
+	}
+	// The room token, from the link: no token routes, only its rooms.
+	if _, errs, code := runCLI(t, "token", "list", "--server", link); code != 1 || !strings.Contains(errs, "admin token") {
+		t.Fatalf("token list as a room token: code %d err %q", code, errs)
+	}
+	if out, errs, code := runCLI(t, "rooms", "--server", link); code != 0 {
+		t.Fatalf("rooms as a room token: code %d out %q err %q", code, out, errs)
+	}
+	if _, errs, code := runCLI(t, "cancel", "ticket-5", "--server", link); code != 1 || !strings.Contains(errs, "does not reach room ticket-5") {
+		t.Fatalf("cancel in another room: code %d err %q", code, errs)
+	}
+	if out, errs, code := s.cli("token", "revoke", id); code != 0 || !strings.Contains(out, "revoked") {
+		t.Fatalf("token revoke: code %d out %q err %q", code, out, errs)
+	}
+	if _, errs, code := runCLI(t, "rooms", "--server", link); code != 1 || !strings.Contains(errs, "revoked") {
+		t.Fatalf("rooms with a revoked token: code %d err %q", code, errs)
+	}
+	err := filepath.WalkDir(s.data, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil // a socket or a file gone since
+		}
+		if strings.Contains(string(b), secret) || strings.Contains(string(b), strings.TrimPrefix(secret, "aht_")) {
+			t.Errorf("the secret is in %s", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -37,7 +37,7 @@ An error is one line on stderr.`,
 	}
 	isVerbose := func() bool { return verbose }
 	root.AddCommand(newPromptCmd(logger, isVerbose), newDoctorCmd(logger), newBenchCmd(), newReapCmd(), newServeCmd(isVerbose),
-		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd(), newCancelCmd(), newReleaseCmd(), newDiffCmd(), newRevertCmd(), newConfigCmd(),
+		newRoomsCmd(), newSendCmd(), newEventsCmd(), newApproveCmd(), newAnswerCmd(), newCancelCmd(), newReleaseCmd(), newTokenCmd(), newDiffCmd(), newRevertCmd(), newConfigCmd(),
 		newProcdCmd(isVerbose), newProcCmd(), newModelCmd(), newFuseCmd(), newVersionCmd())
 	return root
 }

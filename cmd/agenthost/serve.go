@@ -656,7 +656,27 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Info("shutting down")
 		return nil
 	}
-	api, err := server.New(server.Options{Manager: m, Token: tok, Index: server.Page(), Health: health.err, Logger: log,
+	// Room tokens (POST /v1/tokens) are kept by this node: in a cluster,
+	// each API node has its own file (they are not replicated), even in a
+	// data dir the nodes share, so that no node serves another's tokens
+	// from a copy that a revocation there would not reach.
+	tokensDB := filepath.Join(f.data, "tokens.db")
+	if clustered {
+		if strings.ContainsAny(f.node, `/\`) || f.node == ".." {
+			return fmt.Errorf("serve: --node %q: a node's name names its files: no slash", f.node)
+		}
+		tokensDB = filepath.Join(f.data, "tokens."+f.node+".db")
+	}
+	toks, err := store.OpenTokens(ctx, tokensDB)
+	if err != nil {
+		return fmt.Errorf("serve: opening the token store: %w", err)
+	}
+	defer func() {
+		if cerr := toks.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	api, err := server.New(server.Options{Manager: m, Token: tok, Tokens: toks, Index: server.Page(), Health: health.err, Logger: log,
 		Tracing:    otel.server(),
 		Collectors: nodeCollectors(node)})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -509,6 +510,8 @@ type inboxEntry struct {
 	// The sender's trace context: the holder's turn continues its trace.
 	TraceParent string `json:"traceparent,omitempty"`
 	TraceState  string `json:"tracestate,omitempty"`
+	// Token is the room token that sent it (its message.accepted names it).
+	Token *event.TokenRef `json:"token,omitempty"`
 }
 
 // Forward implements room.Cluster: the message goes into the room's
@@ -526,7 +529,7 @@ type inboxEntry struct {
 // room.Manager.Submit.)
 func (c *Cluster) Forward(ctx context.Context, rm, id string, msg room.Message) (room.Accepted, error) {
 	data, err := json.Marshal(inboxEntry{ID: id, Text: msg.Text, Sender: msg.Sender, Delivery: msg.Delivery,
-		TraceParent: msg.TraceParent, TraceState: msg.TraceState})
+		TraceParent: msg.TraceParent, TraceState: msg.TraceState, Token: msg.Token})
 	if err != nil {
 		return room.Accepted{}, err
 	}
@@ -1764,7 +1767,7 @@ func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) 
 		return c.recordCursor(ctx, h.room, m.Sequence)
 	}
 	wctx := withInbox(ctx, h.room, m.Sequence)
-	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery, TraceParent: e.TraceParent, TraceState: e.TraceState}
+	msg := room.Message{Text: e.Text, Sender: e.Sender, Delivery: e.Delivery, TraceParent: e.TraceParent, TraceState: e.TraceState, Token: e.Token}
 	_, err := c.m.Accept(wctx, h.room, e.ID, msg)
 	if errors.Is(err, room.ErrQueueFull) || errors.Is(err, room.ErrBadMessage) || errors.Is(err, room.ErrBudgetExhausted) {
 		// Answered 202 by a front end already: the sender gets an

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/internal/store"
 	"github.com/agenthost/agenthost/room"
 )
@@ -748,5 +749,30 @@ func TestStore_RoomSettings(t *testing.T) {
 	}
 	if got, err := b.RoomSettings(ctx, "other"); err != nil || got != nil {
 		t.Fatalf("another room: %s, %v", got, err)
+	}
+}
+
+// TestCluster_TokenRidesTheInbox: the room token a message was sent with
+// (room.WithToken) travels with it through the room's inbox, and the
+// holder's message.accepted names it.
+func TestCluster_TokenRidesTheInbox(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := startHost(t, hostOpts{name: "n1", storeDir: t.TempDir(), replicas: 1, worker: true})
+	defer h.stop()
+	h.run(ctx)
+	acc, err := h.m.Submit(room.WithToken(ctx, event.TokenRef{ID: "tok_1", Label: "ann"}), "tokened", room.Message{Text: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(ctx, t, h, "tokened", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	for _, e := range checkGapFree(ctx, t, h, "tokened") {
+		if e.Type != "message.accepted" {
+			continue
+		}
+		var d event.MessageAccepted
+		if err := json.Unmarshal(e.Data, &d); err != nil || d.Token == nil || *d.Token != (event.TokenRef{ID: "tok_1", Label: "ann"}) {
+			t.Fatalf("message.accepted %s: want the token", e.Data)
+		}
 	}
 }

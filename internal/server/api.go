@@ -171,7 +171,13 @@ func (s *Server) listRooms(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	page, err := s.m.RoomPage(r.Context(), after, limit)
+	var page room.RoomsPage
+	var err error
+	if g := who(r); g != nil {
+		page, err = s.roomsOf(r.Context(), g, after, limit)
+	} else {
+		page, err = s.m.RoomPage(r.Context(), after, limit)
+	}
 	if err != nil {
 		s.fail(w, r, err, "rooms")
 		return

@@ -183,6 +183,9 @@ func fieldSchema(t *testing.T, parent reflect.Type, f reflect.StructField) *obje
 	case reflect.TypeFor[*record.Compute]():
 		ref("Compute")
 		return s
+	case reflect.TypeFor[*event.TokenRef]():
+		ref("TokenRef")
+		return s
 	case reflect.TypeFor[*event.Changes]():
 		// Null when a snapshot failed (TurnEnded.MarshalJSON).
 		s.set("oneOf", []any{map[string]string{"$ref": "#/components/schemas/Changes"}, map[string]string{"type": "null"}})

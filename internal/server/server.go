@@ -7,7 +7,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -65,8 +64,19 @@ type Options struct {
 	// Token is the bearer token every route but /healthz and / requires.
 	Token string
 	// Authorize, if set, decides instead of Token whether a request to
-	// such a route may pass (false: 401); it must not read the body.
+	// such a route may pass as the admin (false: a room token's turn, or
+	// 401); it must not read the body.
 	Authorize func(r *http.Request) bool
+	// TokenMessagesPerMinute and TokenStreams bound what one room token
+	// may do (DefaultTokenMessagesPerMinute, DefaultTokenStreams): more
+	// messages in a minute, or another event stream while that many are
+	// open, are 429 with Retry-After. The admin token has no such bound.
+	TokenMessagesPerMinute int
+	TokenStreams           int
+	// Tokens, if set, keeps the room tokens the admin creates (POST
+	// /v1/tokens); without it the token routes answer 501 and only the
+	// admin token passes.
+	Tokens TokenStore
 	// MaxBodyBytes bounds a request body (default DefaultMaxBodyBytes);
 	// a larger one gets 413.
 	MaxBodyBytes int64
@@ -132,6 +142,7 @@ type Server struct {
 	mux     *http.ServeMux
 	metrics *metrics
 	hubs    *hubs
+	tokens  *tokens
 	openapi []byte // the OpenAPI document with info.version set
 
 	ctx    context.Context // ends open streams at Close
@@ -178,6 +189,12 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.TokenMessagesPerMinute <= 0 {
+		opts.TokenMessagesPerMinute = DefaultTokenMessagesPerMinute
+	}
+	if opts.TokenStreams <= 0 {
+		opts.TokenStreams = DefaultTokenStreams
+	}
 	if opts.Version == "" {
 		opts.Version = buildinfo.Version()
 	}
@@ -185,14 +202,20 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	lctx, lcancel := context.WithTimeout(context.Background(), time.Minute)
+	toks, err := newTokens(lctx, opts.Tokens)
+	lcancel()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux(), openapi: doc}
+	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux(), openapi: doc, tokens: toks}
 	s.hubs = newHubs(s)
 	s.metrics = newMetrics(s)
 	for _, rt := range s.routes() {
 		var h http.Handler = rt.handler
 		if !rt.open {
-			h = s.auth(h)
+			h = s.authFor(rt.pattern, h)
 		}
 		if t := opts.Tracing; t != nil && !untraced[rt.pattern] {
 			// The route's pattern names its spans (never a room's id).
@@ -216,6 +239,7 @@ func (s *Server) Close() {
 	s.hubs.mu.Unlock()
 	s.wg.Wait()
 	s.metrics.close()
+	s.tokens.close()
 }
 
 type route struct {
@@ -231,6 +255,10 @@ func (s *Server) routes() []route {
 		{pattern: "GET /healthz", handler: s.healthz, open: true},
 		{pattern: "GET /metrics", handler: s.metrics.serve},
 		{pattern: "GET /v1/openapi.json", handler: s.serveOpenAPI},
+		{pattern: "GET /v1/token", handler: s.whoami},
+		{pattern: "POST /v1/tokens", handler: s.createToken},
+		{pattern: "GET /v1/tokens", handler: s.listTokens},
+		{pattern: "DELETE /v1/tokens/{id}", handler: s.revokeToken},
 		{pattern: "GET /v1/rooms", handler: s.listRooms},
 		{pattern: "GET /v1/rooms/{room}", handler: s.getRoom},
 		{pattern: "DELETE /v1/rooms/{room}", handler: s.releaseRoom},
@@ -319,34 +347,6 @@ func (w *captureWriter) Write(b []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	return len(b), nil
-}
-
-// auth requires the bearer token, compared in constant time.
-func (s *Server) auth(next http.Handler) http.Handler {
-	want := []byte(s.opts.Token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		scheme, tok, ok := strings.Cut(h, " ")
-		if s.opts.Authorize != nil {
-			ok = s.opts.Authorize(r)
-		} else {
-			ok = ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), want) == 1
-		}
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="agenthost"`)
-			// A client without the token keeps no connection open.
-			w.Header().Set("Connection", "close")
-			msg := "a valid bearer token is required"
-			if s.opts.Authorize != nil {
-				msg = "this request is not authorized"
-			} else if h == "" {
-				msg = "missing Authorization header: a bearer token is required"
-			}
-			writeError(w, http.StatusUnauthorized, msg)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

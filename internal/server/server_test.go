@@ -217,9 +217,14 @@ func (h *harness) open(ctx context.Context, room, query string, lastID int64) (*
 
 // openID opens the stream with lastID as Last-Event-ID, as sent ("" none).
 func (h *harness) openID(ctx context.Context, room, query, lastID string) (*stream, error) {
+	return h.openAs(ctx, testToken, room, query, lastID)
+}
+
+// openAs opens the stream with token.
+func (h *harness) openAs(ctx context.Context, token, room, query, lastID string) (*stream, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	req, _ := http.NewRequestWithContext(ctx, "GET", h.ts.URL+"/v1/rooms/"+room+"/events"+query, nil)
-	req.Header.Set("Authorization", "Bearer "+testToken)
+	req.Header.Set("Authorization", "Bearer "+token)
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
@@ -911,7 +916,8 @@ func cutCount(h *harness) float64 {
 // package is documented for its route (and every documented one was
 // seen, but 503, which needs a shutdown mid-request).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
-	h := newHarness(t, room.Options{QueueLimit: 1, Snapshots: snapshots(t)}, Options{BodyTimeout: time.Second})
+	toks, _ := tokenStore(t)
+	h := newHarness(t, room.Options{QueueLimit: 1, Snapshots: snapshots(t)}, Options{BodyTimeout: time.Second, Tokens: toks})
 	var doc struct {
 		OpenAPI string                                `json:"openapi"`
 		Paths   map[string]map[string]json.RawMessage `json:"paths"`
@@ -967,6 +973,9 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	h.ended("known", known)
 	runBadCases(t, h)
 	notSupported(t, h)
+	bare := newHarness(t, room.Options{}, Options{})
+	bare.s.observe = h.seen.add
+	tokenStatuses(t, h, bare)
 	for _, path := range []string{"/", "/healthz", "/metrics", "/v1/openapi.json", "/v1/rooms"} {
 		h.do("GET", path, nil)
 		h.do("GET", path, nil, "Authorization", "Bearer wrong")

@@ -6,6 +6,9 @@ const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "agenthost.token";
 
 let token = "";
+// can are a room token's permissions (GET /v1/token); null for the admin
+// token, which may do everything.
+let can = null;
 let current = null; // the open room: {id, lastSeq, abort, turn, kick}
 
 function el(tag, cls, text) {
@@ -33,6 +36,25 @@ function readFragment() {
   const room = params.get("room");
   history.replaceState(null, "", location.pathname + location.search + (room ? "#room=" + encodeURIComponent(room) : ""));
   return room;
+}
+
+// may says whether the token may do perm: the page hides the buttons it
+// cannot use (the server refuses them anyway).
+function may(perm) {
+  return can === null || can.includes(perm);
+}
+
+// loadScope reads the token's scope and hides what it cannot use.
+async function loadScope() {
+  try {
+    const me = await api("GET", "/v1/token");
+    can = me.admin ? null : me.can;
+  } catch (_) {
+    can = null; // an older server: everything shows, as before
+  }
+  $("send-form").hidden = !may("send");
+  $("config-save").hidden = !may("configure");
+  document.body.dataset.scope = can === null ? "admin" : can.join(" ");
 }
 
 class APIError extends Error {
@@ -727,6 +749,7 @@ function showChanges(rm, t, ev) {
     }
     revert.disabled = false;
   });
+  revert.hidden = !may("configure");
   d.append(body, revert, err);
   let loaded = false;
   d.addEventListener("toggle", async () => {
@@ -736,7 +759,7 @@ function showChanges(rm, t, ev) {
       const diff = await api("GET", roomPath(rm.id) + "/turns/" + encodeURIComponent(ev.turn_id) + "/diff");
       if (unread) {
         summary.textContent = count(diff.changes);
-        revert.hidden = !diff.changes.files;
+        revert.hidden = !diff.changes.files || !may("configure");
       }
       const files = el("ul", "files");
       for (const f of diff.files) {
@@ -799,7 +822,8 @@ function addApproval(rm, ev) {
   }
   const err = el("p", "error");
   err.setAttribute("role", "alert");
-  li.append(row, err);
+  if (may("approve")) li.append(row, err);
+  else li.append(el("p", "note", "waiting for someone who may decide"));
   $("approvals").append(li);
 }
 
@@ -851,7 +875,8 @@ function addQuestion(rm, ev) {
     e.preventDefault();
     send(input.value);
   });
-  li.append(row, form, err);
+  if (may("approve")) li.append(row, form, err);
+  else li.append(el("p", "note", "waiting for someone who may answer"));
   $("questions").append(li);
 }
 
@@ -919,8 +944,10 @@ function start() {
     showLogin();
     return;
   }
-  refreshRooms();
-  if (room) openRoom(room);
+  loadScope().then(() => {
+    refreshRooms();
+    if (room) openRoom(room);
+  });
 }
 
 start();
