@@ -777,8 +777,10 @@ func (c *Client) retire(err error) {
 	}
 	c.mu.Unlock()
 	c.failTurn(err)
-	close(c.done)
+	// Before done closes: Start, woken by done, then finds the transport's
+	// verdict on the first frame instead of wrapping a bare call failure.
 	c.firstOnce.Do(func() { c.firstFrame <- err })
+	close(c.done)
 }
 
 // Sync returns once every event the client had read when Sync was called
