@@ -114,6 +114,19 @@ type TokenStore interface {
 	RevokeToken(ctx context.Context, id string, at time.Time) error
 }
 
+// TokenFeed is a TokenStore that other servers write too (a cluster's,
+// natsroom.Tokens): the server follows it, so that a token created
+// through another node works here, and one revoked there is refused here
+// and its open streams here end, as soon as the change arrives.
+type TokenFeed interface {
+	TokenStore
+	// WatchTokens calls changed with every token stored, then returns,
+	// and goes on calling it with each token created or changed until
+	// ctx ends or stop is called (stop waits for the last call). changed
+	// may see a token it knows again.
+	WatchTokens(ctx context.Context, changed func(store.Token)) (stop func(), err error)
+}
+
 // grant is a room token the server knows. ctx ends when it expires or is
 // revoked: the requests it runs (an event stream) end with it.
 type grant struct {
@@ -122,15 +135,46 @@ type grant struct {
 	cancel context.CancelFunc
 
 	mu sync.Mutex
+	// Token.Revoked is written under mu (revoke); the rest of Token never
+	// changes.
 	// sent are the times of the messages of the last minute (at most
 	// the limit: the bound of the slice).
 	sent    []time.Time
 	streams int // event streams open
 }
 
+// revokedAt answers when the token was revoked (zero: it was not).
+func (g *grant) revokedAt() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.Revoked
+}
+
+// revoke marks the grant revoked at at (a grant revoked before keeps its
+// first time) and ends its requests.
+func (g *grant) revoke(at time.Time) {
+	g.mu.Lock()
+	if g.Revoked.IsZero() {
+		g.Revoked = at
+	}
+	g.mu.Unlock()
+	g.cancel()
+}
+
+// view is the grant's token as GET /v1/tokens lists it.
+func (g *grant) view() tokenView {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return viewToken(g.Token)
+}
+
 // send takes a place for a message at now, or answers how long until one
-// frees (the oldest of the last minute's limit messages turns a minute).
+// frees (the oldest of the last minute's limit messages turns a minute);
+// a limit below 1 is none.
 func (g *grant) send(now time.Time, limit int) time.Duration {
+	if limit < 1 {
+		return 0
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	i := 0
@@ -145,12 +189,12 @@ func (g *grant) send(now time.Time, limit int) time.Duration {
 	return 0
 }
 
-// stream takes a place for an event stream (false: limit are open); the
-// caller gives it back with unstream.
+// stream takes a place for an event stream (false: limit are open; a
+// limit below 1 is none); the caller gives it back with unstream.
 func (g *grant) stream(limit int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.streams >= limit {
+	if limit >= 1 && g.streams >= limit {
 		return false
 	}
 	g.streams++
@@ -184,20 +228,38 @@ func roomMatches(pats []string, id string) bool {
 }
 
 // tokens are the server's room tokens, loaded from the store at New and
-// written through it.
+// written through it (and, from a TokenFeed, followed).
 type tokens struct {
 	st     TokenStore
 	mu     sync.Mutex
 	byHash map[[sha256.Size]byte]*grant
 	byID   map[string]*grant
+	// unwatch ends the feed's watch (a no-op without one).
+	unwatch func()
 }
 
-func newTokens(ctx context.Context, st TokenStore) (*tokens, error) {
-	ts := &tokens{st: st, byHash: map[[sha256.Size]byte]*grant{}, byID: map[string]*grant{}}
+// newTokens loads st's tokens; a TokenFeed is followed until ctx ends or
+// close.
+func newTokens(ctx, load context.Context, st TokenStore) (*tokens, error) {
+	ts := &tokens{st: st, byHash: map[[sha256.Size]byte]*grant{}, byID: map[string]*grant{}, unwatch: func() {}}
 	if st == nil {
 		return ts, nil
 	}
-	all, err := st.AllTokens(ctx)
+	if feed, ok := st.(TokenFeed); ok {
+		// The watch's first calls are the stored tokens: nothing written
+		// between a load and a watch is missed.
+		lctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(load, cancel) // the load's deadline bounds the first calls only
+		unwatch, err := feed.WatchTokens(lctx, ts.apply)
+		stop()
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("server: loading the tokens: %w", err)
+		}
+		ts.unwatch = func() { unwatch(); cancel() }
+		return ts, nil
+	}
+	all, err := st.AllTokens(load)
 	if err != nil {
 		return nil, fmt.Errorf("server: loading the tokens: %w", err)
 	}
@@ -205,6 +267,21 @@ func newTokens(ctx context.Context, st TokenStore) (*tokens, error) {
 		ts.add(t)
 	}
 	return ts, nil
+}
+
+// apply takes a token the feed brought: a new one is added, a revocation
+// ends the grant's requests here. A token's other fields never change.
+func (ts *tokens) apply(t store.Token) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	g := ts.byID[t.ID]
+	if g == nil {
+		ts.add(t)
+		return
+	}
+	if !t.Revoked.IsZero() {
+		g.revoke(t.Revoked)
+	}
 }
 
 // add keeps t (the caller holds mu, or owns ts alone).
@@ -227,8 +304,9 @@ func (ts *tokens) find(secret string) *grant {
 	return ts.byHash[sha256.Sum256([]byte(secret))]
 }
 
-// close ends every grant's context (their timers).
+// close ends the feed's watch and every grant's context (their timers).
 func (ts *tokens) close() {
+	ts.unwatch()
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	for _, g := range ts.byID {
@@ -281,7 +359,7 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 			return
 		}
 		switch {
-		case !g.Revoked.IsZero():
+		case !g.revokedAt().IsZero():
 			unauthorized(w, "this token was revoked")
 			return
 		case !time.Now().Before(g.Expires):
@@ -477,7 +555,7 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
 	s.tokens.mu.Lock()
 	out := make([]tokenView, 0, len(s.tokens.byID))
 	for _, g := range s.tokens.byID {
-		out = append(out, viewToken(g.Token))
+		out = append(out, g.view())
 	}
 	s.tokens.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -498,20 +576,35 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) {
 	s.tokens.mu.Lock()
 	defer s.tokens.mu.Unlock()
 	g := s.tokens.byID[id]
-	if g == nil {
+	_, shared := s.opts.Tokens.(TokenFeed)
+	if g == nil && !shared {
 		writeError(w, http.StatusNotFound, "token "+id+": not found")
 		return
 	}
-	if g.Revoked.IsZero() {
+	// A shared store is asked even for a token this server has not seen
+	// yet: one created through another node a moment ago is revoked, not
+	// 404 (its creation and revocation reach this server by the feed).
+	if g == nil || g.revokedAt().IsZero() {
 		now := time.Now()
-		if err := s.opts.Tokens.RevokeToken(r.Context(), id, now); err != nil {
+		err := s.opts.Tokens.RevokeToken(r.Context(), id, now)
+		if g == nil && errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "token "+id+": not found")
+			return
+		}
+		if err != nil {
 			s.fail(w, r, err, "token "+id)
 			return
 		}
-		g.Revoked = now
+		if g != nil {
+			// The store's time may be another node's, revoked first:
+			// the feed corrects it.
+			g.revoke(now)
+		}
 	}
-	// Ends the token's open requests (its event streams) now.
-	g.cancel()
+	if g != nil {
+		// Ends the token's open requests (its event streams) now.
+		g.cancel()
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "revoked": true})
 }
 
