@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -643,6 +644,32 @@ func (s *Server) roomsOf(ctx context.Context, g *grant, after string, limit int)
 		page.Rooms = append(page.Rooms, st)
 	}
 	return page, nil
+}
+
+// actor names who made request r, for the server's log: the room token's
+// id and label (never its secret), or the admin.
+func actor(r *http.Request) []any {
+	if g := who(r); g != nil {
+		return []any{"token", g.ID, "token_label", g.Label}
+	}
+	return []any{"token", "admin"}
+}
+
+// settingsFields are the names of the fields a settings object sets, in
+// order (its values stay out of the log).
+func settingsFields(raw json.RawMessage) []string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	names := make([]string, 0, len(m))
+	for k := range m {
+		if k != "next_start" {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // whoami answers the caller's own scope: {"admin": true}, or a room

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -226,5 +227,58 @@ func TestTokenLimitsNone(t *testing.T) {
 			t.Fatalf("stream %d: %v", i, err)
 		}
 		defer s.close()
+	}
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestTokenSettingsAndPurgeLogged: settings and a purge leave no event
+// in the room's log (settings live outside it; a purge deletes it), so
+// the server's log says which token did them: its id and label, the
+// fields a settings change set, never their values or the secret.
+func TestTokenSettingsAndPurgeLogged(t *testing.T) {
+	toks, _ := tokenStore(t)
+	var out syncBuffer
+	h := newHarness(t, room.Options{}, Options{Tokens: toks, Logger: slog.New(slog.NewTextHandler(&out, nil))})
+	v := mint(t, h, []string{"cfg"}, []string{PermConfigure, PermPurge, PermSend}, "1h", "ops bob")
+	r := h.as(v.Token, "PUT", "/v1/rooms/cfg/config", map[string]any{"model": "m1", "instructions": "the-instructions-text"})
+	if r.status != http.StatusOK {
+		t.Fatalf("put: %d %s", r.status, r.body)
+	}
+	h.ended("cfg", h.post("cfg", "hello"))
+	if r := h.as(v.Token, "DELETE", "/v1/rooms/cfg?purge=true", nil); r.status != http.StatusOK {
+		t.Fatalf("purge: %d %s", r.status, r.body)
+	}
+	if r := h.do("PUT", "/v1/rooms/cfg2/config", map[string]any{"model": "m2"}); r.status != http.StatusOK {
+		t.Fatalf("the admin's put: %d %s", r.status, r.body)
+	}
+	log := out.String()
+	for _, want := range []string{
+		`msg="room settings set" room=cfg fields="[instructions model]" token=` + v.ID + ` token_label="ops bob"`,
+		`msg="room purged" room=cfg token=` + v.ID + ` token_label="ops bob"`,
+		`msg="room settings set" room=cfg2 fields=[model] token=admin`,
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log lacks %s:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, "the-instructions-text") || strings.Contains(log, v.Token) || strings.Contains(log, "m1") {
+		t.Fatalf("the log carries a setting's value or the secret:\n%s", log)
 	}
 }
