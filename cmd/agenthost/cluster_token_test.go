@@ -110,6 +110,21 @@ func TestServe_NATSClusterTokens(t *testing.T) {
 		t.Fatalf("post: %d %s", code, body)
 	}
 
+	// The room is known through every node once its holder wrote its
+	// log (a GET meanwhile is 404).
+	for _, n := range nodes {
+		for {
+			code, body := call(t, "GET", n.url+"v1/rooms/r", admin, "")
+			if code == 200 {
+				break
+			}
+			if code != http.StatusNotFound || ctx.Err() != nil {
+				t.Fatalf("room r through %s: %d %s", n.name, code, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
 	reader := createToken(t, nodes[0], admin, `{"rooms":["r"],"can":["read"],"label":"n1's reader"}`)
 	keep := createToken(t, nodes[0], admin, `{"rooms":["r"],"can":["read"],"label":"kept"}`)
 	// Through every node, as soon as the node's feed has it (a few ms):

@@ -162,6 +162,15 @@ func (g *grant) revoke(at time.Time) {
 	g.cancel()
 }
 
+// revokedBy is revoke with the store's time, which wins over this
+// server's own (another node's revocation may have landed first).
+func (g *grant) revokedBy(at time.Time) {
+	g.mu.Lock()
+	g.Revoked = at
+	g.mu.Unlock()
+	g.cancel()
+}
+
 // view is the grant's token as GET /v1/tokens lists it.
 func (g *grant) view() tokenView {
 	g.mu.Lock()
@@ -232,11 +241,14 @@ func roomMatches(pats []string, id string) bool {
 // written through it (and, from a TokenFeed, followed).
 type tokens struct {
 	st     TokenStore
-	mu     sync.Mutex
+	mu     sync.Mutex // byHash, byID
 	byHash map[[sha256.Size]byte]*grant
 	byID   map[string]*grant
 	// unwatch ends the feed's watch (a no-op without one).
 	unwatch func()
+	// writeMu serialises the admin's writes (create, revoke) through the
+	// store; mu is taken only briefly, never across a store's call.
+	writeMu sync.Mutex
 }
 
 // newTokens loads st's tokens; a TokenFeed is followed until ctx ends or
@@ -281,7 +293,7 @@ func (ts *tokens) apply(t store.Token) {
 		return
 	}
 	if !t.Revoked.IsZero() {
-		g.revoke(t.Revoked)
+		g.revokedBy(t.Revoked)
 	}
 }
 
@@ -536,13 +548,20 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	t := store.Token{ID: "tok_" + hex.EncodeToString(idb[:]), Label: b.Label, Hash: sum[:], Rooms: rooms, Can: can,
 		Created: now, Expires: now.Add(life)}
 	// Stored first: a token answered is a token that survives a restart.
-	s.tokens.mu.Lock()
-	defer s.tokens.mu.Unlock()
+	// The maps' lock is not held meanwhile (a cluster's store may take
+	// seconds in an election: requests go on); the feed may bring the
+	// token first.
+	s.tokens.writeMu.Lock()
+	defer s.tokens.writeMu.Unlock()
 	if err := s.opts.Tokens.CreateToken(r.Context(), t); err != nil {
 		s.fail(w, r, err, "token")
 		return
 	}
-	s.tokens.add(t)
+	s.tokens.mu.Lock()
+	if s.tokens.byID[t.ID] == nil {
+		s.tokens.add(t)
+	}
+	s.tokens.mu.Unlock()
 	v := viewToken(t)
 	v.Token = secret
 	writeJSON(w, http.StatusCreated, v)
@@ -574,9 +593,12 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	// One write at a time; the maps' lock only to look (see createToken).
+	s.tokens.writeMu.Lock()
+	defer s.tokens.writeMu.Unlock()
 	s.tokens.mu.Lock()
-	defer s.tokens.mu.Unlock()
 	g := s.tokens.byID[id]
+	s.tokens.mu.Unlock()
 	_, shared := s.opts.Tokens.(TokenFeed)
 	if g == nil && !shared {
 		writeError(w, http.StatusNotFound, "token "+id+": not found")
@@ -598,7 +620,7 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) {
 		}
 		if g != nil {
 			// The store's time may be another node's, revoked first:
-			// the feed corrects it.
+			// the feed corrects it (revokedBy).
 			g.revoke(now)
 		}
 	}

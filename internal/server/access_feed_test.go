@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -280,5 +281,54 @@ func TestTokenSettingsAndPurgeLogged(t *testing.T) {
 	}
 	if strings.Contains(log, "the-instructions-text") || strings.Contains(log, v.Token) || strings.Contains(log, "m1") {
 		t.Fatalf("the log carries a setting's value or the secret:\n%s", log)
+	}
+}
+
+// TestTokenFeedRacingRevokes: two admins revoke one token at once through
+// two servers over one shared store: both are answered 200, and both
+// servers end up listing the one revocation time the store kept.
+func TestTokenFeedRacingRevokes(t *testing.T) {
+	feed := newMemFeed()
+	a := newHarness(t, room.Options{}, Options{Tokens: feed})
+	b, err := New(Options{Manager: a.m, Token: testToken, Tokens: feed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := &harness{t: t, s: b, m: a.m, ts: httptest.NewServer(b), seen: a.seen}
+	defer func() { b.Close(); hb.ts.Close() }()
+	v := mint(t, a, []string{"r"}, []string{PermRead}, "1h", "raced")
+	getUntil(t, hb, v.Token, http.StatusNotFound, "") // known on b (the room is not)
+	var wg sync.WaitGroup
+	status := make([]int, 2)
+	for i, h := range []*harness{a, hb} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status[i] = h.do("DELETE", "/v1/tokens/"+v.ID, nil).status
+		}()
+	}
+	wg.Wait()
+	if status[0] != 200 || status[1] != 200 {
+		t.Fatalf("racing revocations: %v", status)
+	}
+	stored, _ := feed.AllTokens(t.Context())
+	want := stored[0].Revoked.UTC().Format(time.RFC3339Nano)
+	for _, h := range []*harness{a, hb} {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		for {
+			r := h.do("GET", "/v1/tokens", nil)
+			var list struct{ Tokens []tokenView }
+			if err := json.Unmarshal(r.body, &list); err != nil || len(list.Tokens) != 1 {
+				t.Fatalf("list: %d %s", r.status, r.body)
+			}
+			if rv := list.Tokens[0].Revoked; rv != nil && rv.Format(time.RFC3339Nano) == want {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the list says %s, the store %s", r.body, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
 	}
 }
