@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/agenthost/agenthost/internal/store"
@@ -28,6 +29,7 @@ const BucketTokens = "room_tokens"
 // with WatchTokens, which the API server follows. Safe for concurrent
 // use.
 type Tokens struct {
+	nc *nats.Conn
 	kv jetstream.KeyValue
 }
 
@@ -74,18 +76,18 @@ func decodeToken(e jetstream.KeyValueEntry) (store.Token, error) {
 // JetStream cannot answer (a cluster restarting together elects its
 // leaders). Call it after Start.
 func (c *Cluster) Tokens(ctx context.Context) (*Tokens, error) {
-	return OpenTokens(ctx, c.js, c.cfg.Replicas)
+	return OpenTokens(ctx, c.nc, c.js, c.cfg.Replicas)
 }
 
-// OpenTokens is Cluster.Tokens over js.
-func OpenTokens(ctx context.Context, js jetstream.JetStream, replicas int) (*Tokens, error) {
+// OpenTokens is Cluster.Tokens over nc and its js.
+func OpenTokens(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, replicas int) (*Tokens, error) {
 	cfg := jetstream.KeyValueConfig{Bucket: BucketTokens, Replicas: max(replicas, 1)}
 	for {
 		octx, cancel := context.WithTimeout(ctx, reqTimeout)
 		kv, err := js.CreateOrUpdateKeyValue(octx, cfg)
 		cancel()
 		if err == nil {
-			return &Tokens{kv: kv}, nil
+			return &Tokens{nc: nc, kv: kv}, nil
 		}
 		if err := configErr(replicas, err); errors.Is(err, ErrConfig) {
 			return nil, fmt.Errorf("natsroom: token bucket: %w", err)
@@ -145,15 +147,18 @@ func (ts *Tokens) RevokeToken(ctx context.Context, id string, at time.Time) erro
 	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
 	defer cancel()
 	for {
-		e, err := ts.kv.Get(ctx, token(id))
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// From the bucket's leader, which has every acknowledged write: a
+		// replica may not have a token another node created a moment ago
+		// (its revocation would be a 404).
+		e, err := leaderGet(ctx, ts.nc, "KV_"+BucketTokens, msgGetReq{LastBySubj: "$KV." + BucketTokens + "." + token(id)})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return fmt.Errorf("%w: token %s", store.ErrNotFound, id)
 		}
 		if err != nil {
 			return fmt.Errorf("natsroom: token %s: %w", id, err)
 		}
 		var r tokenRecord
-		if err := json.Unmarshal(e.Value(), &r); err != nil {
+		if err := json.Unmarshal(e.Data, &r); err != nil {
 			return fmt.Errorf("natsroom: token record %s: %w", id, err)
 		}
 		if r.Revoked != 0 {
@@ -164,12 +169,11 @@ func (ts *Tokens) RevokeToken(ctx context.Context, id string, at time.Time) erro
 		if err != nil {
 			return fmt.Errorf("natsroom: token %s: %w", id, err)
 		}
-		_, err = ts.kv.Update(ctx, token(id), data, e.Revision())
+		_, err = ts.kv.Update(ctx, token(id), data, e.Sequence)
 		if err == nil {
 			return nil
 		}
-		// Another revocation landed first, or the replica that answered
-		// the get was behind: read again.
+		// Another revocation landed first: read again.
 		if !isWrongLastSeq(err) {
 			return fmt.Errorf("natsroom: token %s: %w", id, err)
 		}

@@ -69,7 +69,7 @@ func TestTokens_StoreAndWatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nc, js := singleNode(t, ctx)
-	a, err := OpenTokens(ctx, js, 1)
+	a, err := OpenTokens(ctx, nc, js, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestTokens_StoreAndWatch(t *testing.T) {
 	}
 	defer nc2.Close()
 	js2, _ := jetstream.New(nc2)
-	b, err := OpenTokens(ctx, js2, 1)
+	b, err := OpenTokens(ctx, nc2, js2, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
