@@ -405,12 +405,29 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 		// expires.
 		// The events it causes name it (never its secret).
 		ctx := room.WithToken(context.WithValue(r.Context(), principalKey{}, principal{g}), event.TokenRef{ID: g.ID, Label: g.Label})
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		stop := context.AfterFunc(g.ctx, cancel)
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := context.AfterFunc(g.ctx, func() { cancel(errTokenEnded) })
 		defer stop()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// errTokenEnded is the cause of a request's end when its token was
+// revoked or expired while it ran: fail answers 401, not the 503 of a
+// request cut short.
+var errTokenEnded = errors.New("the request's token was revoked or expired")
+
+// tokenEnded says why r's token ended while r ran ("" if it did not).
+func tokenEnded(r *http.Request) string {
+	g := who(r)
+	if g == nil || !errors.Is(context.Cause(r.Context()), errTokenEnded) {
+		return ""
+	}
+	if !g.revokedAt().IsZero() {
+		return "this token was revoked"
+	}
+	return "this token expired at " + g.Expires.UTC().Format(time.RFC3339)
 }
 
 func unauthorized(w http.ResponseWriter, msg string) {

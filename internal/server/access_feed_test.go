@@ -332,3 +332,28 @@ func TestTokenFeedRacingRevokes(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestTokenEndedDuringRequest: a request whose token is revoked while it
+// runs (the revocation came through another node) is answered 401 with
+// the reason, not the 503 of a request cut short.
+func TestTokenEndedDuringRequest(t *testing.T) {
+	h, _, _ := tokenHarness(t)
+	v := mint(t, h, []string{"r"}, []string{PermRead}, "1h", "cut")
+	g := h.s.tokens.find(v.Token)
+	ctx, cancel := context.WithCancelCause(context.WithValue(t.Context(), principalKey{}, principal{g}))
+	g.revoke(time.Now())
+	cancel(errTokenEnded)
+	w := httptest.NewRecorder()
+	h.s.fail(w, httptest.NewRequest("GET", "/v1/rooms/r", nil).WithContext(ctx), context.Canceled, "room r")
+	if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), "this token was revoked") {
+		t.Fatalf("a request whose token was revoked meanwhile: %d %s", w.Code, w.Body)
+	}
+	// A request cut short for another reason stays 503.
+	ctx2, cancel2 := context.WithCancel(context.WithValue(t.Context(), principalKey{}, principal{g}))
+	cancel2()
+	w = httptest.NewRecorder()
+	h.s.fail(w, httptest.NewRequest("GET", "/v1/rooms/r", nil).WithContext(ctx2), context.Canceled, "room r")
+	if w.Code == http.StatusUnauthorized {
+		t.Fatalf("a request cut short by its client: %d %s", w.Code, w.Body)
+	}
+}

@@ -369,6 +369,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 // fail maps an error from the Manager to a status and message.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what string) {
+	if msg := tokenEnded(r); msg != "" {
+		unauthorized(w, msg)
+		return
+	}
 	status := http.StatusInternalServerError
 	msg := what + ": internal error"
 	switch {
