@@ -51,7 +51,18 @@ func freeTCPPort(t *testing.T) int {
 // API: its url is "".
 func startServeCluster(t *testing.T, token string, realAgent bool, roles [3]string) []*serveNode {
 	t.Helper()
-	data := t.TempDir()
+	var cports [3]int
+	for i := range cports {
+		cports[i] = freeTCPPort(t)
+	}
+	return startServeClusterAt(t, t.TempDir(), cports, token, realAgent, roles)
+}
+
+// startServeClusterAt is startServeCluster in data, on the route ports
+// cports: a cluster started again there (its nodes stopped) is the same
+// cluster, restarted.
+func startServeClusterAt(t *testing.T, data string, cports [3]int, token string, realAgent bool, roles [3]string) []*serveNode {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -63,10 +74,6 @@ func startServeCluster(t *testing.T, token string, realAgent bool, roles [3]stri
 	agent := []string{"--confine", "off", "--", "/usr/bin/env", fakeAgentEnv + "=1", "GORACE=atexit_sleep_ms=0", exe, "-test.run=^$"}
 	if realAgent {
 		agent = nil // omp on each node's built-in model
-	}
-	var cports [3]int
-	for i := range cports {
-		cports[i] = freeTCPPort(t)
 	}
 	nodes := make([]*serveNode, 3)
 	lines := make([]chan string, 3)

@@ -80,6 +80,9 @@ type serveFlags struct {
 	// too (--otlp-agents), and tool inputs on spans (--otlp-tool-input).
 	otlp                     string
 	otlpAgents, otlpToolArgs bool
+
+	// A room token's rate limits (0: none).
+	tokenMessages, tokenStreams int
 }
 
 // serveEnv maps each overridable flag to its environment variable.
@@ -96,6 +99,7 @@ var serveEnv = map[string]string{
 	"agent-env":      "AGENTHOST_AGENT_ENV",
 	"room-memory":    "AGENTHOST_ROOM_MEMORY", "room-pids": "AGENTHOST_ROOM_PIDS", "room-cpu": "AGENTHOST_ROOM_CPU",
 	"otlp": "AGENTHOST_OTLP", "otlp-agents": "AGENTHOST_OTLP_AGENTS", "otlp-tool-input": "AGENTHOST_OTLP_TOOL_INPUT",
+	"token-messages-per-minute": "AGENTHOST_TOKEN_MESSAGES_PER_MINUTE", "token-streams": "AGENTHOST_TOKEN_STREAMS",
 }
 
 func newServeCmd(verbose func() bool) *cobra.Command {
@@ -197,6 +201,8 @@ inputs (redacted as the log has them) on their spans.`,
 	fl.StringVar(&f.approvalMode, "approval-mode", room.ApprovalAsk, "always-ask or yolo")
 	fl.Int64Var(&f.budgetTokens, "room-budget-tokens", 0, "every room's token budget unless its config sets one (0: none)")
 	fl.Float64Var(&f.budgetUSD, "room-budget-usd", 0, "every room's budget in dollars unless its config sets one (0: none)")
+	fl.IntVar(&f.tokenMessages, "token-messages-per-minute", server.DefaultTokenMessagesPerMinute, "messages one room token may send in a minute; more are 429 with Retry-After (0: no limit; the admin token has none)")
+	fl.IntVar(&f.tokenStreams, "token-streams", server.DefaultTokenStreams, "event streams one room token may keep open; another is 429 (0: no limit)")
 	fl.StringVar(&f.config, "config", "", "a config file (YAML, or TOML for .toml)")
 	fl.BoolVar(&f.snapshots, "snapshots", true, "snapshot each room's workspace before and after every turn (diff and revert)")
 	fl.Int64Var(&f.snapshotMaxFile, "snapshot-max-file", snapshot.DefaultMaxFileSize, "files over this many bytes are left out of snapshots")
@@ -342,6 +348,9 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	if f.budgetTokens < 0 || f.budgetUSD < 0 || f.budgetUSD != f.budgetUSD {
 		return &exitError{2, errors.New("serve: --room-budget-tokens and --room-budget-usd must be 0 (none) or more")}
+	}
+	if f.tokenMessages < 0 || f.tokenStreams < 0 {
+		return &exitError{2, errors.New("serve: --token-messages-per-minute and --token-streams must be 0 (no limit) or more")}
 	}
 	if err := f.confine.check(); err != nil {
 		return err
@@ -656,27 +665,31 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Info("shutting down")
 		return nil
 	}
-	// Room tokens (POST /v1/tokens) are kept by this node: in a cluster,
-	// each API node has its own file (they are not replicated), even in a
-	// data dir the nodes share, so that no node serves another's tokens
-	// from a copy that a revocation there would not reach.
-	tokensDB := filepath.Join(f.data, "tokens.db")
-	if clustered {
-		if strings.ContainsAny(f.node, `/\`) || f.node == ".." {
-			return fmt.Errorf("serve: --node %q: a node's name names its files: no slash", f.node)
+	// Room tokens (POST /v1/tokens): a file in the data dir, or in a
+	// cluster the cluster's bucket, which every API node reads, writes
+	// and follows (a token works, and its revocation ends it, through
+	// every node).
+	var toks server.TokenStore
+	if cl != nil {
+		ctoks, err := cl.Tokens(ctx)
+		if err != nil {
+			return fmt.Errorf("serve: opening the cluster's token store: %w", err)
 		}
-		tokensDB = filepath.Join(f.data, "tokens."+f.node+".db")
-	}
-	toks, err := store.OpenTokens(ctx, tokensDB)
-	if err != nil {
-		return fmt.Errorf("serve: opening the token store: %w", err)
-	}
-	defer func() {
-		if cerr := toks.Close(); cerr != nil && err == nil {
-			err = cerr
+		toks = ctoks
+	} else {
+		ftoks, err := store.OpenTokens(ctx, filepath.Join(f.data, "tokens.db"))
+		if err != nil {
+			return fmt.Errorf("serve: opening the token store: %w", err)
 		}
-	}()
+		defer func() {
+			if cerr := ftoks.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+		toks = ftoks
+	}
 	api, err := server.New(server.Options{Manager: m, Token: tok, Tokens: toks, Index: server.Page(), Health: health.err, Logger: log,
+		TokenMessagesPerMinute: noLimit(f.tokenMessages), TokenStreams: noLimit(f.tokenStreams),
 		Tracing:    otel.server(),
 		Collectors: nodeCollectors(node)})
 	if err != nil {
@@ -1004,4 +1017,13 @@ func roomAgents(transport string, kind agents.Kind, custom []string) []string {
 	default:
 		return []string{string(agents.OMP), string(agents.Pi)}
 	}
+}
+
+// noLimit maps a flag's 0 (no limit) to server.Options' "none" (-1); the
+// Options' 0 is the default.
+func noLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

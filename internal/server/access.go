@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -114,6 +115,19 @@ type TokenStore interface {
 	RevokeToken(ctx context.Context, id string, at time.Time) error
 }
 
+// TokenFeed is a TokenStore that other servers write too (a cluster's,
+// natsroom.Tokens): the server follows it, so that a token created
+// through another node works here, and one revoked there is refused here
+// and its open streams here end, as soon as the change arrives.
+type TokenFeed interface {
+	TokenStore
+	// WatchTokens calls changed with every token stored, then returns,
+	// and goes on calling it with each token created or changed until
+	// ctx ends or stop is called (stop waits for the last call). changed
+	// may see a token it knows again.
+	WatchTokens(ctx context.Context, changed func(store.Token)) (stop func(), err error)
+}
+
 // grant is a room token the server knows. ctx ends when it expires or is
 // revoked: the requests it runs (an event stream) end with it.
 type grant struct {
@@ -122,15 +136,55 @@ type grant struct {
 	cancel context.CancelFunc
 
 	mu sync.Mutex
+	// Token.Revoked is written under mu (revoke); the rest of Token never
+	// changes.
 	// sent are the times of the messages of the last minute (at most
 	// the limit: the bound of the slice).
 	sent    []time.Time
 	streams int // event streams open
 }
 
+// revokedAt answers when the token was revoked (zero: it was not).
+func (g *grant) revokedAt() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.Revoked
+}
+
+// revoke marks the grant revoked at at (a grant revoked before keeps its
+// first time) and ends its requests.
+func (g *grant) revoke(at time.Time) {
+	g.mu.Lock()
+	if g.Revoked.IsZero() {
+		g.Revoked = at
+	}
+	g.mu.Unlock()
+	g.cancel()
+}
+
+// revokedBy is revoke with the store's time, which wins over this
+// server's own (another node's revocation may have landed first).
+func (g *grant) revokedBy(at time.Time) {
+	g.mu.Lock()
+	g.Revoked = at
+	g.mu.Unlock()
+	g.cancel()
+}
+
+// view is the grant's token as GET /v1/tokens lists it.
+func (g *grant) view() tokenView {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return viewToken(g.Token)
+}
+
 // send takes a place for a message at now, or answers how long until one
-// frees (the oldest of the last minute's limit messages turns a minute).
+// frees (the oldest of the last minute's limit messages turns a minute);
+// a limit below 1 is none.
 func (g *grant) send(now time.Time, limit int) time.Duration {
+	if limit < 1 {
+		return 0
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	i := 0
@@ -145,12 +199,12 @@ func (g *grant) send(now time.Time, limit int) time.Duration {
 	return 0
 }
 
-// stream takes a place for an event stream (false: limit are open); the
-// caller gives it back with unstream.
+// stream takes a place for an event stream (false: limit are open; a
+// limit below 1 is none); the caller gives it back with unstream.
 func (g *grant) stream(limit int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.streams >= limit {
+	if limit >= 1 && g.streams >= limit {
 		return false
 	}
 	g.streams++
@@ -184,20 +238,41 @@ func roomMatches(pats []string, id string) bool {
 }
 
 // tokens are the server's room tokens, loaded from the store at New and
-// written through it.
+// written through it (and, from a TokenFeed, followed).
 type tokens struct {
 	st     TokenStore
-	mu     sync.Mutex
+	mu     sync.Mutex // byHash, byID
 	byHash map[[sha256.Size]byte]*grant
 	byID   map[string]*grant
+	// unwatch ends the feed's watch (a no-op without one).
+	unwatch func()
+	// writeMu serialises the admin's writes (create, revoke) through the
+	// store; mu is taken only briefly, never across a store's call.
+	writeMu sync.Mutex
 }
 
-func newTokens(ctx context.Context, st TokenStore) (*tokens, error) {
-	ts := &tokens{st: st, byHash: map[[sha256.Size]byte]*grant{}, byID: map[string]*grant{}}
+// newTokens loads st's tokens; a TokenFeed is followed until ctx ends or
+// close.
+func newTokens(ctx, load context.Context, st TokenStore) (*tokens, error) {
+	ts := &tokens{st: st, byHash: map[[sha256.Size]byte]*grant{}, byID: map[string]*grant{}, unwatch: func() {}}
 	if st == nil {
 		return ts, nil
 	}
-	all, err := st.AllTokens(ctx)
+	if feed, ok := st.(TokenFeed); ok {
+		// The watch's first calls are the stored tokens: nothing written
+		// between a load and a watch is missed.
+		lctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(load, cancel) // the load's deadline bounds the first calls only
+		unwatch, err := feed.WatchTokens(lctx, ts.apply)
+		stop()
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("server: loading the tokens: %w", err)
+		}
+		ts.unwatch = func() { unwatch(); cancel() }
+		return ts, nil
+	}
+	all, err := st.AllTokens(load)
 	if err != nil {
 		return nil, fmt.Errorf("server: loading the tokens: %w", err)
 	}
@@ -205,6 +280,21 @@ func newTokens(ctx context.Context, st TokenStore) (*tokens, error) {
 		ts.add(t)
 	}
 	return ts, nil
+}
+
+// apply takes a token the feed brought: a new one is added, a revocation
+// ends the grant's requests here. A token's other fields never change.
+func (ts *tokens) apply(t store.Token) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	g := ts.byID[t.ID]
+	if g == nil {
+		ts.add(t)
+		return
+	}
+	if !t.Revoked.IsZero() {
+		g.revokedBy(t.Revoked)
+	}
 }
 
 // add keeps t (the caller holds mu, or owns ts alone).
@@ -227,8 +317,9 @@ func (ts *tokens) find(secret string) *grant {
 	return ts.byHash[sha256.Sum256([]byte(secret))]
 }
 
-// close ends every grant's context (their timers).
+// close ends the feed's watch and every grant's context (their timers).
 func (ts *tokens) close() {
+	ts.unwatch()
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	for _, g := range ts.byID {
@@ -281,7 +372,7 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 			return
 		}
 		switch {
-		case !g.Revoked.IsZero():
+		case !g.revokedAt().IsZero():
 			unauthorized(w, "this token was revoked")
 			return
 		case !time.Now().Before(g.Expires):
@@ -314,12 +405,29 @@ func (s *Server) authFor(pattern string, next http.Handler) http.Handler {
 		// expires.
 		// The events it causes name it (never its secret).
 		ctx := room.WithToken(context.WithValue(r.Context(), principalKey{}, principal{g}), event.TokenRef{ID: g.ID, Label: g.Label})
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		stop := context.AfterFunc(g.ctx, cancel)
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := context.AfterFunc(g.ctx, func() { cancel(errTokenEnded) })
 		defer stop()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// errTokenEnded is the cause of a request's end when its token was
+// revoked or expired while it ran: fail answers 401, not the 503 of a
+// request cut short.
+var errTokenEnded = errors.New("the request's token was revoked or expired")
+
+// tokenEnded says why r's token ended while r ran ("" if it did not).
+func tokenEnded(r *http.Request) string {
+	g := who(r)
+	if g == nil || !errors.Is(context.Cause(r.Context()), errTokenEnded) {
+		return ""
+	}
+	if !g.revokedAt().IsZero() {
+		return "this token was revoked"
+	}
+	return "this token expired at " + g.Expires.UTC().Format(time.RFC3339)
 }
 
 func unauthorized(w http.ResponseWriter, msg string) {
@@ -457,13 +565,20 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) {
 	t := store.Token{ID: "tok_" + hex.EncodeToString(idb[:]), Label: b.Label, Hash: sum[:], Rooms: rooms, Can: can,
 		Created: now, Expires: now.Add(life)}
 	// Stored first: a token answered is a token that survives a restart.
-	s.tokens.mu.Lock()
-	defer s.tokens.mu.Unlock()
+	// The maps' lock is not held meanwhile (a cluster's store may take
+	// seconds in an election: requests go on); the feed may bring the
+	// token first.
+	s.tokens.writeMu.Lock()
+	defer s.tokens.writeMu.Unlock()
 	if err := s.opts.Tokens.CreateToken(r.Context(), t); err != nil {
 		s.fail(w, r, err, "token")
 		return
 	}
-	s.tokens.add(t)
+	s.tokens.mu.Lock()
+	if s.tokens.byID[t.ID] == nil {
+		s.tokens.add(t)
+	}
+	s.tokens.mu.Unlock()
 	v := viewToken(t)
 	v.Token = secret
 	writeJSON(w, http.StatusCreated, v)
@@ -477,7 +592,7 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) {
 	s.tokens.mu.Lock()
 	out := make([]tokenView, 0, len(s.tokens.byID))
 	for _, g := range s.tokens.byID {
-		out = append(out, viewToken(g.Token))
+		out = append(out, g.view())
 	}
 	s.tokens.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -495,23 +610,41 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	// One write at a time; the maps' lock only to look (see createToken).
+	s.tokens.writeMu.Lock()
+	defer s.tokens.writeMu.Unlock()
 	s.tokens.mu.Lock()
-	defer s.tokens.mu.Unlock()
 	g := s.tokens.byID[id]
-	if g == nil {
+	s.tokens.mu.Unlock()
+	_, shared := s.opts.Tokens.(TokenFeed)
+	if g == nil && !shared {
 		writeError(w, http.StatusNotFound, "token "+id+": not found")
 		return
 	}
-	if g.Revoked.IsZero() {
+	// A shared store is asked even for a token this server has not seen
+	// yet: one created through another node a moment ago is revoked, not
+	// 404 (its creation and revocation reach this server by the feed).
+	if g == nil || g.revokedAt().IsZero() {
 		now := time.Now()
-		if err := s.opts.Tokens.RevokeToken(r.Context(), id, now); err != nil {
+		err := s.opts.Tokens.RevokeToken(r.Context(), id, now)
+		if g == nil && errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "token "+id+": not found")
+			return
+		}
+		if err != nil {
 			s.fail(w, r, err, "token "+id)
 			return
 		}
-		g.Revoked = now
+		if g != nil {
+			// The store's time may be another node's, revoked first:
+			// the feed corrects it (revokedBy).
+			g.revoke(now)
+		}
 	}
-	// Ends the token's open requests (its event streams) now.
-	g.cancel()
+	if g != nil {
+		// Ends the token's open requests (its event streams) now.
+		g.cancel()
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "revoked": true})
 }
 
@@ -550,6 +683,32 @@ func (s *Server) roomsOf(ctx context.Context, g *grant, after string, limit int)
 		page.Rooms = append(page.Rooms, st)
 	}
 	return page, nil
+}
+
+// actor names who made request r, for the server's log: the room token's
+// id and label (never its secret), or the admin.
+func actor(r *http.Request) []any {
+	if g := who(r); g != nil {
+		return []any{"token", g.ID, "token_label", g.Label}
+	}
+	return []any{"token", "admin"}
+}
+
+// settingsFields are the names of the fields a settings object sets, in
+// order (its values stay out of the log).
+func settingsFields(raw json.RawMessage) []string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	names := make([]string, 0, len(m))
+	for k := range m {
+		if k != "next_start" {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // whoami answers the caller's own scope: {"admin": true}, or a room

@@ -299,6 +299,8 @@ func (s *Server) purgeRoom(w http.ResponseWriter, r *http.Request, st room.State
 		return
 	}
 	s.hubs.drop(id)
+	// The room's log is gone with it: the server's log says who.
+	s.log.Info("room purged", append([]any{"room", id}, actor(r)...)...)
 	out := map[string]any{"purged": true, "released": len(receipt) > 0}
 	if len(receipt) > 0 {
 		out["receipt"] = receipt
@@ -595,5 +597,10 @@ func (s *Server) putConfig(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err, "room "+id)
 		return
 	}
+	// Settings are kept outside the room's log (any node of a cluster
+	// sets them, the room's holder alone writes its log): the server's
+	// log says who set which fields, never their values (instructions,
+	// MCP servers' environments).
+	s.log.Info("room settings set", append([]any{"room", id, "fields", settingsFields(raw)}, actor(r)...)...)
 	writeJSON(w, http.StatusOK, e)
 }

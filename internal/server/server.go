@@ -71,6 +71,8 @@ type Options struct {
 	// may do (DefaultTokenMessagesPerMinute, DefaultTokenStreams): more
 	// messages in a minute, or another event stream while that many are
 	// open, are 429 with Retry-After. The admin token has no such bound.
+	// 0 is the default; a negative value is no bound (a host that limits
+	// its callers in front of the server).
 	TokenMessagesPerMinute int
 	TokenStreams           int
 	// Tokens, if set, keeps the room tokens the admin creates (POST
@@ -189,10 +191,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.TokenMessagesPerMinute <= 0 {
+	if opts.TokenMessagesPerMinute == 0 {
 		opts.TokenMessagesPerMinute = DefaultTokenMessagesPerMinute
 	}
-	if opts.TokenStreams <= 0 {
+	if opts.TokenStreams == 0 {
 		opts.TokenStreams = DefaultTokenStreams
 	}
 	if opts.Version == "" {
@@ -202,13 +204,14 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	lctx, lcancel := context.WithTimeout(context.Background(), time.Minute)
-	toks, err := newTokens(lctx, opts.Tokens)
+	ctx, cancel := context.WithCancel(context.Background())
+	lctx, lcancel := context.WithTimeout(ctx, time.Minute)
+	toks, err := newTokens(ctx, lctx, opts.Tokens)
 	lcancel()
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{opts: opts, m: opts.Manager, log: opts.Logger, ctx: ctx, cancel: cancel, mux: http.NewServeMux(), openapi: doc, tokens: toks}
 	s.hubs = newHubs(s)
 	s.metrics = newMetrics(s)
@@ -366,6 +369,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 // fail maps an error from the Manager to a status and message.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error, what string) {
+	if msg := tokenEnded(r); msg != "" {
+		unauthorized(w, msg)
+		return
+	}
 	status := http.StatusInternalServerError
 	msg := what + ": internal error"
 	switch {
