@@ -47,6 +47,7 @@ const (
 	TypeRoomPost          = event.TypeRoomPost
 	TypeEventsDropped     = event.TypeEventsDropped
 	TypeWorkspaceReverted = event.TypeWorkspaceReverted
+	TypeSettingsChanged   = event.TypeSettingsChanged
 	// TypeReset is the stream's own event, never in a room's log (its
 	// Seq is 0): the events yielded before it are of another incarnation
 	// of the room (it was deleted, and maybe created again), and the

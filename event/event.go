@@ -50,6 +50,7 @@ const (
 	TypeRoomLimit         = "room.limit"
 	TypeBudgetExhausted   = "budget.exhausted"
 	TypeWorkspaceReverted = "workspace.reverted"
+	TypeSettingsChanged   = "settings.changed"
 	TypeRoomPost          = "room.post"
 	TypeContextLost       = "context.lost"
 	TypeAgentStarted      = "agent.started"
@@ -65,7 +66,7 @@ func Types() []Payload {
 		MessageAccepted{}, MessageQueued{}, MessageDelivered{}, MessageEnded{}, TurnWaiting{}, WorkspaceReady{},
 		TurnStarted{}, TextDelta{}, ToolStarted{}, ToolEnded{}, AgentMalformed{}, ApprovalRequested{},
 		ApprovalResolved{}, QuestionAsked{}, QuestionAnswered{}, TurnEnded{}, RoomLimit{}, BudgetExhausted{},
-		WorkspaceReverted{}, RoomPost{}, ContextLost{}, AgentStarted{}, AgentAttached{}, AgentReleased{},
+		WorkspaceReverted{}, SettingsChanged{}, RoomPost{}, ContextLost{}, AgentStarted{}, AgentAttached{}, AgentReleased{},
 		EventsDropped{},
 	}
 }
@@ -160,6 +161,8 @@ func newPayload(typ string) Payload {
 		return &BudgetExhausted{}
 	case TypeWorkspaceReverted:
 		return &WorkspaceReverted{}
+	case TypeSettingsChanged:
+		return &SettingsChanged{}
 	case TypeRoomPost:
 		return &RoomPost{}
 	case TypeContextLost:
@@ -499,6 +502,20 @@ type AgentReleased struct {
 	Token *TokenRef `json:"token,omitempty"`
 }
 
+// SettingsChanged: the room's settings were set (PUT config), changing
+// the fields named. Their values are in the room's config, not here (its
+// instructions or MCP servers may be long, or private to whoever set
+// them): the log answers who changed what, and when.
+type SettingsChanged struct {
+	// Fields are the names of the settings whose value changed
+	// ("model", "budget"), sorted; empty when the same settings were
+	// set again.
+	Fields []string `json:"fields"`
+	// Token is the room token that did it through the API (absent when
+	// the admin token did, or a program through the room package).
+	Token *TokenRef `json:"token,omitempty"`
+}
+
 // TokenRef names the room token (POST /v1/tokens) that caused an event
 // through the HTTP API: its id and label, never its secret.
 type TokenRef struct {
@@ -599,6 +616,7 @@ func (TurnEnded) EventType() string         { return TypeTurnEnded }
 func (RoomLimit) EventType() string         { return TypeRoomLimit }
 func (BudgetExhausted) EventType() string   { return TypeBudgetExhausted }
 func (WorkspaceReverted) EventType() string { return TypeWorkspaceReverted }
+func (SettingsChanged) EventType() string   { return TypeSettingsChanged }
 func (RoomPost) EventType() string          { return TypeRoomPost }
 func (ContextLost) EventType() string       { return TypeContextLost }
 func (AgentStarted) EventType() string      { return TypeAgentStarted }

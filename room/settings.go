@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
 )
 
@@ -514,14 +515,109 @@ func (m *Manager) SetSettings(ctx context.Context, room string, s Settings) (Eff
 		return Effective{}, fmt.Errorf("room %q: waiting for its settings: %w", room, err)
 	}
 	defer r.settingsLock.leave(true)
+	_, before, err := m.loadSettings(ctx, room)
+	if err != nil {
+		// Unreadable settings are replaced: every field counts as changed.
+		before = nil
+	}
 	if err := ss.PutRoomSettings(ctx, room, raw); err != nil {
 		return Effective{}, err
 	}
 	// The room takes them now on this host; another host that runs it
 	// (a cluster) reads them before its next turn.
 	m.applySettings(r, s, raw)
+	m.recordSettings(r, changedFields(before, raw), tokenOf(ctx))
 	m.kick(r)
 	return m.effective(room, s), nil
+}
+
+// recordSettings writes settings.changed in the room's log, so the log
+// answers who changed which settings. In a cluster only the room's holder
+// writes its log: a change made through another node (or to a room no
+// node holds yet) is in the settings and in that server's own log, not in
+// the room's.
+func (m *Manager) recordSettings(r *roomState, fields []string, by *event.TokenRef) {
+	if c := m.opts.Cluster; c != nil && !c.Owns(r.id) {
+		return
+	}
+	err := m.write(func(tx Tx) error {
+		_, err := appendEvent(tx, r.id, event.SettingsChanged{Fields: fields, Token: by})
+		return err
+	})
+	if err != nil {
+		// The settings are stored and in force; only their record failed.
+		m.log.Warn("room: recording a settings change failed", "room", r.id, "err", err)
+	}
+}
+
+// changedFields names the top-level settings whose JSON differs between
+// two stored settings objects (before nil: none were stored), sorted.
+func changedFields(before, after json.RawMessage) []string {
+	var a, b map[string]json.RawMessage
+	if len(before) > 0 && json.Unmarshal(before, &a) != nil {
+		a = nil
+	}
+	if json.Unmarshal(after, &b) != nil {
+		b = nil
+	}
+	fields := []string{}
+	for k, v := range b {
+		if w, ok := a[k]; !ok || !bytes.Equal(compactJSON(w), compactJSON(v)) {
+			if ok || !isZeroJSON(v) {
+				fields = append(fields, k)
+			}
+		}
+	}
+	for k, w := range a {
+		if _, ok := b[k]; !ok && !isZeroJSON(w) {
+			fields = append(fields, k)
+		}
+	}
+	slices.Sort(fields)
+	return fields
+}
+
+// compactJSON is v without insignificant space (stored settings are
+// Go-marshalled, so equal values are equal bytes once compacted).
+func compactJSON(v json.RawMessage) []byte {
+	var buf bytes.Buffer
+	if json.Compact(&buf, v) != nil {
+		return v
+	}
+	return buf.Bytes()
+}
+
+// isZeroJSON: a value that sets nothing (a budget of zeros, an empty
+// object), so a field absent before and zero now is no change.
+func isZeroJSON(v json.RawMessage) bool {
+	var x any
+	if json.Unmarshal(v, &x) != nil {
+		return false
+	}
+	return isZeroValue(x)
+}
+
+func isZeroValue(x any) bool {
+	switch x := x.(type) {
+	case nil:
+		return true
+	case bool:
+		return !x
+	case float64:
+		return x == 0
+	case string:
+		return x == ""
+	case []any:
+		return len(x) == 0
+	case map[string]any:
+		for _, v := range x {
+			if !isZeroValue(v) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // checkThinking refuses a thinking level the room's agent does not take,

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/agenthost/agenthost/event"
 )
 
 // A room's settings, set through SetSettings, replace the defaults for
@@ -359,5 +361,51 @@ func TestBudgetZeroIsNoLimit(t *testing.T) {
 	}
 	if e, err := h.m.EffectiveSettings(ctx, "old"); err != nil || e.Budget != (Budget{Tokens: 1000, CostUSD: 2, Turns: 3}) {
 		t.Errorf("settings stored before: %+v %v, want the default", e.Budget, err)
+	}
+}
+
+// Each settings change is in the room's log as settings.changed, naming
+// the fields whose value changed (never their values) and the token that
+// made it: the log answers who changed what.
+func TestSettingsChangesAreRecorded(t *testing.T) {
+	h := newHarness(t, Options{Agents: []string{"omp", "pi"}})
+	ctx := t.Context()
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Model: "m1", Instructions: "secret-instructions"}); err != nil {
+		t.Fatal(err)
+	}
+	bob := event.TokenRef{ID: "tok_1", Label: "ops bob"}
+	if _, err := h.m.SetSettings(WithToken(ctx, bob), "r", Settings{Model: "m2", Instructions: "secret-instructions",
+		Budget: Budget{Turns: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	// The same settings again: recorded, changing nothing.
+	if _, err := h.m.SetSettings(ctx, "r", Settings{Model: "m2", Instructions: "secret-instructions", Budget: Budget{Turns: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	// Back to none: what was set is named.
+	if _, err := h.m.SetSettings(ctx, "r", Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	got := eventsOf[event.SettingsChanged](t, h, "r", event.TypeSettingsChanged)
+	want := [][]string{{"instructions", "model"}, {"budget", "model"}, {}, {"budget", "instructions", "model"}}
+	if len(got) != len(want) {
+		t.Fatalf("%d settings.changed events, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if !slices.Equal(got[i].Fields, want[i]) {
+			t.Fatalf("event %d: fields %v, want %v", i, got[i].Fields, want[i])
+		}
+	}
+	if got[0].Token != nil || got[1].Token == nil || *got[1].Token != bob {
+		t.Fatalf("tokens: %+v, %+v", got[0].Token, got[1].Token)
+	}
+	evs, err := h.db.Events(ctx, "r", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if strings.Contains(string(ev.Data), "secret-instructions") || strings.Contains(string(ev.Data), "m2") {
+			t.Fatalf("a settings value reached the log: %s", ev.Data)
+		}
 	}
 }

@@ -218,7 +218,16 @@ func (m *Manager) Revert(ctx context.Context, room, turn string) (Reverted, erro
 	for {
 		r.mu.Lock()
 		if r.turn != nil || r.cont != nil {
+			running := r.turn != nil && r.turn.id == turn || r.cont != nil && r.cont.rec.ID == turn
+			place := r.snapshotPlace()
 			r.mu.Unlock()
+			// A turn this room has no record of is not found, busy or not
+			// (the room may be a new one under a purged room's id).
+			if !running {
+				if _, err := m.opts.Snapshots.Diff(ctx, place, turn); errors.Is(err, ErrNotFound) {
+					return Reverted{}, err
+				}
+			}
 			return Reverted{}, busy("a turn is running: revert when the room is idle")
 		}
 		if r.ending {

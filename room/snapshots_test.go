@@ -161,9 +161,24 @@ func TestRevertRestoresRecordsAndTellsTheNextPrompt(t *testing.T) {
 
 	// Busy while a turn runs.
 	hang := h.submit("r", "hang")
-	h.waitEvent("r", hang.Seq, "turn.started", nil)
+	started := h.waitEvent("r", hang.Seq, "turn.started", nil)
+	var st struct {
+		TurnID string `json:"turn_id"`
+	}
+	if err := json.Unmarshal(started.Data, &st); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := h.m.Revert(t.Context(), "r", turn); !errors.Is(err, ErrBusy) {
 		t.Fatalf("revert while a turn runs: %v", err)
+	}
+	// A turn the room never ran is not found, busy or not (a purged
+	// room's turn, asked of the new room under its id); the running turn
+	// itself is busy.
+	if _, err := h.m.Revert(t.Context(), "r", "t_nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("revert of an unknown turn while a turn runs: %v", err)
+	}
+	if _, err := h.m.Revert(t.Context(), "r", st.TurnID); !errors.Is(err, ErrBusy) {
+		t.Fatalf("revert of the running turn: %v", err)
 	}
 	if err := h.m.Cancel(t.Context(), "r"); err != nil {
 		t.Fatal(err)

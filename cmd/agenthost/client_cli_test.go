@@ -303,8 +303,9 @@ func TestServe_GitWorkspacesOnOmpAndPi(t *testing.T) {
 		t.Fatalf("config of the new room: %d %q %q", code, out, errs)
 	}
 	seq := s.send("wa", `Run it: [[tool:bash {"command":"cat README && ls"}]]`)
-	if seq != 1 {
-		t.Fatalf("the new room's first event is %d", seq)
+	if seq != 2 {
+		// 1 is the new room's settings.changed.
+		t.Fatalf("the new room's second event is %d", seq)
 	}
 	tool := s.wait("wa", seq, "tool.ended")
 	if out, _ := tool["output"].(string); !strings.Contains(out, "on feature\n") || strings.Contains(out, "mine-wa") {

@@ -249,10 +249,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestTokenSettingsAndPurgeLogged: settings and a purge leave no event
-// in the room's log (settings live outside it; a purge deletes it), so
-// the server's log says which token did them: its id and label, the
-// fields a settings change set, never their values or the secret.
+// TestTokenSettingsAndPurgeLogged: a settings change is in the room's log
+// (settings.changed, with the token), and the server's log says which
+// token set settings or purged a room (a purge deletes the room's log; in
+// a cluster another node may set settings): its id and label, the fields
+// a settings change set, never their values or the secret.
 func TestTokenSettingsAndPurgeLogged(t *testing.T) {
 	toks, _ := tokenStore(t)
 	var out syncBuffer
@@ -263,6 +264,11 @@ func TestTokenSettingsAndPurgeLogged(t *testing.T) {
 		t.Fatalf("put: %d %s", r.status, r.body)
 	}
 	h.ended("cfg", h.post("cfg", "hello"))
+	ch := h.until("cfg", 0, func(ev sse) bool { return ev.typ == "settings.changed" })
+	if tok, _ := ch.data["token"].(map[string]any); tok["id"] != v.ID || tok["label"] != "ops bob" ||
+		fmt.Sprint(ch.data["fields"]) != "[instructions model]" || strings.Contains(fmt.Sprint(ch.data), "the-instructions-text") {
+		t.Fatalf("settings.changed %v", ch.data)
+	}
 	if r := h.as(v.Token, "DELETE", "/v1/rooms/cfg?purge=true", nil); r.status != http.StatusOK {
 		t.Fatalf("purge: %d %s", r.status, r.body)
 	}

@@ -597,10 +597,10 @@ func (s *Server) putConfig(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err, "room "+id)
 		return
 	}
-	// Settings are kept outside the room's log (any node of a cluster
-	// sets them, the room's holder alone writes its log): the server's
-	// log says who set which fields, never their values (instructions,
-	// MCP servers' environments).
+	// The room's log has settings.changed where this node holds the room;
+	// the server's log says who set which fields wherever it is (any node
+	// of a cluster sets them), never their values (instructions, MCP
+	// servers' environments).
 	s.log.Info("room settings set", append([]any{"room", id, "fields", settingsFields(raw)}, actor(r)...)...)
 	writeJSON(w, http.StatusOK, e)
 }

@@ -705,6 +705,9 @@ function apply(rm, type, ev) {
     case EV.WorkspaceReverted:
       note("workspace reverted to before turn " + ev.turn_id + " (" + ev.count + " file(s) restored)");
       break;
+    case EV.SettingsChanged:
+      if (ev.fields.length) note("settings changed: " + ev.fields.join(", ") + (ev.token ? " (by " + (ev.token.label || ev.token.id) + ")" : ""));
+      break;
     case EV.ContextLost:
       note("the agent lost its earlier context" + (ev.reason ? ": " + ev.reason : ""));
       break;
