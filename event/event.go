@@ -476,6 +476,10 @@ type AgentStarted struct {
 	// Resumed: it continues the room's session.
 	Resumed   bool   `json:"resumed"`
 	SessionID string `json:"session_id"`
+	// Pooled: the agent was started ahead of the room (serve --pool) and
+	// bound to it in BindMS milliseconds.
+	Pooled bool  `json:"pooled,omitempty"`
+	BindMS int64 `json:"bind_ms,omitempty"`
 }
 
 // AgentAttached: a new host took over the room's running agent (a planned
