@@ -355,7 +355,9 @@ func (p *pool) newSlot() (*slot, room.AgentSpec, error) {
 	for _, t := range tools {
 		// The definitions the extension loads; a call before the bind
 		// (no room's yet) runs nothing.
-		t.Run = func(context.Context, room.ToolCall) (string, error) { return "", errors.New("no room is bound to this agent") }
+		t.Run = func(context.Context, room.ToolCall) (string, error) {
+			return "", errors.New("no room is bound to this agent")
+		}
 		bound = append(bound, t)
 	}
 	tools = bound
