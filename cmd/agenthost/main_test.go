@@ -36,6 +36,12 @@ const serveHelperEnv = "AGENTHOST_TEST_RUN_CLI"
 const blockProcdEnv = "AGENTHOST_TEST_BLOCK_PROCD"
 
 func TestMain(m *testing.M) {
+	// The tests' servers keep no warm pool unless a test asks (--pool):
+	// a pool agent booting beside every test's rooms would change what
+	// they count (agents, processes, receipts) and load the machine.
+	if os.Getenv("AGENTHOST_POOL") == "" {
+		os.Setenv("AGENTHOST_POOL", "0")
+	}
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
 	// By its variable or, where the environment is an agent's (prompt's own -- COMMAND gets no

@@ -59,6 +59,9 @@ type PoolOptions struct {
 	// extension loads them at its start. Otherwise the pool learns them
 	// from the first pi room (which starts cold).
 	Tools func() []room.Tool
+	// OnBind, if set, is given each bind's duration in seconds (a
+	// metric).
+	OnBind func(seconds float64)
 	// Fault, if set, is called before each step of a bind
 	// (warmpool.Steps; tests): an error stops the bind there, as a crash
 	// would, and the room's start fails with it.
@@ -478,6 +481,9 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 		p.makeRoom()
 		p.t.opts.Logger.Warn("rpcagent: binding a pool agent failed; the room starts its own", "room", spec.Room, "err", err)
 		return nil, false, nil
+	}
+	if p.opts.OnBind != nil {
+		p.opts.OnBind(a.bindTime.Seconds())
 	}
 	p.mu.Lock()
 	p.hits++
