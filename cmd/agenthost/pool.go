@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
+	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/rpcagent"
 	"github.com/agenthost/agenthost/room"
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,4 +139,73 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		rpcagent.MissCommand, rpcagent.MissReadOnly, rpcagent.MissBindFailed} {
 		ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(st.Misses[r]), r)
 	}
+}
+
+// probePool checks that a warm pool of agent k starts and binds: a pool of
+// one in a scratch data dir, confined as serve would (Landlock where the
+// kernel has it; agents as the doctor's user), on the built-in model;
+// ready is its agent's boot, bind a new room's bind to it.
+func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (ready, bind time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "agenthost-doctor-pool-")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	in, err := agents.Find()
+	if err != nil {
+		return 0, 0, err
+	}
+	sim := modelsim.New(modelsim.Options{Logger: log})
+	if err := sim.Start(ctx); err != nil {
+		return 0, 0, err
+	}
+	defer sim.Close()
+	cust, err := custody.New(custody.Options{})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cust.Close()
+	cf, err := confine.New(confine.Options{Mode: confine.ModeAuto, Tools: in.Dir})
+	if err != nil {
+		return 0, 0, err
+	}
+	rooms := filepath.Join(dir, "rooms")
+	tr, err := rpcagent.New(rpcagent.Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Confine: cf, Logger: log,
+		Pool: &rpcagent.PoolOptions{Size: 1, Config: room.Config{Agent: string(k)}, Rooms: rooms}})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tr.Close()
+	t0 := time.Now()
+	if err := tr.StartPool(); err != nil {
+		return 0, 0, err
+	}
+	if err := tr.PoolWait(ctx, 1); err != nil {
+		return 0, 0, err
+	}
+	ready = time.Since(t0)
+	spec := room.AgentSpec{Room: "doctor", Workspace: filepath.Join(rooms, "doctor", "workspace"), Home: filepath.Join(rooms, "doctor", "home"),
+		Config: room.Config{Agent: string(k), ApprovalMode: room.ApprovalAsk}}
+	for _, d := range []string{spec.Workspace, spec.Home} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return 0, 0, err
+		}
+	}
+	a, err := tr.Start(ctx, spec)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer a.Close(context.WithoutCancel(ctx))
+	p, ok := a.(room.Pooled)
+	pooled, bind := false, time.Duration(0)
+	if ok {
+		pooled, bind = p.Pooled()
+	}
+	if !pooled {
+		st, _ := tr.PoolStats()
+		return ready, 0, fmt.Errorf("the room was not given the pool's agent (misses %v)", st.Misses)
+	}
+	return ready, bind, nil
 }
