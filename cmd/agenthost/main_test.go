@@ -397,6 +397,12 @@ func TestDoctor(t *testing.T) {
 	if confine.KernelABI() < 1 {
 		confined = []string{"the kernel has no Landlock"}
 	}
+	// The warm pool of each RPC agent starts and binds a new room.
+	for _, want := range []string{"  ok       omp ready in ", "  ok       pi  ready in "} {
+		if i := strings.Index(out, want); i < 0 || !strings.Contains(out[i:strings.IndexByte(out[i:], '\n')+i], ", bound to a room in ") {
+			t.Errorf("doctor output lacks %q with a bind:\n%s", want, out)
+		}
+	}
 	for _, want := range append([]string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
 		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"}, confined...) {
 		if !strings.Contains(out, want) {
