@@ -146,6 +146,11 @@ func testPooled(t *testing.T, agent string) {
 	if b, err := os.ReadFile(filepath.Join(ws, "made.txt")); err != nil || string(b) != "made\n" {
 		t.Fatalf("made.txt: %q, %v", b, err)
 	}
+	// Nothing of the slot's is in the room's workspace (its snapshots see
+	// only the turn's change).
+	if ents, _ := os.ReadDir(ws); len(ents) != 1 {
+		t.Fatalf("the room's workspace after the pooled turn: %v", names(ents))
+	}
 	if err := ph.M.Release(t.Context(), "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -375,3 +380,76 @@ func TestRealOMPPoolHostileWorkspace(t *testing.T) {
 }
 
 func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// The pool's agents count against --max-resident: with one place, the
+// pool's idle agent is ended when a room that cannot use it (other
+// instructions) needs the place, and the pool starts no agent while the
+// room holds it.
+func TestRealPiPoolWithinMaxResident(t *testing.T) {
+	dir := t.TempDir()
+	cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
+	ph := &poolHost{}
+	var mgr atomic.Pointer[room.Manager]
+	h := roomtest.Start(t, dir, nil, room.Options{Config: cfg, MaxResident: 1, RoomConfig: func(id string) room.Config {
+		return room.Config{Instructions: "Answer in haiku."}
+	}}, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
+		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: url, Pool: &PoolOptions{Size: 1, Config: cfg, Rooms: filepath.Join(dir, "rooms"),
+			Places: func() (int, int) { return mgr.Load().Resident(), 1 },
+			Tools:  func() []room.Tool { return mgr.Load().ToolDefs() }}})
+		if err == nil {
+			t.Cleanup(func() { tr.Close() })
+		}
+		ph.tr = tr
+		return tr, err
+	})
+	mgr.Store(h.M)
+	ph.host = h
+	if err := ph.tr.StartPool(); err != nil {
+		t.Fatal(err)
+	}
+	ph.ready(t, 1)
+	acc := ph.Submit("haiku", "[[say:five seven five]]")
+	if st := ph.started(t, "haiku", acc); st["pooled"] == true {
+		t.Fatalf("a room with other instructions was given the pool's agent: %v", st)
+	}
+	if st, _ := ph.tr.PoolStats(); st.Idle+st.Booting != 0 || st.Misses[MissInstr] != 1 {
+		t.Fatalf("the pool while the room holds the only place: %+v", st)
+	}
+	ph.Settled("haiku", acc)
+	if st, _ := ph.tr.PoolStats(); st.Idle+st.Booting != 0 {
+		t.Fatalf("the pool started an agent while the room holds the only place: %+v", st)
+	}
+}
+
+// A release that races a room's bind leaves the room whole: its turn
+// ends one way or the other, its workspace keeps its files, and no slot
+// folder or journal is left beside the pool's next agent.
+func TestRealPiPoolReleaseRacesBind(t *testing.T) {
+	ph := startPoolHost(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
+	ph.ready(t, 1)
+	ph.Settled("r", ph.Submit("r", roomtest.BashCall("echo kept > kept.txt")))
+	ws := roomWorkspace(t, ph.host, "r")
+	if err := ph.M.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		ph.ready(t, 1)
+		acc := ph.Submit("r", "[[say:raced]]")
+		if err := ph.M.Release(t.Context(), "r"); err != nil {
+			t.Fatal(err)
+		}
+		ph.Ended("r", acc)
+		if err := ph.M.Release(t.Context(), "r"); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(ws, "kept.txt")); err != nil || string(b) != "kept\n" {
+			t.Fatalf("the room's file after a raced release: %q, %v", b, err)
+		}
+	}
+	ph.ready(t, 1)
+	slots, _ := filepath.Glob(filepath.Join(ph.Root, slotsDir, "*"))
+	journals, _ := filepath.Glob(filepath.Join(ph.Root, slotsDir, "*", warmpool.Journal))
+	if len(slots) != 1 || len(journals) != 0 {
+		t.Fatalf("slots %v, journals %v: want only the idle agent's slot", slots, journals)
+	}
+}
