@@ -165,7 +165,8 @@ func createJournal(path string, p Plan) (*os.File, error) {
 		return nil, fmt.Errorf("warmpool: journal: %w", err)
 	}
 	b, _ := json.Marshal(header{Plan: p})
-	if _, err := f.Write(append(b, '\n')); err == nil {
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
 		err = f.Sync()
 	}
 	if err == nil {
