@@ -26,6 +26,7 @@ func newBenchCmd() *cobra.Command {
 	var cold bool
 	var coldRooms int
 	var coldAgents []string
+	var burst, burstPool int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Time agenthost prompt on a frame flood against pi's TypeScript client and a line-splitting floor",
@@ -52,7 +53,9 @@ extension; go tool pprof merges them).
 running: new rooms, and rooms woken after their agent was released, with the
 warm pool on (serve --pool 1) and off, on omp and pi over RPC (--cold-agents),
 on the built-in model; --rooms rooms per arm, the arms interleaved room by
-room. Prints each arm's median, p90, min and max.`,
+room. Prints each arm's median, p90, min and max. --burst N sends N new rooms
+their first message at once instead, with no pool and with a pool of
+--burst-pool.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cold {
@@ -66,6 +69,9 @@ room. Prints each arm's median, p90, min and max.`,
 						continue
 					}
 					return &exitError{2, fmt.Errorf("bench: --cold-agents %q: omp or pi", a)}
+				}
+				if burst > 0 {
+					return runColdBurst(cmd.Context(), cmd.OutOrStdout(), kinds, burst, max(burstPool, 1), slog.New(slog.DiscardHandler))
 				}
 				return runColdBench(cmd.Context(), cmd.OutOrStdout(), kinds, coldRooms, slog.New(slog.DiscardHandler))
 			}
@@ -123,6 +129,8 @@ room. Prints each arm's median, p90, min and max.`,
 	cmd.Flags().BoolVar(&cold, "cold", false, "time cold rooms (new and woken) with the warm pool on and off instead")
 	cmd.Flags().IntVar(&coldRooms, "rooms", 20, "with --cold: rooms per arm")
 	cmd.Flags().StringSliceVar(&coldAgents, "cold-agents", []string{"omp", "pi"}, "with --cold: the RPC agents to time")
+	cmd.Flags().IntVar(&burst, "burst", 0, "with --cold: send this many new rooms their first message at once instead, on no pool and on a pool of --burst-pool")
+	cmd.Flags().IntVar(&burstPool, "burst-pool", 2, "with --cold --burst: the pool's size")
 
 	var floor bool
 	consume := &cobra.Command{

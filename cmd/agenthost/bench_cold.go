@@ -34,10 +34,11 @@ import (
 // is ready (PoolWait): the figures are a hit's; a burst that finds the
 // pool empty starts cold, as the off arm does.
 
-// coldArm is one agent with the pool on or off.
+// coldArm is one agent with the pool on (pool agents) or off.
 type coldArm struct {
 	agent agents.Kind
 	pool  bool
+	size  int
 	m     *room.Manager
 	tr    *rpcagent.Transport
 	close func()
@@ -51,7 +52,7 @@ type coldArm struct {
 
 func (a *coldArm) name() string {
 	if a.pool {
-		return string(a.agent) + " rpc, pool on"
+		return fmt.Sprintf("%s rpc, pool of %d", a.agent, a.size)
 	}
 	return string(a.agent) + " rpc, pool off"
 }
@@ -75,7 +76,11 @@ func runColdBench(ctx context.Context, w io.Writer, kinds []agents.Kind, rooms i
 	}()
 	for _, k := range kinds {
 		for _, pool := range []bool{false, true} {
-			a, err := newColdArm(ctx, in, sim.URL(), k, pool, log)
+			size := 0
+			if pool {
+				size = 1
+			}
+			a, err := newColdArm(ctx, in, sim.URL(), k, size, 0, log)
 			if err != nil {
 				return err
 			}
@@ -116,12 +121,15 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-func newColdArm(ctx context.Context, in *agents.Install, modelURL string, k agents.Kind, pool bool, log *slog.Logger) (*coldArm, error) {
+// newColdArm makes an arm with a pool of size (0: none) and maxResident
+// places (0: the default).
+func newColdArm(ctx context.Context, in *agents.Install, modelURL string, k agents.Kind, size, maxResident int, log *slog.Logger) (*coldArm, error) {
+	pool := size > 0
 	dir, err := os.MkdirTemp("", "agenthost-bench-cold-")
 	if err != nil {
 		return nil, err
 	}
-	a := &coldArm{agent: k, pool: pool, first: map[string]chan time.Time{}}
+	a := &coldArm{agent: k, pool: pool, size: size, first: map[string]chan time.Time{}}
 	var closers []func()
 	a.close = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -151,7 +159,7 @@ func newColdArm(ctx context.Context, in *agents.Install, modelURL string, k agen
 	opts := rpcagent.Options{Custodian: cust, Install: in, ModelURL: modelURL, Confine: cf, Logger: log}
 	var mgr *room.Manager
 	if pool {
-		opts.Pool = &rpcagent.PoolOptions{Size: 1, Config: cfg, Rooms: filepath.Join(dir, "rooms"),
+		opts.Pool = &rpcagent.PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms"),
 			Tools: func() []room.Tool { return mgr.ToolDefs() }}
 	}
 	tr, err := rpcagent.New(opts)
@@ -159,7 +167,8 @@ func newColdArm(ctx context.Context, in *agents.Install, modelURL string, k agen
 		return fail(err)
 	}
 	closers = append(closers, func() { tr.Close() })
-	m, err := room.New(room.Options{Store: roomsqlite.New(db), Transport: tr, Root: filepath.Join(dir, "rooms"), Config: cfg, Logger: log})
+	m, err := room.New(room.Options{Store: roomsqlite.New(db), Transport: tr, Root: filepath.Join(dir, "rooms"), Config: cfg, Logger: log,
+		MaxResident: maxResident})
 	if err != nil {
 		return fail(err)
 	}
@@ -274,4 +283,71 @@ func (a *coldArm) message(ctx context.Context, id, text string) (time.Duration, 
 		}
 		stop()
 	}
+}
+
+// runColdBurst sends burst new rooms their first message at once, on a
+// pool of size and on no pool, per agent (one arm after the other: a
+// burst takes the whole machine), and prints each arm's figures. Every
+// room has a place (--max-resident of burst plus the pool): the figures
+// are the agents' starts, not a wait for a place.
+func runColdBurst(ctx context.Context, w io.Writer, kinds []agents.Kind, burst, size int, log *slog.Logger) error {
+	in, err := agents.Find()
+	if err != nil {
+		return err
+	}
+	sim := modelsim.New(modelsim.Options{Logger: log})
+	if err := sim.Start(ctx); err != nil {
+		return err
+	}
+	defer sim.Close()
+	fmt.Fprintf(w, "a burst of %d new rooms at once: message → first text.delta; the built-in model\n", burst)
+	fmt.Fprintf(w, "  %-20s %9s %9s %9s  %s\n", "arm", "median", "p90", "max", "pooled")
+	for _, k := range kinds {
+		for _, n := range []int{0, size} {
+			a, err := newColdArm(ctx, in, sim.URL(), k, n, burst+n, log)
+			if err != nil {
+				return err
+			}
+			err = a.burst(ctx, burst, w)
+			a.close()
+			if err != nil {
+				return fmt.Errorf("bench: %s: %w", a.name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (a *coldArm) burst(ctx context.Context, n int, w io.Writer) error {
+	if a.pool {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		err := a.tr.PoolWait(wctx, a.size)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	d := make([]time.Duration, n)
+	pooled := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d[i], pooled[i], errs[i] = a.message(ctx, fmt.Sprintf("burst-%d", i), "[[say:hello]]")
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	hits := 0
+	for _, p := range pooled {
+		if p {
+			hits++
+		}
+	}
+	fmt.Fprintf(w, "  %-20s %8.3fs %8.3fs %8.3fs  %d of %d\n", a.name(), quantile(d, 0.5).Seconds(), quantile(d, 0.9).Seconds(), slices.Max(d).Seconds(), hits, n)
+	return nil
 }

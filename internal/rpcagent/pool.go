@@ -447,8 +447,19 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 	if p.kind == agents.Pi {
 		sig = toolSig(spec.Tools)
 	}
-	// The room's session first: a session the room cannot resume is
-	// the room's to handle, and no slot is spent on it.
+	// What a cold start does to the room's home first, before a slot is
+	// spent (a workspace the room's agent refuses is the room's error):
+	// the home is made safe and its configuration written as a start now
+	// would, so that the room's files (which win over the slot's in the
+	// bind) are current.
+	if err := p.t.prepareHome(spec, nil); err != nil {
+		return nil, true, err
+	}
+	if _, _, _, err := p.t.launch(spec, nil); err != nil {
+		return nil, true, err
+	}
+	// The room's session: a session the room cannot resume is the
+	// room's to handle, and no slot is spent on it.
 	file := ""
 	if spec.SessionID != "" {
 		f, err := resumeSession(spec.Home, spec.SessionID, nil)
@@ -534,15 +545,6 @@ func (p *pool) pop(spec room.AgentSpec, sig string) (_ *slot, reason string, sta
 func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec, file string) (*agent, error) {
 	began := time.Now()
 	a := s.a
-	// What a cold start does to the room's home first: it is made safe
-	// and its configuration written as a start now would, so that the
-	// room's files (which win over the slot's in the bind) are current.
-	if err := p.t.prepareHome(spec, nil); err != nil {
-		return nil, err
-	}
-	if _, _, _, err := p.t.launch(spec, nil); err != nil {
-		return nil, err
-	}
 	if file == "" {
 		f, err := newSessionFile(spec.Home, spec.Workspace)
 		if err != nil {
