@@ -469,17 +469,18 @@ type ContextLost struct {
 
 // AgentStarted: the room's agent process started.
 type AgentStarted struct {
+	// BindMS is how long binding a pool agent to the room took (Pooled).
+	BindMS int64 `json:"bind_ms,omitempty"`
 	// Confinement is what confines the agent, when its transport says.
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Pooled: the agent was started ahead of the room (serve --pool) and
+	// bound to it in BindMS milliseconds.
+	Pooled bool `json:"pooled,omitempty"`
 	// Resources are the limits it runs under, when its transport says.
 	Resources *Resources `json:"resources,omitempty"`
 	// Resumed: it continues the room's session.
 	Resumed   bool   `json:"resumed"`
 	SessionID string `json:"session_id"`
-	// Pooled: the agent was started ahead of the room (serve --pool) and
-	// bound to it in BindMS milliseconds.
-	Pooled bool  `json:"pooled,omitempty"`
-	BindMS int64 `json:"bind_ms,omitempty"`
 }
 
 // AgentAttached: a new host took over the room's running agent (a planned
