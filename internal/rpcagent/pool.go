@@ -323,6 +323,9 @@ func (p *pool) boot() (err error) {
 	}
 	if err != nil {
 		p.lastErr = err.Error()
+		// Waiters see the failure.
+		close(p.changed)
+		p.changed = make(chan struct{})
 	}
 	p.mu.Unlock()
 	if s != nil {
@@ -721,15 +724,18 @@ func (p *pool) close() {
 	}
 }
 
-// wait returns once n agents of the pool are idle, or with ctx's error
-// (and the last boot's failure, if any).
+// wait returns once n agents of the pool are idle, or with the failure of
+// a start that ended while it waited, or with ctx's error.
 func (p *pool) wait(ctx context.Context, n int) error {
-	for {
+	for first := true; ; first = false {
 		p.mu.Lock()
 		idle, changed, last := len(p.idle), p.changed, p.lastErr
 		p.mu.Unlock()
 		if idle >= n {
 			return nil
+		}
+		if !first && last != "" {
+			return fmt.Errorf("rpcagent: the pool's agent did not start: %s", last)
 		}
 		select {
 		case <-changed:
