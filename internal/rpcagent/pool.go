@@ -117,6 +117,8 @@ type pool struct {
 	done   chan struct{}
 	wake   chan struct{}
 
+	watches sync.WaitGroup // each idle slot's watch (see watch)
+
 	mu       sync.Mutex
 	idle     []*slot
 	booting  int
@@ -136,6 +138,9 @@ type slot struct {
 	dir, ws, home, tmp string
 	a                  *agent
 	tools              string // pi: the signature of the tools it loaded
+	// taken is closed when the slot leaves the idle list (its watch
+	// ends).
+	taken chan struct{}
 }
 
 // ErrPoolUnsupported: the pool cannot run with these options.
@@ -315,6 +320,9 @@ func (p *pool) boot() (err error) {
 	p.booting--
 	if err == nil && !p.closed && !p.overLocked(0) {
 		p.idle = append(p.idle, s)
+		s.taken = make(chan struct{})
+		p.watches.Add(1)
+		go p.watch(s)
 		p.lastErr = ""
 		close(p.changed)
 		p.changed = make(chan struct{})
@@ -524,6 +532,7 @@ func (p *pool) pop(spec room.AgentSpec, sig string) (_ *slot, reason string, sta
 	for len(p.idle) > 0 {
 		s := p.idle[0]
 		p.idle = p.idle[1:]
+		close(s.taken)
 		select {
 		case <-s.a.Done():
 			stale = append(stale, s)
@@ -671,6 +680,31 @@ func (p *pool) makeRoom() {
 	}
 }
 
+// watch removes the idle slot s whose agent ended by itself (it would hold
+// a place and fail its bind) and has the pool start another; it ends once
+// s is taken (its goroutine, joined by close).
+func (p *pool) watch(s *slot) {
+	defer p.watches.Done()
+	select {
+	case <-s.taken:
+		return
+	case <-s.a.Done():
+	}
+	p.mu.Lock()
+	i := slices.Index(p.idle, s)
+	if i >= 0 {
+		p.idle = slices.Delete(p.idle, i, i+1)
+		close(s.taken)
+	}
+	p.mu.Unlock()
+	if i < 0 {
+		return // taken meanwhile: its taker sees the agent gone
+	}
+	p.t.opts.Logger.Warn("rpcagent: a pool agent ended while idle; another starts")
+	p.discard(s)
+	p.signal()
+}
+
 // evict ends one idle agent of the pool (a room needs its place); false
 // when none is idle.
 func (p *pool) evict() bool {
@@ -681,6 +715,7 @@ func (p *pool) evict() bool {
 	}
 	s := p.idle[len(p.idle)-1]
 	p.idle = p.idle[:len(p.idle)-1]
+	close(s.taken)
 	p.mu.Unlock()
 	p.discard(s)
 	return true
@@ -714,11 +749,15 @@ func (p *pool) close() {
 	p.closed = true
 	idle := p.idle
 	p.idle = nil
+	for _, s := range idle {
+		close(s.taken)
+	}
 	p.mu.Unlock()
 	if p.cancel != nil {
 		p.cancel()
 		<-p.done
 	}
+	p.watches.Wait()
 	for _, s := range idle {
 		p.discard(s)
 	}

@@ -453,3 +453,39 @@ func TestRealPiPoolReleaseRacesBind(t *testing.T) {
 		t.Fatalf("slots %v, journals %v: want only the idle agent's slot", slots, journals)
 	}
 }
+
+// An idle pool agent that ends by itself is replaced (it would hold a
+// place and fail its bind), and the next room is bound to its successor.
+func TestRealPiPoolReplacesADeadAgent(t *testing.T) {
+	ph := startPoolHost(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
+	ph.ready(t, 1)
+	dead := ph.idleSlot(t)
+	if err := dead.a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	p := ph.tr.pool
+	for {
+		p.mu.Lock()
+		replaced := len(p.idle) == 1 && p.idle[0] != dead
+		changed := p.changed
+		p.mu.Unlock()
+		if replaced {
+			break
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatal("the dead pool agent was not replaced")
+		}
+	}
+	if _, err := os.Lstat(dead.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dead agent's slot is left: %v", err)
+	}
+	acc := ph.Submit("r", "[[say:hi]]")
+	if st := ph.started(t, "r", acc); st["pooled"] != true {
+		t.Fatalf("agent.started %v", st)
+	}
+	ph.Settled("r", acc)
+}
