@@ -266,11 +266,11 @@ func TestRealPiPoolRace(t *testing.T) {
 	}
 }
 
-// A bind stopped part way (as a crash of the server there would leave
-// it) loses no file of the room: the next server's pool recovers it, and
+// A bind stopped at each step (as a crash of the server there would
+// leave it) loses no file of the room: the next server's pool recovers it, and
 // the room runs on with its files and conversation.
 func TestRealPiPoolBindFault(t *testing.T) {
-	for _, stop := range []string{warmpool.StepMoveHome, warmpool.StepRenameHome} {
+	for _, stop := range warmpool.Steps {
 		t.Run(stop, func(t *testing.T) {
 			dir := t.TempDir()
 			sim := roomtest.StartSim(t)
