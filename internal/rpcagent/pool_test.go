@@ -154,6 +154,10 @@ func testPooled(t *testing.T, agent string) {
 	if err := ph.M.Release(t.Context(), "a"); err != nil {
 		t.Fatal(err)
 	}
+	// Custody's receipt for the pool agent, as for any agent.
+	if _, rel := ph.Wait("a", acc.Seq, "agent.released", nil); rel["receipt"] == nil {
+		t.Fatalf("a pooled agent's release without a receipt: %v", rel)
+	}
 	for _, p := range []string{first.dir, first.ws} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("the slot's %s is left after the release: %v", p, err)
@@ -176,6 +180,7 @@ func testPooled(t *testing.T, agent string) {
 	}
 
 	// Room a wakes: pooled, resumed, its files there.
+	asked := len(ph.Sim.Requests())
 	again := ph.Submit("a", "what did I say? "+roomtest.BashCall("cat made.txt"))
 	if st := ph.started(t, "a", again); st["pooled"] != true || st["resumed"] != true {
 		t.Fatalf("woken room: agent.started %v", st)
@@ -186,6 +191,10 @@ func testPooled(t *testing.T, agent string) {
 	}
 	_, tool = ph.Wait("a", again.Seq, "tool.ended", nil)
 	ph.Settled("a", again)
+	// The turn's usage is the model's counts, as on a cold agent.
+	if got, want := roomtest.TurnUsage(t, ph.Ended("a", again)), ph.ModelUsage(&asked); !roomtest.SameTokens(got, want) || got.OutputTokens == 0 {
+		t.Fatalf("the pooled turn's usage %+v, the model's %+v", got, want)
+	}
 	if out, _ := tool["output"].(string); !strings.Contains(out, "made") {
 		t.Fatalf("the woken room's file: %q", out)
 	}
