@@ -120,7 +120,9 @@ func roomWorkspace(t *testing.T, h *host, roomID string) string {
 // an approved tool call in the room's workspace; the woken room resumes
 // its conversation and keeps its files; the slot's folders are gone once
 // the agent is released; before its bind the slot's agent could not read
-// the room it then served, nor plant links the bind followed.
+// the room it then served, nor plant links the bind followed; the bound
+// agent is confined as a cold one (the probe), its usage and receipt are
+// reported, and its questions are the room's.
 func testPooled(t *testing.T, agent string) {
 	cfg := room.Config{Agent: agent, ApprovalTimeout: 2 * time.Minute}
 	ph := startPoolHost(t, "", nil, cfg, 1, nil)
@@ -237,6 +239,15 @@ func testPooled(t *testing.T, agent string) {
 	}
 	ph.Settled("a", pacc)
 	roomtest.CheckConfined(t, roomtest.ProbeResults(ph.Sim), true)
+
+	// The agent's questions are the room's.
+	qacc := ph.Submit("a", `[[tool:ask {"questions":[{"id":"c","question":"Which color?","options":[{"label":"red"},{"label":"blue"}]}]}]]`)
+	_, q := ph.Wait("a", qacc.Seq, "question.asked", nil)
+	if err := ph.M.Answer(t.Context(), "a", q["question_id"].(string), "red"); err != nil {
+		t.Fatal(err)
+	}
+	ph.Wait("a", qacc.Seq, "question.answered", nil)
+	ph.Settled("a", qacc)
 	st, _ := ph.tr.PoolStats()
 	if st.Hits != 2 {
 		t.Fatalf("pool stats: %+v", st)
