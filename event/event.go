@@ -472,8 +472,13 @@ type ContextLost struct {
 
 // AgentStarted: the room's agent process started.
 type AgentStarted struct {
+	// BindMS is how long binding a pool agent to the room took (Pooled).
+	BindMS int64 `json:"bind_ms,omitempty"`
 	// Confinement is what confines the agent, when its transport says.
 	Confinement *Confinement `json:"confinement,omitempty"`
+	// Pooled: the agent was started ahead of the room (serve --pool) and
+	// bound to it in BindMS milliseconds.
+	Pooled bool `json:"pooled,omitempty"`
 	// Resources are the limits it runs under, when its transport says.
 	Resources *Resources `json:"resources,omitempty"`
 	// Resumed: it continues the room's session.

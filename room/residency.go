@@ -113,6 +113,11 @@ func (m *Manager) ensureAgent(ctx context.Context, r *roomState, cfg Config) (Ag
 			started.Confinement = confinement(m.opts.Transport)
 		}
 		started.Resources = resources(a)
+		if p, ok := a.(Pooled); ok {
+			if pooled, bind := p.Pooled(); pooled {
+				started.Pooled, started.BindMS = true, max(bind.Milliseconds(), 1)
+			}
+		}
 		if _, err := appendEvent(tx, r.id, started); err != nil {
 			return err
 		}

@@ -156,6 +156,15 @@ func (r *roomState) takeAgent(ok func(*roomState) bool) Agent {
 	return a
 }
 
+// Resident is how many agent slots are held (rooms' agents running or
+// starting): a transport's warm pool keeps its own agents within
+// MaxResident with it.
+func (m *Manager) Resident() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.resident
+}
+
 func (m *Manager) freeSlot() {
 	m.mu.Lock()
 	m.resident--

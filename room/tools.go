@@ -105,6 +105,16 @@ func validateMCP(servers map[string]MCPServer) error {
 }
 
 // roomTools are the built-ins and the registered tools, bound to room r.
+// ToolDefs are the tools every room's agent is given, without their Run:
+// a transport's warm pool starts agents that load them ahead of any room.
+func (m *Manager) ToolDefs() []Tool {
+	tools := m.roomTools(&roomState{})
+	for i := range tools {
+		tools[i].Run = nil
+	}
+	return tools
+}
+
 func (m *Manager) roomTools(r *roomState) []Tool {
 	bind := func(t Tool) Tool {
 		run := t.Run

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/agenthost/agenthost/event"
 	"github.com/agenthost/agenthost/record"
@@ -207,6 +208,13 @@ type QuestionRequest struct {
 	Options []string
 	Start   int64 // as ApprovalRequest's
 	Offset  int64
+}
+
+// Pooled is an Agent that may have been started ahead of its room (a
+// transport's warm pool) and bound to it when the room needed it:
+// agent.started says so, with the bind's duration.
+type Pooled interface {
+	Pooled() (pooled bool, bind time.Duration)
 }
 
 // Confinement is what confines a room's agent and everything it starts

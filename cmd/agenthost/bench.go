@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -22,6 +23,10 @@ func newBenchCmd() *cobra.Command {
 	var frames, runs int
 	var asJSON bool
 	var profile, agent string
+	var cold bool
+	var coldRooms int
+	var coldAgents []string
+	var burst, burstPool int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Time agenthost prompt on a frame flood against pi's TypeScript client and a line-splitting floor",
@@ -42,9 +47,34 @@ default flood) before its first frame, a wait every consumer shares.
 
 --cpuprofile FILE has each run of agenthost prompt write a CPU profile of its
 whole process (with several runs, FILE with the run's number before its
-extension; go tool pprof merges them).`,
+extension; go tool pprof merges them).
+
+--cold times instead message → first text.delta of rooms whose agent is not
+running: new rooms, and rooms woken after their agent was released, with the
+warm pool on (serve --pool 1) and off, on omp and pi over RPC (--cold-agents),
+on the built-in model; --rooms rooms per arm, the arms interleaved room by
+room. Prints each arm's median, p90, min and max. --burst N sends N new rooms
+their first message at once instead, with no pool and with a pool of
+--burst-pool.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cold {
+				if coldRooms < 1 {
+					return &exitError{2, errors.New("bench: --rooms must be at least 1")}
+				}
+				var kinds []agents.Kind
+				for _, a := range coldAgents {
+					if k := agents.Kind(a); k == agents.OMP || k == agents.Pi {
+						kinds = append(kinds, k)
+						continue
+					}
+					return &exitError{2, fmt.Errorf("bench: --cold-agents %q: omp or pi", a)}
+				}
+				if burst > 0 {
+					return runColdBurst(cmd.Context(), cmd.OutOrStdout(), kinds, burst, max(burstPool, 1), slog.New(slog.DiscardHandler))
+				}
+				return runColdBench(cmd.Context(), cmd.OutOrStdout(), kinds, coldRooms, slog.New(slog.DiscardHandler))
+			}
 			self, err := os.Executable()
 			if err != nil {
 				return err
@@ -96,6 +126,11 @@ extension; go tool pprof merges them).`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the timings as one JSON object")
 	cmd.Flags().StringVar(&profile, "cpuprofile", "", "write CPU profiles of agenthost prompt's runs to `FILE`")
 	cmd.Flags().StringVar(&agent, "agent", bench.AgentGo, "the flood agent: go or node")
+	cmd.Flags().BoolVar(&cold, "cold", false, "time cold rooms (new and woken) with the warm pool on and off instead")
+	cmd.Flags().IntVar(&coldRooms, "rooms", 20, "with --cold: rooms per arm")
+	cmd.Flags().StringSliceVar(&coldAgents, "cold-agents", []string{"omp", "pi"}, "with --cold: the RPC agents to time")
+	cmd.Flags().IntVar(&burst, "burst", 0, "with --cold: send this many new rooms their first message at once instead, on no pool and on a pool of --burst-pool")
+	cmd.Flags().IntVar(&burstPool, "burst-pool", 2, "with --cold --burst: the pool's size")
 
 	var floor bool
 	consume := &cobra.Command{

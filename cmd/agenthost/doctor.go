@@ -160,6 +160,7 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 
 	if transport != transportACP {
 		const section = "agents (spawn, then get_state answered, on the built-in model)"
+		var started []agents.Kind // the pool is checked for these
 		for _, k := range []agents.Kind{agents.OMP, agents.Pi} {
 			v, err := in.Version(k)
 			if err != nil {
@@ -172,6 +173,19 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 				continue
 			}
 			rep.add(section, true, "%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
+			started = append(started, k)
+		}
+		const pools = "warm pool (serve --pool: an agent started in a slot, then bound to a new room)"
+		for _, k := range started {
+			ready, bind, err := probePool(ctx, log, k, timeout)
+			if err != nil {
+				rep.add(pools, false, "%s: the pool does not start: %s", k, oneLine(err.Error()))
+				continue
+			}
+			rep.add(pools, true, "%-3s ready in %v, bound to a room in %v", k, ready.Round(time.Millisecond), bind.Round(time.Millisecond))
+		}
+		if os.Geteuid() == 0 {
+			rep.add(pools, true, "as root, serve runs each room's agent as a uid of its own (--agent-uids) and then keeps no pool; --agent-uids off keeps one")
 		}
 	}
 	if transport == transportRPC {

@@ -36,6 +36,12 @@ const serveHelperEnv = "AGENTHOST_TEST_RUN_CLI"
 const blockProcdEnv = "AGENTHOST_TEST_BLOCK_PROCD"
 
 func TestMain(m *testing.M) {
+	// The tests' servers keep no warm pool unless a test asks (--pool):
+	// a pool agent booting beside every test's rooms would change what
+	// they count (agents, processes, receipts) and load the machine.
+	if os.Getenv("AGENTHOST_POOL") == "" {
+		os.Setenv("AGENTHOST_POOL", "0")
+	}
 	// The launcher of the confined agents the tests start.
 	confine.Launch()
 	// By its variable or, where the environment is an agent's (prompt's own -- COMMAND gets no
@@ -390,6 +396,12 @@ func TestDoctor(t *testing.T) {
 	}
 	if confine.KernelABI() < 1 {
 		confined = []string{"the kernel has no Landlock"}
+	}
+	// The warm pool of each RPC agent starts and binds a new room.
+	for _, want := range []string{"  ok       omp ready in ", "  ok       pi  ready in "} {
+		if i := strings.Index(out, want); i < 0 || !strings.Contains(out[i:strings.IndexByte(out[i:], '\n')+i], ", bound to a room in ") {
+			t.Errorf("doctor output lacks %q with a bind:\n%s", want, out)
+		}
 	}
 	for _, want := range append([]string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
 		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"}, confined...) {

@@ -62,6 +62,7 @@ type serveFlags struct {
 	budgetTokens                            int64
 	budgetUSD                               float64
 	daemon                                  bool
+	pool                                    int
 	snapshots                               bool
 	snapshotMaxFile                         int64
 	gitFileRoots                            []string
@@ -98,6 +99,7 @@ var serveEnv = map[string]string{
 	"git-file-roots": "AGENTHOST_GIT_FILE_ROOTS",
 	"agent-env":      "AGENTHOST_AGENT_ENV",
 	"room-memory":    "AGENTHOST_ROOM_MEMORY", "room-pids": "AGENTHOST_ROOM_PIDS", "room-cpu": "AGENTHOST_ROOM_CPU",
+	"pool": "AGENTHOST_POOL",
 	"otlp": "AGENTHOST_OTLP", "otlp-agents": "AGENTHOST_OTLP_AGENTS", "otlp-tool-input": "AGENTHOST_OTLP_TOOL_INPUT",
 	"token-messages-per-minute": "AGENTHOST_TOKEN_MESSAGES_PER_MINUTE", "token-streams": "AGENTHOST_TOKEN_STREAMS",
 }
@@ -194,6 +196,7 @@ inputs (redacted as the log has them) on their spans.`,
 	fl.StringVar(&f.model, "model", "", "provider/model for the agents (default: the built-in scripted model)")
 	fl.StringVar(&f.workspaces, "workspaces", "", "the rooms' folders (default: DATA/workspaces)")
 	fl.IntVar(&f.maxResident, "max-resident", room.DefaultMaxResident, "agents running at once")
+	fl.IntVar(&f.pool, "pool", 1, "agents of the default agent kept started ahead of their rooms (rpc): a new or waking room is bound to one instead of waiting for a boot; they count against --max-resident (0: off)")
 	fl.DurationVar(&f.idleAfter, "idle-after", room.DefaultIdleAfter, "release a room's agent after this long idle")
 	fl.DurationVar(&f.turnTimeout, "turn-timeout", room.DefaultTurnTimeout, "bound on a turn's active time")
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
@@ -583,15 +586,22 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		return fmt.Errorf("serve: %w", err)
 	}
 	var tr room.Transport
+	pool := newWarmPool(f, kind, custom, clustered, limits)
+	var rtr *rpcagent.Transport
 	if f.transport == transportACP {
 		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv,
 			OTLP: otel.agentEnv, Logger: log})
 	} else {
-		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
-			AgentEnv: f.agentEnv, OTLP: otel.agentEnv, Logger: log})
+		rtr, err = pool.transport(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
+			AgentEnv: f.agentEnv, OTLP: otel.agentEnv, Logger: log}, log)
+		tr = rtr
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
+	}
+	if rtr != nil {
+		// Its idle agents end after the rooms' (deferred before them).
+		defer rtr.Close()
 	}
 	ropts := room.Options{
 		Store: rstore, Transport: tr, Root: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, MaxResident: f.maxResident, IdleAfter: f.idleAfter,
@@ -631,6 +641,13 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		return &exitError{2, fmt.Errorf("serve: %w", err)}
 	}
 	otel.m = m
+	pool.m.Store(m)
+	if rtr != nil {
+		// A bind a crash stopped is recovered before any room starts.
+		if err := rtr.StartPool(); err != nil {
+			return fmt.Errorf("serve: the warm pool: %w", err)
+		}
+	}
 	began := time.Now()
 	if err := m.Start(ctx); err != nil {
 		return fmt.Errorf("serve: recovering the rooms: %w", err)
@@ -691,7 +708,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	api, err := server.New(server.Options{Manager: m, Token: tok, Tokens: toks, Index: server.Page(), Health: health.err, Logger: log,
 		TokenMessagesPerMinute: noLimit(f.tokenMessages), TokenStreams: noLimit(f.tokenStreams),
 		Tracing:    otel.server(),
-		Collectors: nodeCollectors(node)})
+		Collectors: append(nodeCollectors(node), pool.collectors(tr)...)})
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -714,6 +731,7 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	fmt.Fprintf(stdout, "agenthost: agents confined: %s\n", confineReport(cf.Report()))
 	printAgentUsers(stdout, cf)
 	printLimits(stdout, limits, cust.Support())
+	pool.print(stdout, kind)
 	log.Info("serving", "addr", ln.Addr().String(), "pid", os.Getpid(), "data", f.data, "agent", f.agent, "transport", f.transport, "built_in_model", f.model == "" && len(custom) == 0)
 
 	// The process daemon is watched while the server serves: one that

@@ -33,6 +33,12 @@ var agentFolderExceptions = map[string][]string{
 	"internal/agents/reseed.go": {"os.ReadFile("},
 	// pi's package in the tools folder, which the home's copy links to.
 	"internal/rpcagent/piext/piext.go": {"os.ReadFile(", "os.ReadDir("},
+	// The warm pool's own folders (the server's: the slots' parents, the
+	// journals, the links from a bound slot's paths to its room's) and
+	// a slot's folders made before its agent starts; removals never
+	// follow a link (os.RemoveAll removes one itself). The bind's moves
+	// are internal/warmpool's, by descriptors opened O_NOFOLLOW.
+	"internal/rpcagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
 }
 
 // TestAgentFoldersThroughAgentfs: the packages that write agents' homes

@@ -120,6 +120,10 @@ var allowed = map[string][]string{
 	module + "/internal/startfail": append([]string{module + "/internal/confine", module + "/internal/detail", module + "/internal/agentfs"}, landlockDeps...),
 	// The build's name: the standard library only.
 	module + "/internal/buildinfo": nil,
+	// A pool slot's folders handed to a room (renames by descriptor,
+	// journaled): the standard library and x/sys; it knows no room or
+	// agent.
+	module + "/internal/warmpool": {"golang.org/x/sys/"},
 
 	// The library a program hosts rooms with (issue 40): public wrappers
 	// of the batteries serve uses; internal/ never imports them
@@ -134,7 +138,7 @@ var allowed = map[string][]string{
 	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
 		module + "/procd", module + "/internal/rpcagent", module + "/internal/acpagent", module + "/internal/agentproc", module + "/internal/daemonproc",
 		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail"}, append(mcpDeps, append(landlockDeps,
+		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail", module + "/internal/warmpool"}, append(mcpDeps, append(landlockDeps,
 		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
 	// Rooms' snapshots and git workspaces: the engines and their room
 	// adapters; never a transport, the store or the server.

@@ -63,7 +63,11 @@ const (
 	cQuestions  = "questions"
 	cModel      = "model"
 	cCleanup    = "cleanup"
+	cPooled     = "pooled"
 )
+
+// acpNoPool is the pooled gap of every ACP path.
+const acpNoPool = "the ACP transport keeps no warm pool yet: every room's agent starts cold (`serve --pool` applies to rpc)"
 
 var claims = []claim{
 	{cReply, "Replies: a message gets the agent's answer as the turn's text", map[string]string{
@@ -153,6 +157,11 @@ var claims = []claim{
 		"rpc": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
 		"acp": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
 	}, claimCleanup},
+	{cPooled, "Pooled: with `serve --pool`, a new room and a room woken after a release are each bound to an agent started ahead of them " +
+		"(`agent.started` `pooled`), confined alike, whose tools run in the room's workspace and which resumes the room's session", map[string]string{
+		"rpc": "a slot's workspace, home and TMPDIR (its Landlock rules) renamed into the room's place after the room's files are moved into them (journaled); " +
+			"then `switch_session` to the room's session file (a new one: a header naming the workspace)",
+	}, claimPooled},
 }
 
 // shellCmd builds a tool directive with cmd under key and the extra fields.
@@ -201,6 +210,7 @@ var paths = []path{
 				"plugin in the workspace; omp's own provider is off (the room's MCP servers come from the home's Windsurf MCP file, " +
 				"the one user source that loads no code); a workspace with `.omp/plugins` (loaded whatever the settings say) is refused: " +
 				"the turn fails naming it",
+			cPooled: "omp's `switch_session` refuses another cwd: `/move` to the workspace first (the overlay and flags of its start hold after it)",
 		},
 	},
 	{
@@ -231,6 +241,7 @@ var paths = []path{
 				"MCP files, per-tool policies and language servers off, every provider that loads modules, plugins or settings off) and " +
 				"`--no-extensions`, its process started in its own folder; tested as omp over RPC; a workspace with `.omp/plugins` is refused",
 		},
+		gaps: map[string]string{cPooled: acpNoPool},
 	},
 	{
 		id: "claude", transport: "acp", kind: agents.Claude,
@@ -248,6 +259,7 @@ var paths = []path{
 			cQuestions: "here the form is claude's `AskUserQuestion`: one room question per choice field (its header on a second line), its optional `_custom` free-text field taking an answer outside the options",
 			cUsage:     "the cost is Claude Code's own price for its model name; its title requests are not counted",
 		},
+		gaps: map[string]string{cPooled: acpNoPool},
 	},
 	{
 		id: "codex", transport: "acp", kind: agents.Codex,
@@ -270,6 +282,7 @@ var paths = []path{
 			cUsage:   "codex reports no cost: 0",
 		},
 		gaps: map[string]string{
+			cPooled:     acpNoPool,
 			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
 			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
 			cToolsAsked: "codex asks its own permission for an MCP tool call in a request that names nothing (kind `execute`, no title, no input), " +
@@ -288,6 +301,7 @@ var paths = []path{
 				"a workspace (or git repository) that has them: the turn fails naming them, and no hook runs",
 		},
 		gaps: map[string]string{
+			cPooled:    acpNoPool,
 			cQuestions: "copilot offers the model no question tool in ACP mode",
 			cModel:     "copilot offers neither a session model list nor a `model` config option over ACP; its model is fixed by the recipe (`COPILOT_MODEL`)",
 			cMCP:       "copilot 1.0.102 does not start the stdio `mcpServers` of `session/new` (it does start http ones: the room tools): their tools never reach the model",

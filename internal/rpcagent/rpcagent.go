@@ -72,7 +72,10 @@ type Options struct {
 	AgentEnv []string
 	// OTLP, if set, gives a room's agent the variables to export its own
 	// spans (serve --otlp-agents; see agents.OTLPEnv).
-	OTLP   func(room string) []string
+	OTLP func(room string) []string
+	// Pool, if set with a Size, keeps agents started ahead of their
+	// rooms (see PoolOptions; StartPool starts it, Close ends it).
+	Pool   *PoolOptions
 	Logger *slog.Logger
 }
 
@@ -82,7 +85,10 @@ var ErrNoMCP = errors.New("rpcagent: the agent has no MCP client")
 
 // Transport implements room.Transport over rpc, and room.Attacher when
 // its agents run in the process daemon.
-type Transport struct{ opts Options }
+type Transport struct {
+	opts Options
+	pool *pool
+}
 
 var _ room.Attacher = (*Transport)(nil)
 
@@ -100,7 +106,67 @@ func New(opts Options) (*Transport, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Transport{opts: opts}, nil
+	t := &Transport{opts: opts}
+	if opts.Pool != nil && opts.Pool.Size > 0 {
+		p, err := newPool(t, *opts.Pool)
+		if err != nil {
+			return nil, err
+		}
+		t.pool = p
+	}
+	return t, nil
+}
+
+// StartPool recovers the binds a crash stopped (before any room starts),
+// then starts filling the warm pool in the background; without a pool it
+// does nothing.
+func (t *Transport) StartPool() error {
+	if t.pool == nil {
+		return nil
+	}
+	return t.pool.start()
+}
+
+// Close ends the warm pool's idle agents (the rooms' agents are the
+// rooms' to release).
+func (t *Transport) Close() error {
+	if t.pool != nil {
+		t.pool.close()
+	}
+	return nil
+}
+
+// PoolStats are the warm pool's counters; ok false without a pool.
+func (t *Transport) PoolStats() (st PoolStats, ok bool) {
+	if t.pool == nil {
+		return st, false
+	}
+	return t.pool.stats(), true
+}
+
+// PoolWait returns once n agents of the warm pool are ready to bind, or
+// with ctx's error (and the last start's failure); at once without a pool.
+func (t *Transport) PoolWait(ctx context.Context, n int) error {
+	if t.pool == nil {
+		return nil
+	}
+	return t.pool.wait(ctx, n)
+}
+
+// PoolHeld is how many agents the warm pool holds, started or starting.
+func (t *Transport) PoolHeld() int {
+	if t.pool == nil {
+		return 0
+	}
+	return t.pool.held()
+}
+
+// PoolSignal tells the warm pool a place may have come free (a room's
+// agent was released): it refills if it is short.
+func (t *Transport) PoolSignal() {
+	if t.pool != nil {
+		t.pool.signal()
+	}
 }
 
 // maxWaitRuns bounds how many runs the agent started by itself a turn
@@ -246,11 +312,23 @@ type launchSettings struct {
 	PiRoom *piext.Room `json:"pi_room,omitempty"`
 }
 
-// Start implements room.Transport.
+// Start implements room.Transport: a room whose settings match the warm
+// pool's is given an agent of the pool when one is idle, and otherwise
+// an agent started for it.
 func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	spec.Tools = askFirst(spec.Tools, spec.Handler, spec.Config.ApprovalMode)
+	if t.pool != nil {
+		if a, ok, err := t.pool.take(ctx, spec); ok {
+			return a, err
+		}
+	}
+	return t.start(ctx, spec)
+}
+
+// start starts spec's agent (its tools already asking, see askFirst).
+func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
 	cfg := spec.Config
 	user, err := t.roomUser(spec)
 	if err != nil {
@@ -279,10 +357,9 @@ func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		resume = []string{flag, file}
 		rs.ExtraArgs = append(rs.ExtraArgs, resume...)
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, roomTools: roomToolNames(spec.Tools)}
-	if kind == agents.Pi && !custom {
-		a.piext, a.tools = true, spec.Tools
-	}
+	a := &agent{refresh: t.opts.RefreshTimeout, log: t.opts.Logger}
+	a.piext = kind == agents.Pi && !custom
+	a.bindRoom(spec)
 	command := rs.Argv
 	pol, err := t.confine(spec, &rs, true, user)
 	if err != nil {
@@ -370,12 +447,11 @@ func (t *Transport) Attach(ctx context.Context, spec room.AgentSpec, at room.Att
 	if kind == "" {
 		kind = agents.OMP
 	}
-	a := &agent{h: spec.Handler, refresh: t.opts.RefreshTimeout, log: t.opts.Logger, proc: p, handle: at.Handle, attached: at.RunOpen,
-		confined: attachedConfinement(h), res: attachedResources(h), roomTools: roomToolNames(spec.Tools)}
-	if kind == agents.Pi && len(cfg.Command) == 0 {
-		// The extension loaded at its start calls the room's tools.
-		a.piext, a.tools = true, spec.Tools
-	}
+	a := &agent{refresh: t.opts.RefreshTimeout, log: t.opts.Logger, proc: p, handle: at.Handle, attached: at.RunOpen,
+		confined: attachedConfinement(h), res: attachedResources(h)}
+	// The extension loaded at its start calls the room's tools.
+	a.piext = kind == agents.Pi && len(cfg.Command) == 0
+	a.bindRoom(spec)
 	c, err := rpc.Attach(ctx, p, rpc.SpawnOptions{Options: rpc.Options{Logger: t.opts.Logger, UI: a.dialog,
 		MaxLineBytes: cmp.Or(cfg.MaxLineBytes, t.opts.MaxLineBytes), OnEvent: a.event,
 		Adopt: &rpc.Adopt{Offset: at.Offset, V2: h.V2, Ready: h.Ready, RunOpen: at.RunOpen}}})
@@ -780,15 +856,19 @@ func (t *Transport) Resources() room.Resources {
 // agent is one running RPC agent.
 type agent struct {
 	c       *rpc.Client
-	h       room.Handler
 	session string
 	// piext: the agent is pi with agenthost's extension, which calls the
 	// room's tools through dialogs (omp's host tools the client runs).
 	piext bool
-	tools []room.Tool
-	// roomTools are the names of the room's tools, which ask the room
-	// themselves (askFirst): omp's own prompt for one is answered Approve.
-	roomTools map[string]bool
+	// b is the room the agent serves (set again once, at a pooled
+	// agent's bind; read by the listeners and dialogs).
+	b atomic.Pointer[binding]
+	// pooled: the agent was started ahead of its room and bound to it
+	// in bindTime; cleanup removes what the bind left (the slot's
+	// folder), after the process is gone.
+	pooled   bool
+	bindTime time.Duration
+	cleanup  func()
 	// live is c once set, for dialogs that may come while it is being set
 	// (an attached agent's requests are read again at once).
 	live    atomic.Pointer[rpc.Client]
@@ -819,6 +899,39 @@ type agent struct {
 	read     atomic.Int64
 }
 
+// binding is the room side of an agent: its handler, and its tools (run
+// through the pi extension's dialogs; roomTools are their names, which
+// ask the room themselves, see askFirst: omp's own prompt for one is
+// answered Approve).
+type binding struct {
+	h         room.Handler
+	tools     []room.Tool
+	roomTools map[string]bool
+}
+
+// bd is the agent's binding.
+func (a *agent) bd() *binding { return a.b.Load() }
+
+// bindRoom gives the agent spec's room.
+func (a *agent) bindRoom(spec room.AgentSpec) {
+	b := &binding{h: spec.Handler, roomTools: roomToolNames(spec.Tools)}
+	if a.piext {
+		b.tools = spec.Tools
+	}
+	if b.h == nil {
+		b.h = unbound{}
+	}
+	a.b.Store(b)
+}
+
+// unbound is the handler of an agent no room holds yet: it records
+// nothing and allows nothing.
+type unbound struct{}
+
+func (unbound) Event(room.AgentEvent)                                    {}
+func (unbound) Approve(context.Context, room.ApprovalRequest) bool       { return false }
+func (unbound) Ask(context.Context, room.QuestionRequest) (string, bool) { return "", false }
+
 var (
 	_ room.Detachable = (*agent)(nil)
 	_ room.Committer  = (*agent)(nil)
@@ -826,6 +939,10 @@ var (
 	_ room.Metered    = (*agent)(nil)
 	_ room.Resourced  = (*agent)(nil)
 )
+
+// Pooled implements room.Pooled: whether the agent was started ahead of
+// its room (the warm pool), and how long its bind took.
+func (a *agent) Pooled() (bool, time.Duration) { return a.pooled, a.bindTime }
 
 // Confinement implements room.Confined.
 func (a *agent) Confinement() room.Confinement { return a.confined }
@@ -1039,6 +1156,9 @@ func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 		err = werr
 	}
 	a.unsub()
+	if a.cleanup != nil {
+		a.cleanup()
+	}
 	var raw json.RawMessage
 	if r := agentproc.Receipt(a.c); r != nil {
 		raw, _ = json.Marshal(r)
@@ -1059,10 +1179,10 @@ func (a *agent) event(ev rpc.Event) {
 		if a.piext && a.isToolCall(ev) {
 			// A room tool's call, not a person's dialog: a new host does
 			// not run it again (as omp's host tool calls).
-			a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+			a.bd().h.Event(room.AgentEvent{Kind: room.KindActivity})
 			return
 		}
-		a.h.Event(room.AgentEvent{Kind: room.KindDialog, Start: ev.Start(), Offset: end})
+		a.bd().h.Event(room.AgentEvent{Kind: room.KindDialog, Start: ev.Start(), Offset: end})
 		return
 	}
 	switch ev.Type {
@@ -1076,14 +1196,14 @@ func (a *agent) event(ev rpc.Event) {
 		var u rpc.MessageUpdateEvent
 		if ev.Decode(&u) == nil {
 			if d, err := u.Update(); err == nil && d.Type == "text_delta" && d.Delta != "" {
-				a.h.Event(room.AgentEvent{Kind: room.KindText, Text: d.Delta, Offset: a.offset(end)})
+				a.bd().h.Event(room.AgentEvent{Kind: room.KindText, Text: d.Delta, Offset: a.offset(end)})
 				return
 			}
 		}
 	case rpc.EventToolExecutionStart:
 		var s rpc.ToolExecutionStartEvent
 		if ev.Decode(&s) == nil {
-			a.h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: detail.Name(s.ToolName), CallID: detail.Name(s.ToolCallID),
+			a.bd().h.Event(room.AgentEvent{Kind: room.KindToolStarted, Tool: detail.Name(s.ToolName), CallID: detail.Name(s.ToolCallID),
 				Input: text(string(s.Args)), Offset: a.offset(end)})
 			return
 		}
@@ -1094,12 +1214,12 @@ func (a *agent) event(ev rpc.Event) {
 			if r, err := e.DecodeResult(); err == nil {
 				out = r.Text()
 			}
-			a.h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: detail.Name(e.ToolName), CallID: detail.Name(e.ToolCallID),
+			a.bd().h.Event(room.AgentEvent{Kind: room.KindToolEnded, Tool: detail.Name(e.ToolName), CallID: detail.Name(e.ToolCallID),
 				Output: text(out), IsError: e.IsError, Offset: a.offset(end)})
 			return
 		}
 	}
-	a.h.Event(room.AgentEvent{Kind: room.KindActivity})
+	a.bd().h.Event(room.AgentEvent{Kind: room.KindActivity})
 }
 
 // offset is an event's position for the room: only an agent whose output
@@ -1130,7 +1250,7 @@ func (a *agent) isToolCall(ev rpc.Event) bool {
 
 // runTool runs the room tool the pi extension called.
 func (a *agent) runTool(ctx context.Context, name string, args json.RawMessage) string {
-	for _, t := range a.tools {
+	for _, t := range a.bd().tools {
 		if t.Name == name {
 			text, err := t.Run(ctx, room.ToolCall{Args: args})
 			return piext.ToolResult(text, err)
@@ -1190,12 +1310,12 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	}
 	if req.Method == "select" && strings.HasPrefix(req.Title, approvalPrefix) && slices.Equal(req.Options, approvalOptions) {
 		tool, details, _ := strings.Cut(strings.TrimPrefix(req.Title, approvalPrefix), "\n")
-		if a.roomTools[tool] {
+		if a.bd().roomTools[tool] {
 			// omp asks for a host tool without its arguments; the room's
 			// tool asks the room itself when it runs, showing them.
 			return rpc.Value("Approve")
 		}
-		if a.h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
+		if a.bd().h.Approve(ctx, room.ApprovalRequest{Tool: detail.Name(tool), Input: text(details), Options: req.Options, Start: a.offset(req.Start), Offset: a.offset(req.End)}) {
 			return rpc.Value("Approve")
 		}
 		// Any reply but Approve denies; say it plainly.
@@ -1215,7 +1335,7 @@ func (a *agent) dialog(ctx context.Context, req *rpc.UIRequest) rpc.UIResponse {
 	// What the agent says is recorded redacted and bounded; an option the
 	// room showed that way goes back as the agent's.
 	shown := detail.Names(options)
-	ans, ok := a.h.Ask(ctx, room.QuestionRequest{Title: text(title), Options: shown, Start: a.offset(req.Start), Offset: a.offset(req.End)})
+	ans, ok := a.bd().h.Ask(ctx, room.QuestionRequest{Title: text(title), Options: shown, Start: a.offset(req.Start), Offset: a.offset(req.End)})
 	if i := slices.Index(shown, strings.TrimSpace(ans)); ok && i >= 0 {
 		ans = options[i]
 	}
