@@ -333,3 +333,92 @@ func TestNode_StuckRestartStepIsReportedAndRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestCluster_StuckRestartKeepsTheClusterAnswering: one node of three
+// loses its JetStream and its restart in place sticks in the old server's
+// shutdown (a fault hook). The other hosts run rooms on, a message through
+// the stuck node's host is answered (taken, or 503 saying why) rather than
+// left waiting, and its Health names the stuck step; once the step
+// returns the node comes back and a message through it runs.
+func TestCluster_StuckRestartKeepsTheClusterAnswering(t *testing.T) {
+	clusterTests(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	tc := startCluster(t, ctx, [3]bool{true, true, true})
+	defer tc.stop()
+	stuck, other := tc.hosts[0], tc.hosts[1]
+	entered, release := make(chan struct{}), make(chan struct{})
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	var once sync.Once
+	stuck.node.mu.Lock()
+	stuck.node.limits.shutdown = 2 * time.Second
+	stuck.node.fault = func(step string) {
+		if step == stepShutdown {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+	}
+	stuck.node.mu.Unlock()
+	defer unblock() // (runs before tc.stop: nothing is left blocked)
+	// What a full disk does:
+	if err := stuck.node.server().ShutdownJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatalf("the restart never reached the shutdown: %+v", stuck.node.Status())
+	}
+	for stuck.node.Status().Stuck != stepShutdown {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the blocked shutdown was not reported stuck: %+v", stuck.node.Status())
+		case <-time.After(100 * time.Millisecond): // its deadline (2 s) passing: polled
+		}
+	}
+	if err := stuck.node.Health(); err == nil || !strings.Contains(err.Error(), stepShutdown) {
+		t.Fatalf("the stuck node's health: %v", err)
+	}
+	// The others run a room on.
+	acc, err := other.m.Submit(ctx, "others", room.Message{Text: "while stuck"})
+	if err != nil {
+		t.Fatalf("a message through another host while a node's restart is stuck: %v", err)
+	}
+	waitEvent(ctx, t, other, "others", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	// Through the stuck node's host: an answer within the caller's
+	// deadline, never a wait without end.
+	sctx, scancel := context.WithTimeout(ctx, 45*time.Second)
+	_, err = stuck.m.Submit(sctx, "through", room.Message{Text: "through the stuck node"})
+	scancel()
+	if err != nil && !errors.Is(err, room.ErrUnavailable) {
+		t.Fatalf("a message through the stuck node's host: %v; want it taken, or room.ErrUnavailable", err)
+	}
+	t.Logf("a message through the stuck node's host: %v", err)
+	unblock()
+	for st := stuck.node.Status(); !st.JetStream || st.Restarts == 0; st = stuck.node.Status() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the node did not come back once its shutdown returned: %+v, %v", stuck.node.Status(), stuck.node.Health())
+		case <-time.After(250 * time.Millisecond): // the node's watch: polled
+		}
+	}
+	var after room.Accepted
+	for {
+		sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+		after, err = stuck.m.Submit(sctx, "after", room.Message{Text: "after"})
+		scancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || !errors.Is(err, room.ErrUnavailable) {
+			t.Fatalf("a message through the node once back: %v", err)
+		}
+	}
+	e := waitEvent(ctx, t, stuck, "after", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == after.ID })
+	if !strings.Contains(string(e.Data), `"outcome":"settled"`) {
+		t.Fatalf("the message through the node once back ended %s", e.Data)
+	}
+}
