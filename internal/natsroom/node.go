@@ -408,7 +408,7 @@ func (n *Node) Close() {
 	if p != nil {
 		select {
 		case <-p.done:
-		case <-time.After(n.limits.shutdown):
+		case <-time.After(closeWithin):
 			n.lg.log(slog.LevelError, "closing the node: a step of the NATS server's restart in place has not returned; left running", "step", p.name, "since", p.since.UTC().Format(time.RFC3339))
 			return
 		}
@@ -422,10 +422,14 @@ func (n *Node) Close() {
 	}()
 	select {
 	case <-down:
-	case <-time.After(n.limits.shutdown):
-		n.lg.log(slog.LevelError, "closing the node: the NATS server's shutdown has not returned; left running", "after", n.limits.shutdown)
+	case <-time.After(closeWithin):
+		n.lg.log(slog.LevelError, "closing the node: the NATS server's shutdown has not returned; left running", "after", closeWithin)
 	}
 }
+
+// closeWithin bounds each of Close's waits (a clustered server's shutdown
+// takes seconds; one that takes a minute will not end).
+const closeWithin = time.Minute
 
 // NodeStatus is what a node tells of its JetStream (serve's /healthz and
 // /metrics).
@@ -517,11 +521,11 @@ func (n *Node) check() {
 			return // still stuck
 		}
 	}
-	ns, down := n.ns, !n.disabled.IsZero()
+	ns, down, limits := n.ns, !n.disabled.IsZero(), n.limits
 	n.mu.Unlock()
 	if ns.JetStreamEnabled() {
 		if down {
-			n.rejoined() // a restart whose clients were not all back
+			n.rejoined(limits.clients) // a restart whose clients were not all back
 		}
 		return
 	}
@@ -531,12 +535,12 @@ func (n *Node) check() {
 		n.mu.Unlock()
 		n.lg.log(slog.LevelError, "JetStream is disabled on this node (its store could not write: is the disk full?); the node restarts it once the store has room")
 	}
-	if err := n.step(stepProbe, n.limits.probe, func(context.Context) error { return storeHasRoom(n.cfg.StoreDir) }); err != nil {
+	if err := n.step(stepProbe, limits.probe, func(context.Context) error { return storeHasRoom(n.cfg.StoreDir) }); err != nil {
 		n.failed(err)
 		return
 	}
 	n.lg.log(slog.LevelWarn, "the node's store has room again; restarting the embedded NATS server in place")
-	if err := n.step(stepShutdown, n.limits.shutdown, func(context.Context) error {
+	if err := n.step(stepShutdown, limits.shutdown, func(context.Context) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 		return nil
@@ -544,14 +548,14 @@ func (n *Node) check() {
 		n.failed(err)
 		return
 	}
-	if err := n.step(stepStart, n.limits.start, n.startInPlace); err != nil {
+	if err := n.step(stepStart, limits.start, n.startInPlace); err != nil {
 		// The old server is gone: the next round tries again (its
 		// JetStream reads as disabled).
 		n.failed(err)
 		n.lg.log(slog.LevelError, "restarting the embedded NATS server failed; trying again", "err", err)
 		return
 	}
-	n.rejoined()
+	n.rejoined(limits.clients)
 }
 
 // startInPlace starts the new server and makes it the node's.
@@ -574,8 +578,8 @@ func (n *Node) startInPlace(ctx context.Context) error {
 
 // rejoined ends a restart once the node's clients are connected to its
 // new server.
-func (n *Node) rejoined() {
-	if err := n.step(stepClients, n.limits.clients, n.awaitClients); err != nil {
+func (n *Node) rejoined(limit time.Duration) {
+	if err := n.step(stepClients, limit, n.awaitClients); err != nil {
 		n.failed(err)
 		return
 	}
