@@ -83,7 +83,9 @@ func TLSDir(dir string) *TLSFiles {
 // so, and once its store has room again (free space, and a test write that
 // succeeds) it restarts the server in place, with the same options (it
 // rejoins its JetStream cluster with the state kept on disk); the
-// in-process connections reconnect to it.
+// in-process connections reconnect to it. Every step of that restart has
+// a deadline: one that passes it is reported (Health, the log,
+// NodeStatus) and the restart is tried again once the step returns.
 type Node struct {
 	cfg    NodeConfig
 	secret string
