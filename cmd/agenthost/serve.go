@@ -1002,6 +1002,10 @@ func nodeCollectors(node *natsroom.Node) []prometheus.Collector {
 			Name: "agenthost_nats_restarts_total",
 			Help: "Restarts in place of the embedded NATS node, after its JetStream was disabled and its store had room again.",
 		}, func() float64 { return float64(node.Status().Restarts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "agenthost_nats_restart_stalls_total",
+			Help: "Steps of a restart in place of the embedded NATS node that passed their deadline (the step is named in the log and /healthz; the node tries again once it returns).",
+		}, func() float64 { return float64(node.Status().Stalls) }),
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,7 +83,9 @@ func TLSDir(dir string) *TLSFiles {
 // so, and once its store has room again (free space, and a test write that
 // succeeds) it restarts the server in place, with the same options (it
 // rejoins its JetStream cluster with the state kept on disk); the
-// in-process connections reconnect to it.
+// in-process connections reconnect to it. Every step of that restart has
+// a deadline: one that passes it is reported (Health, the log,
+// NodeStatus) and the restart is tried again once the step returns.
 type Node struct {
 	cfg    NodeConfig
 	secret string
@@ -94,10 +97,52 @@ type Node struct {
 	restarts int
 	lastErr  error // the last restart's failure
 	closed   bool
+	conns    []*nats.Conn // Connect's, to see them reconnect after a restart
+	// pending is the restart's step running now (nil: none), kept after
+	// its deadline passed until it returns: the next attempt waits for it.
+	pending *restartStep
+	stalls  int // steps that passed their deadline
+	// limits bound the restart's steps; fault, if set, runs at the start
+	// of each (tests block a step with it).
+	limits restartLimits
+	fault  func(step string)
 
-	stop chan struct{}
-	done chan struct{}
+	reconnected chan struct{} // a client reconnected (buffered: one)
+	stop        chan struct{}
+	done        chan struct{}
 }
+
+// restartStep is a step of a restart in place that runs now.
+type restartStep struct {
+	name  string
+	since time.Time
+	limit time.Duration
+	stuck bool          // its deadline passed
+	done  chan struct{} // closed when it returns
+}
+
+// restartLimits bound the steps of a restart in place: the test write in
+// the store, the old server's shutdown, the new server's start (until it
+// accepts clients), and the node's clients' reconnection to it.
+type restartLimits struct {
+	probe, shutdown, start, clients time.Duration
+}
+
+// defaultRestartLimits are generous: a step that takes longer is stuck
+// (a store that does not answer, a shutdown waiting on a goroutine that
+// never ends), and waiting longer would not help.
+func defaultRestartLimits() restartLimits {
+	return restartLimits{probe: 30 * time.Second, shutdown: 30 * time.Second, start: 30 * time.Second, clients: 15 * time.Second}
+}
+
+// Steps of a restart in place, as Health, the log and NodeStatus name
+// them.
+const (
+	stepProbe    = "test write in the store"
+	stepShutdown = "shutdown of the old server"
+	stepStart    = "start of the new server"
+	stepClients  = "reconnection of the node's clients"
+)
 
 // routeUser is the user name every route signs in with (the password is
 // derived from the cluster's secret).
@@ -148,8 +193,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if _, err := nodeOptions(cfg, true); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, secret: cfg.Secret, lg: &logger{l: cfg.Logger}, stop: make(chan struct{}), done: make(chan struct{})}
-	ns, err := n.startServer()
+	n := &Node{cfg: cfg, secret: cfg.Secret, lg: &logger{l: cfg.Logger}, limits: defaultRestartLimits(),
+		reconnected: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ns, err := n.startServer(ctx)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -159,8 +207,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 }
 
 // startServer starts a server with the node's options and waits until it
-// accepts clients.
-func (n *Node) startServer() (*server.Server, error) {
+// accepts clients, or ctx ends.
+func (n *Node) startServer(ctx context.Context) (*server.Server, error) {
 	opts, err := nodeOptions(n.cfg, false)
 	if err != nil {
 		return nil, err
@@ -172,14 +220,14 @@ func (n *Node) startServer() (*server.Server, error) {
 	n.lg.reset()
 	ns.SetLoggerV2(n.lg, false, false, false)
 	ns.Start()
-	for deadline := time.Now().Add(10 * time.Second); !ns.ReadyForConnections(100 * time.Millisecond); {
+	for start := time.Now(); !ns.ReadyForConnections(100 * time.Millisecond); {
 		if why := n.lg.fatal(); why != "" {
 			ns.Shutdown()
 			return nil, fmt.Errorf("natsroom: the embedded node did not start: %s", why)
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
 			ns.Shutdown()
-			return nil, errors.New("natsroom: embedded node not ready after 10s")
+			return nil, fmt.Errorf("natsroom: embedded node not ready after %v", time.Since(start).Round(time.Second))
 		}
 	}
 	return ns, nil
@@ -293,6 +341,7 @@ func (n *Node) InProcessConn() (net.Conn, error) { return n.server().InProcessCo
 // (it reconnects to the node's server after a restart in place).
 func (n *Node) Connect(name string) (*nats.Conn, error) {
 	opts := []nats.Option{nats.InProcessServer(n), nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectHandler(func(*nats.Conn) { n.kick() }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			// (Without one the client prints to stderr: a restart in
 			// place leaves a watch's consumer behind, for one.)
@@ -305,7 +354,22 @@ func (n *Node) Connect(name string) (*nats.Conn, error) {
 		}
 		opts = append(opts, auth)
 	}
-	return nats.Connect("", opts...)
+	nc, err := nats.Connect("", opts...)
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	n.conns = append(slices.DeleteFunc(n.conns, (*nats.Conn).IsClosed), nc)
+	n.mu.Unlock()
+	return nc, nil
+}
+
+// kick tells a restart waiting for the clients that one reconnected.
+func (n *Node) kick() {
+	select {
+	case n.reconnected <- struct{}{}:
+	default:
+	}
 }
 
 // ClientURL is the node's client URL ("" when it listens for none).
@@ -337,10 +401,37 @@ func (n *Node) Close() {
 		close(n.stop)
 	}
 	<-n.done
+	// A restart's step still running (stuck): the server is the one it
+	// leaves once it returns. Neither wait is unbounded: a node that
+	// cannot stop is left to the process's exit, and says so.
+	n.mu.Lock()
+	p := n.pending
+	n.mu.Unlock()
+	if p != nil {
+		select {
+		case <-p.done:
+		case <-time.After(closeWithin):
+			n.lg.log(slog.LevelError, "closing the node: a step of the NATS server's restart in place has not returned; left running", "step", p.name, "since", p.since.UTC().Format(time.RFC3339))
+			return
+		}
+	}
 	ns := n.server()
-	ns.Shutdown()
-	ns.WaitForShutdown()
+	down := make(chan struct{})
+	go func() {
+		defer close(down)
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	select {
+	case <-down:
+	case <-time.After(closeWithin):
+		n.lg.log(slog.LevelError, "closing the node: the NATS server's shutdown has not returned; left running", "after", closeWithin)
+	}
 }
+
+// closeWithin bounds each of Close's waits (a clustered server's shutdown
+// takes seconds; one that takes a minute will not end).
+const closeWithin = time.Minute
 
 // NodeStatus is what a node tells of its JetStream (serve's /healthz and
 // /metrics).
@@ -352,13 +443,23 @@ type NodeStatus struct {
 	DisabledSince time.Time
 	// Restarts is how many times the node restarted its server in place.
 	Restarts int
+	// Stalls is how many steps of a restart in place passed their
+	// deadline (each was given up on and tried again once it returned).
+	Stalls int
+	// Stuck names the restart's step that passed its deadline and has
+	// not returned yet ("" for none).
+	Stuck string
 }
 
 // Status is the node's JetStream status now.
 func (n *Node) Status() NodeStatus {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return NodeStatus{JetStream: n.disabled.IsZero(), DisabledSince: n.disabled, Restarts: n.restarts}
+	st := NodeStatus{JetStream: n.disabled.IsZero(), DisabledSince: n.disabled, Restarts: n.restarts, Stalls: n.stalls}
+	if p := n.pending; p != nil && p.stuck {
+		st.Stuck = p.name
+	}
+	return st
 }
 
 // Health is nil while the node's JetStream runs, else why not, and what
@@ -371,7 +472,10 @@ func (n *Node) Health() error {
 	}
 	why := fmt.Sprintf("JetStream is disabled on node %s since %s (its store at %s could not write: is the disk full?); the node restarts it once the store has room",
 		n.cfg.Name, n.disabled.UTC().Format(time.RFC3339), n.cfg.StoreDir)
-	if n.lastErr != nil {
+	if p := n.pending; p != nil && p.stuck {
+		why += fmt.Sprintf("; restarting it is stuck: the %s has not returned for %v (its deadline: %v), and the node tries again once it does",
+			p.name, time.Since(p.since).Round(time.Second), p.limit)
+	} else if n.lastErr != nil {
 		why += " (last try: " + n.lastErr.Error() + ")"
 	}
 	return errors.New(why)
@@ -399,42 +503,169 @@ func (n *Node) watch() {
 			return
 		case <-tick.C:
 		}
-		ns := n.server()
-		if ns.JetStreamEnabled() {
-			continue
-		}
-		n.mu.Lock()
-		first := n.disabled.IsZero()
-		if first {
-			n.disabled = time.Now()
-		}
-		n.mu.Unlock()
-		if first {
-			n.lg.log(slog.LevelError, "JetStream is disabled on this node (its store could not write: is the disk full?); the node restarts it once the store has room")
-		}
-		if err := storeHasRoom(n.cfg.StoreDir); err != nil {
-			n.mu.Lock()
-			n.lastErr = err
+		n.check()
+	}
+}
+
+// check is a round of the watch. Every step of a restart in place has a
+// deadline (restartLimits): one that passes it is reported (Health, the
+// log, NodeStatus.Stalls) and left to return while the watch goes on; the
+// restart starts over at the first round after it returned. No lock is
+// held across a step.
+func (n *Node) check() {
+	n.mu.Lock()
+	if p := n.pending; p != nil {
+		select {
+		case <-p.done:
+			n.pending = nil
+		default:
 			n.mu.Unlock()
-			continue
+			return // still stuck
 		}
-		n.lg.log(slog.LevelWarn, "the node's store has room again; restarting the embedded NATS server in place")
+	}
+	ns, down, limits := n.ns, !n.disabled.IsZero(), n.limits
+	n.mu.Unlock()
+	if ns.JetStreamEnabled() {
+		if down {
+			n.rejoined(limits.clients) // a restart whose clients were not all back
+		}
+		return
+	}
+	if !down {
+		n.mu.Lock()
+		n.disabled = time.Now()
+		n.mu.Unlock()
+		n.lg.log(slog.LevelError, "JetStream is disabled on this node (its store could not write: is the disk full?); the node restarts it once the store has room")
+	}
+	if err := n.step(stepProbe, limits.probe, func(context.Context) error { return storeHasRoom(n.cfg.StoreDir) }); err != nil {
+		n.failed(err)
+		return
+	}
+	n.lg.log(slog.LevelWarn, "the node's store has room again; restarting the embedded NATS server in place")
+	if err := n.step(stepShutdown, limits.shutdown, func(context.Context) error {
 		ns.Shutdown()
 		ns.WaitForShutdown()
-		nns, err := n.startServer()
-		n.mu.Lock()
-		if err != nil {
-			// The old server is gone: the next round tries again (its
-			// JetStream reads as disabled).
-			n.lastErr = err
-			n.mu.Unlock()
-			n.lg.log(slog.LevelError, "restarting the embedded NATS server failed; trying again", "err", err)
-			continue
-		}
-		n.ns, n.restarts, n.lastErr, n.disabled = nns, n.restarts+1, nil, time.Time{}
-		n.mu.Unlock()
-		n.lg.log(slog.LevelWarn, "the embedded NATS server runs again, its JetStream enabled")
+		return nil
+	}); err != nil {
+		n.failed(err)
+		return
 	}
+	if err := n.step(stepStart, limits.start, n.startInPlace); err != nil {
+		// The old server is gone: the next round tries again (its
+		// JetStream reads as disabled).
+		n.failed(err)
+		n.lg.log(slog.LevelError, "restarting the embedded NATS server failed; trying again", "err", err)
+		return
+	}
+	n.rejoined(limits.clients)
+}
+
+// startInPlace starts the new server and makes it the node's.
+func (n *Node) startInPlace(ctx context.Context) error {
+	nns, err := n.startServer(ctx)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		nns.Shutdown()
+		nns.WaitForShutdown()
+		return errNodeClosed
+	}
+	n.ns, n.restarts = nns, n.restarts+1
+	n.mu.Unlock()
+	return nil
+}
+
+// rejoined ends a restart once the node's clients are connected to its
+// new server.
+func (n *Node) rejoined(limit time.Duration) {
+	if err := n.step(stepClients, limit, n.awaitClients); err != nil {
+		n.failed(err)
+		return
+	}
+	n.mu.Lock()
+	n.disabled, n.lastErr = time.Time{}, nil
+	n.mu.Unlock()
+	n.lg.log(slog.LevelWarn, "the embedded NATS server runs again, its JetStream enabled, and the node's clients are connected to it")
+}
+
+// awaitClients waits until every open client of Connect is connected to
+// the node's server now (they reconnect by themselves), or ctx ends.
+func (n *Node) awaitClients(ctx context.Context) error {
+	for {
+		n.mu.Lock()
+		n.conns = slices.DeleteFunc(n.conns, (*nats.Conn).IsClosed)
+		conns, id := slices.Clone(n.conns), n.ns.ID()
+		n.mu.Unlock()
+		away := 0
+		for _, nc := range conns {
+			// (Connected to the old server: it has not seen it go yet.)
+			if !nc.IsConnected() || nc.ConnectedServerId() != id {
+				away++
+			}
+		}
+		if away == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of the node's %d clients not connected to the new server", away, len(conns))
+		case <-n.reconnected:
+		}
+	}
+}
+
+// errNodeClosed ends a restart's step when the node closes.
+var errNodeClosed = errors.New("natsroom: the node is closed")
+
+// step runs fn, a step of a restart in place, and waits for it within
+// limit (ctx ends there; fn may not heed it: a server's shutdown cannot be
+// cancelled). A step that passes its deadline is logged, counted and
+// left pending: check starts nothing else until it returns.
+func (n *Node) step(name string, limit time.Duration, fn func(ctx context.Context) error) error {
+	p := &restartStep{name: name, since: time.Now(), limit: limit, done: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	n.mu.Lock()
+	n.pending = p
+	fault := n.fault
+	n.mu.Unlock()
+	var err error
+	go func() {
+		defer close(p.done)
+		if fault != nil {
+			fault(name)
+		}
+		err = fn(ctx)
+	}()
+	select {
+	case <-p.done:
+		n.mu.Lock()
+		n.pending = nil
+		n.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	case <-n.stop:
+		return errNodeClosed // (pending: Close waits for it)
+	case <-ctx.Done():
+	}
+	n.mu.Lock()
+	p.stuck = true
+	n.stalls++
+	n.mu.Unlock()
+	n.lg.log(slog.LevelError, "restarting the embedded NATS server in place: a step passed its deadline; the node tries again once it returns", "step", name, "deadline", limit)
+	return fmt.Errorf("the %s did not return within %v", name, limit)
+}
+
+// failed records why the last try of a restart failed (Health tells it).
+func (n *Node) failed(err error) {
+	n.mu.Lock()
+	n.lastErr = err
+	n.mu.Unlock()
 }
 
 // storeHasRoom checks the store's disk has room for JetStream again:

@@ -1,13 +1,16 @@
 package natsroom
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -209,5 +212,213 @@ func fillDisk(t *testing.T, path string) {
 			}
 			return
 		}
+	}
+}
+
+// TestNode_StuckRestartStepIsReportedAndRetried: a step of the restart in
+// place that does not return (a fault hook blocks it: the test write in a
+// store that does not answer, a shutdown waiting on a goroutine that never
+// ends, a start that hangs, clients that do not reconnect) passes its deadline; the node stays
+// responsive (Health and Status answer at once, and say which step is
+// stuck), logs the step by name, counts it, and once the step returns
+// tries again and comes back, the clients made before going on with the
+// new server. The restart had no deadline and once hung.
+func TestNode_StuckRestartStepIsReportedAndRetried(t *testing.T) {
+	for _, stuck := range []string{stepProbe, stepShutdown, stepStart, stepClients} {
+		t.Run(stuck, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			var mu sync.Mutex
+			var logs bytes.Buffer
+			node, err := StartNode(NodeConfig{Name: "n1", StoreDir: t.TempDir(),
+				Logger: slog.New(slog.NewTextHandler(&lockedWriter{mu: &mu, w: &logs}, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer node.Close()
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			node.mu.Lock()
+			node.limits = restartLimits{probe: time.Second, shutdown: time.Second, start: time.Second, clients: 2 * time.Second}
+			node.fault = func(step string) {
+				if step != stuck {
+					return
+				}
+				first := false
+				once.Do(func() { first = true })
+				if first {
+					close(entered)
+					<-release
+				}
+			}
+			node.mu.Unlock()
+			var released sync.Once
+			unblock := func() { released.Do(func() { close(release) }) }
+			defer unblock() // (before Close: a test that failed leaves nothing blocked)
+			nc, err := node.Connect("client")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s"}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(ctx, "s", []byte("before")); err != nil {
+				t.Fatal(err)
+			}
+			if err := node.server().ShutdownJetStream(); err != nil { // what a full disk does
+				t.Fatal(err)
+			}
+			select {
+			case <-entered:
+			case <-ctx.Done():
+				t.Fatalf("the %s never ran: %+v", stuck, node.Status())
+			}
+			for node.Status().Stuck != stuck {
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the %s blocked was not reported stuck: %+v", stuck, node.Status())
+				case <-time.After(50 * time.Millisecond): // its deadline (1 s) passing: polled
+				}
+			}
+			// Responsive: Health and Status answer (no lock is held across
+			// the step), and say which step is stuck.
+			answered := make(chan error, 1)
+			go func() { answered <- node.Health() }()
+			select {
+			case herr := <-answered:
+				if herr == nil || !strings.Contains(herr.Error(), "stuck") || !strings.Contains(herr.Error(), stuck) {
+					t.Fatalf("health while the %s is stuck: %v", stuck, herr)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Health did not answer while a restart's step was stuck")
+			}
+			if st := node.Status(); st.JetStream || st.Stalls < 1 {
+				t.Fatalf("status while the %s is stuck: %+v", stuck, st)
+			}
+			mu.Lock()
+			logged := strings.Contains(logs.String(), "passed its deadline") && strings.Contains(logs.String(), stuck)
+			mu.Unlock()
+			if !logged {
+				t.Fatalf("no log line names the stuck step:\n%s", logs.String())
+			}
+			// The step returns: the node tries again and comes back.
+			unblock()
+			for st := node.Status(); !st.JetStream || st.Stuck != "" || st.Restarts == 0; st = node.Status() {
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the node did not come back after the %s returned: %+v, %v", stuck, node.Status(), node.Health())
+				case <-time.After(100 * time.Millisecond): // the node's watch: polled
+				}
+			}
+			if err := node.Health(); err != nil {
+				t.Fatalf("health after the restart: %v", err)
+			}
+			// The clients are connected to the new server (the restart ends
+			// when they are): the stream kept its message and takes one.
+			pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = js.Publish(pctx, "s", []byte("after"))
+			pcancel()
+			if err != nil {
+				t.Fatalf("publishing after the restart: %v", err)
+			}
+			s, err := js.Stream(ctx, "S")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := s.CachedInfo().State.Msgs; n != 2 {
+				t.Fatalf("%d messages in the stream after the restart, want 2", n)
+			}
+		})
+	}
+}
+
+// TestCluster_StuckRestartKeepsTheClusterAnswering: one node of three
+// loses its JetStream and its restart in place sticks in the old server's
+// shutdown (a fault hook). The other hosts run rooms on, a message through
+// the stuck node's host is answered (taken, or 503 saying why) rather than
+// left waiting, and its Health names the stuck step; once the step
+// returns the node comes back and a message through it runs.
+func TestCluster_StuckRestartKeepsTheClusterAnswering(t *testing.T) {
+	clusterTests(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	tc := startCluster(t, ctx, [3]bool{true, true, true})
+	defer tc.stop()
+	stuck, other := tc.hosts[0], tc.hosts[1]
+	entered, release := make(chan struct{}), make(chan struct{})
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
+	var once sync.Once
+	stuck.node.mu.Lock()
+	stuck.node.limits.shutdown = 2 * time.Second
+	stuck.node.fault = func(step string) {
+		if step == stepShutdown {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+	}
+	stuck.node.mu.Unlock()
+	defer unblock() // (runs before tc.stop: nothing is left blocked)
+	// What a full disk does:
+	if err := stuck.node.server().ShutdownJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatalf("the restart never reached the shutdown: %+v", stuck.node.Status())
+	}
+	for stuck.node.Status().Stuck != stepShutdown {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the blocked shutdown was not reported stuck: %+v", stuck.node.Status())
+		case <-time.After(100 * time.Millisecond): // its deadline (2 s) passing: polled
+		}
+	}
+	if err := stuck.node.Health(); err == nil || !strings.Contains(err.Error(), stepShutdown) {
+		t.Fatalf("the stuck node's health: %v", err)
+	}
+	// The others run a room on.
+	acc, err := other.m.Submit(ctx, "others", room.Message{Text: "while stuck"})
+	if err != nil {
+		t.Fatalf("a message through another host while a node's restart is stuck: %v", err)
+	}
+	waitEvent(ctx, t, other, "others", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == acc.ID })
+	// Through the stuck node's host: an answer within the caller's
+	// deadline, never a wait without end.
+	sctx, scancel := context.WithTimeout(ctx, 45*time.Second)
+	_, err = stuck.m.Submit(sctx, "through", room.Message{Text: "through the stuck node"})
+	scancel()
+	if err != nil && !errors.Is(err, room.ErrUnavailable) {
+		t.Fatalf("a message through the stuck node's host: %v; want it taken, or room.ErrUnavailable", err)
+	}
+	t.Logf("a message through the stuck node's host: %v", err)
+	unblock()
+	for st := stuck.node.Status(); !st.JetStream || st.Restarts == 0; st = stuck.node.Status() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the node did not come back once its shutdown returned: %+v, %v", stuck.node.Status(), stuck.node.Health())
+		case <-time.After(250 * time.Millisecond): // the node's watch: polled
+		}
+	}
+	var after room.Accepted
+	for {
+		sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+		after, err = stuck.m.Submit(sctx, "after", room.Message{Text: "after"})
+		scancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || !errors.Is(err, room.ErrUnavailable) {
+			t.Fatalf("a message through the node once back: %v", err)
+		}
+	}
+	e := waitEvent(ctx, t, stuck, "after", 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == after.ID })
+	if !strings.Contains(string(e.Data), `"outcome":"settled"`) {
+		t.Fatalf("the message through the node once back ended %s", e.Data)
 	}
 }
