@@ -306,10 +306,37 @@ func (m *Manager) Drop(room, reason string) {
 	}()
 	select {
 	case <-done:
+		m.release(r, reason)
+		m.forgetSnapshots(r)
 	case <-time.After(m.opts.ShutdownBudget):
 		m.log.Error("room: dropped room's turn still running after the shutdown budget", "room", room)
+		m.release(r, reason)
+		// Once the turn's last snapshot is done.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			select {
+			case <-done:
+				m.forgetSnapshots(r)
+			case <-m.ctx.Done():
+			}
+		}()
 	}
-	m.release(r, reason)
+}
+
+// forgetSnapshots lets go of a dropped room's shadow repository: the
+// room's next holder (another node on the shared data dir) opens it, and
+// an open one here would keep it locked for as long as this host runs.
+func (m *Manager) forgetSnapshots(r *roomState) {
+	f, ok := m.opts.Snapshots.(SnapshotForgetter)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.opts.ShutdownBudget)
+	defer cancel()
+	if err := f.Forget(ctx, r.snapshotPlace()); err != nil {
+		m.log.Warn("room: letting go of a dropped room's snapshots", "room", r.id, "err", err)
+	}
 }
 
 // errDropped ends a turn whose room this host no longer holds.

@@ -1,6 +1,7 @@
 package room
 
 import (
+	"context"
 	"strings"
 	"testing"
 )
@@ -36,5 +37,34 @@ func TestManager_DropEndsTheRoomAtOnce(t *testing.T) {
 	}
 	if d := h.turnEnded("r", queued); d["outcome"] != OutcomeSettled {
 		t.Fatalf("the queued message after Adopt: %v", d)
+	}
+}
+
+// forgettingSnapshots records the rooms whose snapshots were let go.
+type forgettingSnapshots struct {
+	*fakeSnapshots
+	forgot chan string
+}
+
+func (f *forgettingSnapshots) Forget(ctx context.Context, p SnapshotPlace) error {
+	f.forgot <- p.Room
+	return nil
+}
+
+// TestManager_DropLetsGoOfTheRoomsSnapshots: a dropped room's shadow
+// repository is let go, so the next holder (another node on the shared
+// data dir) can open it while this host runs on.
+func TestManager_DropLetsGoOfTheRoomsSnapshots(t *testing.T) {
+	snaps := &forgettingSnapshots{fakeSnapshots: newFakeSnapshots(), forgot: make(chan string, 4)}
+	h := newHarness(t, Options{Snapshots: snaps})
+	h.turnEnded("r", h.submit("r", "write"))
+	h.m.Drop("r", "lease lost: test")
+	select {
+	case got := <-snaps.forgot:
+		if got != "r" {
+			t.Fatalf("forgot %q", got)
+		}
+	default:
+		t.Fatal("Drop returned holding the room's snapshots")
 	}
 }
