@@ -251,12 +251,27 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 			return nil, err
 		}
 	}
+	if spec.SessionID != "" {
+		// A room a pool agent served: its sessions' paths are the slot's.
+		undo, err := slotHomeLink(spec.Home)
+		if err != nil {
+			return nil, errors.Join(err, a.tools.close())
+		}
+		a.cleanup = undo
+	}
 	r, ws, err := t.spawn(ctx, spec, a)
 	if err != nil {
+		if a.cleanup != nil {
+			a.cleanup()
+		}
 		return nil, errors.Join(err, a.tools.close())
 	}
 	if err := t.openSession(ctx, a, spec, ws, r); err != nil {
-		return nil, a.fail(err)
+		err = a.fail(err)
+		if a.cleanup != nil {
+			a.cleanup()
+		}
+		return nil, err
 	}
 	return a, nil
 }

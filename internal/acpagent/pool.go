@@ -34,9 +34,10 @@ import (
 // replacement in the background, one boot at a time.
 //
 // A room that resumes a session starts cold (MissResume): an ACP agent
-// loads a session from its own home, which in a started process is the
-// slot's, and none of the pinned agents rereads it there (the support
-// matrix's pooled row says so).
+// loads a session from the home it was started with, which in a started
+// process is the slot's (the support matrix's pooled row says so). Its
+// cold agent finds the sessions its pool agent wrote under the slot's
+// home's name (see slotMark).
 
 // PoolOptions configure the warm pool.
 type PoolOptions struct {
@@ -546,6 +547,9 @@ func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec) (_ *agent
 	if err := p.t.openSession(ctx, a, spec, plan.Workspace.Room, s.r); err != nil {
 		return nil, true, err
 	}
+	if err := markSlot(plan.Home.Room, s.dir); err != nil {
+		return nil, true, err
+	}
 	a.pooled, a.bindTime = true, time.Since(began)
 	dir, ws := s.dir, s.ws
 	a.cleanup = func() {
@@ -706,3 +710,64 @@ func (l *lateHandler) Ask(ctx context.Context, req room.QuestionRequest) (string
 
 // Pooled implements room.Pooled.
 func (a *agent) Pooled() (bool, time.Duration) { return a.pooled, a.bindTime }
+
+// slotMark is the file in a room's folder (its home's parent, which the
+// agent cannot write) naming the slot whose agent first served the room.
+//
+// An ACP agent records the paths of its sessions under the home it was
+// started with (codex: each thread's rollout file, by absolute path, in
+// its state database): a pool agent's are the slot's home's, which is
+// the room's home under another name. A room that wakes starts cold with
+// its home under its own name, so that name (<rooms>/.pool/<slot>/home)
+// is made again, a link to the room's home, for as long as its agent runs:
+// the agent finds its sessions where it wrote them.
+const slotMark = "pool-slot"
+
+// markSlot records in the room's folder the slot bound to it.
+func markSlot(roomHome, slotDir string) error {
+	if err := os.WriteFile(filepath.Join(filepath.Dir(roomHome), slotMark), []byte(filepath.Base(slotDir)), 0o600); err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	return nil
+}
+
+// slotHomeLink makes the home name a pool agent served the room under (see
+// slotMark) lead to the room's home again; undo removes it (nil: the room
+// was never pooled, or its slot's name exists). The slot's name is checked
+// (16 hex digits) and made under the rooms' .pool folder, beside the room.
+func slotHomeLink(roomHome string) (undo func(), err error) {
+	home, err := filepath.Abs(roomHome)
+	if err != nil {
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	roomDir := filepath.Dir(home)
+	b, err := os.ReadFile(filepath.Join(roomDir, slotMark))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	id := string(b)
+	if _, err := hex.DecodeString(id); err != nil || len(id) != 16 {
+		return nil, fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
+	}
+	dir := filepath.Join(filepath.Dir(roomDir), slotsDir, id)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			// Another agent of this room still holds it (a release in
+			// progress), or the slot's leftovers: the agent runs
+			// without it.
+			return nil, nil
+		}
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	if err := os.Symlink(home, filepath.Join(dir, "home")); err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("acpagent: %w", err)
+	}
+	return func() { _ = os.RemoveAll(dir) }, nil
+}
