@@ -122,6 +122,15 @@ func TestRealCodexPool(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ws, "where.txt")); err != nil || strings.TrimSpace(string(b)) != ws {
 		t.Fatalf("the tool ran in %q (%v), not the room's workspace %s", b, err, ws)
 	}
+	// Nothing of the slot's is in the room's workspace (its snapshots see
+	// only the turn's change).
+	if ents, _ := os.ReadDir(ws); len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("the room's workspace after the pooled turn: %v", names)
+	}
 
 	// The bound agent is confined as a cold one: another room's files,
 	// the store, the server's process and a TCP port are out of reach.
