@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +34,6 @@ func startPoolHost(t *testing.T, cfg room.Config, size int) *poolHost {
 	t.Helper()
 	dir := t.TempDir()
 	ph := &poolHost{}
-	var mgr atomic.Pointer[room.Manager]
 	h := roomtest.Start(t, dir, nil, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, raw string) (room.Transport, error) {
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -57,7 +56,6 @@ func startPoolHost(t *testing.T, cfg room.Config, size int) *poolHost {
 		ph.tr = tr
 		return tr, err
 	})
-	mgr.Store(h.M)
 	if err := ph.tr.StartPool(); err != nil {
 		t.Fatal(err)
 	}
@@ -204,14 +202,18 @@ func TestRealCodexPool(t *testing.T) {
 		t.Fatal("the woken room's session lacks the earlier turn")
 	}
 
-	// A new room takes the slot that waited.
-	bacc := ph.Submit("b", "[[say:hello b]]")
+	// A new room takes the slot that waited, and its agent calls the
+	// room's tools (served by the MCP server the slot's agent was started
+	// with, given room b's tools at the bind).
+	bacc := ph.Submit("b", `[[tool:mcp__agenthost__room_info {}]]`)
 	if st := ph.started(t, "b", bacc); st["pooled"] != true {
 		t.Fatalf("room b: agent.started %v", st)
 	}
-	if got := ph.Settled("b", bacc); !strings.Contains(got, "hello b") {
-		t.Fatalf("room b: %q", got)
+	_, tool := ph.Wait("b", bacc.Seq, room.KindToolEnded, nil)
+	if out, _ := tool["output"].(string); !strings.Contains(out, `"room":"b"`) || tool["is_error"] == true {
+		t.Fatalf("room_info over MCP in a pooled room: %v", tool)
 	}
+	ph.Settled("b", bacc)
 	if err := ph.M.Release(t.Context(), "b"); err != nil {
 		t.Fatal(err)
 	}
@@ -223,6 +225,39 @@ func TestRealCodexPool(t *testing.T) {
 	}
 	st, _ := ph.tr.PoolStats()
 	if st.Hits != 2 || st.Misses[MissResume] != 1 {
+		t.Fatalf("pool stats: %+v", st)
+	}
+}
+
+// Two new rooms race for a pool of one: one is bound, the other starts
+// cold (it never waits for the pool); both turns settle in their own
+// workspaces.
+func TestRealCodexPoolRace(t *testing.T) {
+	ph := startPoolHost(t, room.Config{Agent: string(agents.Codex), ApprovalMode: room.ApprovalYolo}, 1)
+	ph.ready(t, 1)
+	var wg sync.WaitGroup
+	pooled := make([]bool, 2)
+	for i, id := range []string{"x", "y"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			acc := ph.Submit(id, codexShell("pwd > where.txt"))
+			pooled[i] = ph.started(t, id, acc)["pooled"] == true
+			ph.Settled(id, acc)
+		}()
+	}
+	wg.Wait()
+	if pooled[0] == pooled[1] {
+		t.Fatalf("pooled: %v, want exactly one", pooled)
+	}
+	for _, id := range []string{"x", "y"} {
+		ws := roomWorkspace(t, ph.host, id)
+		if b, err := os.ReadFile(filepath.Join(ws, "where.txt")); err != nil || strings.TrimSpace(string(b)) != ws {
+			t.Fatalf("room %s's tool ran in %q (%v), not %s", id, b, err, ws)
+		}
+	}
+	st, _ := ph.tr.PoolStats()
+	if st.Hits != 1 || st.Misses[MissEmpty] != 1 {
 		t.Fatalf("pool stats: %+v", st)
 	}
 }
