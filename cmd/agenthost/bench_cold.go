@@ -49,7 +49,9 @@ type coldArm struct {
 	first map[string]chan time.Time // a room's next first text.delta
 	// New and Woken are the samples (message → first text.delta).
 	New, Woken []time.Duration
-	Misses     int
+	// Misses are the samples of each kind (new, woken) whose agent was
+	// not the pool's.
+	Misses [2]int
 }
 
 // coldPool is either transport's pool.
@@ -114,13 +116,13 @@ func runColdBench(ctx context.Context, w io.Writer, kinds []agents.Kind, rooms i
 	}
 	fmt.Fprintf(w, "  %-20s %-6s %9s %9s %9s %9s  %s\n", "arm", "rooms", "median", "p90", "min", "max", "pool misses")
 	for _, a := range arms {
-		for _, s := range []struct {
+		for i, s := range []struct {
 			what string
 			d    []time.Duration
 		}{{"new", a.New}, {"woken", a.Woken}} {
 			misses := ""
 			if a.pool {
-				misses = fmt.Sprint(a.Misses)
+				misses = fmt.Sprint(a.Misses[i])
 			}
 			fmt.Fprintf(w, "  %-20s %-6s %8.3fs %8.3fs %8.3fs %8.3fs  %s\n", a.name(), s.what, quantile(s.d, 0.5).Seconds(), quantile(s.d, 0.9).Seconds(),
 				slices.Min(s.d).Seconds(), slices.Max(s.d).Seconds(), misses)
@@ -249,7 +251,7 @@ func (a *coldArm) sample(ctx context.Context, id string) error {
 			return err
 		}
 		if a.pool && !pooled {
-			a.Misses++
+			a.Misses[i]++
 		}
 		*dst = append(*dst, d)
 		if err := a.m.Release(ctx, id); err != nil {
