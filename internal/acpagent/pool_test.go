@@ -210,7 +210,8 @@ func TestRealCodexPool(t *testing.T) {
 		t.Fatalf("room b: agent.started %v", st)
 	}
 	_, tool := ph.Wait("b", bacc.Seq, room.KindToolEnded, nil)
-	if out, _ := tool["output"].(string); !strings.Contains(out, `"room":"b"`) || tool["is_error"] == true {
+	// codex reports the MCP result as JSON: the tool's text is quoted in it.
+	if out, _ := tool["output"].(string); !strings.Contains(out, `\"room\":\"b\"`) || tool["is_error"] == true {
 		t.Fatalf("room_info over MCP in a pooled room: %v", tool)
 	}
 	ph.Settled("b", bacc)
