@@ -424,7 +424,11 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 	// What a cold start does to the room's home and checks of its
 	// workspace, before a slot is spent: the room's files win over the
 	// slot's in the bind.
-	if _, err := p.t.recipe(spec, spec.Workspace, nil); err != nil {
+	ws, err := filepath.Abs(spec.Workspace)
+	if err != nil {
+		return nil, true, fmt.Errorf("acpagent: %w", err)
+	}
+	if _, err := p.t.recipe(spec, ws, nil); err != nil {
 		return nil, true, err
 	}
 	s := p.pop()
