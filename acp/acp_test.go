@@ -635,3 +635,43 @@ func TestInboundRequestsBounded(t *testing.T) {
 		t.Fatalf("peak concurrent permissions %d (max %d)", peak, maxInbound)
 	}
 }
+
+// MoveFSRoot: once the root's folder is renamed (a warm pool's slot bound
+// to a room), the agent's paths are taken under its new name, the same
+// folder; the old name leads nowhere, even if a folder is made there.
+func TestFSRootMoved(t *testing.T) {
+	parent := t.TempDir()
+	root, moved := filepath.Join(parent, "slot"), filepath.Join(parent, "room")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "in.txt"), []byte("inside"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := startFake(t, Options{FSRoot: root})
+	s := newSession(t, c)
+	if err := os.Rename(root, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "in.txt"), []byte("another"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MoveFSRoot(moved); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ prompt, want string }{
+		{"read:" + filepath.Join(moved, "in.txt"), `ok {"content":"inside"}`},
+		{"read:" + filepath.Join(root, "in.txt"), "error"},
+		{"write:" + filepath.Join(moved, "new.txt"), "ok {}"},
+	} {
+		if r := prompt(t, c, s, tc.prompt); r.Text != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.prompt, r.Text, tc.want)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(moved, "new.txt")); err != nil || string(b) != "written" {
+		t.Fatalf("write under the new name: %q %v", b, err)
+	}
+}

@@ -298,6 +298,17 @@ func Start(ctx context.Context, spec Spec, opts Options) (*Client, error) {
 	return c, nil
 }
 
+// MoveFSRoot tells the client that the folder it serves fs/* requests in
+// (Options.FSRoot) was renamed to dir: paths the agent sends are taken as
+// inside dir from now on (the files are those of the folder opened at the
+// start, whatever its name). Without an FSRoot it does nothing.
+func (c *Client) MoveFSRoot(dir string) error {
+	if c.fs == nil {
+		return nil
+	}
+	return c.fs.moved(dir)
+}
+
 // Initialize is the agent's answer to initialize: its capabilities, info
 // and auth methods.
 func (c *Client) Initialize() sdk.InitializeResponse { return c.init }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -21,7 +22,8 @@ var ErrOutsideRoot = errors.New("acp: path outside the workspace")
 // fsRoot serves fs/* requests inside one directory through os.Root, so a
 // symlink or ".." can never lead out of it.
 type fsRoot struct {
-	dirs  []string // the root as given and with symlinks resolved
+	mu    sync.Mutex
+	dirs  []string // the root as given and with symlinks resolved (and its later names: MoveFSRoot)
 	root  *os.Root
 	owner *FileOwner // gets what write creates; nil: the host's user
 }
@@ -45,6 +47,24 @@ func openFSRoot(dir string) (*fsRoot, error) {
 	return &fsRoot{dirs: []string{abs, real}, root: r}, nil
 }
 
+// moved names dir the root's path from now on: the folder it opened was
+// renamed there (a warm pool's slot bound to a room). The old names no
+// longer lead into it.
+func (f *fsRoot) moved(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("acp: fs root: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return fmt.Errorf("acp: fs root: %w", err)
+	}
+	f.mu.Lock()
+	f.dirs = []string{abs, real}
+	f.mu.Unlock()
+	return nil
+}
+
 func (f *fsRoot) close() {
 	if f != nil {
 		f.root.Close()
@@ -57,7 +77,10 @@ func (f *fsRoot) rel(path string) (string, error) {
 		return "", fmt.Errorf("%w: not an absolute path", ErrOutsideRoot)
 	}
 	path = filepath.Clean(path)
-	for _, d := range f.dirs {
+	f.mu.Lock()
+	dirs := f.dirs
+	f.mu.Unlock()
+	for _, d := range dirs {
 		r, err := filepath.Rel(d, path)
 		if err == nil && r != ".." && !strings.HasPrefix(r, ".."+string(filepath.Separator)) {
 			return r, nil

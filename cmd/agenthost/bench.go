@@ -51,7 +51,8 @@ extension; go tool pprof merges them).
 
 --cold times instead message → first text.delta of rooms whose agent is not
 running: new rooms, and rooms woken after their agent was released, with the
-warm pool on (serve --pool 1) and off, on omp and pi over RPC (--cold-agents),
+warm pool on (serve --pool 1) and off, on omp and pi over RPC and codex and
+copilot over ACP (--cold-agents; the ACP pool serves new rooms only),
 on the built-in model; --rooms rooms per arm, the arms interleaved room by
 room. Prints each arm's median, p90, min and max. --burst N sends N new rooms
 their first message at once instead, with no pool and with a pool of
@@ -64,11 +65,11 @@ their first message at once instead, with no pool and with a pool of
 				}
 				var kinds []agents.Kind
 				for _, a := range coldAgents {
-					if k := agents.Kind(a); k == agents.OMP || k == agents.Pi {
+					if k := agents.Kind(a); k == agents.OMP || k == agents.Pi || k == agents.Codex || k == agents.Copilot {
 						kinds = append(kinds, k)
 						continue
 					}
-					return &exitError{2, fmt.Errorf("bench: --cold-agents %q: omp or pi", a)}
+					return &exitError{2, fmt.Errorf("bench: --cold-agents %q: omp, pi (rpc), codex or copilot (acp)", a)}
 				}
 				if burst > 0 {
 					return runColdBurst(cmd.Context(), cmd.OutOrStdout(), kinds, burst, max(burstPool, 1), slog.New(slog.DiscardHandler))
@@ -128,7 +129,7 @@ their first message at once instead, with no pool and with a pool of
 	cmd.Flags().StringVar(&agent, "agent", bench.AgentGo, "the flood agent: go or node")
 	cmd.Flags().BoolVar(&cold, "cold", false, "time cold rooms (new and woken) with the warm pool on and off instead")
 	cmd.Flags().IntVar(&coldRooms, "rooms", 20, "with --cold: rooms per arm")
-	cmd.Flags().StringSliceVar(&coldAgents, "cold-agents", []string{"omp", "pi"}, "with --cold: the RPC agents to time")
+	cmd.Flags().StringSliceVar(&coldAgents, "cold-agents", []string{"omp", "pi"}, "with --cold: the agents to time (omp and pi over rpc, codex and copilot over acp)")
 	cmd.Flags().IntVar(&burst, "burst", 0, "with --cold: send this many new rooms their first message at once instead, on no pool and on a pool of --burst-pool")
 	cmd.Flags().IntVar(&burstPool, "burst-pool", 2, "with --cold --burst: the pool's size")
 

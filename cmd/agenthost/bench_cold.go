@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
@@ -26,8 +27,9 @@ import (
 
 // The cold-room bench (bench --cold): message → first text.delta of rooms
 // whose agent is not running, (a) new rooms and (b) rooms woken after a
-// release, with the warm pool on (a pool of one) and off, per RPC agent,
-// on the built-in model. Each arm is a room manager of its own (its own
+// release, with the warm pool on (a pool of one) and off, per agent (omp
+// and pi over RPC, codex and copilot over ACP, whose pool serves new rooms
+// only: a woken ACP room is a miss), on the built-in model. Each arm is a room manager of its own (its own
 // data dir, transport and pool, confined as serve with --agent-uids off
 // confines), and the arms take turns room by room, so that the machine's
 // load falls on all of them alike. Before a pooled sample the pool's agent
@@ -40,21 +42,37 @@ type coldArm struct {
 	pool  bool
 	size  int
 	m     *room.Manager
-	tr    *rpcagent.Transport
+	tr    coldPool
 	close func()
 
 	mu    sync.Mutex
 	first map[string]chan time.Time // a room's next first text.delta
 	// New and Woken are the samples (message → first text.delta).
 	New, Woken []time.Duration
-	Misses     int
+	// Misses are the samples of each kind (new, woken) whose agent was
+	// not the pool's.
+	Misses [2]int
 }
 
+// coldPool is either transport's pool.
+type coldPool interface {
+	StartPool() error
+	PoolWait(ctx context.Context, n int) error
+	Close() error
+}
+
+// coldACP: the agents the bench runs over ACP.
+func coldACP(k agents.Kind) bool { return k == agents.Codex || k == agents.Copilot }
+
 func (a *coldArm) name() string {
-	if a.pool {
-		return fmt.Sprintf("%s rpc, pool of %d", a.agent, a.size)
+	tr := "rpc"
+	if coldACP(a.agent) {
+		tr = "acp"
 	}
-	return string(a.agent) + " rpc, pool off"
+	if a.pool {
+		return fmt.Sprintf("%s %s, pool of %d", a.agent, tr, a.size)
+	}
+	return fmt.Sprintf("%s %s, pool off", a.agent, tr)
 }
 
 // runColdBench runs rooms rooms per arm and prints the table.
@@ -98,13 +116,13 @@ func runColdBench(ctx context.Context, w io.Writer, kinds []agents.Kind, rooms i
 	}
 	fmt.Fprintf(w, "  %-20s %-6s %9s %9s %9s %9s  %s\n", "arm", "rooms", "median", "p90", "min", "max", "pool misses")
 	for _, a := range arms {
-		for _, s := range []struct {
+		for i, s := range []struct {
 			what string
 			d    []time.Duration
 		}{{"new", a.New}, {"woken", a.Woken}} {
 			misses := ""
 			if a.pool {
-				misses = fmt.Sprint(a.Misses)
+				misses = fmt.Sprint(a.Misses[i])
 			}
 			fmt.Fprintf(w, "  %-20s %-6s %8.3fs %8.3fs %8.3fs %8.3fs  %s\n", a.name(), s.what, quantile(s.d, 0.5).Seconds(), quantile(s.d, 0.9).Seconds(),
 				slices.Min(s.d).Seconds(), slices.Max(s.d).Seconds(), misses)
@@ -156,13 +174,25 @@ func newColdArm(ctx context.Context, in *agents.Install, modelURL string, k agen
 		return fail(err)
 	}
 	cfg := room.Config{Agent: string(k), ApprovalMode: room.ApprovalYolo}
-	opts := rpcagent.Options{Custodian: cust, Install: in, ModelURL: modelURL, Confine: cf, Logger: log}
 	var mgr *room.Manager
-	if pool {
-		opts.Pool = &rpcagent.PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms"),
-			Tools: func() []room.Tool { return mgr.ToolDefs() }}
+	var tr interface {
+		room.Transport
+		coldPool
 	}
-	tr, err := rpcagent.New(opts)
+	if coldACP(k) {
+		opts := acpagent.Options{Custodian: cust, Install: in, ModelURL: modelURL, Confine: cf, Logger: log}
+		if pool {
+			opts.Pool = &acpagent.PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms")}
+		}
+		tr, err = acpagent.New(opts)
+	} else {
+		opts := rpcagent.Options{Custodian: cust, Install: in, ModelURL: modelURL, Confine: cf, Logger: log}
+		if pool {
+			opts.Pool = &rpcagent.PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms"),
+				Tools: func() []room.Tool { return mgr.ToolDefs() }}
+		}
+		tr, err = rpcagent.New(opts)
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -221,7 +251,7 @@ func (a *coldArm) sample(ctx context.Context, id string) error {
 			return err
 		}
 		if a.pool && !pooled {
-			a.Misses++
+			a.Misses[i]++
 		}
 		*dst = append(*dst, d)
 		if err := a.m.Release(ctx, id); err != nil {

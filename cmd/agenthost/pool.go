@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/acpagent"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
@@ -25,6 +26,8 @@ import (
 // metrics.
 type warmPool struct {
 	opts *rpcagent.PoolOptions
+	// acp is the acp transport's pool (new rooms only; --transport acp).
+	acp  *acpagent.PoolOptions
 	m    atomic.Pointer[room.Manager]
 	bind prometheus.Histogram
 	// off says why the pool does not run ("" when it does or was not
@@ -42,8 +45,6 @@ func newWarmPool(f serveFlags, kind agents.Kind, custom []string, clustered bool
 	switch {
 	case f.pool <= 0:
 		return w
-	case f.transport != transportRPC:
-		w.off = "--transport acp has no pool yet (every room's agent starts cold)"
 	case len(custom) > 0:
 		w.off = "a custom agent command starts cold"
 	case clustered:
@@ -54,6 +55,21 @@ func newWarmPool(f serveFlags, kind agents.Kind, custom []string, clustered bool
 		w.off = "not with --otlp-agents (each agent gets its room's tracing variables)"
 	}
 	if w.off != "" {
+		return w
+	}
+	places := func() (int, int) {
+		if m := w.m.Load(); m != nil {
+			return m.Resident(), f.maxResident
+		}
+		return 0, f.maxResident
+	}
+	if f.transport == transportACP {
+		w.acp = &acpagent.PoolOptions{Size: f.pool,
+			Config: room.Config{Agent: string(kind), Model: f.model, ApprovalMode: f.approvalMode,
+				ApprovalTimeout: f.approvalTimeout, QuestionTimeout: f.questionTimeout, Limits: limits},
+			Rooms: filepath.Join(f.data, "rooms"), Workspaces: f.workspaces, Places: places,
+			OnBind: func(s float64) { w.bind.Observe(s) },
+		}
 		return w
 	}
 	w.opts = &rpcagent.PoolOptions{Size: f.pool,
@@ -90,11 +106,27 @@ func (w *warmPool) transport(opts rpcagent.Options, log *slog.Logger) (*rpcagent
 	return tr, err
 }
 
+// acpTransport makes the acp transport with the pool (new rooms only), or
+// without it when the pool cannot run here (said in w.off).
+func (w *warmPool) acpTransport(opts acpagent.Options, log *slog.Logger) (*acpagent.Transport, error) {
+	opts.Pool = w.acp
+	tr, err := acpagent.New(opts)
+	if errors.Is(err, acpagent.ErrPoolUnsupported) {
+		w.off, w.acp = err.Error(), nil
+		log.Warn("serve: the warm pool is off", "why", err)
+		opts.Pool = nil
+		tr, err = acpagent.New(opts)
+	}
+	return tr, err
+}
+
 // print says at start what the pool does.
 func (w *warmPool) print(stdout io.Writer, kind agents.Kind) {
 	switch {
 	case w.opts != nil:
 		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s agent(s) started ahead of their rooms\n", w.opts.Size, kind)
+	case w.acp != nil:
+		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s acp agent(s) started ahead of new rooms (woken rooms start cold)\n", w.acp.Size, kind)
 	case w.off != "":
 		fmt.Fprintf(stdout, "agenthost: warm pool off: %s\n", w.off)
 	}
@@ -102,22 +134,46 @@ func (w *warmPool) print(stdout io.Writer, kind agents.Kind) {
 
 // collectors are the pool's metrics (none without a pool).
 func (w *warmPool) collectors(tr room.Transport) []prometheus.Collector {
-	rt, ok := tr.(*rpcagent.Transport)
-	if w.opts == nil || !ok {
-		return nil
+	switch t := tr.(type) {
+	case *rpcagent.Transport:
+		if w.opts != nil {
+			return []prometheus.Collector{w.bind, poolCollector{func() (poolStats, bool) {
+				st, ok := t.PoolStats()
+				return poolStats{st.Size, st.Idle, st.Booting, st.Hits, st.Misses}, ok
+			}}}
+		}
+	case *acpagent.Transport:
+		if w.acp != nil {
+			return []prometheus.Collector{w.bind, poolCollector{func() (poolStats, bool) {
+				st, ok := t.PoolStats()
+				return poolStats{st.Size, st.Idle, st.Booting, st.Hits, st.Misses}, ok
+			}}}
+		}
 	}
-	return []prometheus.Collector{w.bind, poolCollector{rt}}
+	return nil
+}
+
+// poolStats are what the metrics show of either transport's pool.
+type poolStats struct {
+	size, idle, booting int
+	hits                int64
+	misses              map[string]int64
 }
 
 // poolCollector reads the pool's counters at each scrape.
-type poolCollector struct{ tr *rpcagent.Transport }
+type poolCollector struct{ stats func() (poolStats, bool) }
 
 var (
 	poolAgentsDesc = prometheus.NewDesc("agenthost_pool_agents", "The warm pool's agents: idle (ready to bind) or booting.", []string{"state"}, nil)
 	poolSizeDesc   = prometheus.NewDesc("agenthost_pool_size", "The warm pool's configured size (serve --pool).", nil, nil)
 	poolHitsDesc   = prometheus.NewDesc("agenthost_pool_hits_total", "Rooms whose agent was a pool agent bound to them.", nil, nil)
-	poolMissDesc   = prometheus.NewDesc("agenthost_pool_misses_total", "Rooms whose agent started cold, by reason (empty: no idle agent; settings, instructions, mcp, tools, command, read_only: the room's settings match no pool agent; bind_failed).", []string{"reason"}, nil)
+	poolMissDesc   = prometheus.NewDesc("agenthost_pool_misses_total", "Rooms whose agent started cold, by reason (empty: no idle agent; settings, instructions, mcp, tools, command, read_only: the room's settings match no pool agent; resume: an acp room that resumes a session; bind_failed).", []string{"reason"}, nil)
 )
+
+// poolMissReasons are the reasons either pool counts (each exported,
+// zero until counted).
+var poolMissReasons = []string{rpcagent.MissEmpty, rpcagent.MissSettings, rpcagent.MissInstr, rpcagent.MissMCP, rpcagent.MissTools,
+	rpcagent.MissCommand, rpcagent.MissReadOnly, acpagent.MissResume, rpcagent.MissBindFailed}
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolAgentsDesc
@@ -127,17 +183,16 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	st, ok := c.tr.PoolStats()
+	st, ok := c.stats()
 	if !ok {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(poolAgentsDesc, prometheus.GaugeValue, float64(st.Idle), "idle")
-	ch <- prometheus.MustNewConstMetric(poolAgentsDesc, prometheus.GaugeValue, float64(st.Booting), "booting")
-	ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(st.Size))
-	ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits))
-	for _, r := range []string{rpcagent.MissEmpty, rpcagent.MissSettings, rpcagent.MissInstr, rpcagent.MissMCP, rpcagent.MissTools,
-		rpcagent.MissCommand, rpcagent.MissReadOnly, rpcagent.MissBindFailed} {
-		ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(st.Misses[r]), r)
+	ch <- prometheus.MustNewConstMetric(poolAgentsDesc, prometheus.GaugeValue, float64(st.idle), "idle")
+	ch <- prometheus.MustNewConstMetric(poolAgentsDesc, prometheus.GaugeValue, float64(st.booting), "booting")
+	ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(st.size))
+	ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.hits))
+	for _, r := range poolMissReasons {
+		ch <- prometheus.MustNewConstMetric(poolMissDesc, prometheus.CounterValue, float64(st.misses[r]), r)
 	}
 }
 

@@ -196,7 +196,7 @@ inputs (redacted as the log has them) on their spans.`,
 	fl.StringVar(&f.model, "model", "", "provider/model for the agents (default: the built-in scripted model)")
 	fl.StringVar(&f.workspaces, "workspaces", "", "the rooms' folders (default: DATA/workspaces)")
 	fl.IntVar(&f.maxResident, "max-resident", room.DefaultMaxResident, "agents running at once")
-	fl.IntVar(&f.pool, "pool", 1, "agents of the default agent kept started ahead of their rooms (rpc): a new or waking room is bound to one instead of waiting for a boot; they count against --max-resident (0: off)")
+	fl.IntVar(&f.pool, "pool", 1, "agents of the default agent kept started ahead of their rooms: a new or waking room (rpc; acp: new rooms only) is bound to one instead of waiting for a boot; they count against --max-resident (0: off)")
 	fl.DurationVar(&f.idleAfter, "idle-after", room.DefaultIdleAfter, "release a room's agent after this long idle")
 	fl.DurationVar(&f.turnTimeout, "turn-timeout", room.DefaultTurnTimeout, "bound on a turn's active time")
 	fl.DurationVar(&f.approvalTimeout, "approval-timeout", room.DefaultApprovalTimeout, "deny an approval nobody decided after this long")
@@ -587,14 +587,21 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 	}
 	var tr room.Transport
 	pool := newWarmPool(f, kind, custom, clustered, limits)
-	var rtr *rpcagent.Transport
+	// rtr is the transport that keeps the warm pool.
+	var rtr interface {
+		StartPool() error
+		Close() error
+	}
 	if f.transport == transportACP {
-		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv,
-			OTLP: otel.agentEnv, Logger: log})
+		var atr *acpagent.Transport
+		atr, err = pool.acpTransport(acpagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Confine: cf, AgentEnv: f.agentEnv,
+			OTLP: otel.agentEnv, Logger: log}, log)
+		tr, rtr = atr, atr
 	} else {
-		rtr, err = pool.transport(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
+		var ptr *rpcagent.Transport
+		ptr, err = pool.transport(rpcagent.Options{Custodian: cust, Install: install, ModelURL: modelURL, Daemon: runner, Confine: cf,
 			AgentEnv: f.agentEnv, OTLP: otel.agentEnv, Logger: log}, log)
-		tr = rtr
+		tr, rtr = ptr, ptr
 	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -80,7 +80,10 @@ type Options struct {
 	AgentEnv []string
 	// OTLP, if set, gives a room's agent the variables to export its own
 	// spans (serve --otlp-agents; see agents.OTLPEnv).
-	OTLP   func(room string) []string
+	OTLP func(room string) []string
+	// Pool, if set with a Size, keeps agents started ahead of new rooms
+	// (see PoolOptions; StartPool starts it, Close ends it).
+	Pool   *PoolOptions
 	Logger *slog.Logger
 }
 
@@ -93,6 +96,8 @@ type Transport struct {
 	// resumes its total on load then charges a turn only what it added).
 	costMu sync.Mutex
 	costs  map[string]float64
+
+	pool *pool // nil: no warm pool
 }
 
 // maxSessionCosts bounds Transport.costs: past it the oldest entries
@@ -116,7 +121,66 @@ func New(opts Options) (*Transport, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Transport{opts: opts}, nil
+	t := &Transport{opts: opts}
+	if opts.Pool != nil && opts.Pool.Size > 0 {
+		p, err := newPool(t, *opts.Pool)
+		if err != nil {
+			return nil, err
+		}
+		t.pool = p
+	}
+	return t, nil
+}
+
+// StartPool recovers the binds a crash stopped (before any room starts),
+// then starts filling the warm pool in the background; without a pool it
+// does nothing.
+func (t *Transport) StartPool() error {
+	if t.pool == nil {
+		return nil
+	}
+	return t.pool.start()
+}
+
+// Close ends the warm pool's idle agents (the rooms' agents are the
+// rooms' to release).
+func (t *Transport) Close() error {
+	if t.pool != nil {
+		t.pool.close()
+	}
+	return nil
+}
+
+// PoolStats are the warm pool's counters; ok false without a pool.
+func (t *Transport) PoolStats() (st PoolStats, ok bool) {
+	if t.pool == nil {
+		return st, false
+	}
+	return t.pool.stats(), true
+}
+
+// PoolWait returns once n agents of the warm pool are ready to bind, or
+// with ctx's error (and the last start's failure); at once without a pool.
+func (t *Transport) PoolWait(ctx context.Context, n int) error {
+	if t.pool == nil {
+		return nil
+	}
+	return t.pool.wait(ctx, n)
+}
+
+// PoolHeld is how many agents the warm pool holds, started or starting.
+func (t *Transport) PoolHeld() int {
+	if t.pool == nil {
+		return 0
+	}
+	return t.pool.held()
+}
+
+// PoolSignal tells the warm pool a place may have come free.
+func (t *Transport) PoolSignal() {
+	if t.pool != nil {
+		t.pool.signal()
+	}
 }
 
 // ErrNoSteer: ACP has no way to deliver text into a running turn.
@@ -153,6 +217,14 @@ func (t *Transport) recipe(spec room.AgentSpec, ws string, user *confine.User) (
 
 // Start implements room.Transport.
 func (t *Transport) Start(ctx context.Context, spec room.AgentSpec) (room.Agent, error) {
+	if t.pool != nil {
+		pctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
+		a, ok, err := t.pool.take(pctx, spec)
+		cancel()
+		if ok {
+			return a, err
+		}
+	}
 	a, err := t.start(ctx, spec)
 	if err != nil {
 		// The agent's stderr or error messages may be in it.
@@ -165,46 +237,79 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	ctx, cancel := context.WithTimeout(ctx, t.opts.StartTimeout)
 	defer cancel()
 	cfg := spec.Config
-	home, err := filepath.Abs(spec.Home)
-	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
-	}
-	// The room's folder is its home's parent (see confine.Confiner.RoomUser).
-	user, err := t.opts.Confine.RoomUser(filepath.Dir(home))
-	if err != nil {
-		return nil, fmt.Errorf("acpagent: the agent's user: %w", err)
-	}
-	d, err := agentfs.Create(spec.Home, 0o700, user.Owner())
-	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
-	}
-	d.Close()
-	ws, err := filepath.Abs(spec.Workspace)
-	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
-	}
-	r, err := t.recipe(spec, ws, user)
-	if err != nil {
-		return nil, err
-	}
 	a := &agent{h: spec.Handler, log: t.opts.Logger, t: t}
 	a.loading.Store(true)
 	// The room's tools are served before the agent starts: a confined
 	// agent may connect to their port only.
-	var ports []uint16
 	if len(spec.Tools) > 0 {
 		a.askFirst = cfg.ApprovalMode != room.ApprovalYolo
 		for _, tl := range spec.Tools {
 			a.toolNames = append(a.toolNames, tl.Name)
 		}
+		var err error
 		if a.tools, err = serveTools(askFirst(spec.Tools, spec.Handler, cfg.ApprovalMode), t.opts.Logger); err != nil {
 			return nil, err
 		}
+	}
+	if spec.SessionID != "" {
+		// A room a pool agent served: its sessions' paths are the slot's.
+		undo, err := slotHomeLink(spec.Home)
+		if err != nil {
+			return nil, errors.Join(err, a.tools.close())
+		}
+		a.cleanup = undo
+	}
+	r, ws, err := t.spawn(ctx, spec, a)
+	if err != nil {
+		if a.cleanup != nil {
+			a.cleanup()
+		}
+		return nil, errors.Join(err, a.tools.close())
+	}
+	if err := t.openSession(ctx, a, spec, ws, r); err != nil {
+		err = a.fail(err)
+		if a.cleanup != nil {
+			a.cleanup()
+		}
+		return nil, err
+	}
+	return a, nil
+}
+
+// spawn starts spec's agent for a (its tools' server, if any, already
+// serving): the home made, the recipe's command confined to the room
+// and started; it returns the recipe and the absolute workspace.
+func (t *Transport) spawn(ctx context.Context, spec room.AgentSpec, a *agent) (Recipe, string, error) {
+	cfg := spec.Config
+	home, err := filepath.Abs(spec.Home)
+	if err != nil {
+		return Recipe{}, "", fmt.Errorf("acpagent: %w", err)
+	}
+	// The room's folder is its home's parent (see confine.Confiner.RoomUser).
+	user, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	if err != nil {
+		return Recipe{}, "", fmt.Errorf("acpagent: the agent's user: %w", err)
+	}
+	d, err := agentfs.Create(spec.Home, 0o700, user.Owner())
+	if err != nil {
+		return Recipe{}, "", fmt.Errorf("acpagent: %w", err)
+	}
+	d.Close()
+	ws, err := filepath.Abs(spec.Workspace)
+	if err != nil {
+		return Recipe{}, "", fmt.Errorf("acpagent: %w", err)
+	}
+	r, err := t.recipe(spec, ws, user)
+	if err != nil {
+		return Recipe{}, "", err
+	}
+	var ports []uint16
+	if a.tools != nil {
 		ports = append(ports, a.tools.port())
 	}
 	argv, env, pol, err := t.confine(spec, ws, r, ports, a, user)
 	if err != nil {
-		return nil, errors.Join(err, a.tools.close())
+		return Recipe{}, "", err
 	}
 	// The room's deadlines decide; acp's is a backstop after the later.
 	approval := max(cfg.ApprovalTimeout, cfg.QuestionTimeout)
@@ -236,22 +341,32 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		if errors.As(err, &exit) {
 			stderr = exit.Stderr
 		}
-		err = startfail.Explain(fmt.Errorf("acpagent: starting the agent: %w", err), stderr,
+		return Recipe{}, "", startfail.Explain(fmt.Errorf("acpagent: starting the agent: %w", err), stderr,
 			startfail.Info{Command: r.Argv, Custom: len(cfg.Command) > 0, Policy: pol})
-		return nil, errors.Join(err, a.tools.close())
 	}
 	a.c = c
-	fail := func(err error) (room.Agent, error) {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, cerr := c.Close(cctx)
-		_ = c.Wait(cctx)
-		return nil, errors.Join(err, cerr, a.tools.close())
-	}
+	return r, ws, nil
+}
+
+// fail ends a's started agent and its tools' server after err.
+func (a *agent) fail(err error) error {
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, cerr := a.c.Close(cctx)
+	_ = a.c.Wait(cctx)
+	return errors.Join(err, cerr, a.tools.close())
+}
+
+// openSession gives a's started agent spec's session in ws (loaded, or
+// a new one) with the room's MCP servers and tools, and selects the
+// recipe's mode and the room's model.
+func (t *Transport) openSession(ctx context.Context, a *agent, spec room.AgentSpec, ws string, r Recipe) error {
+	cfg := spec.Config
+	c := a.c
 	caps := c.Initialize().AgentCapabilities.McpCapabilities
 	mcp, err := mcpServers(spec.MCP, caps)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if a.tools != nil {
 		if caps.Http {
@@ -265,13 +380,13 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	if spec.SessionID != "" {
 		sess, err = c.LoadSession(ctx, spec.SessionID, ws, mcp)
 		if errors.Is(err, acp.ErrSessionNotFound) {
-			return fail(fmt.Errorf("%w: %w", room.ErrSessionNotFound, err))
+			return fmt.Errorf("%w: %w", room.ErrSessionNotFound, err)
 		}
 	} else {
 		sess, err = c.NewSession(ctx, ws, mcp)
 	}
 	if err != nil {
-		return fail(fmt.Errorf("acpagent: %w", err))
+		return fmt.Errorf("acpagent: %w", err)
 	}
 	a.session = sess.ID
 	kind := cfg.Agent
@@ -281,17 +396,17 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 	a.spent = usage.NewACPSession(usage.ACPReportOf(kind), t.sessionCost(sess.ID))
 	if r.Mode != "" {
 		if err := c.SetMode(ctx, sess.ID, r.Mode); err != nil {
-			return fail(fmt.Errorf("acpagent: %w", err))
+			return fmt.Errorf("acpagent: %w", err)
 		}
 	}
 	model := cmpOr(cfg.Model, r.Model)
 	if err := selectModel(ctx, c, sess, model, cfg.Model != "", cfg.Thinking); err != nil {
-		return fail(err)
+		return err
 	}
 	// A load replays the session's history as updates: none of it is
 	// this room's new activity.
 	a.loading.Store(false)
-	return a, nil
+	return nil
 }
 
 // sessionCost is a session's total cost as last reported here (0: none).
@@ -459,6 +574,13 @@ type agent struct {
 	spent    *usage.ACPSession
 	badUsage int
 	t        *Transport
+
+	// pooled: started ahead of its room by the warm pool and bound to it
+	// in bindTime; cleanup, if set, removes its slot's leftovers once it
+	// is closed.
+	pooled   bool
+	bindTime time.Duration
+	cleanup  func()
 }
 
 // turnUsage is what the turn whose answer this is (nil: none came)
@@ -575,6 +697,9 @@ func (a *agent) Close(ctx context.Context) (json.RawMessage, error) {
 		cancel()
 	}
 	err = errors.Join(err, a.tools.close())
+	if a.cleanup != nil {
+		a.cleanup()
+	}
 	var raw json.RawMessage
 	if r != nil {
 		raw, _ = json.Marshal(r)

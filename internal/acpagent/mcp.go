@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthost/agenthost/room"
@@ -29,6 +30,8 @@ type toolServer struct {
 	srv        *http.Server
 	done       chan struct{}
 	once       sync.Once
+	// mcp is the MCP server the requests get (nil: refused).
+	mcp atomic.Pointer[mcp.Server]
 }
 
 // toolServerName is the MCP server's name in the agent (room.ReservedName:
@@ -37,6 +40,31 @@ const toolServerName = room.ReservedName
 
 // serveTools starts the MCP server for tools.
 func serveTools(tools []room.Tool, log *slog.Logger) (*toolServer, error) {
+	s, err := toolsServer(tools, log)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := listenTools(log)
+	if err != nil {
+		return nil, err
+	}
+	ts.mcp.Store(s)
+	return ts, nil
+}
+
+// setTools makes tools the server's from now on (a warm pool's agent,
+// whose server listened from its start, bound to a room).
+func (ts *toolServer) setTools(tools []room.Tool, log *slog.Logger) error {
+	s, err := toolsServer(tools, log)
+	if err != nil {
+		return err
+	}
+	ts.mcp.Store(s)
+	return nil
+}
+
+// toolsServer is the MCP server of tools.
+func toolsServer(tools []room.Tool, log *slog.Logger) (*mcp.Server, error) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "agenthost", Version: "dev"}, &mcp.ServerOptions{Logger: log})
 	for _, t := range tools {
 		schema := t.Parameters
@@ -60,12 +88,18 @@ func serveTools(tools []room.Tool, log *slog.Logger) (*toolServer, error) {
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil
 			})
 	}
+	return s, nil
+}
+
+// listenTools starts the tools' HTTP server with no MCP server yet (its
+// requests are refused until one is stored).
+func listenTools(log *slog.Logger) (*toolServer, error) {
 	var b [24]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
 	ts := &toolServer{token: hex.EncodeToString(b[:]), done: make(chan struct{})}
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true, Logger: log})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ts.mcp.Load() }, &mcp.StreamableHTTPOptions{Stateless: true, Logger: log})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("acpagent: room tools server: %w", err)

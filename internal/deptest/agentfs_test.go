@@ -39,6 +39,13 @@ var agentFolderExceptions = map[string][]string{
 	// follow a link (os.RemoveAll removes one itself). The bind's moves
 	// are internal/warmpool's, by descriptors opened O_NOFOLLOW.
 	"internal/rpcagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
+	// The same for the acp pool, and the slot's name it records in the
+	// room's folder (the server's: the agent writes only beneath its
+	// home, workspace and TMPDIR) with the link made from that name to a
+	// woken room's home under .pool.
+	"internal/acpagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.Mkdir(", "os.MkdirAll(", "os.MkdirAll(", "os.ReadDir(", "os.ReadFile(",
+		"os.Remove(", "os.Remove(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(",
+		"os.Symlink(", "os.Symlink(", "os.WriteFile("},
 }
 
 // TestAgentFoldersThroughAgentfs: the packages that write agents' homes

@@ -37,9 +37,9 @@ var allowed = map[string][]string{
 	// or the server.
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
-	// never the server.
+	// never the server. warmpool: its pool binds slots to rooms.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits", module + "/internal/startfail",
-		module + "/internal/procio", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/warmpool", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Rooms' limits as custody's (and custody's support as rooms'
 	// resources): rooms and custody only, for the transports to share.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/acpagent"
+	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/roomsqlite"
 	"github.com/agenthost/agenthost/internal/rpcagent"
@@ -18,12 +20,13 @@ import (
 	"github.com/agenthost/agenthost/room"
 )
 
-// claimPooled: with a warm pool (serve --pool 1), a new room and the same
-// room woken after a release are each given a pool agent, confined like a
-// cold one (Landlock, the model's port only), which runs the room's shell
-// tool in the room's workspace and resumes its session. It runs on a host
-// of its own (the path's rooms have MCP servers, which take the cold
-// path).
+// claimPooled: with a warm pool (serve --pool 1), a new room and (rpc)
+// the same room woken after a release are each given a pool agent,
+// confined like a cold one (Landlock, the model's port only), which runs
+// the room's shell tool in the room's workspace and resumes its session;
+// over acp the woken room starts cold (a miss, resume) and resumes its
+// session. It runs on a host of its own (the path's rooms have MCP
+// servers, which take the cold path).
 func claimPooled(r *pathRun) {
 	t := r.t
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -45,9 +48,26 @@ func claimPooled(r *pathRun) {
 	}
 	cfg := room.Config{Agent: string(r.p.kind), ApprovalMode: room.ApprovalYolo}
 	var m *room.Manager
-	tr, err := rpcagent.New(rpcagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL(), Confine: cf,
-		Pool: &rpcagent.PoolOptions{Size: 1, Config: cfg, Rooms: filepath.Join(dir, "rooms"), Workspaces: filepath.Join(dir, "ws"),
-			Tools: func() []room.Tool { return m.ToolDefs() }}})
+	acpPath := r.p.transport == "acp"
+	shell := r.p.shell
+	var tr interface {
+		room.Transport
+		StartPool() error
+		PoolWait(context.Context, int) error
+		Close() error
+	}
+	if acpPath {
+		if r.p.kind == agents.Codex {
+			// A yolo room's codex refuses a call asking for escalation.
+			shell = shellCmd("exec_command", "cmd", nil)
+		}
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL(), Confine: cf,
+			Pool: &acpagent.PoolOptions{Size: 1, Config: cfg, Rooms: filepath.Join(dir, "rooms"), Workspaces: filepath.Join(dir, "ws")}})
+	} else {
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: r.in, ModelURL: r.sim.URL(), Confine: cf,
+			Pool: &rpcagent.PoolOptions{Size: 1, Config: cfg, Rooms: filepath.Join(dir, "rooms"), Workspaces: filepath.Join(dir, "ws"),
+				Tools: func() []room.Tool { return m.ToolDefs() }}})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +90,7 @@ func claimPooled(r *pathRun) {
 		t.Fatal(err)
 	}
 	var session string
-	for i, text := range []string{"remember marker-pool " + r.p.shell("pwd > where.txt"), "again " + r.p.shell("cat where.txt")} {
+	for i, text := range []string{"remember marker-pool " + shell("pwd > where.txt"), "again " + shell("cat where.txt")} {
 		if err := tr.PoolWait(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +126,8 @@ func claimPooled(r *pathRun) {
 				stop()
 			}
 		}
-		if started["pooled"] != true || (i == 1) != (started["resumed"] == true) {
+		// Over acp a woken room starts cold.
+		if (started["pooled"] == true) != (i == 0 || !acpPath) || (i == 1) != (started["resumed"] == true) {
 			t.Fatalf("turn %d: agent.started %v", i, started)
 		}
 		if ended["outcome"] != room.OutcomeSettled {

@@ -66,8 +66,14 @@ const (
 	cPooled     = "pooled"
 )
 
-// acpNoPool is the pooled gap of every ACP path.
-const acpNoPool = "the ACP transport keeps no warm pool yet: every room's agent starts cold (`serve --pool` applies to rpc)"
+// acpNoPool is the pooled gap of the ACP paths the pool does not serve.
+const acpNoPool = "the ACP transport's warm pool serves codex and copilot only: this agent's rooms start cold"
+
+// acpPooled is how the ACP paths the pool serves hold the pooled claim.
+const acpPooled = "new rooms only: the slot's workspace, home and TMPDIR (its Landlock rules; its agent initialized) renamed into the room's place, " +
+	"then `session/new` with the room's workspace and the room tools' MCP server (listening from the agent's start, given the room's tools at the bind); " +
+	"a woken room starts cold (`agenthost_pool_misses_total{reason=\"resume\"}`: an ACP agent loads a session from the home it was started with) " +
+	"and resumes its session, found under the slot's home's name (a link to the room's home while its agent runs)"
 
 var claims = []claim{
 	{cReply, "Replies: a message gets the agent's answer as the turn's text", map[string]string{
@@ -157,10 +163,11 @@ var claims = []claim{
 		"rpc": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
 		"acp": "stdin EOF, then custody (process group, subreaper, marker sweep); receipt in `agent.released`",
 	}, claimCleanup},
-	{cPooled, "Pooled: with `serve --pool`, a new room and a room woken after a release are each bound to an agent started ahead of them " +
-		"(`agent.started` `pooled`), confined alike, whose tools run in the room's workspace and which resumes the room's session", map[string]string{
-		"rpc": "a slot's workspace, home and TMPDIR (its Landlock rules) renamed into the room's place after the room's files are moved into them (journaled); " +
+	{cPooled, "Pooled: with `serve --pool`, a new room is bound to an agent started ahead of it (`agent.started` `pooled`), confined alike, " +
+		"whose tools run in the room's workspace; a room woken after a release resumes its session, bound to a pool agent too where the path says so", map[string]string{
+		"rpc": "new and woken rooms: a slot's workspace, home and TMPDIR (its Landlock rules) renamed into the room's place after the room's files are moved into them (journaled); " +
 			"then `switch_session` to the room's session file (a new one: a header naming the workspace)",
+		"acp": acpPooled,
 	}, claimPooled},
 }
 
@@ -282,7 +289,6 @@ var paths = []path{
 			cUsage:   "codex reports no cost: 0",
 		},
 		gaps: map[string]string{
-			cPooled:     acpNoPool,
 			cQuestions:  "codex's `request_user_input` tool never reaches the client as a question over ACP",
 			cBackground: "codex ends what a command leaves running when the command returns, so no work outlives its tool call",
 			cToolsAsked: "codex asks its own permission for an MCP tool call in a request that names nothing (kind `execute`, no title, no input), " +
@@ -301,7 +307,6 @@ var paths = []path{
 				"a workspace (or git repository) that has them: the turn fails naming them, and no hook runs",
 		},
 		gaps: map[string]string{
-			cPooled:    acpNoPool,
 			cQuestions: "copilot offers the model no question tool in ACP mode",
 			cModel:     "copilot offers neither a session model list nor a `model` config option over ACP; its model is fixed by the recipe (`COPILOT_MODEL`)",
 			cMCP:       "copilot 1.0.102 does not start the stdio `mcpServers` of `session/new` (it does start http ones: the room tools): their tools never reach the model",
