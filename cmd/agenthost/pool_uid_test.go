@@ -88,7 +88,11 @@ func TestServePoolAgentUIDs(t *testing.T) {
 	if err != nil || json.Unmarshal(b, &rec) != nil || rec.UID < 3200100 || rec.UID > 3200119 {
 		t.Fatalf("the room's agent-uid: %q, %v", b, err)
 	}
-	fi, err := os.Lstat(filepath.Join(dirs[0], "workspace", "mine.txt"))
+	mine, _ := filepath.Glob(filepath.Join(data, "workspaces", "demo*", "mine.txt"))
+	if len(mine) != 1 {
+		t.Fatalf("the tool's file in the room's workspace: %v", mine)
+	}
+	fi, err := os.Lstat(mine[0])
 	if err != nil {
 		t.Fatal(err)
 	}

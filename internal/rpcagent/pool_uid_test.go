@@ -353,3 +353,46 @@ func TestRealPiPoolUIDRace(t *testing.T) {
 		}
 	}
 }
+
+// As root, a woken room with more files than a bind gives to another uid
+// (maxOwnEntries) starts cold (MissLarge), keeping its uid: its agent
+// runs as the uid its record names, and the pool's agent stays idle.
+func TestRealPiPoolUIDLargeRoom(t *testing.T) {
+	ph := startPoolHostUID(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
+	ph.ready(t, 1)
+	ph.Settled("big", ph.Submit("big", roomtest.BashCall("echo one > one.txt")))
+	ws := roomWorkspace(t, ph.host, "big")
+	uid, _ := uidOf(t, filepath.Dir(ws))
+	if err := ph.M.Release(t.Context(), "big"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxOwnEntries / 1000 {
+		d := filepath.Join(ws, "many", strconv.Itoa(i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 1000 {
+			if err := os.WriteFile(filepath.Join(d, strconv.Itoa(j)), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := confine.GiveTree(&confine.User{UID: uid, GID: uid}, filepath.Join(ws, "many")); err != nil {
+		t.Fatal(err)
+	}
+	ph.ready(t, 1)
+	acc := ph.Submit("big", roomtest.BashCall("echo two > two.txt"))
+	if st := ph.started(t, "big", acc); st["pooled"] == true {
+		t.Fatalf("a room of more than %d entries was bound: %v", maxOwnEntries, st)
+	}
+	ph.Settled("big", acc)
+	if st, _ := ph.tr.PoolStats(); st.Misses[MissLarge] != 1 || st.Idle != 1 {
+		t.Fatalf("pool stats: %+v", st)
+	}
+	if got, _ := uidOf(t, filepath.Dir(ws)); got != uid {
+		t.Fatalf("the room's uid changed from %d to %d on a cold start", uid, got)
+	}
+	if got := fileUID(t, filepath.Join(ws, "two.txt")); got != uid {
+		t.Fatalf("two.txt is uid %d's, the room's is %d", got, uid)
+	}
+}
