@@ -43,15 +43,15 @@ func (u *User) Owned() bool { return u != nil && u.owned }
 
 // GiveTree gives each of folders that exists, and everything beneath it,
 // to u (agentfs.OwnTree: never through a link, files with several names
-// left as they are) and returns how many entries it changed. It records
-// nothing: see HandOver and OwnWhole.
-func GiveTree(u *User, folders ...string) (int, error) {
+// left as they are but those of the uid from, -1: none) and returns how
+// many entries it changed. It records nothing: see HandOver and OwnWhole.
+func GiveTree(u *User, from int, folders ...string) (int, error) {
 	n := 0
 	for _, d := range folders {
 		if _, err := os.Lstat(d); errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		got, err := agentfs.OwnTree(d, agentfs.Owner{UID: u.UID, GID: u.GID})
+		got, err := agentfs.OwnTreeFrom(d, agentfs.Owner{UID: u.UID, GID: u.GID}, from)
 		n += got.Entries
 		if err != nil {
 			return n, fmt.Errorf("confine: giving %s to uid %d: %w", d, u.UID, err)
@@ -110,7 +110,7 @@ func OwnWhole(u *User, folders ...string) error {
 	if u == nil {
 		return nil
 	}
-	if _, err := GiveTree(u, folders...); err != nil {
+	if _, err := GiveTree(u, -1, folders...); err != nil {
 		return err
 	}
 	if u.file == "" {

@@ -209,7 +209,13 @@ func (p *pool) handOverSteps(s *slot, plan warmpool.Plan) error {
 	if err != nil {
 		return fmt.Errorf("rpcagent: the pool agent's user: %w", err)
 	}
-	if _, err := confine.GiveTree(su, planFolders(plan)...); err != nil {
+	// The room's earlier uid (whose files of several names are given
+	// too: it is freed) is the one its record names.
+	from := -1
+	if ru, err := cf.RoomUser(filepath.Dir(plan.Home.Room)); err == nil && ru != nil && ru.UID != su.UID {
+		from = ru.UID
+	}
+	if _, err := confine.GiveTree(su, from, planFolders(plan)...); err != nil {
 		return fmt.Errorf("rpcagent: %w", err)
 	}
 	if err := p.fault(StepUIDRecord); err != nil {

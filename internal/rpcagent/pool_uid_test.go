@@ -154,7 +154,7 @@ func testPooledUID(t *testing.T, agent string) {
 
 	// A new room: pooled; its tool writes and reads in the workspace as
 	// the slot's uid, which is now the room's.
-	acc := ph.Submit("a", "remember marker-U "+roomtest.BashCall("pwd && echo made > made.txt && cat made.txt && id -u"))
+	acc := ph.Submit("a", "remember marker-U "+roomtest.BashCall("pwd && echo made > made.txt && ln made.txt made.hard && cat made.txt && id -u"))
 	if st := ph.started(t, "a", acc); st["pooled"] != true {
 		ps, _ := ph.tr.PoolStats()
 		t.Fatalf("new room: agent.started %v (pool %+v)", st, ps)
@@ -207,6 +207,11 @@ func testPooledUID(t *testing.T, agent string) {
 	}
 	if got := fileUID(t, filepath.Join(ws, "again.txt")); got != u2 {
 		t.Fatalf("again.txt is uid %d's, the agent's is %d", got, u2)
+	}
+	// A file of two names the room's earlier uid made is given too (that
+	// uid is freed).
+	if got := fileUID(t, filepath.Join(ws, "made.txt")); got != u2 {
+		t.Fatalf("made.txt (two names, uid %d's before) is uid %d's, the room's is %d", u1, got, u2)
 	}
 	if got, owned := uidOf(t, roomDir); got != u2 || !owned {
 		t.Fatalf("the woken room's record: uid %d (owned %v), want %d", got, owned, u2)
@@ -377,7 +382,7 @@ func TestRealPiPoolUIDLargeRoom(t *testing.T) {
 			}
 		}
 	}
-	if _, err := confine.GiveTree(&confine.User{UID: uid, GID: uid}, filepath.Join(ws, "many")); err != nil {
+	if _, err := confine.GiveTree(&confine.User{UID: uid, GID: uid}, -1, filepath.Join(ws, "many")); err != nil {
 		t.Fatal(err)
 	}
 	ph.ready(t, 1)
