@@ -39,6 +39,12 @@ var agentFolderExceptions = map[string][]string{
 	// follow a link (os.RemoveAll removes one itself). The bind's moves
 	// are internal/warmpool's, by descriptors opened O_NOFOLLOW.
 	"internal/rpcagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
+	// The pool as root: its uid journal, in a slot's own folder (the
+	// server's, which the agent cannot reach), and the count of a woken
+	// room's entries before a bind (WalkDir: names only, no link followed,
+	// nothing read or written). Giving the folders to a uid is
+	// agentfs.OwnTree's.
+	"internal/rpcagent/pool_uid.go": {"filepath.Glob(", "filepath.WalkDir(", "os.Open(", "os.OpenFile(", "os.ReadFile(", "os.Remove(", "os.Remove(", "os.Remove(", "os.Rename("},
 }
 
 // TestAgentFoldersThroughAgentfs: the packages that write agents' homes
