@@ -176,6 +176,7 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 			started = append(started, k)
 		}
 		const pools = "warm pool (serve --pool: an agent started in a slot, then bound to a new room)"
+		bound := 0
 		for _, k := range started {
 			ready, bind, err := probePool(ctx, log, k, timeout)
 			if err != nil {
@@ -183,9 +184,10 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 				continue
 			}
 			rep.add(pools, true, "%-3s ready in %v, bound to a room in %v", k, ready.Round(time.Millisecond), bind.Round(time.Millisecond))
+			bound++
 		}
-		if os.Geteuid() == 0 {
-			rep.add(pools, true, "as root, serve runs each room's agent as a uid of its own (--agent-uids) and then keeps no pool; --agent-uids off keeps one")
+		if os.Geteuid() == 0 && bound > 0 {
+			rep.add(pools, true, "as root, the pool's agents run as uids of their own (--agent-uids), each handed to the room it is bound to (as in the binds above)")
 		}
 	}
 	if transport == transportRPC {

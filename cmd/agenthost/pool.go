@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +34,9 @@ type warmPool struct {
 	// off says why the pool does not run ("" when it does or was not
 	// asked for).
 	off string
+	// uids: the pool's agents run as uids of their own (root,
+	// --agent-uids), as the rooms' do.
+	uids bool
 }
 
 // newWarmPool is the pool serve asks the transport for (nil opts: none).
@@ -96,6 +100,7 @@ func newWarmPool(f serveFlags, kind agents.Kind, custom []string, clustered bool
 // pool cannot run here (said in w.off).
 func (w *warmPool) transport(opts rpcagent.Options, log *slog.Logger) (*rpcagent.Transport, error) {
 	opts.Pool = w.opts
+	w.uids = !opts.Confine.AgentUsers().Empty()
 	tr, err := rpcagent.New(opts)
 	if errors.Is(err, rpcagent.ErrPoolUnsupported) {
 		w.off, w.opts = err.Error(), nil
@@ -124,7 +129,11 @@ func (w *warmPool) acpTransport(opts acpagent.Options, log *slog.Logger) (*acpag
 func (w *warmPool) print(stdout io.Writer, kind agents.Kind) {
 	switch {
 	case w.opts != nil:
-		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s agent(s) started ahead of their rooms\n", w.opts.Size, kind)
+		uids := ""
+		if w.uids {
+			uids = ", each as a uid of its own (--agent-uids), handed to the room it is bound to"
+		}
+		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s agent(s) started ahead of their rooms%s\n", w.opts.Size, kind, uids)
 	case w.acp != nil:
 		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s acp agent(s) started ahead of new rooms (woken rooms start cold)\n", w.acp.Size, kind)
 	case w.off != "":
@@ -167,13 +176,13 @@ var (
 	poolAgentsDesc = prometheus.NewDesc("agenthost_pool_agents", "The warm pool's agents: idle (ready to bind) or booting.", []string{"state"}, nil)
 	poolSizeDesc   = prometheus.NewDesc("agenthost_pool_size", "The warm pool's configured size (serve --pool).", nil, nil)
 	poolHitsDesc   = prometheus.NewDesc("agenthost_pool_hits_total", "Rooms whose agent was a pool agent bound to them.", nil, nil)
-	poolMissDesc   = prometheus.NewDesc("agenthost_pool_misses_total", "Rooms whose agent started cold, by reason (empty: no idle agent; settings, instructions, mcp, tools, command, read_only: the room's settings match no pool agent; resume: an acp room that resumes a session; bind_failed).", []string{"reason"}, nil)
+	poolMissDesc   = prometheus.NewDesc("agenthost_pool_misses_total", "Rooms whose agent started cold, by reason (empty: no idle agent; settings, instructions, mcp, tools, command, read_only: the room's settings match no pool agent; resume: an acp room that resumes a session; large: as root, a woken room's files are too many to give to the pool agent's uid; bind_failed).", []string{"reason"}, nil)
 )
 
 // poolMissReasons are the reasons either pool counts (each exported,
 // zero until counted).
 var poolMissReasons = []string{rpcagent.MissEmpty, rpcagent.MissSettings, rpcagent.MissInstr, rpcagent.MissMCP, rpcagent.MissTools,
-	rpcagent.MissCommand, rpcagent.MissReadOnly, acpagent.MissResume, rpcagent.MissBindFailed}
+	rpcagent.MissCommand, rpcagent.MissReadOnly, acpagent.MissResume, rpcagent.MissLarge, rpcagent.MissBindFailed}
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolAgentsDesc
@@ -198,8 +207,9 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 
 // probePool checks that a warm pool of agent k starts and binds: a pool of
 // one in a scratch data dir, confined as serve would (Landlock where the
-// kernel has it; agents as the doctor's user), on the built-in model;
-// ready is its agent's boot, bind a new room's bind to it.
+// kernel has it; as root, agents as uids of their own, doctorPoolUIDs),
+// on the built-in model; ready is its agent's boot, bind a new room's bind
+// to it.
 func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (ready, bind time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -222,7 +232,7 @@ func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout tim
 		return 0, 0, err
 	}
 	defer cust.Close()
-	cf, err := confine.New(confine.Options{Mode: confine.ModeAuto, Tools: in.Dir})
+	cf, err := confine.New(confine.Options{Mode: confine.ModeAuto, Tools: in.Dir, AgentUIDs: doctorPoolUIDs()})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -262,5 +272,25 @@ func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout tim
 		st, _ := tr.PoolStats()
 		return ready, 0, fmt.Errorf("the room was not given the pool's agent (misses %v)", st.Misses)
 	}
+	if rng := cf.AgentUsers(); !rng.Empty() {
+		// The pool agent's uid is the room's now.
+		var rec struct {
+			UID int `json:"uid"`
+		}
+		b, err := os.ReadFile(filepath.Join(rooms, "doctor", "agent-uid"))
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err != nil || rec.UID < rng.First || rec.UID > rng.Last {
+			return ready, 0, fmt.Errorf("the bound room holds no uid of its own (%s): %v", rng, err)
+		}
+	}
 	return ready, bind, nil
+}
+
+// doctorPoolUIDs are the uids of probePool's agents as root: two (the
+// slot's, and the one the new room holds until the slot's is handed to
+// it) past doctorAgentUID, out of serve's default range.
+func doctorPoolUIDs() confine.UIDRange {
+	return confine.UIDRange{First: doctorAgentUID() + 1, Last: doctorAgentUID() + 2}
 }

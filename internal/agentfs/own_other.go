@@ -22,5 +22,8 @@ type Owned struct{ Entries, Linked, Devices, Skipped int }
 // OwnTree is not supported here: ErrOwner.
 func OwnTree(path string, o Owner) (Owned, error) { return Owned{}, ErrOwner }
 
+// OwnTreeFrom is not supported here: ErrOwner.
+func OwnTreeFrom(path string, o Owner, from int) (Owned, error) { return Owned{}, ErrOwner }
+
 // OwnFolder is not supported here: ErrOwner.
 func OwnFolder(path string, o Owner) error { return ErrOwner }

@@ -50,12 +50,20 @@ type Owned struct {
 // reach one outside path. Regular files with more than one name are left
 // alone, device nodes removed (see Owned).
 func OwnTree(path string, o Owner) (Owned, error) {
+	return OwnTreeFrom(path, o, -1)
+}
+
+// OwnTreeFrom is OwnTree, but files with several names that are the uid
+// from's are given to o too: from is the uid the tree was given to before
+// (a room's earlier agent uid), which had them already, and which is then
+// freed for another room (-1: none).
+func OwnTreeFrom(path string, o Owner, from int) (Owned, error) {
 	d, err := Open(path, &o)
 	if err != nil {
 		return Owned{}, err
 	}
 	defer d.Close()
-	w := &ownWalk{d: d, seen: map[fileID]bool{}}
+	w := &ownWalk{d: d, seen: map[fileID]bool{}, from: from}
 	err = w.folder(d.root, 0)
 	return w.res, err
 }
@@ -82,6 +90,7 @@ type ownWalk struct {
 	d    *Dir
 	seen map[fileID]bool // folders walked: a folder moved during the walk is walked once
 	res  Owned
+	from int // files of several names that are this uid's are given too (-1: none)
 }
 
 // folder gives the folder r and its entries to the owner.
@@ -174,7 +183,7 @@ func (w *ownWalk) entry(r *os.Root, e fs.DirEntry, depth int) error {
 			w.res.Skipped++
 			return nil
 		}
-		if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 {
+		if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 && !w.wasFrom(s) {
 			w.res.Linked++
 			return nil
 		}
@@ -184,6 +193,12 @@ func (w *ownWalk) entry(r *os.Root, e fs.DirEntry, depth int) error {
 		w.res.Entries++
 		return gone(r.Lchown(name, o.UID, o.GID))
 	}
+}
+
+// wasFrom: the file is the uid from's, or the owner's already (its other
+// name given first).
+func (w *ownWalk) wasFrom(s *syscall.Stat_t) bool {
+	return w.from >= 0 && (int(s.Uid) == w.from || int(s.Uid) == w.d.owner.UID)
 }
 
 func idOf(fi fs.FileInfo) fileID {

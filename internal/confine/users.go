@@ -115,7 +115,7 @@ func (c *Confiner) RoomUser(dir string) (*User, error) {
 	if err != nil {
 		return nil, fmt.Errorf("confine: the room's folder: %w", err)
 	}
-	return c.users.get(dir)
+	return c.users.get(dir, filepath.Dir(dir))
 }
 
 // AgentUsers is the range rooms' agents get uids from: empty when they run
@@ -127,10 +127,11 @@ func (c *Confiner) AgentUsers() UIDRange {
 	return c.users.rng
 }
 
-func (u *roomUsers) get(dir string) (*User, error) {
+// get is the user of the room (or slot, see SlotUser) whose folder is
+// dir, allocated among those of the rooms' folder parent.
+func (u *roomUsers) get(dir, parent string) (*User, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	parent := filepath.Dir(dir)
 	if u.held == nil || u.parent != parent {
 		// The first use, or another server's rooms (tests): its folder is
 		// scanned afresh.
@@ -196,22 +197,43 @@ func (u *roomUsers) free(dir string) (int, error) {
 	return 0, fmt.Errorf("%w (%s, %d rooms): purge rooms or widen --agent-uids", ErrNoAgentUID, u.rng, n)
 }
 
-// scanUsers reads the uid of every room folder in parent; a record
-// copied from another room's folder holds nothing.
+// scanUsers reads the uid of every room folder in parent, and of every
+// slot (a folder in a hidden folder of parent: a warm pool's, see
+// SlotUser); a record copied from another folder holds nothing. A room's
+// record wins over a slot's of the same uid: that is a bind's hand-over
+// (HandOver), whose slot is being removed.
 func scanUsers(parent string) map[int]string {
 	held := map[int]string{}
 	ents, err := os.ReadDir(parent)
 	if err != nil {
 		return held
 	}
+	var slots []string
 	for _, e := range ents {
 		if !e.IsDir() {
 			continue
 		}
 		dir := filepath.Join(parent, e.Name())
+		if strings.HasPrefix(e.Name(), ".") {
+			slots = append(slots, dir)
+			continue
+		}
 		rec, err := readUID(filepath.Join(dir, uidFile))
 		if err == nil && rec.Room == e.Name() {
 			held[rec.UID] = dir
+		}
+	}
+	for _, pool := range slots {
+		ents, _ := os.ReadDir(pool)
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			dir := filepath.Join(pool, e.Name())
+			rec, err := readUID(filepath.Join(dir, uidFile))
+			if _, room := held[rec.UID]; err == nil && rec.Room == e.Name() && !room {
+				held[rec.UID] = dir
+			}
 		}
 	}
 	return held

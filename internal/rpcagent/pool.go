@@ -160,8 +160,6 @@ func newPool(t *Transport, o PoolOptions) (*pool, error) {
 		return nil, fmt.Errorf("%w: agents run in the process daemon", ErrPoolUnsupported)
 	case t.opts.OTLP != nil:
 		return nil, fmt.Errorf("%w: each agent gets its room's tracing variables (--otlp-agents)", ErrPoolUnsupported)
-	case !t.opts.Confine.AgentUsers().Empty():
-		return nil, fmt.Errorf("%w: each room's agent runs as a uid of its own", ErrPoolUnsupported)
 	case o.Rooms == "":
 		return nil, fmt.Errorf("%w: no rooms folder", ErrPoolUnsupported)
 	}
@@ -195,6 +193,9 @@ func (p *pool) start() error {
 			return fmt.Errorf("rpcagent: recovering a bind the last server left: %w", err)
 		}
 		p.t.opts.Logger.Warn("rpcagent: recovered a room's bind a crash had stopped", "slot", filepath.Base(filepath.Dir(j)))
+	}
+	if err := p.recoverUIDs(); err != nil {
+		return err
 	}
 	for _, d := range p.slotRoots() {
 		// Slots of the last server (their agents are gone): their own
@@ -463,17 +464,26 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 	// the home is made safe and its configuration written as a start now
 	// would, so that the room's files (which win over the slot's in the
 	// bind) are current.
-	if err := p.t.prepareHome(spec, nil); err != nil {
+	user, reason, err := p.roomUser(spec)
+	if err != nil {
 		return nil, true, err
 	}
-	if _, _, _, err := p.t.launch(spec, nil); err != nil {
+	if reason != "" {
+		p.missed(reason)
+		p.makeRoom()
+		return nil, false, nil
+	}
+	if err := p.t.prepareHome(spec, user.Owner()); err != nil {
+		return nil, true, err
+	}
+	if _, _, _, err := p.t.launch(spec, user); err != nil {
 		return nil, true, err
 	}
 	// The room's session: a session the room cannot resume is the
 	// room's to handle, and no slot is spent on it.
 	file := ""
 	if spec.SessionID != "" {
-		f, err := resumeSession(spec.Home, spec.SessionID, nil)
+		f, err := resumeSession(spec.Home, spec.SessionID, user.Owner())
 		if err != nil {
 			return nil, true, err
 		}
@@ -577,7 +587,13 @@ func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec, file stri
 		}
 		pr.Room = r
 	}
+	if err := p.beginUID(s, plan); err != nil {
+		return nil, err
+	}
 	if err := warmpool.Bind(filepath.Join(s.dir, warmpool.Journal), plan, p.opts.Fault); err != nil {
+		return nil, p.bindFailed(s, err)
+	}
+	if err := p.handOver(s, plan); err != nil {
 		return nil, err
 	}
 	// The agent was started with the slot's paths (its HOME, TMPDIR,

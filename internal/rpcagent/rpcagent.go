@@ -757,6 +757,9 @@ func (t *Transport) roomUser(spec room.AgentSpec) (*confine.User, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rpcagent: %w", err)
 	}
+	if u, ok, err := t.slotUser(filepath.Dir(home)); ok {
+		return u, err
+	}
 	u, err := t.opts.Confine.RoomUser(filepath.Dir(home))
 	if err != nil {
 		return nil, fmt.Errorf("rpcagent: the agent's user: %w", err)

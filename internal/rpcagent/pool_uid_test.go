@@ -1,0 +1,403 @@
+package rpcagent
+
+import (
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/agenthost/agenthost/custody"
+	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/modelsim"
+	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/internal/warmpool"
+	"github.com/agenthost/agenthost/room"
+)
+
+// poolUIDs is the agents' uid range of the pool tests as root (a range of
+// the tests' own, clear of serve's default).
+var poolUIDs = confine.UIDRange{First: 3_200_000, Last: 3_200_019}
+
+// startPoolHostUID is startPoolHost as root with agent uids: each room's
+// and each slot's agent runs as a uid of its own.
+func startPoolHostUID(t *testing.T, dir string, sim *modelsim.Server, cfg room.Config, size int, fault func(string) error) *poolHost {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("agents run as uids of their own only when the server runs as root")
+	}
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	ph := &poolHost{}
+	var mgr atomic.Pointer[room.Manager]
+	h := roomtest.Start(t, dir, sim, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
+		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{port(t, url)}, Tools: in.Dir, AgentUIDs: poolUIDs})
+		if err != nil {
+			return nil, err
+		}
+		if cf.AgentUsers().Empty() {
+			t.Fatal("no agent uids as root")
+		}
+		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: url, Confine: cf, Pool: &PoolOptions{Size: size, Config: cfg,
+			Rooms: filepath.Join(dir, "rooms"), Fault: fault, Tools: func() []room.Tool {
+				if m := mgr.Load(); m != nil {
+					return m.ToolDefs()
+				}
+				return nil
+			}}})
+		if err == nil {
+			t.Cleanup(func() { tr.Close() })
+		}
+		ph.tr = tr
+		return tr, err
+	})
+	mgr.Store(h.M)
+	if err := ph.tr.StartPool(); err != nil {
+		t.Fatal(err)
+	}
+	ph.host = h
+	return ph
+}
+
+// uidOf is the uid an agent-uid record in dir names (0: none).
+func uidOf(t *testing.T, dir string) (uid int, owned bool) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "agent-uid"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false
+	}
+	var rec struct {
+		UID   int    `json:"uid"`
+		Room  string `json:"room"`
+		Owned bool   `json:"owned"`
+	}
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		t.Fatalf("%s's agent-uid: %q, %v", dir, b, err)
+	}
+	if rec.Room != filepath.Base(dir) {
+		t.Fatalf("%s's agent-uid names %q", dir, rec.Room)
+	}
+	return rec.UID, rec.Owned
+}
+
+// holders are the room and slot folders whose records name uid.
+func holders(t *testing.T, rooms string, uid int) []string {
+	t.Helper()
+	var out []string
+	dirs, _ := filepath.Glob(filepath.Join(rooms, "*"))
+	slots, _ := filepath.Glob(filepath.Join(rooms, slotsDir, "*"))
+	for _, d := range append(dirs, slots...) {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() || filepath.Base(d) == slotsDir {
+			continue
+		}
+		if u, _ := uidOf(t, d); u == uid {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// fileUID is the owner of path (not followed).
+func fileUID(t *testing.T, path string) int {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(fi.Sys().(*syscall.Stat_t).Uid)
+}
+
+// treeOwnedBy fails unless every entry of the folders is uid's.
+func treeOwnedBy(t *testing.T, uid int, folders ...string) {
+	t.Helper()
+	for _, f := range folders {
+		_ = filepath.Walk(f, func(p string, fi os.FileInfo, err error) error {
+			if err != nil {
+				return nil
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			// A file of several names is left as it is (agentfs.OwnTree).
+			if got := int(st.Uid); got != uid && (fi.IsDir() || st.Nlink < 2) {
+				t.Errorf("%s is uid %d's, not %d's", p, got, uid)
+			}
+			return nil
+		})
+	}
+}
+
+// testPooledUID: as root, a pool agent runs as a uid of its own; a new
+// room bound to it gets that uid (its record, its files: the tool's file
+// is the uid's), and when it wakes and is bound to the next pool agent
+// its files and record become that one's uid (the earlier uid held by
+// nothing); before its bind the next agent cannot read the room; the
+// bound agent cannot read another room or the store.
+func testPooledUID(t *testing.T, agent string) {
+	cfg := room.Config{Agent: agent, ApprovalMode: room.ApprovalYolo}
+	ph := startPoolHostUID(t, "", nil, cfg, 1, nil)
+	ph.ready(t, 1)
+	first := ph.idleSlot(t)
+	u1, _ := uidOf(t, first.dir)
+	if u1 < poolUIDs.First || u1 > poolUIDs.Last {
+		t.Fatalf("the slot's uid %d is not of the range %s", u1, poolUIDs)
+	}
+	if got := fileUID(t, first.ws); got != u1 {
+		t.Fatalf("the slot's workspace is uid %d's, its agent's is %d", got, u1)
+	}
+
+	// A new room: pooled; its tool writes and reads in the workspace as
+	// the slot's uid, which is now the room's.
+	acc := ph.Submit("a", "remember marker-U "+roomtest.BashCall("pwd && echo made > made.txt && ln made.txt made.hard && cat made.txt && id -u"))
+	if st := ph.started(t, "a", acc); st["pooled"] != true {
+		ps, _ := ph.tr.PoolStats()
+		t.Fatalf("new room: agent.started %v (pool %+v)", st, ps)
+	}
+	_, tool := ph.Wait("a", acc.Seq, "tool.ended", nil)
+	ph.Settled("a", acc)
+	ws := roomWorkspace(t, ph.host, "a")
+	roomDir := filepath.Dir(ws)
+	out, _ := tool["output"].(string)
+	if !strings.Contains(out, ws) || !strings.Contains(out, "made") || !strings.Contains(out, strconv.Itoa(u1)) {
+		t.Fatalf("the tool's output %q: want the room's workspace %s, made, uid %d", out, ws, u1)
+	}
+	if got := fileUID(t, filepath.Join(ws, "made.txt")); got != u1 {
+		t.Fatalf("made.txt is uid %d's, the agent's is %d", got, u1)
+	}
+	if got, owned := uidOf(t, roomDir); got != u1 || !owned {
+		t.Fatalf("the room's record: uid %d (owned %v), want %d", got, owned, u1)
+	}
+	if h := holders(t, ph.Root, u1); len(h) != 1 || h[0] != roomDir {
+		t.Fatalf("uid %d is held by %v, want only the room", u1, h)
+	}
+	treeOwnedBy(t, u1, ws, filepath.Join(roomDir, "home"))
+	if err := ph.M.Release(t.Context(), "a"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next slot: another uid; before its bind it cannot read room a.
+	ph.ready(t, 1)
+	next := ph.idleSlot(t)
+	u2, _ := uidOf(t, next.dir)
+	if u2 == u1 || u2 < poolUIDs.First || u2 > poolUIDs.Last {
+		t.Fatalf("the next slot's uid %d (the room's %d)", u2, u1)
+	}
+	if out := ph.slotRun(t, next, "cat "+filepath.Join(ws, "made.txt")+" >/dev/null 2>&1; echo rc=$?"); !strings.Contains(out, "rc=1") {
+		t.Fatalf("a slot's agent read the room before its bind: %q", out)
+	}
+
+	// Room a wakes: pooled, resumed; its files are now the new uid's.
+	again := ph.Submit("a", "what did I say? "+roomtest.BashCall("cat made.txt && echo again > again.txt && cat again.txt && id -u"))
+	if st := ph.started(t, "a", again); st["pooled"] != true || st["resumed"] != true {
+		t.Fatalf("woken room: agent.started %v", st)
+	}
+	_, tool = ph.Wait("a", again.Seq, "tool.ended", nil)
+	ph.Settled("a", again)
+	if out, _ := tool["output"].(string); !strings.Contains(out, "made") || !strings.Contains(out, "again") || !strings.Contains(out, strconv.Itoa(u2)) {
+		t.Fatalf("the woken room's tool: %q (want made, again, uid %d)", out, u2)
+	}
+	if !ph.ModelSaw("marker-U") {
+		t.Fatal("the woken room's session lacks the earlier turn")
+	}
+	if got := fileUID(t, filepath.Join(ws, "again.txt")); got != u2 {
+		t.Fatalf("again.txt is uid %d's, the agent's is %d", got, u2)
+	}
+	// A file of two names the room's earlier uid made is given too (that
+	// uid is freed).
+	if got := fileUID(t, filepath.Join(ws, "made.txt")); got != u2 {
+		t.Fatalf("made.txt (two names, uid %d's before) is uid %d's, the room's is %d", u1, got, u2)
+	}
+	if got, owned := uidOf(t, roomDir); got != u2 || !owned {
+		t.Fatalf("the woken room's record: uid %d (owned %v), want %d", got, owned, u2)
+	}
+	if h := holders(t, ph.Root, u2); len(h) != 1 || h[0] != roomDir {
+		t.Fatalf("uid %d is held by %v, want only the room", u2, h)
+	}
+	if h := holders(t, ph.Root, u1); len(h) != 0 {
+		t.Fatalf("the room's earlier uid %d is still held by %v", u1, h)
+	}
+	treeOwnedBy(t, u2, ws, filepath.Join(roomDir, "home"))
+
+	// The bound agent's confinement: another room's file and the store
+	// are out of reach; its own workspace is not.
+	other := filepath.Join(ph.Root, "another-room", "workspace")
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	secret := filepath.Join(filepath.Dir(ph.Root), "agenthost.db")
+	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: secret, PID: os.Getpid(), Port: ln.Addr().(*net.TCPAddr).Port}
+	probe.WriteProbe(t, ws)
+	ph.Settled("a", ph.Submit("a", "Probe: "+roomtest.BashCall("bash "+roomtest.ProbeScript)))
+	roomtest.CheckConfined(t, roomtest.ProbeResults(ph.Sim), true)
+	if st, _ := ph.tr.PoolStats(); st.Hits != 2 {
+		t.Fatalf("pool stats: %+v", st)
+	}
+}
+
+func TestRealPiPoolUID(t *testing.T)  { testPooledUID(t, "pi") }
+func TestRealOMPPoolUID(t *testing.T) { testPooledUID(t, "omp") }
+
+// A bind as root stopped at each step (as a crash of the server there
+// would leave it) leaves the woken room whole and its uid consistent once
+// the next server recovered it: its files are all the uid its record
+// names, which no other room or slot holds, and its next turn writes as
+// that uid.
+func TestRealPiPoolUIDBindFault(t *testing.T) {
+	steps := append(append([]string{}, warmpool.Steps...), UIDSteps...)
+	for _, stop := range steps {
+		t.Run(stop, func(t *testing.T) {
+			dir := t.TempDir()
+			sim := roomtest.StartSim(t)
+			var armed atomic.Bool
+			fault := func(step string) error {
+				if armed.Load() && step == stop {
+					return errors.New("crash")
+				}
+				return nil
+			}
+			cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
+			ph := startPoolHostUID(t, dir, sim, cfg, 1, fault)
+			ph.ready(t, 1)
+			acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
+			ph.Settled("r", acc)
+			if err := ph.M.Release(t.Context(), "r"); err != nil {
+				t.Fatal(err)
+			}
+			ws := roomWorkspace(t, ph.host, "r")
+			roomDir := filepath.Dir(ws)
+			ph.ready(t, 1)
+			armed.Store(true)
+			failed := ph.Submit("r", "[[say:never]]")
+			if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
+				t.Fatalf("the stopped bind's turn: %v", d)
+			}
+			ph.Close()
+
+			armed.Store(false)
+			ph = startPoolHostUID(t, dir, sim, cfg, 1, fault)
+			if b, err := os.ReadFile(filepath.Join(ws, "src", "kept.txt")); err != nil || string(b) != "kept\n" {
+				t.Fatalf("the room's file after the recovery: %q, %v", b, err)
+			}
+			uid, owned := uidOf(t, roomDir)
+			if uid == 0 || !owned {
+				t.Fatalf("the room's record after the recovery: uid %d, owned %v", uid, owned)
+			}
+			treeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"), filepath.Join(roomDir, "tmp"))
+			if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
+			}
+			left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotsDir, "*", "*.journal"))
+			if len(left) != 0 {
+				t.Fatalf("journals left: %v", left)
+			}
+			next := ph.Submit("r", "what did I say? "+roomtest.BashCall("cat src/kept.txt && echo more > more.txt"))
+			_, tool := ph.Wait("r", next.Seq, "tool.ended", nil)
+			ph.Settled("r", next)
+			if out, _ := tool["output"].(string); !strings.Contains(out, "kept") {
+				t.Fatalf("after the recovery: %q", out)
+			}
+			uid, _ = uidOf(t, roomDir)
+			if got := fileUID(t, filepath.Join(ws, "more.txt")); got != uid {
+				t.Fatalf("more.txt is uid %d's, the room's record names %d", got, uid)
+			}
+			if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
+			}
+		})
+	}
+}
+
+// Two new rooms bind at once to a pool of two, as root: each gets a pool
+// agent, and their uids differ (each held by its room alone).
+func TestRealPiPoolUIDRace(t *testing.T) {
+	ph := startPoolHostUID(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 2, nil)
+	ph.ready(t, 2)
+	var wg sync.WaitGroup
+	ids := []string{"x", "y"}
+	pooled := make([]bool, 2)
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			acc := ph.Submit(id, roomtest.BashCall("echo "+id+" > mine.txt && id -u"))
+			pooled[i] = ph.started(t, id, acc)["pooled"] == true
+			ph.Settled(id, acc)
+		}()
+	}
+	wg.Wait()
+	if !pooled[0] || !pooled[1] {
+		t.Fatalf("pooled: %v, want both", pooled)
+	}
+	seen := map[int]string{}
+	for _, id := range ids {
+		ws := roomWorkspace(t, ph.host, id)
+		uid, _ := uidOf(t, filepath.Dir(ws))
+		if other, dup := seen[uid]; dup || uid == 0 {
+			t.Fatalf("rooms %s and %s hold uid %d", other, id, uid)
+		}
+		seen[uid] = id
+		if got := fileUID(t, filepath.Join(ws, "mine.txt")); got != uid {
+			t.Fatalf("room %s's file is uid %d's, its record names %d", id, got, uid)
+		}
+		if h := holders(t, ph.Root, uid); len(h) != 1 {
+			t.Fatalf("uid %d is held by %v", uid, h)
+		}
+	}
+}
+
+// As root, a woken room with more files than a bind gives to another uid
+// (maxOwnEntries) starts cold (MissLarge), keeping its uid: its agent
+// runs as the uid its record names, and the pool's agent stays idle.
+func TestRealPiPoolUIDLargeRoom(t *testing.T) {
+	ph := startPoolHostUID(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
+	ph.ready(t, 1)
+	ph.Settled("big", ph.Submit("big", roomtest.BashCall("echo one > one.txt")))
+	ws := roomWorkspace(t, ph.host, "big")
+	uid, _ := uidOf(t, filepath.Dir(ws))
+	if err := ph.M.Release(t.Context(), "big"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxOwnEntries / 1000 {
+		d := filepath.Join(ws, "many", strconv.Itoa(i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 1000 {
+			if err := os.WriteFile(filepath.Join(d, strconv.Itoa(j)), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := confine.GiveTree(&confine.User{UID: uid, GID: uid}, -1, filepath.Join(ws, "many")); err != nil {
+		t.Fatal(err)
+	}
+	ph.ready(t, 1)
+	acc := ph.Submit("big", roomtest.BashCall("echo two > two.txt"))
+	if st := ph.started(t, "big", acc); st["pooled"] == true {
+		t.Fatalf("a room of more than %d entries was bound: %v", maxOwnEntries, st)
+	}
+	ph.Settled("big", acc)
+	if st, _ := ph.tr.PoolStats(); st.Misses[MissLarge] != 1 || st.Idle != 1 {
+		t.Fatalf("pool stats: %+v", st)
+	}
+	if got, _ := uidOf(t, filepath.Dir(ws)); got != uid {
+		t.Fatalf("the room's uid changed from %d to %d on a cold start", uid, got)
+	}
+	if got := fileUID(t, filepath.Join(ws, "two.txt")); got != uid {
+		t.Fatalf("two.txt is uid %d's, the room's is %d", got, uid)
+	}
+}
