@@ -1180,3 +1180,65 @@ func TestLimitsReport(t *testing.T) {
 		}
 	}
 }
+
+// A pi server without a cgroup it may write (uid 65534 here) limits
+// memory by RLIMIT_AS, which leaves V8 no room for its Wasm guard regions:
+// pi's node runs without the trap handler, so that its Wasm (Node's fetch,
+// photon's image codec) works under the limit. The pool's agent starts and
+// is bound to a new room, whose turn runs (pooled); a cold room's read of
+// an image decodes it with photon; and a tool's allocation past RLIMIT_AS
+// still fails.
+func TestServe_PiUnderRlimit(t *testing.T) {
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("no %s", python)
+	}
+	for _, pool := range []string{"1", "0"} {
+		t.Run("pool="+pool, func(t *testing.T) {
+			url, lines := nobodyServe(t, nil, "--agent", "pi", "--approval-mode", "yolo", "--room-memory", "4G", "--pool", pool)
+			last := lines[len(lines)-1]
+			if os.Getuid() != 0 && !strings.Contains(last, "NOT enforced by cgroups") {
+				t.Skipf("this user (uid %d) has cgroups it may write: no fallback to see (%q)", os.Getuid(), last)
+			}
+			if !strings.Contains(last, "RLIMIT_AS") {
+				t.Fatalf("the start line: %q", last)
+			}
+			token := "nobody-token"
+			if pool == "1" {
+				// The pool's agent boots in the background: /metrics says
+				// when it is ready (no event does).
+				ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+				defer cancel()
+				for metric(t, url, token, `agenthost_pool_agents{state="idle"}`) != "1" {
+					select {
+					case <-ctx.Done():
+						t.Fatal("the pool's agent never became ready under RLIMIT_AS")
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+			}
+			// A 1x1 PNG, then pi's read of it: photon (Wasm) decodes it
+			// to check its size; without photon pi omits the image ("could
+			// not be resized"; the built-in model's own note that it takes
+			// no images is another).
+			const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+			r := runInRoom(t, url, token, "r", "Write: "+roomtest.BashCall("echo "+png+" | base64 -d > dot.png && echo written"))
+			if r.end.Outcome != "settled" || !strings.Contains(r.output(), "written") {
+				t.Fatalf("the first turn: %+v %q", r.end, r.output())
+			}
+			if started := followEvents(t, url, token, "r", "agent.started"); (started["pooled"] == true) != (pool == "1") {
+				t.Errorf("agent.started %v with --pool %s", started, pool)
+			}
+			r = runInRoom(t, url, token, "r", `Read: [[tool:read {"path":"dot.png"}]]`)
+			if r.end.Outcome != "settled" || !strings.Contains(r.output(), "Read image file [image/png]") ||
+				strings.Contains(r.output(), "could not be resized") {
+				t.Errorf("pi's read of an image under RLIMIT_AS: %+v %q", r.end, r.output())
+			}
+			// The limit still holds: 6 GiB past RLIMIT_AS (4 GiB) is
+			// refused.
+			r = runInRoom(t, url, token, "r", "Reserve: "+roomtest.BashCall(python+` -c "b = bytearray(6 << 30); print('reserved')"`))
+			if r.end.Outcome != "settled" || !strings.Contains(r.output(), "MemoryError") || strings.Contains(r.output(), "reserved") {
+				t.Errorf("a 6 GiB allocation under RLIMIT_AS: %+v %q", r.end, r.output())
+			}
+		})
+	}
+}

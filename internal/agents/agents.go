@@ -125,6 +125,15 @@ func (in *Install) Argv(k Kind) ([]string, error) {
 // bunNoConfig points Bun at an empty configuration instead of the working directory's bunfig.toml.
 const bunNoConfig = "--config=/dev/null"
 
+// NodeNoWasmTrapHandler is the Node flag (Node 20.15, 22.2 and newer) that has V8 bounds-check
+// WebAssembly memory accesses in the compiled code instead of catching them with a signal handler
+// in guard regions. With the handler each Wasm memory reserves about 10 GiB of address space
+// (measured: under RLIMIT_AS of 4 or 16 GiB, Node 20.20 fails `new WebAssembly.Memory({initial:
+// 1})`), so under RLIMIT_AS no Wasm can start, Node's own fetch (undici's llhttp) included; with
+// the flag a memory reserves what it holds, and RLIMIT_AS bounds it like any other allocation.
+// Wasm code runs somewhat slower (Node's docs: up to about 10%).
+const NodeNoWasmTrapHandler = "--disable-wasm-trap-handler"
+
 // nodePath returns the absolute path of node on PATH.
 func nodePath() (string, error) {
 	node, err := exec.LookPath("node")

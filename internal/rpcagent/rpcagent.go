@@ -238,6 +238,11 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 		return rs, kind, settings, err
 	}
 	settings.ModelURL = t.opts.ModelURL
+	if kind == agents.Pi && t.addressSpaceLimited(cfg.Limits) {
+		// RLIMIT_AS leaves no room for V8's Wasm guard regions: without
+		// the flag pi's first fetch (the model's) fails at any limit.
+		argv = slices.Insert(slices.Clone(argv), 1, agents.NodeNoWasmTrapHandler)
+	}
 	rs = rpc.Spec{Argv: argv, Model: cfg.Model, Thinking: cfg.Thinking, AppendSystemPrompt: cfg.Instructions,
 		SessionDir: sessions, Env: append(t.otlpEnv(env, spec.Room), cfg.Env...)}
 	if rs.Model == "" && t.opts.ModelURL != "" {
@@ -299,6 +304,12 @@ func (t *Transport) launch(spec room.AgentSpec, user *confine.User) (rs rpc.Spec
 	}
 	rs.Dir = spec.Workspace
 	return rs, kind, settings, nil
+}
+
+// addressSpaceLimited: the room's agent runs under RLIMIT_AS (custody's
+// fallback where no cgroup limits memory, for a room with a memory limit).
+func (t *Transport) addressSpaceLimited(l room.Limits) bool {
+	return t.opts.Custodian != nil && l.Memory > 0 && t.opts.Custodian.Support().Memory == custody.ByRlimit
 }
 
 // launchSettings are what an agent reads from files at its start, beside
