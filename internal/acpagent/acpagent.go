@@ -285,8 +285,12 @@ func (t *Transport) spawn(ctx context.Context, spec room.AgentSpec, a *agent) (R
 	if err != nil {
 		return Recipe{}, "", fmt.Errorf("acpagent: %w", err)
 	}
-	// The room's folder is its home's parent (see confine.Confiner.RoomUser).
-	user, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	// The room's folder is its home's parent (see confine.Confiner.RoomUser);
+	// a pool slot's agent runs as its slot's uid (SlotUser).
+	user, slot, err := t.slotUser(filepath.Dir(home))
+	if !slot && err == nil {
+		user, err = t.opts.Confine.RoomUser(filepath.Dir(home))
+	}
 	if err != nil {
 		return Recipe{}, "", fmt.Errorf("acpagent: the agent's user: %w", err)
 	}
