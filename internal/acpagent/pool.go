@@ -799,39 +799,75 @@ func markSlot(roomHome, slotDir string) error {
 // slotMark) lead to the room's home again; undo removes it (nil: the room
 // was never pooled, or its slot's name exists). The slot's name is checked
 // (16 hex digits) and made under the rooms' .pool folder, beside the room.
-func slotHomeLink(roomHome string) (undo func(), err error) {
+func slotHomeLink(roomHome string) (undo func(), dir string, err error) {
 	home, err := filepath.Abs(roomHome)
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	roomDir := filepath.Dir(home)
 	b, err := os.ReadFile(filepath.Join(roomDir, slotMark))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	id := string(b)
 	if _, err := hex.DecodeString(id); err != nil || len(id) != 16 {
-		return nil, fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
+		return nil, "", fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
 	}
-	dir := filepath.Join(filepath.Dir(roomDir), slotsDir, id)
+	dir = filepath.Join(filepath.Dir(roomDir), slotsDir, id)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			// Another agent of this room still holds it (a release in
 			// progress), or the slot's leftovers: the agent runs
 			// without it.
-			return nil, nil
+			return nil, "", nil
 		}
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	if err := os.Symlink(home, filepath.Join(dir, "home")); err != nil {
 		_ = os.Remove(dir)
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
-	return func() { _ = os.RemoveAll(dir) }, nil
+	return func() { _ = os.RemoveAll(dir) }, dir, nil
+}
+
+// revealSlotHome shows the folder of the link slotHomeLink made (dir) in
+// the view of a's just started agent, as root with agent uids: that view
+// (the launcher's) holds the room's folders only, and the folder is made
+// the room's uid's, so that the agent can follow the link (the only
+// entry) to the room's home. Nothing without agent uids (the agent sees
+// the server's paths).
+func (t *Transport) revealSlotHome(spec room.AgentSpec, a *agent, dir string) error {
+	if t.opts.Confine.AgentUsers().Empty() {
+		return nil
+	}
+	home, err := filepath.Abs(spec.Home)
+	if err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	u, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	if err != nil {
+		return fmt.Errorf("acpagent: the agent's user: %w", err)
+	}
+	if u == nil {
+		return nil
+	}
+	if err := os.Lchown(dir, u.UID, u.GID); err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	select {
+	case <-a.c.Exited():
+		return errors.New("acpagent: the agent exited")
+	default:
+	}
+	// The leader is reaped only after Exited: its pid is not reused yet.
+	if err := confine.Reveal(a.c.Pid(), dir); err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	return nil
 }
