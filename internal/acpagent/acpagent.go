@@ -268,7 +268,7 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 		return nil, errors.Join(err, a.tools.close())
 	}
 	if linkDir != "" {
-		if err := t.revealSlotHome(spec, a, linkDir); err != nil {
+		if err := t.revealSlotHome(a, linkDir); err != nil {
 			err = a.fail(err)
 			a.cleanup()
 			return nil, err

@@ -838,26 +838,15 @@ func slotHomeLink(roomHome string) (undo func(), dir string, err error) {
 
 // revealSlotHome shows the folder of the link slotHomeLink made (dir) in
 // the view of a's just started agent, as root with agent uids: that view
-// (the launcher's) holds the room's folders only, and the folder is made
-// the room's uid's, so that the agent can follow the link (the only
-// entry) to the room's home. Nothing without agent uids (the agent sees
-// the server's paths).
-func (t *Transport) revealSlotHome(spec room.AgentSpec, a *agent, dir string) error {
+// (the launcher's) holds the room's folders only. The folder stays the
+// server's, searchable only (0711): the agent follows the link (its only
+// entry) to the room's home but can neither list it nor change it.
+// Nothing without agent uids (the agent sees the server's paths).
+func (t *Transport) revealSlotHome(a *agent, dir string) error {
 	if t.opts.Confine.AgentUsers().Empty() {
 		return nil
 	}
-	home, err := filepath.Abs(spec.Home)
-	if err != nil {
-		return fmt.Errorf("acpagent: %w", err)
-	}
-	u, err := t.opts.Confine.RoomUser(filepath.Dir(home))
-	if err != nil {
-		return fmt.Errorf("acpagent: the agent's user: %w", err)
-	}
-	if u == nil {
-		return nil
-	}
-	if err := os.Lchown(dir, u.UID, u.GID); err != nil {
+	if err := os.Chmod(dir, 0o711); err != nil {
 		return fmt.Errorf("acpagent: %w", err)
 	}
 	select {
