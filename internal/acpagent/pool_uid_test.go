@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -229,13 +230,23 @@ func TestRealCodexPoolUID(t *testing.T) {
 
 	// Room a wakes: the cold path, as the uid its record names, with its
 	// conversation.
-	again := ph.Submit("a", "what did I say? "+codexShell("cat where.txt && id -u > again.txt"))
+	// Its agent follows the link of its slot's home name, but can
+	// neither list nor change that folder.
+	link := first.dir
+	check := "id -u > again.txt\nls " + link + " >/dev/null 2>&1; echo ls=$? > link.txt\nrm -f " + link + "/home 2>/dev/null; echo rm=$? >> link.txt\ntouch " + link + "/x 2>/dev/null; echo touch=$? >> link.txt\n"
+	if err := os.WriteFile(filepath.Join(ws, "check.sh"), []byte(check), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again := ph.Submit("a", "what did I say? "+codexShell("bash check.sh"))
 	if st := ph.started(t, "a", again); st["pooled"] == true || st["resumed"] != true {
 		t.Fatalf("woken room: agent.started %v", st)
 	}
 	ph.Settled("a", again)
 	if !ph.ModelSaw("marker-V") {
 		t.Fatal("the woken room's session lacks the earlier turn")
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "link.txt")); err != nil || string(b) != "ls=2\nrm=1\ntouch=1\n" {
+		t.Fatalf("the woken agent on its slot's home link's folder: %q, %v (want ls, rm and touch refused)", b, err)
 	}
 	if got := fileUID(t, filepath.Join(ws, "again.txt")); got != u1 {
 		t.Fatalf("again.txt is uid %d's, the room's is %d", got, u1)
@@ -306,5 +317,43 @@ func TestRealCodexPoolUIDBindFault(t *testing.T) {
 				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
 			}
 		})
+	}
+}
+
+// Two new rooms race for a pool of two, as root with agent uids: each is
+// bound to a pool agent, and their uids differ, each held by its room
+// alone; both turns write in their own workspaces as their own uids.
+func TestRealCodexPoolUIDRace(t *testing.T) {
+	ph := startPoolHostUID(t, "", nil, room.Config{Agent: string(agents.Codex), ApprovalMode: room.ApprovalYolo}, 2, nil)
+	ph.ready(t, 2)
+	var wg sync.WaitGroup
+	pooled := make([]bool, 2)
+	for i, id := range []string{"x", "y"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			acc := ph.Submit(id, codexShell("pwd > where.txt"))
+			pooled[i] = ph.started(t, id, acc)["pooled"] == true
+			ph.Settled(id, acc)
+		}()
+	}
+	wg.Wait()
+	if !pooled[0] || !pooled[1] {
+		t.Fatalf("pooled: %v, want both", pooled)
+	}
+	uids := map[int]bool{}
+	for _, id := range []string{"x", "y"} {
+		ws := roomWorkspace(t, ph.host, id)
+		uid, owned := uidOf(t, filepath.Dir(ws))
+		if uid == 0 || !owned || uids[uid] {
+			t.Fatalf("room %s's record: uid %d (owned %v); the other's: %v", id, uid, owned, uids)
+		}
+		uids[uid] = true
+		if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != filepath.Dir(ws) {
+			t.Fatalf("uid %d is held by %v, want only room %s", uid, h, id)
+		}
+		if got := fileUID(t, filepath.Join(ws, "where.txt")); got != uid {
+			t.Fatalf("room %s's where.txt is uid %d's, its record names %d", id, got, uid)
+		}
 	}
 }
