@@ -283,6 +283,10 @@ func TestRealCodexPoolUIDBindFault(t *testing.T) {
 				t.Fatalf("the stopped bind's turn: %v", d)
 			}
 			ph.Close()
+			// The first server is gone before the next starts (as after a
+			// crash): its pool no longer boots a replacement slot into the
+			// folder the next start clears.
+			ph.tr.Close()
 
 			armed.Store(false)
 			ph = startPoolHostUID(t, dir, sim, cfg, 1, fault)
