@@ -35,6 +35,11 @@ import (
 // start sets them. A slot serves one room ever; the pool starts a
 // replacement in the background, one boot at a time.
 //
+// As root with agent uids a slot's agent runs as a uid of its own
+// (confine.Confiner.SlotUser), which its bind hands to the new room before
+// session/new, the room's paths revealed in the agent's view, journaled and
+// recovered at the next start (internal/slotuid, as the rpc pool does).
+//
 // A room that resumes a session starts cold (MissResume): an ACP agent
 // loads a session from the home it was started with, which in a started
 // process is the slot's (the support matrix's pooled row says so). Its
