@@ -320,6 +320,11 @@ func (c *Client) Done() <-chan struct{} { return c.readerDone }
 // Pid is the agent process's pid.
 func (c *Client) Pid() int { return c.scope.Pid() }
 
+// Exited is closed once the agent's process (its custody scope's leader)
+// has exited; until then its Pid names it (a warm pool reveals a room's
+// folders in that process's mount view).
+func (c *Client) Exited() <-chan struct{} { return c.scope.Exited() }
+
 // Stderr is the tail of what the agent wrote to stderr.
 func (c *Client) Stderr() string { return c.stderr.String() }
 

@@ -115,6 +115,7 @@ func (w *warmPool) transport(opts rpcagent.Options, log *slog.Logger) (*rpcagent
 // without it when the pool cannot run here (said in w.off).
 func (w *warmPool) acpTransport(opts acpagent.Options, log *slog.Logger) (*acpagent.Transport, error) {
 	opts.Pool = w.acp
+	w.uids = !opts.Confine.AgentUsers().Empty()
 	tr, err := acpagent.New(opts)
 	if errors.Is(err, acpagent.ErrPoolUnsupported) {
 		w.off, w.acp = err.Error(), nil
@@ -135,7 +136,11 @@ func (w *warmPool) print(stdout io.Writer, kind agents.Kind) {
 		}
 		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s agent(s) started ahead of their rooms%s\n", w.opts.Size, kind, uids)
 	case w.acp != nil:
-		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s acp agent(s) started ahead of new rooms (woken rooms start cold)\n", w.acp.Size, kind)
+		uids := ""
+		if w.uids {
+			uids = ", each as a uid of its own (--agent-uids), handed to the room it is bound to"
+		}
+		fmt.Fprintf(stdout, "agenthost: warm pool: %d %s acp agent(s) started ahead of new rooms%s (woken rooms start cold)\n", w.acp.Size, kind, uids)
 	case w.off != "":
 		fmt.Fprintf(stdout, "agenthost: warm pool off: %s\n", w.off)
 	}

@@ -11,11 +11,20 @@ import (
 	"time"
 )
 
-// serve --pool 1 as root with agent uids: the start line says the pool's
-// agents run as uids of their own, a new room is bound to the pool's agent,
-// and the room holds that agent's uid (its record, the file its tool
-// wrote).
+// serve --pool 1 as root with agent uids (pi over rpc, codex over acp):
+// the start line says the pool's agents run as uids of their own, a new
+// room is bound to the pool's agent, and the room holds that agent's uid
+// (its record, the file its tool wrote).
 func TestServePoolAgentUIDs(t *testing.T) {
+	t.Run("pi", func(t *testing.T) {
+		testServePoolAgentUIDs(t, []string{"--agent", "pi"}, `[[tool:bash {\"command\":\"echo hi > mine.txt && id -u\"}]]`)
+	})
+	t.Run("codex-acp", func(t *testing.T) {
+		testServePoolAgentUIDs(t, []string{"--transport", "acp", "--agent", "codex"}, `[[tool:exec_command {\"cmd\":\"echo hi > mine.txt && id -u\"}]]`)
+	})
+}
+
+func testServePoolAgentUIDs(t *testing.T, agent []string, tool string) {
 	if os.Geteuid() != 0 {
 		t.Skip("agents run as uids of their own only when serve runs as root")
 	}
@@ -27,8 +36,9 @@ func TestServePoolAgentUIDs(t *testing.T) {
 	var errOut syncBuf
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--data", data, "--agent", "pi", "--approval-mode", "yolo",
-			"--pool", "1", "--agent-uids", "3200100-3200119"}, out, &errOut)
+		args := append(append([]string{"serve", "--listen", "127.0.0.1:0", "--data", data}, agent...), "--approval-mode", "yolo",
+			"--pool", "1", "--agent-uids", "3200100-3200119")
+		done <- run(ctx, args, out, &errOut)
 	}()
 	defer func() {
 		cancel()
@@ -68,7 +78,7 @@ func TestServePoolAgentUIDs(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if code, body := call(t, "POST", url+"v1/rooms/demo/messages", token, `{"text":"[[tool:bash {\"command\":\"echo hi > mine.txt && id -u\"}]]"}`); code != 202 {
+	if code, body := call(t, "POST", url+"v1/rooms/demo/messages", token, `{"text":"`+tool+`"}`); code != 202 {
 		t.Fatalf("post: %d %s", code, body)
 	}
 	if started := followEvents(t, url, token, "demo", "agent.started"); started["pooled"] != true {

@@ -251,13 +251,14 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 			return nil, err
 		}
 	}
+	linkDir := ""
 	if spec.SessionID != "" {
 		// A room a pool agent served: its sessions' paths are the slot's.
-		undo, err := slotHomeLink(spec.Home)
+		undo, dir, err := slotHomeLink(spec.Home)
 		if err != nil {
 			return nil, errors.Join(err, a.tools.close())
 		}
-		a.cleanup = undo
+		a.cleanup, linkDir = undo, dir
 	}
 	r, ws, err := t.spawn(ctx, spec, a)
 	if err != nil {
@@ -265,6 +266,13 @@ func (t *Transport) start(ctx context.Context, spec room.AgentSpec) (room.Agent,
 			a.cleanup()
 		}
 		return nil, errors.Join(err, a.tools.close())
+	}
+	if linkDir != "" {
+		if err := t.revealSlotHome(a, linkDir); err != nil {
+			err = a.fail(err)
+			a.cleanup()
+			return nil, err
+		}
 	}
 	if err := t.openSession(ctx, a, spec, ws, r); err != nil {
 		err = a.fail(err)
@@ -285,8 +293,12 @@ func (t *Transport) spawn(ctx context.Context, spec room.AgentSpec, a *agent) (R
 	if err != nil {
 		return Recipe{}, "", fmt.Errorf("acpagent: %w", err)
 	}
-	// The room's folder is its home's parent (see confine.Confiner.RoomUser).
-	user, err := t.opts.Confine.RoomUser(filepath.Dir(home))
+	// The room's folder is its home's parent (see confine.Confiner.RoomUser);
+	// a pool slot's agent runs as its slot's uid (SlotUser).
+	user, slot, err := t.slotUser(filepath.Dir(home))
+	if !slot && err == nil {
+		user, err = t.opts.Confine.RoomUser(filepath.Dir(home))
+	}
 	if err != nil {
 		return Recipe{}, "", fmt.Errorf("acpagent: the agent's user: %w", err)
 	}

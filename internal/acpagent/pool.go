@@ -16,6 +16,8 @@ import (
 	"github.com/agenthost/agenthost/acp"
 	"github.com/agenthost/agenthost/internal/agentfs"
 	"github.com/agenthost/agenthost/internal/agents"
+	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/slotuid"
 	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
 )
@@ -32,6 +34,11 @@ import (
 // room's workspace with its MCP servers; mode and model are set as a cold
 // start sets them. A slot serves one room ever; the pool starts a
 // replacement in the background, one boot at a time.
+//
+// As root with agent uids a slot's agent runs as a uid of its own
+// (confine.Confiner.SlotUser), which its bind hands to the new room before
+// session/new, the room's paths revealed in the agent's view, journaled and
+// recovered at the next start (internal/slotuid, as the rpc pool does).
 //
 // A room that resumes a session starts cold (MissResume): an ACP agent
 // loads a session from the home it was started with, which in a started
@@ -57,6 +64,11 @@ type PoolOptions struct {
 	Places func() (resident, max int)
 	// OnBind, if set, is given each bind's duration in seconds.
 	OnBind func(seconds float64)
+	// Fault, if set, is called before each step of a bind
+	// (warmpool.Steps, and slotuid.Steps as root with agent uids; tests):
+	// an error stops the bind there, as a crash would, and the room's
+	// start fails with it.
+	Fault func(step string) error
 }
 
 // Miss reasons (PoolStats.Misses): those of the rpc pool, and resume.
@@ -69,6 +81,7 @@ const (
 	MissReadOnly   = "read_only"    // the room reads folders beside its own
 	MissResume     = "resume"       // the room resumes a session (ACP: the cold path)
 	MissBindFailed = "bind_failed"  // the bind failed before the room's folders were touched
+	MissLarge      = "large"        // as root with agent uids: the room's files are more than a bind gives to another uid
 )
 
 // PoolStats are the pool's counters (/metrics).
@@ -143,8 +156,6 @@ func newPool(t *Transport, o PoolOptions) (*pool, error) {
 		return nil, fmt.Errorf("%w: a custom agent command", ErrPoolUnsupported)
 	case t.opts.OTLP != nil:
 		return nil, fmt.Errorf("%w: each agent gets its room's tracing variables (--otlp-agents)", ErrPoolUnsupported)
-	case !t.opts.Confine.AgentUsers().Empty():
-		return nil, fmt.Errorf("%w: each room's agent runs as a uid of its own", ErrPoolUnsupported)
 	case o.Rooms == "":
 		return nil, fmt.Errorf("%w: no rooms folder", ErrPoolUnsupported)
 	}
@@ -179,6 +190,13 @@ func (p *pool) start() error {
 			return fmt.Errorf("acpagent: recovering a bind the last server left: %w", err)
 		}
 		p.t.opts.Logger.Warn("acpagent: recovered a room's bind a crash had stopped", "slot", filepath.Base(filepath.Dir(j)))
+	}
+	slots, err := p.uidBinder().RecoverAll(filepath.Join(p.opts.Rooms, slotsDir))
+	for _, s := range slots {
+		p.t.opts.Logger.Warn("acpagent: gave a room's files back to its uid after a stopped bind", "slot", s)
+	}
+	if err != nil {
+		return fmt.Errorf("acpagent: %w", err)
 	}
 	for _, d := range p.slotRoots() {
 		entries, _ := os.ReadDir(d)
@@ -431,6 +449,13 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 	if _, err := p.t.recipe(spec, ws, nil); err != nil {
 		return nil, true, err
 	}
+	if b := p.uidBinder(); b.On() && slotuid.CountEntries(slotuid.MaxOwnEntries+1, ws, spec.Home) > slotuid.MaxOwnEntries {
+		// As root with agent uids the bind gives the room's files to the
+		// slot's uid: past this, a cold start is about as fast.
+		p.missed(MissLarge)
+		p.makeRoom()
+		return nil, false, nil
+	}
 	s := p.pop()
 	if s == nil {
 		p.missed(MissEmpty)
@@ -438,6 +463,14 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 		return nil, false, nil
 	}
 	a, touched, err := p.bind(ctx, s, spec)
+	if errors.Is(err, warmpool.ErrFault) {
+		// As a crash there: the agent ends, the folders and journals
+		// stay as they are for the next start's recovery.
+		ctx, cancel := context.WithTimeout(context.Background(), discardWait)
+		_, _ = s.a.Close(ctx)
+		cancel()
+		return nil, true, err
+	}
 	if err != nil && !touched {
 		p.discard(s)
 		p.missed(MissBindFailed)
@@ -521,9 +554,20 @@ func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec) (_ *agent
 		}
 		pr.Room = r
 	}
-	if err := warmpool.Bind(filepath.Join(s.dir, warmpool.Journal), plan, nil); err != nil {
-		// Bind recovers the room's folders itself on a failure.
+	uids := p.uidBinder()
+	if err := uids.Begin(s.dir, plan); err != nil {
 		return nil, false, err
+	}
+	if err := warmpool.Bind(filepath.Join(s.dir, warmpool.Journal), plan, p.opts.Fault); err != nil {
+		// Bind recovers the room's folders itself on a failure (but a
+		// fault's, as a crash's).
+		return nil, false, uids.BindFailed(s.dir, err)
+	}
+	// As root with agent uids: the room's folders and the room to the
+	// slot's uid, and the room's paths into the agent's view, before
+	// session/new names the room's workspace.
+	if err := uids.HandOver(s.dir, plan, a.c); err != nil {
+		return nil, true, err
 	}
 	// The agent was started with the slot's paths (HOME, TMPDIR, its
 	// configuration's files): they lead to the room's folders, which are
@@ -564,6 +608,25 @@ func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec) (_ *agent
 		_ = os.Remove(ws)
 	}
 	return a, true, nil
+}
+
+// uidBinder hands a slot's uid to its room as root with agent uids
+// (nothing otherwise).
+func (p *pool) uidBinder() slotuid.Binder {
+	return slotuid.Binder{Confine: p.t.opts.Confine, Fault: p.opts.Fault}
+}
+
+// slotUser is the user of a slot's agent when dir (a home's parent) is a
+// slot's folder (ok), as confine.Confiner.SlotUser allocates it.
+func (t *Transport) slotUser(dir string) (u *confine.User, ok bool, err error) {
+	if t.pool == nil || filepath.Dir(dir) != filepath.Join(t.pool.opts.Rooms, slotsDir) {
+		return nil, false, nil
+	}
+	u, err = t.opts.Confine.SlotUser(dir)
+	if err != nil {
+		return nil, true, fmt.Errorf("acpagent: the pool agent's user: %w", err)
+	}
+	return u, true, nil
 }
 
 // makeRoom ends idle agents of the pool while the rooms' agents and the
@@ -741,39 +804,64 @@ func markSlot(roomHome, slotDir string) error {
 // slotMark) lead to the room's home again; undo removes it (nil: the room
 // was never pooled, or its slot's name exists). The slot's name is checked
 // (16 hex digits) and made under the rooms' .pool folder, beside the room.
-func slotHomeLink(roomHome string) (undo func(), err error) {
+func slotHomeLink(roomHome string) (undo func(), dir string, err error) {
 	home, err := filepath.Abs(roomHome)
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	roomDir := filepath.Dir(home)
 	b, err := os.ReadFile(filepath.Join(roomDir, slotMark))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	id := string(b)
 	if _, err := hex.DecodeString(id); err != nil || len(id) != 16 {
-		return nil, fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
+		return nil, "", fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
 	}
-	dir := filepath.Join(filepath.Dir(roomDir), slotsDir, id)
+	dir = filepath.Join(filepath.Dir(roomDir), slotsDir, id)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			// Another agent of this room still holds it (a release in
 			// progress), or the slot's leftovers: the agent runs
 			// without it.
-			return nil, nil
+			return nil, "", nil
 		}
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
 	if err := os.Symlink(home, filepath.Join(dir, "home")); err != nil {
 		_ = os.Remove(dir)
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}
-	return func() { _ = os.RemoveAll(dir) }, nil
+	return func() { _ = os.RemoveAll(dir) }, dir, nil
+}
+
+// revealSlotHome shows the folder of the link slotHomeLink made (dir) in
+// the view of a's just started agent, as root with agent uids: that view
+// (the launcher's) holds the room's folders only. The folder stays the
+// server's, searchable only (0711): the agent follows the link (its only
+// entry) to the room's home but can neither list it nor change it.
+// Nothing without agent uids (the agent sees the server's paths).
+func (t *Transport) revealSlotHome(a *agent, dir string) error {
+	if t.opts.Confine.AgentUsers().Empty() {
+		return nil
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	select {
+	case <-a.c.Exited():
+		return errors.New("acpagent: the agent exited")
+	default:
+	}
+	// The leader is reaped only after Exited: its pid is not reused yet.
+	if err := confine.Reveal(a.c.Pid(), dir); err != nil {
+		return fmt.Errorf("acpagent: %w", err)
+	}
+	return nil
 }

@@ -12,7 +12,7 @@ import (
 // agentFolderPackages write or read in folders a room's agent can write
 // (its home, workspace, TMPDIR): every such operation goes through
 // internal/agentfs, which never acts through a link the agent planted.
-var agentFolderPackages = []string{"internal/agents", "internal/rpcagent", "internal/rpcagent/piext", "internal/acpagent"}
+var agentFolderPackages = []string{"internal/agents", "internal/rpcagent", "internal/rpcagent/piext", "internal/acpagent", "internal/slotuid"}
 
 // fileCall is a direct file operation of the os or path/filepath package.
 var fileCall = regexp.MustCompile(`\b(os\.(WriteFile|ReadFile|MkdirAll|Mkdir|Remove|RemoveAll|OpenFile|Create|CreateTemp|MkdirTemp|Open|Rename|Symlink|Link|ReadDir|Chmod|Chown|Lchown|Truncate|Chtimes)|filepath\.(Glob|Walk|WalkDir))\(`)
@@ -42,16 +42,17 @@ var agentFolderExceptions = map[string][]string{
 	// The same for the acp pool, and the slot's name it records in the
 	// room's folder (the server's: the agent writes only beneath its
 	// home, workspace and TMPDIR) with the link made from that name to a
-	// woken room's home under .pool.
-	"internal/acpagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.Mkdir(", "os.MkdirAll(", "os.MkdirAll(", "os.ReadDir(", "os.ReadFile(",
+	// woken room's home under .pool, whose folder (the server's, under
+	// .pool, which no agent can write) is made searchable only as root.
+	"internal/acpagent/pool.go": {"filepath.Glob(", "os.Chmod(", "os.Mkdir(", "os.Mkdir(", "os.MkdirAll(", "os.MkdirAll(", "os.ReadDir(", "os.ReadFile(",
 		"os.Remove(", "os.Remove(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(",
 		"os.Symlink(", "os.Symlink(", "os.WriteFile("},
-	// The pool as root: its uid journal, in a slot's own folder (the
-	// server's, which the agent cannot reach), and the count of a woken
-	// room's entries before a bind (WalkDir: names only, no link followed,
-	// nothing read or written). Giving the folders to a uid is
-	// agentfs.OwnTree's.
-	"internal/rpcagent/pool_uid.go": {"filepath.Glob(", "filepath.WalkDir(", "os.Open(", "os.OpenFile(", "os.ReadFile(", "os.Remove(", "os.Remove(", "os.Remove(", "os.Rename("},
+	// The pools as root (shared by both): the uid journal, in a slot's
+	// own folder (the server's, which the agent cannot reach), and the
+	// count of a room's entries before a bind (WalkDir: names only, no
+	// link followed, nothing read or written). Giving the folders to a
+	// uid is agentfs.OwnTree's.
+	"internal/slotuid/slotuid.go": {"filepath.Glob(", "filepath.WalkDir(", "os.Open(", "os.OpenFile(", "os.ReadFile(", "os.Remove(", "os.Remove(", "os.Remove(", "os.Rename("},
 }
 
 // TestAgentFoldersThroughAgentfs: the packages that write agents' homes

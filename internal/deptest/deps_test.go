@@ -39,7 +39,7 @@ var allowed = map[string][]string{
 	// The room transport over ACP knows rooms, the ACP client and custody;
 	// never the server. warmpool: its pool binds slots to rooms.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits", module + "/internal/startfail",
-		module + "/internal/procio", module + "/internal/warmpool", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Rooms' limits as custody's (and custody's support as rooms'
 	// resources): rooms and custody only, for the transports to share.
@@ -124,6 +124,10 @@ var allowed = map[string][]string{
 	// journaled): the standard library and x/sys; it knows no room or
 	// agent.
 	module + "/internal/warmpool": {"golang.org/x/sys/"},
+	// A pool slot's agent uid handed to its room as root (journaled,
+	// recovered), shared by both pools: the binds' journal and
+	// confinement's uids; no room or agent.
+	module + "/internal/slotuid": append([]string{module + "/internal/warmpool", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/"}, landlockDeps...),
 
 	// The library a program hosts rooms with (issue 40): public wrappers
 	// of the batteries serve uses; internal/ never imports them
@@ -138,7 +142,7 @@ var allowed = map[string][]string{
 	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
 		module + "/procd", module + "/internal/rpcagent", module + "/internal/acpagent", module + "/internal/agentproc", module + "/internal/daemonproc",
 		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail", module + "/internal/warmpool"}, append(mcpDeps, append(landlockDeps,
+		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail", module + "/internal/warmpool", module + "/internal/slotuid"}, append(mcpDeps, append(landlockDeps,
 		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
 	// Rooms' snapshots and git workspaces: the engines and their room
 	// adapters; never a transport, the store or the server.
