@@ -776,11 +776,13 @@ func (c *Client) retire(err error) {
 		cancel()
 	}
 	c.mu.Unlock()
-	c.failTurn(err)
 	// Before done closes: Start, woken by done, then finds the transport's
 	// verdict on the first frame instead of wrapping a bare call failure.
 	c.firstOnce.Do(func() { c.firstFrame <- err })
 	close(c.done)
+	// After: a caller whose turn fails with the agent's exit finds Done
+	// closed.
+	c.failTurn(err)
 }
 
 // Sync returns once every event the client had read when Sync was called
