@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +34,14 @@ func (f *fakeSnapshots) Before(ctx context.Context, p SnapshotPlace, turn string
 	if f.failBefore {
 		return errors.New("git exploded")
 	}
+	// A record on disk, in the room's snapshot folder, as the real
+	// snapshots keep: a purge deletes the folder, and with it the record.
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(p.Dir, turn), nil, 0o600); err != nil {
+		return err
+	}
 	f.before[turn] = p
 	return nil
 }
@@ -55,7 +65,11 @@ func (f *fakeSnapshots) After(ctx context.Context, p SnapshotPlace, turn string)
 
 func (f *fakeSnapshots) known(p SnapshotPlace, turn string) bool {
 	b, ok := f.before[turn]
-	return ok && b == p && f.after[turn]
+	if !ok || b != p || !f.after[turn] {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(p.Dir, turn))
+	return err == nil
 }
 
 func (f *fakeSnapshots) Diff(ctx context.Context, p SnapshotPlace, turn string) (TurnDiff, error) {
