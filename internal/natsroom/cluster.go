@@ -1716,7 +1716,7 @@ func (c *Cluster) leaseEntry(ctx context.Context, rm string) (leaseState, error)
 
 // readInbox moves the room's inbox into its log, in order: each entry is
 // accepted (or refused with an outcome) by the Manager, with the inbox
-// cursor recorded in the same fenced append; taken entries are purged.
+// cursor recorded in the same fenced append; taken entries are deleted.
 func (c *Cluster) readInbox(ctx context.Context, h *held) {
 	subj := inSubject(h.room)
 	poll := time.NewTicker(time.Second)
@@ -1788,11 +1788,45 @@ func (c *Cluster) take(ctx context.Context, h *held, m *jetstream.RawStreamMsg) 
 		return false
 	}
 	if st, err := c.st.roomsStream(ctx); err == nil {
-		pctx, cancel := context.WithTimeout(ctx, reqTimeout)
-		_ = st.Purge(pctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(m.Sequence+1))
+		// One entry deleted, not the subject purged: see dropTaken.
+		dctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		_ = st.DeleteMsg(dctx, m.Sequence)
 		cancel()
 	}
 	return true
+}
+
+// maxDropTaken bounds how many left-over entries one dropTaken deletes
+// (the rest go at the room's next give-up, which its sweep brings).
+const maxDropTaken = 256
+
+// dropTaken deletes the room's inbox entries at or before cursor (taken,
+// but left by a delete that failed), one message at a time. Never a purge
+// of the subject: nats-server (2.15.2, still in 2.15.3) deadlocks a
+// stream's file store for good when a purge's tombstone cannot be written
+// (its flush, on a write error, rebuilds the store under the lock the
+// purge holds), and the node's server then never finishes its shutdown,
+// so a node whose disk filled could not come back. A single delete writes
+// its tombstone on a path that rebuilds without that lock.
+func (c *Cluster) dropTaken(ctx context.Context, rm string, cursor uint64) {
+	st, err := c.st.roomsStream(ctx)
+	if err != nil {
+		return
+	}
+	seq := uint64(1)
+	for range maxDropTaken {
+		m, err := c.st.getMsg(ctx, msgGetReq{Seq: seq, NextBySubj: inSubject(rm)})
+		if err != nil || m.Sequence > cursor {
+			return
+		}
+		dctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		err = st.DeleteMsg(dctx, m.Sequence)
+		cancel()
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return
+		}
+		seq = m.Sequence + 1
+	}
 }
 
 // recordCursor writes the inbox cursor seq when no write carried it (an
@@ -1866,11 +1900,9 @@ func (c *Cluster) giveUpIdle(h *held) {
 	h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
 	defer cancel()
-	// Taken entries whose purge failed go now (the cursor is past
+	// Taken entries whose delete failed go now (the cursor is past
 	// them), then the work mark: the room has nothing left to do.
-	if st, err := c.st.roomsStream(ctx); err == nil {
-		_ = st.Purge(ctx, jetstream.WithPurgeSubject(inSubject(h.room)), jetstream.WithPurgeSequence(c.st.inboxCursor(h.room)+1))
-	}
+	c.dropTaken(ctx, h.room, c.st.inboxCursor(h.room))
 	if err := c.unmarkWork(ctx, h.room); err != nil {
 		c.log.Debug("natsroom: taking an idle room's work mark away failed (its next sweep wakes it)", "room", h.room, "err", err)
 	}
@@ -1972,10 +2004,15 @@ func (c *Cluster) markWork(ctx context.Context, rm string) error {
 	return err
 }
 
-// unmarkWork takes an idle room's work mark away (its marker expires).
+// unmarkWork takes an idle room's work mark away. A delete, not a purge
+// (a rollup purges the subject: see dropTaken); the delete marker stays,
+// one per room, as the mark's history of one.
 func (c *Cluster) unmarkWork(ctx context.Context, rm string) error {
-	return c.work.Purge(ctx, token(rm), jetstream.PurgeTTL(workMarkerTTL))
+	ctx, cancel := context.WithTimeout(ctx, reqTimeout)
+	defer cancel()
+	return c.work.Delete(ctx, token(rm))
 }
 
-// workMarkerTTL is how long the marker of a taken-away work mark lives.
+// workMarkerTTL is the work bucket's marker TTL (no longer used by
+// unmarkWork, kept: a bucket made with message TTLs cannot drop them).
 const workMarkerTTL = time.Minute

@@ -473,8 +473,13 @@ func (n *Node) Health() error {
 	why := fmt.Sprintf("JetStream is disabled on node %s since %s (its store at %s could not write: is the disk full?); the node restarts it once the store has room",
 		n.cfg.Name, n.disabled.UTC().Format(time.RFC3339), n.cfg.StoreDir)
 	if p := n.pending; p != nil && p.stuck {
+		age := time.Since(p.since)
 		why += fmt.Sprintf("; restarting it is stuck: the %s has not returned for %v (its deadline: %v), and the node tries again once it does",
-			p.name, time.Since(p.since).Round(time.Second), p.limit)
+			p.name, age.Round(time.Second), p.limit)
+		if age > 4*p.limit {
+			// A hang inside nats-server does not end by itself.
+			why += "; if it does not, restart this node"
+		}
 	} else if n.lastErr != nil {
 		why += " (last try: " + n.lastErr.Error() + ")"
 	}

@@ -919,7 +919,7 @@ func (s *Store) inboxCursor(room string) uint64 {
 
 // inboxPending counts the room's inbox entries past cursor: none when the
 // last entry is at or before it, else every entry the inbox holds (taken
-// entries are purged, so at most the one being taken is counted twice).
+// entries are deleted, so at most the one being taken is counted twice).
 func (s *Store) inboxPending(ctx context.Context, rm string, cursor uint64) (int, error) {
 	st, err := s.roomsStream(ctx)
 	if err != nil {
