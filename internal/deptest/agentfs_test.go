@@ -39,14 +39,12 @@ var agentFolderExceptions = map[string][]string{
 	// follow a link (os.RemoveAll removes one itself). The bind's moves
 	// are internal/warmpool's, by descriptors opened O_NOFOLLOW.
 	"internal/slotpool/slotpool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
-	// The acp pool's own folders, and the slot's name it records in the
-	// room's folder (the server's: the agent writes only beneath its
-	// home, workspace and TMPDIR) with the link made from that name to a
-	// woken room's home under .pool, whose folder (the server's, under
-	// .pool, which no agent can write) is made searchable only as root.
-	"internal/acpagent/pool.go": {"filepath.Glob(", "os.Chmod(", "os.Mkdir(", "os.Mkdir(", "os.MkdirAll(", "os.MkdirAll(", "os.ReadDir(", "os.ReadFile(",
-		"os.Remove(", "os.Remove(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(",
-		"os.Symlink(", "os.Symlink(", "os.WriteFile("},
+	// The acp pool's: the slot's name it records in the room's folder
+	// (the server's: the agent writes only beneath its home, workspace
+	// and TMPDIR) with the link made from that name to a woken room's
+	// home under .pool, whose folder (the server's, under .pool, which no
+	// agent can write) is made searchable only as root.
+	"internal/acpagent/pool.go": {"os.Chmod(", "os.Mkdir(", "os.MkdirAll(", "os.ReadFile(", "os.Remove(", "os.RemoveAll(", "os.Symlink(", "os.WriteFile("},
 	// The pools as root (shared by both): the uid journal, in a slot's
 	// own folder (the server's, which the agent cannot reach), and the
 	// count of a room's entries before a bind (WalkDir: names only, no
