@@ -273,41 +273,50 @@ func TestRealPiPoolRace(t *testing.T) {
 	}
 }
 
+// stopWokenBind is the first server of a bind fault test (start's): room
+// r's turn writes src/kept.txt and r is released; its next start's bind
+// is stopped at stop, as a crash of the server there would leave it (its
+// turn fails), and the server closes. next is the next server, started in
+// the same folder dir with the hook disarmed; ws is r's workspace.
+func stopWokenBind(t *testing.T, stop string, start func(*testing.T, string, *modelsim.Server, room.Config, int, func(string) error) *poolHost) (next *poolHost, dir, ws string) {
+	t.Helper()
+	dir = t.TempDir()
+	sim := roomtest.StartSim(t)
+	var armed atomic.Bool
+	fault := func(step string) error {
+		if armed.Load() && step == stop {
+			return errors.New("crash")
+		}
+		return nil
+	}
+	cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
+	ph := start(t, dir, sim, cfg, 1, fault)
+	ph.ready(t, 1)
+	acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
+	ph.Settled("r", acc)
+	if err := ph.M.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	ws = pooltest.RoomWorkspace(t, ph.Root, "r")
+	ph.ready(t, 1)
+	armed.Store(true)
+	failed := ph.Submit("r", "[[say:never]]")
+	if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
+		t.Fatalf("the stopped bind's turn: %v", d)
+	}
+	ph.Close()
+	armed.Store(false)
+	return start(t, dir, sim, cfg, 1, fault), dir, ws
+}
+
 // A bind stopped at each step (as a crash of the server there would
 // leave it) loses no file of the room: the next server's pool recovers it, and
 // the room runs on with its files and conversation.
 func TestRealPiPoolBindFault(t *testing.T) {
 	for _, stop := range warmpool.Steps {
 		t.Run(stop, func(t *testing.T) {
-			dir := t.TempDir()
-			sim := roomtest.StartSim(t)
-			var armed atomic.Bool
-			fault := func(step string) error {
-				if armed.Load() && step == stop {
-					return errors.New("crash")
-				}
-				return nil
-			}
-			cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
-			ph := startPoolHost(t, dir, sim, cfg, 1, fault)
-			ph.ready(t, 1)
-			acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
-			ph.Settled("r", acc)
-			if err := ph.M.Release(t.Context(), "r"); err != nil {
-				t.Fatal(err)
-			}
-			ws := pooltest.RoomWorkspace(t, ph.Root, "r")
-			ph.ready(t, 1)
-			armed.Store(true)
-			failed := ph.Submit("r", "[[say:never]]")
-			if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
-				t.Fatalf("the stopped bind's turn: %v", d)
-			}
-			ph.Close()
-
 			// The next server: recovered before any room starts.
-			armed.Store(false)
-			ph = startPoolHost(t, dir, sim, cfg, 1, fault)
+			ph, dir, ws := stopWokenBind(t, stop, startPoolHost)
 			if b, err := os.ReadFile(filepath.Join(ws, "src", "kept.txt")); err != nil || string(b) != "kept\n" {
 				t.Fatalf("the room's file after the recovery: %q, %v", b, err)
 			}

@@ -1,13 +1,11 @@
 package rpcagent
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/agenthost/agenthost/internal/confine"
@@ -146,35 +144,8 @@ func TestRealPiPoolUIDBindFault(t *testing.T) {
 	steps := append(append([]string{}, warmpool.Steps...), UIDSteps...)
 	for _, stop := range steps {
 		t.Run(stop, func(t *testing.T) {
-			dir := t.TempDir()
-			sim := roomtest.StartSim(t)
-			var armed atomic.Bool
-			fault := func(step string) error {
-				if armed.Load() && step == stop {
-					return errors.New("crash")
-				}
-				return nil
-			}
-			cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
-			ph := startPoolHostUID(t, dir, sim, cfg, 1, fault)
-			ph.ready(t, 1)
-			acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
-			ph.Settled("r", acc)
-			if err := ph.M.Release(t.Context(), "r"); err != nil {
-				t.Fatal(err)
-			}
-			ws := pooltest.RoomWorkspace(t, ph.Root, "r")
+			ph, dir, ws := stopWokenBind(t, stop, startPoolHostUID)
 			roomDir := filepath.Dir(ws)
-			ph.ready(t, 1)
-			armed.Store(true)
-			failed := ph.Submit("r", "[[say:never]]")
-			if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
-				t.Fatalf("the stopped bind's turn: %v", d)
-			}
-			ph.Close()
-
-			armed.Store(false)
-			ph = startPoolHostUID(t, dir, sim, cfg, 1, fault)
 			if b, err := os.ReadFile(filepath.Join(ws, "src", "kept.txt")); err != nil || string(b) != "kept\n" {
 				t.Fatalf("the room's file after the recovery: %q, %v", b, err)
 			}
