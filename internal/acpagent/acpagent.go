@@ -89,6 +89,10 @@ type Options struct {
 }
 
 // Transport implements room.Transport over ACP.
+//
+// Its warm pool's methods, StartPool, PoolStats, PoolWait, PoolHeld and
+// PoolSignal, are slotpool.Methods' (the same for both transports; each
+// does nothing, or says there is no pool, without Options.Pool).
 type Transport struct {
 	opts Options
 

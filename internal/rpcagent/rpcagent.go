@@ -86,6 +86,10 @@ var ErrNoMCP = errors.New("rpcagent: the agent has no MCP client")
 
 // Transport implements room.Transport over rpc, and room.Attacher when
 // its agents run in the process daemon.
+//
+// Its warm pool's methods, StartPool, PoolStats, PoolWait, PoolHeld and
+// PoolSignal, are slotpool.Methods' (the same for both transports; each
+// does nothing, or says there is no pool, without Options.Pool).
 type Transport struct {
 	opts Options
 	pool *pool // nil: no warm pool
