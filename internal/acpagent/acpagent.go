@@ -29,6 +29,7 @@ import (
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/roomlimits"
+	"github.com/agenthost/agenthost/internal/slotpool"
 	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/record"
@@ -88,6 +89,10 @@ type Options struct {
 }
 
 // Transport implements room.Transport over ACP.
+//
+// Its warm pool's methods, StartPool, PoolStats, PoolWait, PoolHeld and
+// PoolSignal, are slotpool.Methods' (the same for both transports; each
+// does nothing, or says there is no pool, without Options.Pool).
 type Transport struct {
 	opts Options
 
@@ -98,7 +103,14 @@ type Transport struct {
 	costs  map[string]float64
 
 	pool *pool // nil: no warm pool
+	// StartPool, PoolStats, PoolWait, PoolHeld and PoolSignal: the warm
+	// pool's (those of a transport without one when pool is nil).
+	poolMethods
 }
+
+// poolMethods is embedded under this alias so that the field stays
+// unexported: the transport's surface gains the methods only.
+type poolMethods = slotpool.Methods[*poolAgent]
 
 // maxSessionCosts bounds Transport.costs: past it the oldest entries
 // are forgotten (a loaded session without its entry counts its agent's
@@ -127,60 +139,18 @@ func New(opts Options) (*Transport, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.pool = p
+		t.pool, t.poolMethods = p, p.Methods()
 	}
 	return t, nil
-}
-
-// StartPool recovers the binds a crash stopped (before any room starts),
-// then starts filling the warm pool in the background; without a pool it
-// does nothing.
-func (t *Transport) StartPool() error {
-	if t.pool == nil {
-		return nil
-	}
-	return t.pool.start()
 }
 
 // Close ends the warm pool's idle agents (the rooms' agents are the
 // rooms' to release).
 func (t *Transport) Close() error {
 	if t.pool != nil {
-		t.pool.close()
+		t.pool.Close()
 	}
 	return nil
-}
-
-// PoolStats are the warm pool's counters; ok false without a pool.
-func (t *Transport) PoolStats() (st PoolStats, ok bool) {
-	if t.pool == nil {
-		return st, false
-	}
-	return t.pool.stats(), true
-}
-
-// PoolWait returns once n agents of the warm pool are ready to bind, or
-// with ctx's error (and the last start's failure); at once without a pool.
-func (t *Transport) PoolWait(ctx context.Context, n int) error {
-	if t.pool == nil {
-		return nil
-	}
-	return t.pool.wait(ctx, n)
-}
-
-// PoolHeld is how many agents the warm pool holds, started or starting.
-func (t *Transport) PoolHeld() int {
-	if t.pool == nil {
-		return 0
-	}
-	return t.pool.held()
-}
-
-// PoolSignal tells the warm pool a place may have come free.
-func (t *Transport) PoolSignal() {
-	if t.pool != nil {
-		t.pool.signal()
-	}
 }
 
 // ErrNoSteer: ACP has no way to deliver text into a running turn.

@@ -2,14 +2,11 @@ package acpagent
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +14,7 @@ import (
 	"github.com/agenthost/agenthost/internal/agentfs"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/slotpool"
 	"github.com/agenthost/agenthost/internal/slotuid"
 	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
@@ -33,7 +31,9 @@ import (
 // given the room's tools, and session/new opens the room's session in the
 // room's workspace with its MCP servers; mode and model are set as a cold
 // start sets them. A slot serves one room ever; the pool starts a
-// replacement in the background, one boot at a time.
+// replacement in the background, one boot at a time (the slots, the
+// refill and the counters are internal/slotpool's, shared with the rpc
+// pool).
 //
 // As root with agent uids a slot's agent runs as a uid of its own
 // (confine.Confiner.SlotUser), which its bind hands to the new room before
@@ -73,73 +73,53 @@ type PoolOptions struct {
 
 // Miss reasons (PoolStats.Misses): those of the rpc pool, and resume.
 const (
-	MissEmpty      = "empty"        // no idle slot
-	MissSettings   = "settings"     // agent, approval mode, model, thinking, limits, timeouts or environment differ
-	MissCommand    = "command"      // a custom agent command
-	MissMCP        = "mcp"          // the room has MCP servers (a stdio one's command is in the agent's confinement)
-	MissInstr      = "instructions" // the room's instructions differ (read at the agent's start)
-	MissReadOnly   = "read_only"    // the room reads folders beside its own
-	MissResume     = "resume"       // the room resumes a session (ACP: the cold path)
-	MissBindFailed = "bind_failed"  // the bind failed before the room's folders were touched
-	MissLarge      = "large"        // as root with agent uids: the room's files are more than a bind gives to another uid
+	MissEmpty      = slotpool.MissEmpty // no idle slot
+	MissSettings   = "settings"         // agent, approval mode, model, thinking, limits, timeouts or environment differ
+	MissCommand    = "command"          // a custom agent command
+	MissMCP        = "mcp"              // the room has MCP servers (a stdio one's command is in the agent's confinement)
+	MissInstr      = "instructions"     // the room's instructions differ (read at the agent's start)
+	MissReadOnly   = "read_only"        // the room reads folders beside its own
+	MissResume     = "resume"           // the room resumes a session (ACP: the cold path)
+	MissBindFailed = slotpool.MissBindFailed
+	MissLarge      = "large" // as root with agent uids: the room's files are more than a bind gives to another uid
 )
 
 // PoolStats are the pool's counters (/metrics).
-type PoolStats struct {
-	Size, Idle, Booting int
-	Hits                int64
-	Misses              map[string]int64
-	BindSeconds         []float64
-	LastErr             string
-}
+type PoolStats = slotpool.Stats
 
 // ErrPoolUnsupported: the pool cannot run with these options.
 var ErrPoolUnsupported = errors.New("acpagent: the warm pool cannot run here")
 
-const (
-	// refillQuiet: after a take the pool waits this long before it boots
-	// a replacement (a burst of cold rooms is not slowed by it).
-	refillQuiet = 500 * time.Millisecond
-	// placesPoll: how often a pool short of agents looks for a free
-	// place while every place (--max-resident) is taken.
-	placesPoll = 2 * time.Second
-	// slotsDir is the pool's folder beside the rooms' (a room's folder
-	// name never starts with a dot).
-	slotsDir = ".pool"
-	// discardWait bounds a discarded slot's agent's end.
-	discardWait = 30 * time.Second
-)
+// discardWait bounds a discarded slot's agent's end.
+const discardWait = 30 * time.Second
 
+// pool is the warm pool of a Transport: slotpool's bookkeeping, with how
+// an ACP agent starts in a slot and is bound to a new room.
 type pool struct {
+	*slotpool.Pool[*poolAgent]
 	t    *Transport
 	opts PoolOptions
 	kind agents.Kind
-
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-	wake   chan struct{}
-
-	watches sync.WaitGroup
-
-	mu       sync.Mutex
-	idle     []*slot
-	booting  int
-	lastTake time.Time
-	hits     int64
-	misses   map[string]int64
-	binds    []float64
-	lastErr  string
-	closed   bool
-	changed  chan struct{}
 }
 
 // slot is one started agent and its folders.
-type slot struct {
-	dir, ws, home, tmp string
-	a                  *agent
-	r                  Recipe
-	taken              chan struct{}
+type slot = slotpool.Slot[*poolAgent]
+
+// poolAgent is a slot's agent and the recipe it was started with.
+type poolAgent struct {
+	*agent
+	r Recipe
+}
+
+// End implements slotpool.Agent.
+func (a *poolAgent) End() {
+	if a.c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), discardWait)
+		_, _ = a.Close(ctx)
+		cancel()
+	} else {
+		_ = a.tools.close()
+	}
 }
 
 func newPool(t *Transport, o PoolOptions) (*pool, error) {
@@ -156,237 +136,37 @@ func newPool(t *Transport, o PoolOptions) (*pool, error) {
 		return nil, fmt.Errorf("%w: a custom agent command", ErrPoolUnsupported)
 	case t.opts.OTLP != nil:
 		return nil, fmt.Errorf("%w: each agent gets its room's tracing variables (--otlp-agents)", ErrPoolUnsupported)
-	case o.Rooms == "":
-		return nil, fmt.Errorf("%w: no rooms folder", ErrPoolUnsupported)
 	}
 	if o.Config.ApprovalMode == "" {
 		o.Config.ApprovalMode = room.ApprovalAsk
 	}
-	var err error
-	if o.Rooms, err = filepath.Abs(o.Rooms); err == nil && o.Workspaces != "" {
-		o.Workspaces, err = filepath.Abs(o.Workspaces)
-	}
+	p := &pool{t: t, opts: o, kind: kind}
+	core, err := slotpool.New(slotpool.Config[*poolAgent]{Name: "acpagent", Size: o.Size, Rooms: o.Rooms, Workspaces: o.Workspaces,
+		Places: o.Places, OnBind: o.OnBind, Boot: p.spawn, StartTimeout: t.opts.StartTimeout, Unsupported: ErrPoolUnsupported,
+		UIDs: p.uidBinder(), Logger: t.opts.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("acpagent: %w", err)
+		return nil, err
 	}
-	return &pool{t: t, opts: o, kind: kind, misses: map[string]int64{}, changed: make(chan struct{}),
-		wake: make(chan struct{}, 1), done: make(chan struct{})}, nil
+	p.Pool = core
+	return p, nil
 }
 
-// start recovers the binds a crash stopped, removes the slots left behind
-// and starts refilling.
-func (p *pool) start() error {
-	for _, d := range p.slotRoots() {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("acpagent: the pool's folder: %w", err)
-		}
-		if same, err := warmpool.SameDevice(d, filepath.Dir(d)); err != nil || !same {
-			return fmt.Errorf("%w: %s is not on the file system of %s", ErrPoolUnsupported, d, filepath.Dir(d))
-		}
-	}
-	journals, _ := filepath.Glob(filepath.Join(p.opts.Rooms, slotsDir, "*", warmpool.Journal))
-	for _, j := range journals {
-		if err := warmpool.Recover(j); err != nil {
-			return fmt.Errorf("acpagent: recovering a bind the last server left: %w", err)
-		}
-		p.t.opts.Logger.Warn("acpagent: recovered a room's bind a crash had stopped", "slot", filepath.Base(filepath.Dir(j)))
-	}
-	slots, err := p.uidBinder().RecoverAll(filepath.Join(p.opts.Rooms, slotsDir))
-	for _, s := range slots {
-		p.t.opts.Logger.Warn("acpagent: gave a room's files back to its uid after a stopped bind", "slot", s)
-	}
-	if err != nil {
-		return fmt.Errorf("acpagent: %w", err)
-	}
-	for _, d := range p.slotRoots() {
-		entries, _ := os.ReadDir(d)
-		for _, e := range entries {
-			if err := os.RemoveAll(filepath.Join(d, e.Name())); err != nil {
-				return fmt.Errorf("acpagent: removing an old slot: %w", err)
-			}
-		}
-	}
-	p.ctx, p.cancel = context.WithCancel(context.Background())
-	go p.refill()
-	p.signal()
-	return nil
-}
-
-func (p *pool) slotRoots() []string {
-	roots := []string{filepath.Join(p.opts.Rooms, slotsDir)}
-	if p.opts.Workspaces != "" {
-		roots = append(roots, filepath.Join(p.opts.Workspaces, slotsDir))
-	}
-	return roots
-}
-
-func (p *pool) signal() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
-
-// refill keeps the pool full, one boot at a time (its goroutine, ended by
-// close).
-func (p *pool) refill() {
-	defer close(p.done)
-	backoff := time.Second
-	sleep := func(d time.Duration) bool {
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		select {
-		case <-p.ctx.Done():
-			return false
-		case <-timer.C:
-			return true
-		}
-	}
-	for {
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-p.wake:
-		}
-		for {
-			wait, ok := p.needs()
-			if !ok {
-				break
-			}
-			if wait > 0 {
-				if !sleep(wait) {
-					return
-				}
-				continue
-			}
-			if err := p.boot(); err != nil {
-				if p.ctx.Err() != nil {
-					return
-				}
-				p.t.opts.Logger.Warn("acpagent: starting a pool agent", "err", err)
-				if !sleep(backoff) {
-					return
-				}
-				backoff = min(2*backoff, time.Minute)
-				continue
-			}
-			backoff = time.Second
-		}
-	}
-}
-
-func (p *pool) needs() (wait time.Duration, ok bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || len(p.idle)+p.booting >= p.opts.Size {
-		return 0, false
-	}
-	if d := refillQuiet - time.Since(p.lastTake); d > 0 {
-		return d, true
-	}
-	if p.overLocked(1) {
-		return placesPoll, true
-	}
-	p.booting++
-	return 0, true
-}
-
-// overLocked: n more agents of the pool would pass the places (p.mu held).
-func (p *pool) overLocked(n int) bool {
-	if p.opts.Places == nil {
-		return false
-	}
-	resident, most := p.opts.Places()
-	return resident+len(p.idle)+p.booting+n > most
-}
-
-// boot starts one agent in a new slot (p.booting counts it).
-func (p *pool) boot() error {
-	s, err := p.newSlot()
-	if err == nil {
-		ctx, cancel := context.WithTimeout(p.ctx, p.t.opts.StartTimeout)
-		err = p.spawn(ctx, s)
-		cancel()
-	}
-	p.mu.Lock()
-	p.booting--
-	if err == nil && !p.closed && !p.overLocked(0) {
-		s.taken = make(chan struct{})
-		p.idle = append(p.idle, s)
-		p.watches.Add(1)
-		go p.watch(s)
-		p.lastErr = ""
-		close(p.changed)
-		p.changed = make(chan struct{})
-		p.mu.Unlock()
-		return nil
-	}
-	if err != nil {
-		p.lastErr = err.Error()
-		close(p.changed)
-		p.changed = make(chan struct{})
-	}
-	p.mu.Unlock()
-	if s != nil {
-		p.discard(s)
-	}
-	if err == nil {
-		err = errors.New("acpagent: the pool closed")
-	}
-	return err
-}
-
-// newSlot makes a slot's folders.
-func (p *pool) newSlot() (*slot, error) {
-	b := make([]byte, 8)
-	rand.Read(b)
-	id := hex.EncodeToString(b)
-	s := &slot{dir: filepath.Join(p.opts.Rooms, slotsDir, id)}
-	s.home, s.tmp = filepath.Join(s.dir, "home"), filepath.Join(s.dir, "tmp")
-	s.ws = filepath.Join(s.dir, "workspace")
-	if p.opts.Workspaces != "" {
-		s.ws = filepath.Join(p.opts.Workspaces, slotsDir, id)
-	}
-	for _, d := range []string{s.dir, s.ws, s.home} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return s, fmt.Errorf("acpagent: the slot's folders: %w", err)
-		}
-	}
-	return s, nil
-}
-
-// spawn starts the slot's agent, confined to its folders, with a tools'
-// server that serves nothing until the bind; no session yet.
-func (p *pool) spawn(ctx context.Context, s *slot) error {
+// spawn starts the slot's agent (slotpool.Config.Boot), confined to its
+// folders, with a tools' server that serves nothing until the bind; no
+// session yet.
+func (p *pool) spawn(ctx context.Context, s *slot) (*poolAgent, error) {
 	a := &agent{h: &lateHandler{}, log: p.t.opts.Logger, t: p.t}
 	a.loading.Store(true)
 	var err error
 	if a.tools, err = listenTools(p.t.opts.Logger); err != nil {
-		return err
+		return nil, err
 	}
-	spec := room.AgentSpec{Room: "pool-" + filepath.Base(s.dir), Workspace: s.ws, Home: s.home, Config: p.opts.Config}
+	spec := room.AgentSpec{Room: "pool-" + s.ID, Workspace: s.WS, Home: s.Home, Config: p.opts.Config}
 	r, _, err := p.t.spawn(ctx, spec, a)
 	if err != nil {
-		return errors.Join(err, a.tools.close())
+		return nil, errors.Join(err, a.tools.close())
 	}
-	s.a, s.r = a, r
-	return nil
-}
-
-// discard ends a slot's agent and removes its folders.
-func (p *pool) discard(s *slot) {
-	if s.a != nil && s.a.c != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), discardWait)
-		_, _ = s.a.Close(ctx)
-		cancel()
-	} else if s.a != nil {
-		_ = s.a.tools.close()
-	}
-	for _, d := range []string{s.ws, s.dir} {
-		if err := os.RemoveAll(d); err != nil {
-			p.t.opts.Logger.Warn("acpagent: removing a slot", "err", err)
-		}
-	}
+	return &poolAgent{agent: a, r: r}, nil
 }
 
 // mismatch is the miss reason for spec, "" when the pool may serve it.
@@ -423,20 +203,13 @@ func (p *pool) backstop() time.Duration {
 	return acp.DefaultPermissionTimeout
 }
 
-func (p *pool) missed(reason string) {
-	p.mu.Lock()
-	p.misses[reason]++
-	p.mu.Unlock()
-}
-
 // take binds an idle slot's agent to spec's room; ok false: the room
 // starts cold (a miss). An error with ok is the room's (its workspace
 // refused as a cold start would refuse it, or a bind that failed after
 // the room's folders were touched).
 func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok bool, _ error) {
 	if r := p.mismatch(spec); r != "" {
-		p.missed(r)
-		p.makeRoom()
+		p.Miss(r)
 		return nil, false, nil
 	}
 	// What a cold start does to the room's home and checks of its
@@ -452,81 +225,28 @@ func (p *pool) take(ctx context.Context, spec room.AgentSpec) (_ room.Agent, ok 
 	if b := p.uidBinder(); b.On() && slotuid.CountEntries(slotuid.MaxOwnEntries+1, ws, spec.Home) > slotuid.MaxOwnEntries {
 		// As root with agent uids the bind gives the room's files to the
 		// slot's uid: past this, a cold start is about as fast.
-		p.missed(MissLarge)
-		p.makeRoom()
+		p.Miss(MissLarge)
 		return nil, false, nil
 	}
-	s := p.pop()
+	s, _ := p.Pop(nil)
 	if s == nil {
-		p.missed(MissEmpty)
-		p.makeRoom()
+		p.Miss(MissEmpty)
 		return nil, false, nil
 	}
 	a, touched, err := p.bind(ctx, s, spec)
-	if errors.Is(err, warmpool.ErrFault) {
-		// As a crash there: the agent ends, the folders and journals
-		// stay as they are for the next start's recovery.
-		ctx, cancel := context.WithTimeout(context.Background(), discardWait)
-		_, _ = s.a.Close(ctx)
-		cancel()
-		return nil, true, err
-	}
-	if err != nil && !touched {
-		p.discard(s)
-		p.missed(MissBindFailed)
-		p.makeRoom()
-		p.t.opts.Logger.Warn("acpagent: binding a pool agent failed; the room starts its own", "room", spec.Room, "err", err)
-		return nil, false, nil
-	}
-	if err != nil {
+	if err != nil && touched && !errors.Is(err, warmpool.ErrFault) {
 		// The room's folders are the slot's now: its agent ends, and
 		// the room's next start is a cold one in them.
-		ctx, cancel := context.WithTimeout(context.Background(), discardWait)
-		_, _ = s.a.Close(ctx)
-		cancel()
-		_ = os.RemoveAll(s.dir)
-		_ = os.Remove(s.ws)
+		s.Agent.End()
+		s.Cleanup()
 		return nil, true, redactedErr{err}
 	}
-	if p.opts.OnBind != nil {
-		p.opts.OnBind(a.bindTime.Seconds())
+	if err != nil {
+		ok, err := p.Failed(s, spec.Room, err)
+		return nil, ok, err
 	}
-	p.mu.Lock()
-	p.hits++
-	p.binds = append(p.binds, a.bindTime.Seconds())
-	if len(p.binds) > 1024 {
-		p.binds = slices.Delete(p.binds, 0, len(p.binds)-1024)
-	}
-	p.mu.Unlock()
+	p.Hit(a.bindTime)
 	return a, true, nil
-}
-
-// pop takes an idle slot whose agent runs (nil: none); those that ended
-// are discarded.
-func (p *pool) pop() *slot {
-	defer p.signal()
-	var stale []*slot
-	defer func() {
-		for _, s := range stale {
-			p.discard(s)
-		}
-	}()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.lastTake = time.Now()
-	for len(p.idle) > 0 {
-		s := p.idle[0]
-		p.idle = p.idle[1:]
-		close(s.taken)
-		select {
-		case <-s.a.Done():
-			stale = append(stale, s)
-			continue
-		default:
-		}
-		return s
-	}
-	return nil
 }
 
 // bind hands the slot's agent spec's room: the slot's folders into the
@@ -535,47 +255,34 @@ func (p *pool) pop() *slot {
 // then is the room's).
 func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec) (_ *agent, touched bool, _ error) {
 	began := time.Now()
-	a := s.a
+	a := s.Agent.agent
 	// The room's home as a cold start makes it (new rooms may have none).
 	d, err := agentfs.Create(spec.Home, 0o700, nil)
 	if err != nil {
 		return nil, false, fmt.Errorf("acpagent: %w", err)
 	}
 	d.Close()
-	plan := warmpool.Plan{
-		Workspace: warmpool.Pair{Slot: s.ws, Room: spec.Workspace},
-		Home:      warmpool.Pair{Slot: s.home, Room: spec.Home},
-		Tmp:       warmpool.Pair{Slot: s.tmp, Room: filepath.Join(filepath.Dir(spec.Home), "tmp")},
-	}
-	for _, pr := range []*warmpool.Pair{&plan.Workspace, &plan.Home, &plan.Tmp} {
-		r, err := filepath.Abs(pr.Room)
-		if err != nil {
-			return nil, false, fmt.Errorf("acpagent: %w", err)
-		}
-		pr.Room = r
+	plan, err := s.Plan(spec.Workspace, spec.Home)
+	if err != nil {
+		return nil, false, fmt.Errorf("acpagent: %w", err)
 	}
 	uids := p.uidBinder()
-	if err := uids.Begin(s.dir, plan); err != nil {
+	if err := uids.Begin(s.Dir, plan); err != nil {
 		return nil, false, err
 	}
-	if err := warmpool.Bind(filepath.Join(s.dir, warmpool.Journal), plan, p.opts.Fault); err != nil {
+	if err := warmpool.Bind(filepath.Join(s.Dir, warmpool.Journal), plan, p.opts.Fault); err != nil {
 		// Bind recovers the room's folders itself on a failure (but a
 		// fault's, as a crash's).
-		return nil, false, uids.BindFailed(s.dir, err)
+		return nil, false, uids.BindFailed(s.Dir, err)
 	}
 	// As root with agent uids: the room's folders and the room to the
 	// slot's uid, and the room's paths into the agent's view, before
 	// session/new names the room's workspace.
-	if err := uids.HandOver(s.dir, plan, a.c); err != nil {
+	if err := uids.HandOver(s.Dir, plan, a.c); err != nil {
 		return nil, true, err
 	}
-	// The agent was started with the slot's paths (HOME, TMPDIR, its
-	// configuration's files): they lead to the room's folders, which are
-	// the slot's, for as long as it runs.
-	for _, l := range [][2]string{{plan.Home.Room, s.home}, {plan.Tmp.Room, s.tmp}, {plan.Workspace.Room, s.ws}} {
-		if err := os.Symlink(l[0], l[1]); err != nil {
-			return nil, true, fmt.Errorf("acpagent: %w", err)
-		}
+	if err := s.Link(plan); err != nil {
+		return nil, true, fmt.Errorf("acpagent: %w", err)
 	}
 	if err := a.c.MoveFSRoot(plan.Workspace.Room); err != nil {
 		return nil, true, err
@@ -594,19 +301,14 @@ func (p *pool) bind(ctx context.Context, s *slot, spec room.AgentSpec) (_ *agent
 		a.tools = nil
 	}
 	a.h.(*lateHandler).bind(spec.Handler)
-	if err := p.t.openSession(ctx, a, spec, plan.Workspace.Room, s.r); err != nil {
+	if err := p.t.openSession(ctx, a, spec, plan.Workspace.Room, s.Agent.r); err != nil {
 		return nil, true, err
 	}
-	if err := markSlot(plan.Home.Room, s.dir); err != nil {
+	if err := markSlot(plan.Home.Room, s.Dir); err != nil {
 		return nil, true, err
 	}
 	a.pooled, a.bindTime = true, time.Since(began)
-	dir, ws := s.dir, s.ws
-	a.cleanup = func() {
-		// The links and the slot's folder.
-		_ = os.RemoveAll(dir)
-		_ = os.Remove(ws)
-	}
+	a.cleanup = s.Cleanup
 	return a, true, nil
 }
 
@@ -619,131 +321,10 @@ func (p *pool) uidBinder() slotuid.Binder {
 // slotUser is the user of a slot's agent when dir (a home's parent) is a
 // slot's folder (ok), as confine.Confiner.SlotUser allocates it.
 func (t *Transport) slotUser(dir string) (u *confine.User, ok bool, err error) {
-	if t.pool == nil || filepath.Dir(dir) != filepath.Join(t.pool.opts.Rooms, slotsDir) {
+	if t.pool == nil {
 		return nil, false, nil
 	}
-	u, err = t.opts.Confine.SlotUser(dir)
-	if err != nil {
-		return nil, true, fmt.Errorf("acpagent: the pool agent's user: %w", err)
-	}
-	return u, true, nil
-}
-
-// makeRoom ends idle agents of the pool while the rooms' agents and the
-// pool's pass the places.
-func (p *pool) makeRoom() {
-	for {
-		p.mu.Lock()
-		over := p.overLocked(0)
-		p.mu.Unlock()
-		if !over || !p.evict() {
-			return
-		}
-	}
-}
-
-// watch removes the idle slot s whose agent ended by itself and has the
-// pool start another; it ends once s is taken.
-func (p *pool) watch(s *slot) {
-	defer p.watches.Done()
-	select {
-	case <-s.taken:
-		return
-	case <-s.a.Done():
-	}
-	p.mu.Lock()
-	i := slices.Index(p.idle, s)
-	if i >= 0 {
-		p.idle = slices.Delete(p.idle, i, i+1)
-		close(s.taken)
-	}
-	p.mu.Unlock()
-	if i < 0 {
-		return
-	}
-	p.t.opts.Logger.Warn("acpagent: a pool agent ended while idle; another starts")
-	p.discard(s)
-	p.signal()
-}
-
-// evict ends one idle agent of the pool; false when none is idle.
-func (p *pool) evict() bool {
-	p.mu.Lock()
-	if len(p.idle) == 0 {
-		p.mu.Unlock()
-		return false
-	}
-	s := p.idle[len(p.idle)-1]
-	p.idle = p.idle[:len(p.idle)-1]
-	close(s.taken)
-	p.mu.Unlock()
-	p.discard(s)
-	return true
-}
-
-func (p *pool) held() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle) + p.booting
-}
-
-func (p *pool) stats() PoolStats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	st := PoolStats{Size: p.opts.Size, Idle: len(p.idle), Booting: p.booting, Hits: p.hits, Misses: map[string]int64{},
-		BindSeconds: slices.Clone(p.binds), LastErr: p.lastErr}
-	for k, v := range p.misses {
-		st.Misses[k] = v
-	}
-	return st
-}
-
-// close stops refilling and ends the idle agents.
-func (p *pool) close() {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return
-	}
-	p.closed = true
-	idle := p.idle
-	p.idle = nil
-	for _, s := range idle {
-		close(s.taken)
-	}
-	p.mu.Unlock()
-	if p.cancel != nil {
-		p.cancel()
-		<-p.done
-	}
-	p.watches.Wait()
-	for _, s := range idle {
-		p.discard(s)
-	}
-}
-
-// wait returns once n agents of the pool are idle, or with the failure of
-// a start that ended while it waited, or with ctx's error.
-func (p *pool) wait(ctx context.Context, n int) error {
-	for first := true; ; first = false {
-		p.mu.Lock()
-		idle, changed, last := len(p.idle), p.changed, p.lastErr
-		p.mu.Unlock()
-		if idle >= n {
-			return nil
-		}
-		if !first && last != "" {
-			return fmt.Errorf("acpagent: the pool's agent did not start: %s", last)
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			if last != "" {
-				return fmt.Errorf("%w (the last pool agent's start: %s)", ctx.Err(), last)
-			}
-			return ctx.Err()
-		}
-	}
+	return t.pool.SlotUser(dir)
 }
 
 // lateHandler is a pool agent's handler: nothing before its bind (an
@@ -821,7 +402,7 @@ func slotHomeLink(roomHome string) (undo func(), dir string, err error) {
 	if _, err := hex.DecodeString(id); err != nil || len(id) != 16 {
 		return nil, "", fmt.Errorf("acpagent: %s in the room's folder is not a slot's name", slotMark)
 	}
-	dir = filepath.Join(filepath.Dir(roomDir), slotsDir, id)
+	dir = filepath.Join(filepath.Dir(roomDir), slotpool.Dir, id)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, "", fmt.Errorf("acpagent: %w", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,7 +18,9 @@ import (
 	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
+	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/internal/slotpool/pooltest"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -32,9 +33,19 @@ type poolHost struct {
 
 func startPoolHost(t *testing.T, cfg room.Config, size int) *poolHost {
 	t.Helper()
-	dir := t.TempDir()
+	return startPool(t, "", nil, cfg, size, nil, confine.UIDRange{})
+}
+
+// startPool is startPoolHost in dir ("": a new one) with sim (nil: its
+// own), the bind's fault hook fault, and agents that run as uids of
+// agentUIDs (none: as the server).
+func startPool(t *testing.T, dir string, sim *modelsim.Server, cfg room.Config, size int, fault func(string) error, agentUIDs confine.UIDRange) *poolHost {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
 	ph := &poolHost{}
-	h := roomtest.Start(t, dir, nil, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, raw string) (room.Transport, error) {
+	h := roomtest.Start(t, dir, sim, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, raw string) (room.Transport, error) {
 		u, err := url.Parse(raw)
 		if err != nil {
 			return nil, err
@@ -43,12 +54,15 @@ func startPoolHost(t *testing.T, cfg room.Config, size int) *poolHost {
 		if err != nil {
 			return nil, err
 		}
-		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{uint16(n)}, Tools: in.Dir})
+		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{uint16(n)}, Tools: in.Dir, AgentUIDs: agentUIDs})
 		if err != nil {
 			return nil, err
 		}
+		if !agentUIDs.Empty() && cf.AgentUsers().Empty() {
+			t.Fatal("no agent uids as root")
+		}
 		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: raw, Confine: cf,
-			Pool: &PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms")}})
+			Pool: &PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms"), Fault: fault}})
 		if err == nil {
 			// After the rooms' close (cleanups run last first).
 			t.Cleanup(func() { tr.Close() })
@@ -70,10 +84,8 @@ func (ph *poolHost) ready(t *testing.T, n int) *slot {
 	if err := ph.tr.PoolWait(ctx, n); err != nil {
 		t.Fatalf("the pool's agents: %v", err)
 	}
-	p := ph.tr.pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.idle[0]
+	idle, _ := ph.tr.pool.Idle()
+	return idle[0]
 }
 
 func (ph *poolHost) started(t *testing.T, roomID string, acc room.Accepted) map[string]any {
@@ -87,15 +99,6 @@ func (ph *poolHost) started(t *testing.T, roomID string, acc room.Accepted) map[
 func codexShell(cmd string) string {
 	b, _ := json.Marshal(map[string]any{"cmd": cmd})
 	return "[[tool:exec_command " + string(b) + "]]"
-}
-
-func roomWorkspace(t *testing.T, h *host, roomID string) string {
-	t.Helper()
-	ws, _ := filepath.Glob(filepath.Join(h.Root, roomID+"-*", "workspace"))
-	if len(ws) != 1 {
-		t.Fatalf("room %s's workspace: %v", roomID, ws)
-	}
-	return ws[0]
 }
 
 // TestRealCodexPool: with a pool of codex-acp (Landlock, yolo), a new room
@@ -116,7 +119,7 @@ func TestRealCodexPool(t *testing.T) {
 		t.Fatalf("new room: agent.started %v (pool %+v)", st, ps)
 	}
 	ph.Settled("a", acc)
-	ws := roomWorkspace(t, ph.host, "a")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "a")
 	if b, err := os.ReadFile(filepath.Join(ws, "where.txt")); err != nil || strings.TrimSpace(string(b)) != ws {
 		t.Fatalf("the tool ran in %q (%v), not the room's workspace %s", b, err, ws)
 	}
@@ -132,21 +135,7 @@ func TestRealCodexPool(t *testing.T) {
 
 	// The bound agent is confined as a cold one: another room's files,
 	// the store, the server's process and a TCP port are out of reach.
-	other := filepath.Join(ph.Root, "another-room", "workspace")
-	if err := os.MkdirAll(other, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	secret := filepath.Join(filepath.Dir(ph.Root), "agenthost.db")
-	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: secret, PID: os.Getpid(), Port: ln.Addr().(*net.TCPAddr).Port}
-	probe.WriteProbe(t, ws)
+	pooltest.WriteProbe(t, ph.Root, ws)
 	pacc := ph.Submit("a", "Probe: "+codexShell("bash "+roomtest.ProbeScript))
 	ph.Settled("a", pacc)
 	roomtest.CheckConfined(t, roomtest.ProbeResults(ph.Sim), true)
@@ -157,7 +146,7 @@ func TestRealCodexPool(t *testing.T) {
 	if _, rel := ph.Wait("a", acc.Seq, "agent.released", nil); rel["receipt"] == nil {
 		t.Fatalf("a pooled agent's release without a receipt: %v", rel)
 	}
-	for _, p := range []string{first.dir, first.ws} {
+	for _, p := range []string{first.Dir, first.WS} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("the slot's %s is left after the release: %v", p, err)
 		}
@@ -169,13 +158,13 @@ func TestRealCodexPool(t *testing.T) {
 	next := ph.ready(t, 1)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	sess, err := next.a.c.NewSession(ctx, next.ws, nil)
+	sess, err := next.Agent.c.NewSession(ctx, next.WS, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(next.ws, "probe.txt")
-	cmd := "cat " + filepath.Join(ws, "where.txt") + " >/dev/null 2>&1; echo a=$? > probe.txt; head -c1 " + secret + " >/dev/null 2>&1; echo db=$? >> probe.txt"
-	if _, err := next.a.c.Prompt(ctx, sess.ID, codexShell(cmd)); err != nil {
+	out := filepath.Join(next.WS, "probe.txt")
+	cmd := "cat " + filepath.Join(ws, "where.txt") + " >/dev/null 2>&1; echo a=$? > probe.txt; head -c1 " + pooltest.Store(ph.Root) + " >/dev/null 2>&1; echo db=$? >> probe.txt"
+	if _, err := next.Agent.c.Prompt(ctx, sess.ID, codexShell(cmd)); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(out)
@@ -219,7 +208,7 @@ func TestRealCodexPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	ph.Wait("b", bacc.Seq, "agent.released", nil)
-	for _, p := range []string{next.dir, next.ws} {
+	for _, p := range []string{next.Dir, next.WS} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("the slot's %s is left after the release: %v", p, err)
 		}
@@ -252,7 +241,7 @@ func TestRealCodexPoolRace(t *testing.T) {
 		t.Fatalf("pooled: %v, want exactly one", pooled)
 	}
 	for _, id := range []string{"x", "y"} {
-		ws := roomWorkspace(t, ph.host, id)
+		ws := pooltest.RoomWorkspace(t, ph.Root, id)
 		if b, err := os.ReadFile(filepath.Join(ws, "where.txt")); err != nil || strings.TrimSpace(string(b)) != ws {
 			t.Fatalf("room %s's tool ran in %q (%v), not %s", id, b, err, ws)
 		}

@@ -4,25 +4,22 @@ package acpagent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/agenthost/agenthost/custody"
 	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/internal/slotpool"
+	"github.com/agenthost/agenthost/internal/slotpool/pooltest"
 	"github.com/agenthost/agenthost/internal/slotuid"
 	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
@@ -32,112 +29,14 @@ import (
 // serve's default and of rpcagent's tests' range).
 var poolUIDs = confine.UIDRange{First: 3_200_100, Last: 3_200_119}
 
-// startPoolHostUID is startPoolHost as root with agent uids: each room's
-// and each slot's agent runs as a uid of its own.
+// startPoolHostUID is startPool as root with agent uids: each room's and
+// each slot's agent runs as a uid of its own.
 func startPoolHostUID(t *testing.T, dir string, sim *modelsim.Server, cfg room.Config, size int, fault func(string) error) *poolHost {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("agents run as uids of their own only when the server runs as root")
 	}
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	ph := &poolHost{}
-	h := roomtest.Start(t, dir, sim, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, raw string) (room.Transport, error) {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return nil, err
-		}
-		n, err := strconv.ParseUint(u.Port(), 10, 16)
-		if err != nil {
-			return nil, err
-		}
-		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{uint16(n)}, Tools: in.Dir, AgentUIDs: poolUIDs})
-		if err != nil {
-			return nil, err
-		}
-		if cf.AgentUsers().Empty() {
-			t.Fatal("no agent uids as root")
-		}
-		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: raw, Confine: cf,
-			Pool: &PoolOptions{Size: size, Config: cfg, Rooms: filepath.Join(dir, "rooms"), Fault: fault}})
-		if err == nil {
-			t.Cleanup(func() { tr.Close() })
-		}
-		ph.tr = tr
-		return tr, err
-	})
-	if err := ph.tr.StartPool(); err != nil {
-		t.Fatal(err)
-	}
-	ph.host = h
-	return ph
-}
-
-// uidOf is the uid an agent-uid record in dir names (0: none).
-func uidOf(t *testing.T, dir string) (uid int, owned bool) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "agent-uid"))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false
-	}
-	var rec struct {
-		UID   int    `json:"uid"`
-		Room  string `json:"room"`
-		Owned bool   `json:"owned"`
-	}
-	if err != nil || json.Unmarshal(b, &rec) != nil {
-		t.Fatalf("%s's agent-uid: %q, %v", dir, b, err)
-	}
-	if rec.Room != filepath.Base(dir) {
-		t.Fatalf("%s's agent-uid names %q", dir, rec.Room)
-	}
-	return rec.UID, rec.Owned
-}
-
-// holders are the room and slot folders whose records name uid.
-func holders(t *testing.T, rooms string, uid int) []string {
-	t.Helper()
-	var out []string
-	dirs, _ := filepath.Glob(filepath.Join(rooms, "*"))
-	slots, _ := filepath.Glob(filepath.Join(rooms, slotsDir, "*"))
-	for _, d := range append(dirs, slots...) {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() || filepath.Base(d) == slotsDir {
-			continue
-		}
-		if u, _ := uidOf(t, d); u == uid {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
-// fileUID is the owner of path (not followed).
-func fileUID(t *testing.T, path string) int {
-	t.Helper()
-	fi, err := os.Lstat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(fi.Sys().(*syscall.Stat_t).Uid)
-}
-
-// treeOwnedBy fails unless every entry of the folders is uid's.
-func treeOwnedBy(t *testing.T, uid int, folders ...string) {
-	t.Helper()
-	for _, f := range folders {
-		_ = filepath.Walk(f, func(p string, fi os.FileInfo, err error) error {
-			if err != nil {
-				return nil
-			}
-			st := fi.Sys().(*syscall.Stat_t)
-			// A file of several names is left as it is (agentfs.OwnTree).
-			if got := int(st.Uid); got != uid && (fi.IsDir() || st.Nlink < 2) {
-				t.Errorf("%s is uid %d's, not %d's", p, got, uid)
-			}
-			return nil
-		})
-	}
+	return startPool(t, dir, sim, cfg, size, fault, poolUIDs)
 }
 
 // TestRealCodexPoolUID: as root with agent uids, a codex pool agent runs
@@ -150,7 +49,7 @@ func TestRealCodexPoolUID(t *testing.T) {
 	cfg := room.Config{Agent: string(agents.Codex), ApprovalMode: room.ApprovalYolo}
 	ph := startPoolHostUID(t, "", nil, cfg, 1, nil)
 	first := ph.ready(t, 1)
-	u1, _ := uidOf(t, first.dir)
+	u1, _ := pooltest.UIDOf(t, first.Dir)
 	if u1 < poolUIDs.First || u1 > poolUIDs.Last {
 		t.Fatalf("the slot's uid %d is not of the range %s", u1, poolUIDs)
 	}
@@ -161,42 +60,28 @@ func TestRealCodexPoolUID(t *testing.T) {
 		t.Fatalf("new room: agent.started %v (pool %+v)", st, ps)
 	}
 	ph.Settled("a", acc)
-	ws := roomWorkspace(t, ph.host, "a")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "a")
 	roomDir := filepath.Dir(ws)
 	b, err := os.ReadFile(filepath.Join(ws, "where.txt"))
 	if err != nil || !strings.HasPrefix(string(b), ws+"\n") || !strings.Contains(string(b), "\n"+strconv.Itoa(u1)+"\n") {
 		t.Fatalf("the tool wrote %q (%v): want the room's workspace %s and uid %d", b, err, ws, u1)
 	}
-	if got := fileUID(t, filepath.Join(ws, "where.txt")); got != u1 {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "where.txt")); got != u1 {
 		t.Fatalf("where.txt is uid %d's, the slot's agent's is %d", got, u1)
 	}
-	if got, owned := uidOf(t, roomDir); got != u1 || !owned {
+	if got, owned := pooltest.UIDOf(t, roomDir); got != u1 || !owned {
 		t.Fatalf("the room's record: uid %d (owned %v), want %d", got, owned, u1)
 	}
-	if h := holders(t, ph.Root, u1); len(h) != 1 || h[0] != roomDir {
+	if h := pooltest.Holders(t, ph.Root, u1); len(h) != 1 || h[0] != roomDir {
 		t.Fatalf("uid %d is held by %v, want only the room", u1, h)
 	}
-	treeOwnedBy(t, u1, ws, filepath.Join(roomDir, "home"))
-	if left, _ := filepath.Glob(filepath.Join(ph.Root, slotsDir, "*", "*.journal")); len(left) != 0 {
+	pooltest.TreeOwnedBy(t, u1, ws, filepath.Join(roomDir, "home"))
+	if left, _ := filepath.Glob(filepath.Join(ph.Root, slotpool.Dir, "*", "*.journal")); len(left) != 0 {
 		t.Fatalf("journals left after the bind: %v", left)
 	}
 
 	// The bound agent is confined as a cold one.
-	other := filepath.Join(ph.Root, "another-room", "workspace")
-	if err := os.MkdirAll(other, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	secret := filepath.Join(filepath.Dir(ph.Root), "agenthost.db")
-	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: secret, PID: os.Getpid(), Port: ln.Addr().(*net.TCPAddr).Port}
-	probe.WriteProbe(t, ws)
+	pooltest.WriteProbe(t, ph.Root, ws)
 	ph.Settled("a", ph.Submit("a", "Probe: "+codexShell("bash "+roomtest.ProbeScript)))
 	roomtest.CheckConfined(t, roomtest.ProbeResults(ph.Sim), true)
 	if err := ph.M.Release(t.Context(), "a"); err != nil {
@@ -206,21 +91,21 @@ func TestRealCodexPoolUID(t *testing.T) {
 	// The next slot: another uid; before its bind its agent cannot read
 	// room a.
 	next := ph.ready(t, 1)
-	u2, _ := uidOf(t, next.dir)
+	u2, _ := pooltest.UIDOf(t, next.Dir)
 	if u2 == u1 || u2 < poolUIDs.First || u2 > poolUIDs.Last {
 		t.Fatalf("the next slot's uid %d (the room's %d)", u2, u1)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	sess, err := next.a.c.NewSession(ctx, next.ws, nil)
+	sess, err := next.Agent.c.NewSession(ctx, next.WS, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := "cat " + filepath.Join(ws, "where.txt") + " >/dev/null 2>&1; echo a=$? > probe.txt; id -u >> probe.txt"
-	if _, err := next.a.c.Prompt(ctx, sess.ID, codexShell(cmd)); err != nil {
+	if _, err := next.Agent.c.Prompt(ctx, sess.ID, codexShell(cmd)); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(next.ws, "probe.txt")
+	out := filepath.Join(next.WS, "probe.txt")
 	if b, err := os.ReadFile(out); err != nil || !strings.Contains(string(b), "a=1") || !strings.Contains(string(b), strconv.Itoa(u2)) {
 		t.Fatalf("a slot's agent before its bind read the room (or is not uid %d): %q, %v", u2, b, err)
 	}
@@ -232,7 +117,7 @@ func TestRealCodexPoolUID(t *testing.T) {
 	// conversation.
 	// Its agent follows the link of its slot's home name, but can
 	// neither list nor change that folder.
-	link := first.dir
+	link := first.Dir
 	check := "id -u > again.txt\nls " + link + " >/dev/null 2>&1; echo ls=$? > link.txt\nrm -f " + link + "/home 2>/dev/null; echo rm=$? >> link.txt\ntouch " + link + "/x 2>/dev/null; echo touch=$? >> link.txt\n"
 	if err := os.WriteFile(filepath.Join(ws, "check.sh"), []byte(check), 0o644); err != nil {
 		t.Fatal(err)
@@ -248,7 +133,7 @@ func TestRealCodexPoolUID(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ws, "link.txt")); err != nil || string(b) != "ls=2\nrm=1\ntouch=1\n" {
 		t.Fatalf("the woken agent on its slot's home link's folder: %q, %v (want ls, rm and touch refused)", b, err)
 	}
-	if got := fileUID(t, filepath.Join(ws, "again.txt")); got != u1 {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "again.txt")); got != u1 {
 		t.Fatalf("again.txt is uid %d's, the room's is %d", got, u1)
 	}
 	if st, _ := ph.tr.PoolStats(); st.Hits != 1 || st.Misses[MissResume] != 1 {
@@ -290,34 +175,34 @@ func TestRealCodexPoolUIDBindFault(t *testing.T) {
 
 			armed.Store(false)
 			ph = startPoolHostUID(t, dir, sim, cfg, 1, fault)
-			ws := roomWorkspace(t, ph.host, "r")
+			ws := pooltest.RoomWorkspace(t, ph.Root, "r")
 			roomDir := filepath.Dir(ws)
-			if left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotsDir, "*", "*.journal")); len(left) != 0 {
+			if left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotpool.Dir, "*", "*.journal")); len(left) != 0 {
 				t.Fatalf("journals left: %v", left)
 			}
 			// Past the uid journal's write the recovery gives the room's
 			// folders to the uid its record names (allocated if none).
-			if uid, owned := uidOf(t, roomDir); uid != 0 || stop != slotuid.StepJournal {
+			if uid, owned := pooltest.UIDOf(t, roomDir); uid != 0 || stop != slotuid.StepJournal {
 				if uid == 0 || !owned {
 					t.Fatalf("the room's record after the recovery: uid %d, not owned", uid)
 				}
-				treeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"), filepath.Join(roomDir, "tmp"))
-				if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+				pooltest.TreeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"), filepath.Join(roomDir, "tmp"))
+				if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
 					t.Fatalf("uid %d is held by %v, want only the room", uid, h)
 				}
 			}
 			ph.ready(t, 1)
 			next := ph.Submit("r", codexShell("echo more > more.txt"))
 			ph.Settled("r", next)
-			uid, owned := uidOf(t, roomDir)
+			uid, owned := pooltest.UIDOf(t, roomDir)
 			if uid == 0 || !owned {
 				t.Fatalf("the room's record after its next turn: uid %d, owned %v", uid, owned)
 			}
-			if got := fileUID(t, filepath.Join(ws, "more.txt")); got != uid {
+			if got := pooltest.FileUID(t, filepath.Join(ws, "more.txt")); got != uid {
 				t.Fatalf("more.txt is uid %d's, the room's record names %d", got, uid)
 			}
-			treeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"))
-			if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+			pooltest.TreeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"))
+			if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
 				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
 			}
 		})
@@ -347,16 +232,16 @@ func TestRealCodexPoolUIDRace(t *testing.T) {
 	}
 	uids := map[int]bool{}
 	for _, id := range []string{"x", "y"} {
-		ws := roomWorkspace(t, ph.host, id)
-		uid, owned := uidOf(t, filepath.Dir(ws))
+		ws := pooltest.RoomWorkspace(t, ph.Root, id)
+		uid, owned := pooltest.UIDOf(t, filepath.Dir(ws))
 		if uid == 0 || !owned || uids[uid] {
 			t.Fatalf("room %s's record: uid %d (owned %v); the other's: %v", id, uid, owned, uids)
 		}
 		uids[uid] = true
-		if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != filepath.Dir(ws) {
+		if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 || h[0] != filepath.Dir(ws) {
 			t.Fatalf("uid %d is held by %v, want only room %s", uid, h, id)
 		}
-		if got := fileUID(t, filepath.Join(ws, "where.txt")); got != uid {
+		if got := pooltest.FileUID(t, filepath.Join(ws, "where.txt")); got != uid {
 			t.Fatalf("room %s's where.txt is uid %d's, its record names %d", id, got, uid)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // agentFolderPackages write or read in folders a room's agent can write
 // (its home, workspace, TMPDIR): every such operation goes through
 // internal/agentfs, which never acts through a link the agent planted.
-var agentFolderPackages = []string{"internal/agents", "internal/rpcagent", "internal/rpcagent/piext", "internal/acpagent", "internal/slotuid"}
+var agentFolderPackages = []string{"internal/agents", "internal/rpcagent", "internal/rpcagent/piext", "internal/acpagent", "internal/slotuid", "internal/slotpool"}
 
 // fileCall is a direct file operation of the os or path/filepath package.
 var fileCall = regexp.MustCompile(`\b(os\.(WriteFile|ReadFile|MkdirAll|Mkdir|Remove|RemoveAll|OpenFile|Create|CreateTemp|MkdirTemp|Open|Rename|Symlink|Link|ReadDir|Chmod|Chown|Lchown|Truncate|Chtimes)|filepath\.(Glob|Walk|WalkDir))\(`)
@@ -33,20 +33,18 @@ var agentFolderExceptions = map[string][]string{
 	"internal/agents/reseed.go": {"os.ReadFile("},
 	// pi's package in the tools folder, which the home's copy links to.
 	"internal/rpcagent/piext/piext.go": {"os.ReadFile(", "os.ReadDir("},
-	// The warm pool's own folders (the server's: the slots' parents, the
+	// The warm pools' own folders (the server's: the slots' parents, the
 	// journals, the links from a bound slot's paths to its room's) and
 	// a slot's folders made before its agent starts; removals never
 	// follow a link (os.RemoveAll removes one itself). The bind's moves
 	// are internal/warmpool's, by descriptors opened O_NOFOLLOW.
-	"internal/rpcagent/pool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
-	// The same for the acp pool, and the slot's name it records in the
-	// room's folder (the server's: the agent writes only beneath its
-	// home, workspace and TMPDIR) with the link made from that name to a
-	// woken room's home under .pool, whose folder (the server's, under
-	// .pool, which no agent can write) is made searchable only as root.
-	"internal/acpagent/pool.go": {"filepath.Glob(", "os.Chmod(", "os.Mkdir(", "os.Mkdir(", "os.MkdirAll(", "os.MkdirAll(", "os.ReadDir(", "os.ReadFile(",
-		"os.Remove(", "os.Remove(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(",
-		"os.Symlink(", "os.Symlink(", "os.WriteFile("},
+	"internal/slotpool/slotpool.go": {"filepath.Glob(", "os.Mkdir(", "os.MkdirAll(", "os.ReadDir(", "os.Remove(", "os.RemoveAll(", "os.RemoveAll(", "os.RemoveAll(", "os.Symlink("},
+	// The acp pool's: the slot's name it records in the room's folder
+	// (the server's: the agent writes only beneath its home, workspace
+	// and TMPDIR) with the link made from that name to a woken room's
+	// home under .pool, whose folder (the server's, under .pool, which no
+	// agent can write) is made searchable only as root.
+	"internal/acpagent/pool.go": {"os.Chmod(", "os.Mkdir(", "os.MkdirAll(", "os.ReadFile(", "os.Remove(", "os.RemoveAll(", "os.Symlink(", "os.WriteFile("},
 	// The pools as root (shared by both): the uid journal, in a slot's
 	// own folder (the server's, which the agent cannot reach), and the
 	// count of a room's entries before a bind (WalkDir: names only, no

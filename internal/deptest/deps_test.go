@@ -37,9 +37,9 @@ var allowed = map[string][]string{
 	// or the server.
 	module + "/acp": {module + "/custody", module + "/internal/procio", "golang.org/x/sys/", "github.com/coder/acp-go-sdk"},
 	// The room transport over ACP knows rooms, the ACP client and custody;
-	// never the server. warmpool: its pool binds slots to rooms.
+	// never the server. warmpool, slotuid, slotpool: its warm pool.
 	module + "/internal/acpagent": append([]string{module + "/room", module + "/acp", module + "/custody", module + "/internal/detail", module + "/internal/usage", module + "/internal/roomlimits", module + "/internal/startfail",
-		module + "/internal/procio", module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
+		module + "/internal/procio", module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/slotpool", module + "/internal/agents", module + "/internal/store", module + "/record", module + "/event", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/",
 		"github.com/coder/acp-go-sdk", "go.yaml.in/yaml/"}, append(sqliteDeps, append(mcpDeps, landlockDeps...)...)...),
 	// Rooms' limits as custody's (and custody's support as rooms'
 	// resources): rooms and custody only, for the transports to share.
@@ -128,6 +128,15 @@ var allowed = map[string][]string{
 	// recovered), shared by both pools: the binds' journal and
 	// confinement's uids; no room or agent.
 	module + "/internal/slotuid": append([]string{module + "/internal/warmpool", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/"}, landlockDeps...),
+	// A warm pool's bookkeeping (slots, idle list, refill, counters),
+	// shared by both pools: the binds' and uids' journals it recovers;
+	// no room, and agents only through its interface.
+	module + "/internal/slotpool": append([]string{module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/confine", module + "/internal/agentfs", "golang.org/x/sys/"}, landlockDeps...),
+	// The pools' tests' shared helpers: the transports' test host (roomtest)
+	// and the pool's folder name; never a transport.
+	module + "/internal/slotpool/pooltest": append([]string{module + "/internal/slotpool", module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/confine",
+		module + "/internal/roomtest", module + "/room", module + "/internal/store", module + "/record", module + "/event", module + "/internal/roomsqlite", module + "/custody",
+		module + "/internal/procio", module + "/internal/agents", module + "/internal/agentfs", module + "/internal/modelsim", "go.yaml.in/yaml/"}, append(sqliteDeps, landlockDeps...)...),
 
 	// The library a program hosts rooms with (issue 40): public wrappers
 	// of the batteries serve uses; internal/ never imports them
@@ -142,7 +151,7 @@ var allowed = map[string][]string{
 	module + "/transport": append([]string{module + "/room", module + "/record", module + "/event", module + "/custody", module + "/rpc", module + "/acp",
 		module + "/procd", module + "/internal/rpcagent", module + "/internal/acpagent", module + "/internal/agentproc", module + "/internal/daemonproc",
 		module + "/internal/agents", module + "/internal/agentfs", module + "/internal/confine", module + "/internal/detail", module + "/internal/usage",
-		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail", module + "/internal/warmpool", module + "/internal/slotuid"}, append(mcpDeps, append(landlockDeps,
+		module + "/internal/procio", module + "/internal/roomlimits", module + "/internal/startfail", module + "/internal/warmpool", module + "/internal/slotuid", module + "/internal/slotpool"}, append(mcpDeps, append(landlockDeps,
 		"github.com/coder/acp-go-sdk", "github.com/creack/pty", "go.yaml.in/yaml/")...)...),
 	// Rooms' snapshots and git workspaces: the engines and their room
 	// adapters; never a transport, the store or the server.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +17,8 @@ import (
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/internal/slotpool"
+	"github.com/agenthost/agenthost/internal/slotpool/pooltest"
 	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
 )
@@ -33,15 +34,25 @@ type poolHost struct {
 
 func startPoolHost(t *testing.T, dir string, sim *modelsim.Server, cfg room.Config, size int, fault func(string) error) *poolHost {
 	t.Helper()
+	return startPool(t, dir, sim, cfg, size, fault, confine.UIDRange{})
+}
+
+// startPool is startPoolHost whose agents run as uids of agentUIDs
+// (none: as the server).
+func startPool(t *testing.T, dir string, sim *modelsim.Server, cfg room.Config, size int, fault func(string) error, agentUIDs confine.UIDRange) *poolHost {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
 	ph := &poolHost{}
 	var mgr atomic.Pointer[room.Manager]
 	h := roomtest.Start(t, dir, sim, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
-		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{port(t, url)}, Tools: in.Dir})
+		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{port(t, url)}, Tools: in.Dir, AgentUIDs: agentUIDs})
 		if err != nil {
 			return nil, err
+		}
+		if !agentUIDs.Empty() && cf.AgentUsers().Empty() {
+			t.Fatal("no agent uids as root")
 		}
 		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: url, Confine: cf, Pool: &PoolOptions{Size: size, Config: cfg,
 			Rooms: filepath.Join(dir, "rooms"), Fault: fault, Tools: func() []room.Tool {
@@ -78,13 +89,11 @@ func (ph *poolHost) ready(t *testing.T, n int) {
 // idleSlot is the first idle slot of the pool.
 func (ph *poolHost) idleSlot(t *testing.T) *slot {
 	t.Helper()
-	p := ph.tr.pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.idle) == 0 {
+	idle, _ := ph.tr.pool.Idle()
+	if len(idle) == 0 {
 		t.Fatal("no idle slot")
 	}
-	return p.idle[0]
+	return idle[0]
 }
 
 // slotRun runs a shell command as the idle slot's agent (its RPC bash:
@@ -93,7 +102,7 @@ func (ph *poolHost) slotRun(t *testing.T, s *slot, cmd string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	res, err := s.a.c.Bash(ctx, cmd)
+	res, err := s.Agent.c.Bash(ctx, cmd)
 	if err != nil {
 		t.Fatalf("slot bash %q: %v", cmd, err)
 	}
@@ -104,15 +113,6 @@ func (ph *poolHost) started(t *testing.T, roomID string, acc room.Accepted) map[
 	t.Helper()
 	_, started := ph.Wait(roomID, acc.Seq, "agent.started", nil)
 	return started
-}
-
-func roomWorkspace(t *testing.T, h *host, roomID string) string {
-	t.Helper()
-	ws, _ := filepath.Glob(filepath.Join(h.Root, roomID+"-*", "workspace"))
-	if len(ws) != 1 {
-		t.Fatalf("room %s's workspace: %v", roomID, ws)
-	}
-	return ws[0]
 }
 
 // testPooled: a new room and a room that wakes are each given a pool
@@ -141,7 +141,7 @@ func testPooled(t *testing.T, agent string) {
 	}
 	_, tool := ph.Wait("a", acc.Seq, "tool.ended", nil)
 	ph.Settled("a", acc)
-	ws := roomWorkspace(t, ph.host, "a")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "a")
 	if out, _ := tool["output"].(string); !strings.Contains(out, ws) {
 		t.Fatalf("the tool ran in %q, not the room's workspace %s", out, ws)
 	}
@@ -160,7 +160,7 @@ func testPooled(t *testing.T, agent string) {
 	if _, rel := ph.Wait("a", acc.Seq, "agent.released", nil); rel["receipt"] == nil {
 		t.Fatalf("a pooled agent's release without a receipt: %v", rel)
 	}
-	for _, p := range []string{first.dir, first.ws} {
+	for _, p := range []string{first.Dir, first.WS} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("the slot's %s is left after the release: %v", p, err)
 		}
@@ -173,9 +173,9 @@ func testPooled(t *testing.T, agent string) {
 	if out := ph.slotRun(t, next, "cat "+filepath.Join(ws, "made.txt")+" >/dev/null 2>&1; echo rc=$?"); !strings.Contains(out, "rc=1") {
 		t.Fatalf("a slot's agent read the room before its bind: %q", out)
 	}
-	secret := filepath.Join(filepath.Dir(ph.Root), "agenthost.db")
-	ph.slotRun(t, next, "ln -s "+secret+" "+filepath.Join(next.ws, "made.txt")+" && mkdir -p "+filepath.Join(next.home, "sessions")+
-		" && ln -s "+filepath.Dir(ph.Root)+" "+filepath.Join(next.ws, "store"))
+	secret := pooltest.Store(ph.Root)
+	ph.slotRun(t, next, "ln -s "+secret+" "+filepath.Join(next.WS, "made.txt")+" && mkdir -p "+filepath.Join(next.Home, "sessions")+
+		" && ln -s "+filepath.Dir(ph.Root)+" "+filepath.Join(next.WS, "store"))
 	before, err := os.ReadFile(secret)
 	if err != nil {
 		t.Fatal(err)
@@ -218,20 +218,7 @@ func testPooled(t *testing.T, agent string) {
 	// The confinement claims hold for the bound agent: another room's
 	// files, the store, the server's process and a TCP port are out of
 	// reach; its own workspace is not.
-	other := filepath.Join(ph.Root, "another-room", "workspace")
-	if err := os.MkdirAll(other, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: secret, PID: os.Getpid(), Port: ln.Addr().(*net.TCPAddr).Port}
-	probe.WriteProbe(t, ws)
+	pooltest.WriteProbe(t, ph.Root, ws)
 	pacc := ph.Submit("a", "Probe: "+roomtest.BashCall("bash "+roomtest.ProbeScript))
 	_, req = ph.Wait("a", pacc.Seq, "approval.requested", nil)
 	if err := ph.M.Approve(t.Context(), "a", req["approval_id"].(string), true); err != nil {
@@ -286,45 +273,54 @@ func TestRealPiPoolRace(t *testing.T) {
 	}
 }
 
+// stopWokenBind is the first server of a bind fault test (start's): room
+// r's turn writes src/kept.txt and r is released; its next start's bind
+// is stopped at stop, as a crash of the server there would leave it (its
+// turn fails), and the server closes. next is the next server, started in
+// the same folder dir with the hook disarmed; ws is r's workspace.
+func stopWokenBind(t *testing.T, stop string, start func(*testing.T, string, *modelsim.Server, room.Config, int, func(string) error) *poolHost) (next *poolHost, dir, ws string) {
+	t.Helper()
+	dir = t.TempDir()
+	sim := roomtest.StartSim(t)
+	var armed atomic.Bool
+	fault := func(step string) error {
+		if armed.Load() && step == stop {
+			return errors.New("crash")
+		}
+		return nil
+	}
+	cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
+	ph := start(t, dir, sim, cfg, 1, fault)
+	ph.ready(t, 1)
+	acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
+	ph.Settled("r", acc)
+	if err := ph.M.Release(t.Context(), "r"); err != nil {
+		t.Fatal(err)
+	}
+	ws = pooltest.RoomWorkspace(t, ph.Root, "r")
+	ph.ready(t, 1)
+	armed.Store(true)
+	failed := ph.Submit("r", "[[say:never]]")
+	if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
+		t.Fatalf("the stopped bind's turn: %v", d)
+	}
+	ph.Close()
+	armed.Store(false)
+	return start(t, dir, sim, cfg, 1, fault), dir, ws
+}
+
 // A bind stopped at each step (as a crash of the server there would
 // leave it) loses no file of the room: the next server's pool recovers it, and
 // the room runs on with its files and conversation.
 func TestRealPiPoolBindFault(t *testing.T) {
 	for _, stop := range warmpool.Steps {
 		t.Run(stop, func(t *testing.T) {
-			dir := t.TempDir()
-			sim := roomtest.StartSim(t)
-			var armed atomic.Bool
-			fault := func(step string) error {
-				if armed.Load() && step == stop {
-					return errors.New("crash")
-				}
-				return nil
-			}
-			cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
-			ph := startPoolHost(t, dir, sim, cfg, 1, fault)
-			ph.ready(t, 1)
-			acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
-			ph.Settled("r", acc)
-			if err := ph.M.Release(t.Context(), "r"); err != nil {
-				t.Fatal(err)
-			}
-			ws := roomWorkspace(t, ph.host, "r")
-			ph.ready(t, 1)
-			armed.Store(true)
-			failed := ph.Submit("r", "[[say:never]]")
-			if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
-				t.Fatalf("the stopped bind's turn: %v", d)
-			}
-			ph.Close()
-
 			// The next server: recovered before any room starts.
-			armed.Store(false)
-			ph = startPoolHost(t, dir, sim, cfg, 1, fault)
+			ph, dir, ws := stopWokenBind(t, stop, startPoolHost)
 			if b, err := os.ReadFile(filepath.Join(ws, "src", "kept.txt")); err != nil || string(b) != "kept\n" {
 				t.Fatalf("the room's file after the recovery: %q, %v", b, err)
 			}
-			left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotsDir, "*", warmpool.Journal))
+			left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotpool.Dir, "*", warmpool.Journal))
 			if len(left) != 0 {
 				t.Fatalf("journals left: %v", left)
 			}
@@ -347,7 +343,7 @@ func TestRealOMPPoolHostileWorkspace(t *testing.T) {
 	ph := startPoolHost(t, "", nil, room.Config{Agent: "omp", ApprovalTimeout: 2 * time.Minute}, 1, nil)
 	ph.ready(t, 1)
 	ph.Settled("w", ph.Submit("w", "hello"))
-	ws := roomWorkspace(t, ph.host, "w")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "w")
 	marks := filepath.Join(ws, "marks")
 	module := func(name string) string {
 		return "import * as fs from \"node:fs\";\nfs.writeFileSync(" + strconvQuote(filepath.Join(marks, name)) + ", \"ran\");\nexport default function () { return []; }\n"
@@ -448,7 +444,7 @@ func TestRealPiPoolReleaseRacesBind(t *testing.T) {
 	ph := startPoolHost(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
 	ph.ready(t, 1)
 	ph.Settled("r", ph.Submit("r", roomtest.BashCall("echo kept > kept.txt")))
-	ws := roomWorkspace(t, ph.host, "r")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "r")
 	if err := ph.M.Release(t.Context(), "r"); err != nil {
 		t.Fatal(err)
 	}
@@ -467,8 +463,8 @@ func TestRealPiPoolReleaseRacesBind(t *testing.T) {
 		}
 	}
 	ph.ready(t, 1)
-	slots, _ := filepath.Glob(filepath.Join(ph.Root, slotsDir, "*"))
-	journals, _ := filepath.Glob(filepath.Join(ph.Root, slotsDir, "*", warmpool.Journal))
+	slots, _ := filepath.Glob(filepath.Join(ph.Root, slotpool.Dir, "*"))
+	journals, _ := filepath.Glob(filepath.Join(ph.Root, slotpool.Dir, "*", warmpool.Journal))
 	if len(slots) != 1 || len(journals) != 0 {
 		t.Fatalf("slots %v, journals %v: want only the idle agent's slot", slots, journals)
 	}
@@ -480,18 +476,15 @@ func TestRealPiPoolReplacesADeadAgent(t *testing.T) {
 	ph := startPoolHost(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
 	ph.ready(t, 1)
 	dead := ph.idleSlot(t)
-	if err := dead.a.Kill(); err != nil {
+	if err := dead.Agent.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	p := ph.tr.pool
 	for {
-		p.mu.Lock()
-		replaced := len(p.idle) == 1 && p.idle[0] != dead
-		changed := p.changed
-		p.mu.Unlock()
-		if replaced {
+		idle, changed := p.Idle()
+		if len(idle) == 1 && idle[0] != dead {
 			break
 		}
 		select {
@@ -500,7 +493,7 @@ func TestRealPiPoolReplacesADeadAgent(t *testing.T) {
 			t.Fatal("the dead pool agent was not replaced")
 		}
 	}
-	if _, err := os.Lstat(dead.dir); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(dead.Dir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the dead agent's slot is left: %v", err)
 	}
 	acc := ph.Submit("r", "[[say:hi]]")

@@ -1,12 +1,8 @@
 package rpcagent
 
 import (
-	"fmt"
-	"path/filepath"
-
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/slotuid"
-	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
 )
 
@@ -43,17 +39,13 @@ var UIDSteps = slotuid.Steps
 // uids reports whether agents run as uids of their own.
 func (p *pool) uids() bool { return !p.t.opts.Confine.AgentUsers().Empty() }
 
-// slotUser is the user of a slot's agent when home is a slot's (ok), as
-// confine.Confiner.SlotUser allocates it.
+// slotUser is the user of a slot's agent when dir (a home's parent) is a
+// slot's folder (ok), as confine.Confiner.SlotUser allocates it.
 func (t *Transport) slotUser(dir string) (u *confine.User, ok bool, err error) {
-	if t.pool == nil || filepath.Dir(dir) != filepath.Join(t.pool.opts.Rooms, slotsDir) {
+	if t.pool == nil {
 		return nil, false, nil
 	}
-	u, err = t.opts.Confine.SlotUser(dir)
-	if err != nil {
-		return nil, true, fmt.Errorf("rpcagent: the pool agent's user: %w", err)
-	}
-	return u, true, nil
+	return t.pool.SlotUser(dir)
 }
 
 // roomUser is the user spec's room holds (allocated for a new room, as its
@@ -73,34 +65,8 @@ func (p *pool) roomUser(spec room.AgentSpec) (*confine.User, string, error) {
 	return u, "", nil
 }
 
+// uidBinder hands a slot's uid to its room as root with agent uids
+// (nothing otherwise).
 func (p *pool) uidBinder() slotuid.Binder {
 	return slotuid.Binder{Confine: p.t.opts.Confine, Fault: p.opts.Fault}
-}
-
-// beginUID writes the uid journal of s's bind (step 1); nothing without
-// agent uids.
-func (p *pool) beginUID(s *slot, plan warmpool.Plan) error { return p.uidBinder().Begin(s.dir, plan) }
-
-// bindFailed: see slotuid.Binder.BindFailed.
-func (p *pool) bindFailed(s *slot, err error) error { return p.uidBinder().BindFailed(s.dir, err) }
-
-// handOver gives the room's folders (now the slot's) and the room to the
-// slot's uid, and shows them to its agent (steps 2 to 5); nothing without
-// agent uids. After an error but a fault's it recovers as a restart
-// would.
-func (p *pool) handOver(s *slot, plan warmpool.Plan) error {
-	return p.uidBinder().HandOver(s.dir, plan, s.a.c.Process())
-}
-
-// recoverUIDs recovers the uid part of the binds a crash stopped (after
-// warmpool.Recover, before the slots are removed and any room starts).
-func (p *pool) recoverUIDs() error {
-	slots, err := p.uidBinder().RecoverAll(filepath.Join(p.opts.Rooms, slotsDir))
-	for _, s := range slots {
-		p.t.opts.Logger.Warn("rpcagent: gave a room's files back to its uid after a stopped bind", "slot", s)
-	}
-	if err != nil {
-		return fmt.Errorf("rpcagent: %w", err)
-	}
-	return nil
 }

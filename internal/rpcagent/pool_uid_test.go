@@ -1,23 +1,18 @@
 package rpcagent
 
 import (
-	"encoding/json"
-	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 
-	"github.com/agenthost/agenthost/custody"
-	"github.com/agenthost/agenthost/internal/agents"
 	"github.com/agenthost/agenthost/internal/confine"
 	"github.com/agenthost/agenthost/internal/modelsim"
 	"github.com/agenthost/agenthost/internal/roomtest"
+	"github.com/agenthost/agenthost/internal/slotpool"
+	"github.com/agenthost/agenthost/internal/slotpool/pooltest"
 	"github.com/agenthost/agenthost/internal/warmpool"
 	"github.com/agenthost/agenthost/room"
 )
@@ -33,104 +28,7 @@ func startPoolHostUID(t *testing.T, dir string, sim *modelsim.Server, cfg room.C
 	if os.Geteuid() != 0 {
 		t.Skip("agents run as uids of their own only when the server runs as root")
 	}
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	ph := &poolHost{}
-	var mgr atomic.Pointer[room.Manager]
-	h := roomtest.Start(t, dir, sim, room.Options{Config: cfg}, func(cust *custody.Custodian, in *agents.Install, url string) (room.Transport, error) {
-		cf, err := confine.New(confine.Options{Mode: confine.ModeLandlock, Net: []uint16{}, Ports: []uint16{port(t, url)}, Tools: in.Dir, AgentUIDs: poolUIDs})
-		if err != nil {
-			return nil, err
-		}
-		if cf.AgentUsers().Empty() {
-			t.Fatal("no agent uids as root")
-		}
-		tr, err := New(Options{Custodian: cust, Install: in, ModelURL: url, Confine: cf, Pool: &PoolOptions{Size: size, Config: cfg,
-			Rooms: filepath.Join(dir, "rooms"), Fault: fault, Tools: func() []room.Tool {
-				if m := mgr.Load(); m != nil {
-					return m.ToolDefs()
-				}
-				return nil
-			}}})
-		if err == nil {
-			t.Cleanup(func() { tr.Close() })
-		}
-		ph.tr = tr
-		return tr, err
-	})
-	mgr.Store(h.M)
-	if err := ph.tr.StartPool(); err != nil {
-		t.Fatal(err)
-	}
-	ph.host = h
-	return ph
-}
-
-// uidOf is the uid an agent-uid record in dir names (0: none).
-func uidOf(t *testing.T, dir string) (uid int, owned bool) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "agent-uid"))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, false
-	}
-	var rec struct {
-		UID   int    `json:"uid"`
-		Room  string `json:"room"`
-		Owned bool   `json:"owned"`
-	}
-	if err != nil || json.Unmarshal(b, &rec) != nil {
-		t.Fatalf("%s's agent-uid: %q, %v", dir, b, err)
-	}
-	if rec.Room != filepath.Base(dir) {
-		t.Fatalf("%s's agent-uid names %q", dir, rec.Room)
-	}
-	return rec.UID, rec.Owned
-}
-
-// holders are the room and slot folders whose records name uid.
-func holders(t *testing.T, rooms string, uid int) []string {
-	t.Helper()
-	var out []string
-	dirs, _ := filepath.Glob(filepath.Join(rooms, "*"))
-	slots, _ := filepath.Glob(filepath.Join(rooms, slotsDir, "*"))
-	for _, d := range append(dirs, slots...) {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() || filepath.Base(d) == slotsDir {
-			continue
-		}
-		if u, _ := uidOf(t, d); u == uid {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
-// fileUID is the owner of path (not followed).
-func fileUID(t *testing.T, path string) int {
-	t.Helper()
-	fi, err := os.Lstat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(fi.Sys().(*syscall.Stat_t).Uid)
-}
-
-// treeOwnedBy fails unless every entry of the folders is uid's.
-func treeOwnedBy(t *testing.T, uid int, folders ...string) {
-	t.Helper()
-	for _, f := range folders {
-		_ = filepath.Walk(f, func(p string, fi os.FileInfo, err error) error {
-			if err != nil {
-				return nil
-			}
-			st := fi.Sys().(*syscall.Stat_t)
-			// A file of several names is left as it is (agentfs.OwnTree).
-			if got := int(st.Uid); got != uid && (fi.IsDir() || st.Nlink < 2) {
-				t.Errorf("%s is uid %d's, not %d's", p, got, uid)
-			}
-			return nil
-		})
-	}
+	return startPool(t, dir, sim, cfg, size, fault, poolUIDs)
 }
 
 // testPooledUID: as root, a pool agent runs as a uid of its own; a new
@@ -144,11 +42,11 @@ func testPooledUID(t *testing.T, agent string) {
 	ph := startPoolHostUID(t, "", nil, cfg, 1, nil)
 	ph.ready(t, 1)
 	first := ph.idleSlot(t)
-	u1, _ := uidOf(t, first.dir)
+	u1, _ := pooltest.UIDOf(t, first.Dir)
 	if u1 < poolUIDs.First || u1 > poolUIDs.Last {
 		t.Fatalf("the slot's uid %d is not of the range %s", u1, poolUIDs)
 	}
-	if got := fileUID(t, first.ws); got != u1 {
+	if got := pooltest.FileUID(t, first.WS); got != u1 {
 		t.Fatalf("the slot's workspace is uid %d's, its agent's is %d", got, u1)
 	}
 
@@ -161,22 +59,22 @@ func testPooledUID(t *testing.T, agent string) {
 	}
 	_, tool := ph.Wait("a", acc.Seq, "tool.ended", nil)
 	ph.Settled("a", acc)
-	ws := roomWorkspace(t, ph.host, "a")
+	ws := pooltest.RoomWorkspace(t, ph.Root, "a")
 	roomDir := filepath.Dir(ws)
 	out, _ := tool["output"].(string)
 	if !strings.Contains(out, ws) || !strings.Contains(out, "made") || !strings.Contains(out, strconv.Itoa(u1)) {
 		t.Fatalf("the tool's output %q: want the room's workspace %s, made, uid %d", out, ws, u1)
 	}
-	if got := fileUID(t, filepath.Join(ws, "made.txt")); got != u1 {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "made.txt")); got != u1 {
 		t.Fatalf("made.txt is uid %d's, the agent's is %d", got, u1)
 	}
-	if got, owned := uidOf(t, roomDir); got != u1 || !owned {
+	if got, owned := pooltest.UIDOf(t, roomDir); got != u1 || !owned {
 		t.Fatalf("the room's record: uid %d (owned %v), want %d", got, owned, u1)
 	}
-	if h := holders(t, ph.Root, u1); len(h) != 1 || h[0] != roomDir {
+	if h := pooltest.Holders(t, ph.Root, u1); len(h) != 1 || h[0] != roomDir {
 		t.Fatalf("uid %d is held by %v, want only the room", u1, h)
 	}
-	treeOwnedBy(t, u1, ws, filepath.Join(roomDir, "home"))
+	pooltest.TreeOwnedBy(t, u1, ws, filepath.Join(roomDir, "home"))
 	if err := ph.M.Release(t.Context(), "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +82,7 @@ func testPooledUID(t *testing.T, agent string) {
 	// The next slot: another uid; before its bind it cannot read room a.
 	ph.ready(t, 1)
 	next := ph.idleSlot(t)
-	u2, _ := uidOf(t, next.dir)
+	u2, _ := pooltest.UIDOf(t, next.Dir)
 	if u2 == u1 || u2 < poolUIDs.First || u2 > poolUIDs.Last {
 		t.Fatalf("the next slot's uid %d (the room's %d)", u2, u1)
 	}
@@ -205,42 +103,28 @@ func testPooledUID(t *testing.T, agent string) {
 	if !ph.ModelSaw("marker-U") {
 		t.Fatal("the woken room's session lacks the earlier turn")
 	}
-	if got := fileUID(t, filepath.Join(ws, "again.txt")); got != u2 {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "again.txt")); got != u2 {
 		t.Fatalf("again.txt is uid %d's, the agent's is %d", got, u2)
 	}
 	// A file of two names the room's earlier uid made is given too (that
 	// uid is freed).
-	if got := fileUID(t, filepath.Join(ws, "made.txt")); got != u2 {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "made.txt")); got != u2 {
 		t.Fatalf("made.txt (two names, uid %d's before) is uid %d's, the room's is %d", u1, got, u2)
 	}
-	if got, owned := uidOf(t, roomDir); got != u2 || !owned {
+	if got, owned := pooltest.UIDOf(t, roomDir); got != u2 || !owned {
 		t.Fatalf("the woken room's record: uid %d (owned %v), want %d", got, owned, u2)
 	}
-	if h := holders(t, ph.Root, u2); len(h) != 1 || h[0] != roomDir {
+	if h := pooltest.Holders(t, ph.Root, u2); len(h) != 1 || h[0] != roomDir {
 		t.Fatalf("uid %d is held by %v, want only the room", u2, h)
 	}
-	if h := holders(t, ph.Root, u1); len(h) != 0 {
+	if h := pooltest.Holders(t, ph.Root, u1); len(h) != 0 {
 		t.Fatalf("the room's earlier uid %d is still held by %v", u1, h)
 	}
-	treeOwnedBy(t, u2, ws, filepath.Join(roomDir, "home"))
+	pooltest.TreeOwnedBy(t, u2, ws, filepath.Join(roomDir, "home"))
 
 	// The bound agent's confinement: another room's file and the store
 	// are out of reach; its own workspace is not.
-	other := filepath.Join(ph.Root, "another-room", "workspace")
-	if err := os.MkdirAll(other, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(other, "secret.txt"), []byte("the other room's secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	secret := filepath.Join(filepath.Dir(ph.Root), "agenthost.db")
-	probe := roomtest.Probe{Other: filepath.Join(other, "secret.txt"), Store: secret, PID: os.Getpid(), Port: ln.Addr().(*net.TCPAddr).Port}
-	probe.WriteProbe(t, ws)
+	pooltest.WriteProbe(t, ph.Root, ws)
 	ph.Settled("a", ph.Submit("a", "Probe: "+roomtest.BashCall("bash "+roomtest.ProbeScript)))
 	roomtest.CheckConfined(t, roomtest.ProbeResults(ph.Sim), true)
 	if st, _ := ph.tr.PoolStats(); st.Hits != 2 {
@@ -260,47 +144,20 @@ func TestRealPiPoolUIDBindFault(t *testing.T) {
 	steps := append(append([]string{}, warmpool.Steps...), UIDSteps...)
 	for _, stop := range steps {
 		t.Run(stop, func(t *testing.T) {
-			dir := t.TempDir()
-			sim := roomtest.StartSim(t)
-			var armed atomic.Bool
-			fault := func(step string) error {
-				if armed.Load() && step == stop {
-					return errors.New("crash")
-				}
-				return nil
-			}
-			cfg := room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}
-			ph := startPoolHostUID(t, dir, sim, cfg, 1, fault)
-			ph.ready(t, 1)
-			acc := ph.Submit("r", "remember marker-F "+roomtest.BashCall("mkdir -p src && echo kept > src/kept.txt"))
-			ph.Settled("r", acc)
-			if err := ph.M.Release(t.Context(), "r"); err != nil {
-				t.Fatal(err)
-			}
-			ws := roomWorkspace(t, ph.host, "r")
+			ph, dir, ws := stopWokenBind(t, stop, startPoolHostUID)
 			roomDir := filepath.Dir(ws)
-			ph.ready(t, 1)
-			armed.Store(true)
-			failed := ph.Submit("r", "[[say:never]]")
-			if d := ph.Ended("r", failed); d["outcome"] != room.OutcomeFailed {
-				t.Fatalf("the stopped bind's turn: %v", d)
-			}
-			ph.Close()
-
-			armed.Store(false)
-			ph = startPoolHostUID(t, dir, sim, cfg, 1, fault)
 			if b, err := os.ReadFile(filepath.Join(ws, "src", "kept.txt")); err != nil || string(b) != "kept\n" {
 				t.Fatalf("the room's file after the recovery: %q, %v", b, err)
 			}
-			uid, owned := uidOf(t, roomDir)
+			uid, owned := pooltest.UIDOf(t, roomDir)
 			if uid == 0 || !owned {
 				t.Fatalf("the room's record after the recovery: uid %d, owned %v", uid, owned)
 			}
-			treeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"), filepath.Join(roomDir, "tmp"))
-			if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+			pooltest.TreeOwnedBy(t, uid, ws, filepath.Join(roomDir, "home"), filepath.Join(roomDir, "tmp"))
+			if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
 				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
 			}
-			left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotsDir, "*", "*.journal"))
+			left, _ := filepath.Glob(filepath.Join(dir, "rooms", slotpool.Dir, "*", "*.journal"))
 			if len(left) != 0 {
 				t.Fatalf("journals left: %v", left)
 			}
@@ -310,11 +167,11 @@ func TestRealPiPoolUIDBindFault(t *testing.T) {
 			if out, _ := tool["output"].(string); !strings.Contains(out, "kept") {
 				t.Fatalf("after the recovery: %q", out)
 			}
-			uid, _ = uidOf(t, roomDir)
-			if got := fileUID(t, filepath.Join(ws, "more.txt")); got != uid {
+			uid, _ = pooltest.UIDOf(t, roomDir)
+			if got := pooltest.FileUID(t, filepath.Join(ws, "more.txt")); got != uid {
 				t.Fatalf("more.txt is uid %d's, the room's record names %d", got, uid)
 			}
-			if h := holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
+			if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 || h[0] != roomDir {
 				t.Fatalf("uid %d is held by %v, want only the room", uid, h)
 			}
 		})
@@ -344,16 +201,16 @@ func TestRealPiPoolUIDRace(t *testing.T) {
 	}
 	seen := map[int]string{}
 	for _, id := range ids {
-		ws := roomWorkspace(t, ph.host, id)
-		uid, _ := uidOf(t, filepath.Dir(ws))
+		ws := pooltest.RoomWorkspace(t, ph.Root, id)
+		uid, _ := pooltest.UIDOf(t, filepath.Dir(ws))
 		if other, dup := seen[uid]; dup || uid == 0 {
 			t.Fatalf("rooms %s and %s hold uid %d", other, id, uid)
 		}
 		seen[uid] = id
-		if got := fileUID(t, filepath.Join(ws, "mine.txt")); got != uid {
+		if got := pooltest.FileUID(t, filepath.Join(ws, "mine.txt")); got != uid {
 			t.Fatalf("room %s's file is uid %d's, its record names %d", id, got, uid)
 		}
-		if h := holders(t, ph.Root, uid); len(h) != 1 {
+		if h := pooltest.Holders(t, ph.Root, uid); len(h) != 1 {
 			t.Fatalf("uid %d is held by %v", uid, h)
 		}
 	}
@@ -366,8 +223,8 @@ func TestRealPiPoolUIDLargeRoom(t *testing.T) {
 	ph := startPoolHostUID(t, "", nil, room.Config{Agent: "pi", ApprovalMode: room.ApprovalYolo}, 1, nil)
 	ph.ready(t, 1)
 	ph.Settled("big", ph.Submit("big", roomtest.BashCall("echo one > one.txt")))
-	ws := roomWorkspace(t, ph.host, "big")
-	uid, _ := uidOf(t, filepath.Dir(ws))
+	ws := pooltest.RoomWorkspace(t, ph.Root, "big")
+	uid, _ := pooltest.UIDOf(t, filepath.Dir(ws))
 	if err := ph.M.Release(t.Context(), "big"); err != nil {
 		t.Fatal(err)
 	}
@@ -394,10 +251,10 @@ func TestRealPiPoolUIDLargeRoom(t *testing.T) {
 	if st, _ := ph.tr.PoolStats(); st.Misses[MissLarge] != 1 || st.Idle != 1 {
 		t.Fatalf("pool stats: %+v", st)
 	}
-	if got, _ := uidOf(t, filepath.Dir(ws)); got != uid {
+	if got, _ := pooltest.UIDOf(t, filepath.Dir(ws)); got != uid {
 		t.Fatalf("the room's uid changed from %d to %d on a cold start", uid, got)
 	}
-	if got := fileUID(t, filepath.Join(ws, "two.txt")); got != uid {
+	if got := pooltest.FileUID(t, filepath.Join(ws, "two.txt")); got != uid {
 		t.Fatalf("two.txt is uid %d's, the room's is %d", got, uid)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/agenthost/agenthost/internal/detail"
 	"github.com/agenthost/agenthost/internal/roomlimits"
 	"github.com/agenthost/agenthost/internal/rpcagent/piext"
+	"github.com/agenthost/agenthost/internal/slotpool"
 	"github.com/agenthost/agenthost/internal/startfail"
 	"github.com/agenthost/agenthost/internal/usage"
 	"github.com/agenthost/agenthost/room"
@@ -85,10 +86,21 @@ var ErrNoMCP = errors.New("rpcagent: the agent has no MCP client")
 
 // Transport implements room.Transport over rpc, and room.Attacher when
 // its agents run in the process daemon.
+//
+// Its warm pool's methods, StartPool, PoolStats, PoolWait, PoolHeld and
+// PoolSignal, are slotpool.Methods' (the same for both transports; each
+// does nothing, or says there is no pool, without Options.Pool).
 type Transport struct {
 	opts Options
-	pool *pool
+	pool *pool // nil: no warm pool
+	// StartPool, PoolStats, PoolWait, PoolHeld and PoolSignal: the warm
+	// pool's (those of a transport without one when pool is nil).
+	poolMethods
 }
+
+// poolMethods is embedded under this alias so that the field stays
+// unexported: the transport's surface gains the methods only.
+type poolMethods = slotpool.Methods[*poolAgent]
 
 var _ room.Attacher = (*Transport)(nil)
 
@@ -112,61 +124,18 @@ func New(opts Options) (*Transport, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.pool = p
+		t.pool, t.poolMethods = p, p.Methods()
 	}
 	return t, nil
-}
-
-// StartPool recovers the binds a crash stopped (before any room starts),
-// then starts filling the warm pool in the background; without a pool it
-// does nothing.
-func (t *Transport) StartPool() error {
-	if t.pool == nil {
-		return nil
-	}
-	return t.pool.start()
 }
 
 // Close ends the warm pool's idle agents (the rooms' agents are the
 // rooms' to release).
 func (t *Transport) Close() error {
 	if t.pool != nil {
-		t.pool.close()
+		t.pool.Close()
 	}
 	return nil
-}
-
-// PoolStats are the warm pool's counters; ok false without a pool.
-func (t *Transport) PoolStats() (st PoolStats, ok bool) {
-	if t.pool == nil {
-		return st, false
-	}
-	return t.pool.stats(), true
-}
-
-// PoolWait returns once n agents of the warm pool are ready to bind, or
-// with ctx's error (and the last start's failure); at once without a pool.
-func (t *Transport) PoolWait(ctx context.Context, n int) error {
-	if t.pool == nil {
-		return nil
-	}
-	return t.pool.wait(ctx, n)
-}
-
-// PoolHeld is how many agents the warm pool holds, started or starting.
-func (t *Transport) PoolHeld() int {
-	if t.pool == nil {
-		return 0
-	}
-	return t.pool.held()
-}
-
-// PoolSignal tells the warm pool a place may have come free (a room's
-// agent was released): it refills if it is short.
-func (t *Transport) PoolSignal() {
-	if t.pool != nil {
-		t.pool.signal()
-	}
 }
 
 // maxWaitRuns bounds how many runs the agent started by itself a turn
