@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -113,6 +114,19 @@ func (r *doctorReport) add(section string, ok bool, format string, a ...any) {
 	r.Checks = append(r.Checks, doctorCheck{Section: section, OK: ok, Detail: fmt.Sprintf(format, a...)})
 }
 
+// group puts each section's checks together, the sections in the order
+// each was first added (a section may be added to out of order: the warm
+// pool's acp lines come after the ACP agents are started).
+func (r *doctorReport) group() {
+	order := map[string]int{}
+	for _, c := range r.Checks {
+		if _, ok := order[c.Section]; !ok {
+			order[c.Section] = len(order)
+		}
+	}
+	slices.SortStableFunc(r.Checks, func(a, b doctorCheck) int { return order[a.Section] - order[b.Section] })
+}
+
 func (r *doctorReport) print(w io.Writer) {
 	section := ""
 	for _, c := range r.Checks {
@@ -134,7 +148,9 @@ func (r *doctorReport) print(w io.Writer) {
 }
 
 // runDoctor checks the runtimes and starts each agent of transport ("":
-// both); progress (an install of the ACP agents) goes to progress.
+// both), then the warm pool of each pooled agent that started (rpc: omp,
+// pi; acp: codex, copilot); progress (an install of the ACP agents) goes
+// to progress.
 func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeout time.Duration, transport string) *doctorReport {
 	rep := &doctorReport{}
 	const runtimes = "runtimes"
@@ -158,6 +174,8 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 	// Before the agents, whose starts may take the time there is.
 	confinementReport(ctx, rep)
 
+	const pools = "warm pool (serve --pool: an agent started in a slot, then bound to a new room)"
+	bound := 0 // pools that bound a room
 	if transport != transportACP {
 		const section = "agents (spawn, then get_state answered, on the built-in model)"
 		var started []agents.Kind // the pool is checked for these
@@ -175,10 +193,8 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 			rep.add(section, true, "%-3s %-8s started in %v (protocol v%d)", k, v, d.Round(time.Millisecond), proto)
 			started = append(started, k)
 		}
-		const pools = "warm pool (serve --pool: an agent started in a slot, then bound to a new room)"
-		bound := 0
 		for _, k := range started {
-			ready, bind, err := probePool(ctx, log, k, timeout)
+			ready, bind, err := probePool(ctx, log, k, transportRPC, timeout)
 			if err != nil {
 				rep.add(pools, false, "%s: the pool does not start: %s", k, oneLine(err.Error()))
 				continue
@@ -186,14 +202,23 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 			rep.add(pools, true, "%-3s ready in %v, bound to a room in %v", k, ready.Round(time.Millisecond), bind.Round(time.Millisecond))
 			bound++
 		}
-		if os.Geteuid() == 0 && bound > 0 {
-			rep.add(pools, true, "as root, the pool's agents run as uids of their own (--agent-uids), each handed to the room it is bound to (as in the binds above)")
-		}
 	}
-	if transport == transportRPC {
-		return rep
+	if transport != transportRPC {
+		bound += acpDoctor(ctx, rep, progress, log, in, timeout, pools)
 	}
+	if os.Geteuid() == 0 && bound > 0 {
+		rep.add(pools, true, "as root, the pool's agents run as uids of their own (--agent-uids), each handed to the room it is bound to (as in the binds above)")
+	}
+	rep.group()
+	return rep
+}
+
+// acpDoctor starts each ACP agent, then probes the warm pool of those
+// started that the acp transport pools (codex, copilot), reporting them in
+// section pools; it returns how many pools bound a room.
+func acpDoctor(ctx context.Context, rep *doctorReport, progress io.Writer, log *slog.Logger, in *agents.Install, timeout time.Duration, pools string) int {
 	const section = "ACP agents (spawn, then initialize answered, on the built-in model)"
+	var started []agents.Kind // the pool is checked for codex and copilot of these
 	if err := in.EnsureACP(ctx, progress); err != nil {
 		rep.add(section, false, "%s", oneLine(err.Error()))
 	}
@@ -212,8 +237,27 @@ func runDoctor(ctx context.Context, progress io.Writer, log *slog.Logger, timeou
 			continue
 		}
 		rep.add(section, true, "%-7s %-8s initialize answered in %v (%s); %s", k, v, r.start.Round(time.Millisecond), r.info, r.closed)
+		started = append(started, k)
 	}
-	return rep
+	bound := 0
+	var cold []string
+	for _, k := range started {
+		if k != agents.Codex && k != agents.Copilot {
+			cold = append(cold, string(k)+" acp")
+			continue
+		}
+		ready, bind, err := probePool(ctx, log, k, transportACP, timeout)
+		if err != nil {
+			rep.add(pools, false, "%s: the pool does not start: %s", k, oneLine(err.Error()))
+			continue
+		}
+		rep.add(pools, true, "%s ready in %v, bound to a room in %v", k, ready.Round(time.Millisecond), bind.Round(time.Millisecond))
+		bound++
+	}
+	if len(cold) > 0 {
+		rep.add(pools, true, "%s: not pooled: the acp transport's warm pool serves codex and copilot only; their rooms start cold", strings.Join(cold, ", "))
+	}
+	return bound
 }
 
 // confinementReport says what the kernel's Landlock lets --confine

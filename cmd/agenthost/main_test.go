@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -403,6 +404,25 @@ func TestDoctor(t *testing.T) {
 			t.Errorf("doctor output lacks %q with a bind:\n%s", want, out)
 		}
 	}
+	// So does the ACP pool of codex and copilot, in the same one section
+	// (the only ACP agents it pools; the others' rooms start cold).
+	const pools = "warm pool (serve --pool: an agent started in a slot, then bound to a new room)"
+	if n := strings.Count(out, "\n"+pools+":\n"); n != 1 {
+		t.Errorf("the warm pool section is printed %d times:\n%s", n, out)
+	}
+	var lines []string
+	for _, c := range rep.Checks {
+		if c.Section == pools {
+			lines = append(lines, c.Detail)
+		}
+	}
+	for _, want := range []string{"codex ready in ", "copilot ready in ", "omp acp, claude acp: not pooled: "} {
+		if !slices.ContainsFunc(lines, func(l string) bool {
+			return strings.HasPrefix(l, want) && (strings.Contains(want, "not pooled") || strings.Contains(l, ", bound to a room in "))
+		}) {
+			t.Errorf("the warm pool section lacks %q (with a bind):\n%s", want, strings.Join(lines, "\n"))
+		}
+	}
 	for _, want := range append([]string{"omp     18.2.3   initialize answered", "claude  0.101.0  initialize answered",
 		"codex   2.6.0    initialize answered", "copilot 1.0.102  initialize answered"}, confined...) {
 		if !strings.Contains(out, want) {
@@ -448,6 +468,10 @@ func TestDoctor_InstallsACPOnlyForACP(t *testing.T) {
 	out, errs, code := runCLI(t, "doctor")
 	if code != exitFailed || runs() != 1 || !strings.Contains(errs, "installing the ACP agents") || !strings.Contains(out, "PROBLEM  agents: install failed") {
 		t.Fatalf("doctor: exit %d, npm ran %d times\n%s\n%s", code, runs(), out, errs)
+	}
+	// No agent started, so no pool is probed (neither rpc nor acp).
+	if strings.Contains(out, "warm pool") {
+		t.Fatalf("doctor probed a pool of an agent that did not start:\n%s", out)
 	}
 }
 

@@ -210,12 +210,21 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// probePool checks that a warm pool of agent k starts and binds: a pool of
-// one in a scratch data dir, confined as serve would (Landlock where the
-// kernel has it; as root, agents as uids of their own, doctorPoolUIDs),
-// on the built-in model; ready is its agent's boot, bind a new room's bind
-// to it.
-func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout time.Duration) (ready, bind time.Duration, err error) {
+// poolProbe is what probePool needs of either transport with a pool.
+type poolProbe interface {
+	room.Transport
+	StartPool() error
+	PoolWait(ctx context.Context, n int) error
+	PoolStats() (rpcagent.PoolStats, bool)
+	Close() error
+}
+
+// probePool checks that a warm pool of agent k over transport (rpc: omp,
+// pi; acp: codex, copilot) starts and binds: a pool of one in a scratch
+// data dir, confined as serve would (Landlock where the kernel has it; as
+// root, agents as uids of their own, doctorPoolUIDs), on the built-in
+// model; ready is its agent's boot, bind a new room's bind to it.
+func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, transport string, timeout time.Duration) (ready, bind time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "agenthost-doctor-pool-")
@@ -242,8 +251,14 @@ func probePool(ctx context.Context, log *slog.Logger, k agents.Kind, timeout tim
 		return 0, 0, err
 	}
 	rooms := filepath.Join(dir, "rooms")
-	tr, err := rpcagent.New(rpcagent.Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Confine: cf, Logger: log,
-		Pool: &rpcagent.PoolOptions{Size: 1, Config: room.Config{Agent: string(k)}, Rooms: rooms}})
+	var tr poolProbe
+	if transport == transportACP {
+		tr, err = acpagent.New(acpagent.Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Confine: cf, Logger: log,
+			Pool: &acpagent.PoolOptions{Size: 1, Config: room.Config{Agent: string(k)}, Rooms: rooms}})
+	} else {
+		tr, err = rpcagent.New(rpcagent.Options{Custodian: cust, Install: in, ModelURL: sim.URL(), Confine: cf, Logger: log,
+			Pool: &rpcagent.PoolOptions{Size: 1, Config: room.Config{Agent: string(k)}, Rooms: rooms}})
+	}
 	if err != nil {
 		return 0, 0, err
 	}
