@@ -182,12 +182,7 @@ func TestRealCodexPool(t *testing.T) {
 		t.Fatalf("woken room: agent.started %v", st)
 	}
 	ph.Settled("a", again)
-	reqs := ph.Sim.Requests()
-	seen := false
-	for _, m := range reqs[len(reqs)-1].Messages {
-		seen = seen || strings.Contains(m.Content, "marker-Q")
-	}
-	if !seen {
+	if !ph.LastRequestHas("marker-Q") {
 		t.Fatal("the woken room's session lacks the earlier turn")
 	}
 

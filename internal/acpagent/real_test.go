@@ -164,12 +164,7 @@ func TestRealACPResumeAfterRestart(t *testing.T) {
 		t.Fatal("the session was not resumed (context.lost)")
 	}
 	// The resumed session carried the first turn to the model.
-	reqs := sim.Requests()
-	var saw bool
-	for _, m := range reqs[len(reqs)-1].Messages {
-		saw = saw || strings.Contains(m.Content, "pelican")
-	}
-	if !saw {
+	if !h2.LastRequestHas("pelican") {
 		t.Fatal("the resumed session lost the first turn")
 	}
 

@@ -94,13 +94,7 @@ func TestNode_RestartsItsServerWhenJetStreamWasDisabled(t *testing.T) {
 		case <-time.After(100 * time.Millisecond): // the client reconnecting: polled
 		}
 	}
-	s, err := js.Stream(ctx, "S")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := s.CachedInfo().State.Msgs; n != 2 {
-		t.Fatalf("%d messages in the stream after the restart, want 2", n)
-	}
+	wantKept(ctx, t, js)
 }
 
 // TestCluster_FullSharedDiskThenFreedComesBack: three nodes whose stores
@@ -326,13 +320,7 @@ func TestNode_StuckRestartStepIsReportedAndRetried(t *testing.T) {
 			if err != nil {
 				t.Fatalf("publishing after the restart: %v", err)
 			}
-			s, err := js.Stream(ctx, "S")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := s.CachedInfo().State.Msgs; n != 2 {
-				t.Fatalf("%d messages in the stream after the restart, want 2", n)
-			}
+			wantKept(ctx, t, js)
 		})
 	}
 }
@@ -514,5 +502,18 @@ func TestCluster_TakenEntriesAreDeletedNeverPurged(t *testing.T) {
 	case subj := <-purges:
 		t.Fatalf("a purge on %s", subj)
 	default:
+	}
+}
+
+// wantKept checks stream S holds its two messages after a restart in
+// place: the one from before (kept on disk) and the one after.
+func wantKept(ctx context.Context, t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	s, err := js.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 2 {
+		t.Fatalf("%d messages in the stream after the restart, want 2", n)
 	}
 }

@@ -353,6 +353,21 @@ func (h *Host) ModelSaw(s string) bool {
 	return false
 }
 
+// LastRequestHas reports whether the last request to the model carried s
+// (a resumed session's history is in the request that follows it).
+func (h *Host) LastRequestHas(s string) bool {
+	reqs := h.Sim.Requests()
+	if len(reqs) == 0 {
+		return false
+	}
+	for _, m := range reqs[len(reqs)-1].Messages {
+		if strings.Contains(m.Content, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // Field is the string at key in a JSON object ("" when absent).
 func Field(raw json.RawMessage, key string) string {
 	var d map[string]any

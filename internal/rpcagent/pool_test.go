@@ -200,12 +200,7 @@ func testPooled(t *testing.T, agent string) {
 	if out, _ := tool["output"].(string); !strings.Contains(out, "made") {
 		t.Fatalf("the woken room's file: %q", out)
 	}
-	reqs := ph.Sim.Requests()
-	seen := false
-	for _, m := range reqs[len(reqs)-1].Messages {
-		seen = seen || strings.Contains(m.Content, "marker-Q")
-	}
-	if !seen {
+	if !ph.LastRequestHas("marker-Q") {
 		t.Fatal("the woken room's session lacks the earlier turn")
 	}
 	if after, err := os.ReadFile(secret); err != nil || len(after) < len(before) {

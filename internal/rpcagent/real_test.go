@@ -413,12 +413,7 @@ func TestRealPiRoomResumesAcrossRelease(t *testing.T) {
 		t.Fatalf("pi resume: %v", started)
 	}
 	h.Settled("r", next)
-	reqs := h.Sim.Requests()
-	seen := false
-	for _, m := range reqs[len(reqs)-1].Messages {
-		seen = seen || strings.Contains(m.Content, "marker-P")
-	}
-	if !seen {
+	if !h.LastRequestHas("marker-P") {
 		t.Fatal("pi's resumed session lacks the earlier turn")
 	}
 }
@@ -452,12 +447,7 @@ func TestRealPiTornSessionTailIsRepaired(t *testing.T) {
 		if err := h.M.Release(t.Context(), "r"); err != nil {
 			t.Fatal(err)
 		}
-		reqs := h.Sim.Requests()
-		seen := false
-		for _, m := range reqs[len(reqs)-1].Messages {
-			seen = seen || strings.Contains(m.Content, "marker-Q")
-		}
-		if !seen {
+		if !h.LastRequestHas("marker-Q") {
 			t.Fatalf("resume %d lost the history before the torn line", i)
 		}
 	}
