@@ -542,6 +542,15 @@ func TestRefusedStartInTheAcceptingWriteRefusesTheMessage(t *testing.T) {
 	h := newHarnessWith(t, Options{}, func(s Store) Store { fs.Store = s; return fs })
 	first := h.submit("r", "one")
 	h.turnEnded("r", first)
+	// Idle: a message to a room whose worker is still winding down after
+	// turn.ended is queued for that worker, not started in its accepting
+	// write (what this test refuses).
+	r, _ := h.m.room("r")
+	waitFor(t, "the room's worker stops", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return !r.working && !r.ending && r.turn == nil
+	})
 	fs.mu.Lock()
 	fs.armed = true
 	fs.mu.Unlock()
