@@ -69,7 +69,7 @@ func runHelper(role string) {
 	case "zthread-host":
 		zthreadHost()
 		return
-	case "alloc", "spin":
+	case "alloc", "spin", "pin":
 		limitHelper(role)
 		return
 	case "reserve":

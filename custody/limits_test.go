@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,15 +17,34 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// limitHelper plays a scope's workload (helperEnv "alloc" or "spin"):
+// limitHelper plays a scope's workload (helperEnv "alloc", "spin" or
+// "pin"):
 //   - alloc N: allocates N bytes in 8 MiB pieces, each written, then says
 //     "allocated" (a process killed at a memory limit never does);
 //   - spin D: keeps a core busy for D of wall time, then prints the CPU
-//     time it used itself (user+system, in nanoseconds).
+//     time it used itself (user+system, in nanoseconds);
+//   - pin PID CPU: lets process PID run on CPU only (a shell pins itself
+//     this way; what it starts after inherits it), or exits 1 saying why.
 func limitHelper(role string) {
 	switch role {
+	case "pin":
+		args := os.Args[len(os.Args)-2:]
+		pid, err1 := strconv.Atoi(args[0])
+		cpu, err2 := strconv.Atoi(args[1])
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := errors.Join(err1, err2); err != nil {
+			fmt.Println("pin:", err)
+			os.Exit(1)
+		}
+		if err := unix.SchedSetaffinity(pid, &set); err != nil {
+			fmt.Println("pin:", err)
+			os.Exit(1)
+		}
 	case "alloc":
 		n, _ := strconv.ParseInt(os.Args[len(os.Args)-1], 10, 64)
 		var keep [][]byte
@@ -49,6 +69,22 @@ func limitHelper(role string) {
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 		fmt.Println(ru.Utime.Nano()+ru.Stime.Nano(), x%2)
 	}
+}
+
+// lastCPU is the last CPU this test may run on.
+func lastCPU(t *testing.T) int {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	for cpu := 1023; cpu >= 0; cpu-- { // IsSet is false past the set's end
+		if set.IsSet(cpu) {
+			return cpu
+		}
+	}
+	t.Fatal("no CPU in this test's affinity")
+	return 0
 }
 
 // needLimits skips where this host cannot limit by cgroups (a non-root
@@ -237,14 +273,25 @@ func TestResources_CPUMeteredAndLimited(t *testing.T) {
 // twice the loops of the other: every scope's group has the same share.
 // With other engineers' load on the machine the scopes may get little of
 // it, so the window is one of CPU time, not of wall time: from when both
-// are busy until they have used 4 s of CPU together (a minute at most).
+// are busy until they have used 3 s of CPU together (a minute at most).
+//
+// Both scopes run on one CPU: there the kernel splits the time between
+// groups by their shares alone. Spread over several CPUs, how close the
+// split comes also depends on where the kernel's load balancing puts each
+// loop, which other load on a busy machine moves (a fresh-clone run once
+// measured 2.29 s against 1.76 s): that is the kernel's placement, not
+// the shares this package sets. Without the shares the 4 loops would get
+// twice the CPU of the 2 on one CPU as on many.
 func TestResources_EqualShare(t *testing.T) {
 	c := newCustodian(t, Options{Resources: true})
 	needLimits(t, c, "")
+	cpu := lastCPU(t)
 	loops := func(n int) string {
-		// Both start together, on a line on stdin; bounded by timeout
+		// Both start together, on a line on stdin, after the shell has
+		// pinned itself to cpu (its loops inherit it); bounded by timeout
 		// (Close ends them before).
-		return "read go; " + strings.Repeat(`timeout 90 sh -c 'while :; do :; done' & `, n) + "wait; echo done"
+		return helperScript("pin", "$$", strconv.Itoa(cpu)) + " || exit 1; read go; " +
+			strings.Repeat(`timeout 90 sh -c 'while :; do :; done' & `, n) + "wait; echo done"
 	}
 	a, err := c.StartWith(ctxFor(t, 10*time.Second), shCmd(loops(4)), StartOptions{})
 	if err != nil {
@@ -283,9 +330,9 @@ func TestResources_EqualShare(t *testing.T) {
 	look(func(ua, ub time.Duration) bool { return ua > 100*time.Millisecond && ub > 100*time.Millisecond })
 	settled := time.Now().Add(time.Second)
 	a0, b0 := look(func(time.Duration, time.Duration) bool { return time.Now().After(settled) })
-	a1, b1 := look(func(ua, ub time.Duration) bool { return ua-a0+ub-b0 >= 4*time.Second })
+	a1, b1 := look(func(ua, ub time.Duration) bool { return ua-a0+ub-b0 >= 3*time.Second })
 	da, db := (a1 - a0).Seconds(), (b1 - b0).Seconds()
-	t.Logf("of 4 s of CPU: 4 loops %.2fs, 2 loops %.2fs", da, db)
+	t.Logf("of 3 s of CPU on CPU %d: 4 loops %.2fs, 2 loops %.2fs", cpu, da, db)
 	if da <= 0 || db <= 0 || da/db > 1.2 || db/da > 1.2 {
 		t.Fatalf("unequal shares: 4 loops %.2fs, 2 loops %.2fs", da, db)
 	}

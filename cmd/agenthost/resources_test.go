@@ -27,6 +27,7 @@ import (
 	"github.com/agenthost/agenthost/internal/roomtest"
 	"github.com/agenthost/agenthost/room"
 	"github.com/chromedp/chromedp"
+	"golang.org/x/sys/unix"
 )
 
 // The rooms' limits, with omp on the built-in model: each test runs a
@@ -47,6 +48,22 @@ func needRoomLimits(t testing.TB) {
 		t.Skipf("no %s for the rooms' workloads", python)
 	}
 	needCgroupLimits(t)
+}
+
+// lastCPU is the last CPU this test may run on.
+func lastCPU(t *testing.T) int {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	for cpu := 1023; cpu >= 0; cpu-- { // IsSet is false past the set's end
+		if set.IsSet(cpu) {
+			return cpu
+		}
+	}
+	t.Fatal("no CPU in this test's affinity")
+	return 0
 }
 
 // needCgroupLimits skips where this machine cannot limit rooms by
@@ -387,15 +404,20 @@ func TestServe_RoomPidsLimit(t *testing.T) {
 // Two rooms busy at once get the same CPU (within 20%) under the equal
 // share, although one runs twice the loops of the other. The loops start
 // together (a file the test makes in both workspaces) and end on their
-// own (timeout).
+// own (timeout). Both rooms' loops run on one CPU, where the kernel splits
+// the time between groups by their shares alone (over several CPUs its
+// load balancing, which other load on a busy machine moves, decides too:
+// see custody's TestResources_EqualShare).
 func TestServe_RoomsShareCPU(t *testing.T) {
 	needRoomLimits(t)
 	data := t.TempDir()
 	url, token, _ := startServe(t, "--data", data, "--approval-mode", "yolo")
-	// Each waits for the file go in its workspace, then runs n loops
-	// that end on their own.
+	cpuN := lastCPU(t)
+	// Each pins its shell to cpuN, waits for the file go in its
+	// workspace, then runs n loops that end on their own.
 	loops := func(n int) string {
-		return `sh -c 'while [ ! -e go ]; do sleep 0.2; done; ` + strings.Repeat(`timeout 15 sh -c "while :; do :; done" & `, n) + `wait; echo loops-done'`
+		return `sh -c '` + python + ` -c "import os; os.sched_setaffinity($$, {` + strconv.Itoa(cpuN) + `})" || exit 1; ` +
+			`while [ ! -e go ]; do sleep 0.2; done; ` + strings.Repeat(`timeout 15 sh -c "while :; do :; done" & `, n) + `wait; echo loops-done'`
 	}
 	var mu sync.Mutex
 	var runs [2]roomRun
