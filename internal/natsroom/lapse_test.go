@@ -331,9 +331,40 @@ func leaderLossAndHeal(t *testing.T, leadsLeases bool) {
 	// Every room busy: a turn of 200 ms after another, from now until the
 	// heal's elections are over (through the first host that takes them).
 	var (
-		feedMu sync.Mutex
-		last   = map[string]string{} // room -> its last message accepted
+		feedMu   sync.Mutex
+		last     = map[string]string{} // room -> its last message accepted
+		accepted = map[string]int{}    // room -> messages accepted
+		refused  = map[string]error{}  // room -> the last error of a Submit
 	)
+	// First a backlog in each room: while the log elects a leader (at
+	// the cut, and again at the heal) no message can be sent, and on a
+	// loaded machine a feeder alone got none in from before the cut until
+	// the heal's elections were over (the room then ran nothing across
+	// them, and the test waited for the end of a message never sent).
+	// The backlog (within the room's queue limit, 64) lasts past the cut's
+	// election; the feeders keep adding.
+	var backlog sync.WaitGroup
+	for _, rm := range rooms {
+		backlog.Add(1)
+		go func() {
+			defer backlog.Done()
+			for range feedBacklog {
+				acc, err := healthy.m.Submit(ctx, rm, room.Message{Text: "sleep:200ms"})
+				if err != nil {
+					t.Errorf("room %s's backlog: %v", rm, err)
+					return
+				}
+				feedMu.Lock()
+				last[rm] = acc.ID
+				accepted[rm]++
+				feedMu.Unlock()
+			}
+		}()
+	}
+	backlog.Wait()
+	if t.Failed() {
+		return
+	}
 	feedCtx, stopFeeding := context.WithCancel(ctx)
 	var feeders sync.WaitGroup
 	for _, rm := range rooms {
@@ -348,10 +379,15 @@ func leaderLossAndHeal(t *testing.T, leadsLeases bool) {
 					sctx, scancel := context.WithTimeout(feedCtx, 5*time.Second)
 					acc, err := h.m.Submit(sctx, rm, room.Message{Text: "sleep:200ms"})
 					scancel()
+					feedMu.Lock()
 					if err == nil {
-						feedMu.Lock()
 						last[rm] = acc.ID
-						feedMu.Unlock()
+						accepted[rm]++
+					} else {
+						refused[rm] = fmt.Errorf("through %s: %w", h.name, err)
+					}
+					feedMu.Unlock()
+					if err == nil {
 						break
 					}
 				}
@@ -398,8 +434,12 @@ func leaderLossAndHeal(t *testing.T, leadsLeases bool) {
 	stopFeeding()
 	feeders.Wait()
 	for _, rm := range healthyRooms {
+		t.Logf("room %s: %d messages accepted, the last %q; the last refusal: %v", rm, accepted[rm], last[rm], refused[rm])
 		// Turns run in order: the last message's end is every one's.
-		waitEvent(ctx, t, healthy, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == last[rm] })
+		wctx, wcancel := context.WithTimeout(ctx, 90*time.Second)
+		waitEventOr(wctx, t, healthy, rm, 0, "turn.ended", func(d map[string]any) bool { return d["message_id"] == last[rm] },
+			func() { logRoom(t, tc, rm) })
+		wcancel()
 		turns := 0
 		for _, ev := range checkGapFree(ctx, t, healthy, rm) {
 			switch {
@@ -415,6 +455,29 @@ func leaderLossAndHeal(t *testing.T, leadsLeases bool) {
 		t.Logf("room %s (held by %s): %d turns, every one settled", rm, holder[rm], turns)
 	}
 	checkNoOverlap(t, tc.spans(t))
+}
+
+// feedBacklog is how many messages each room has queued before the cut.
+const feedBacklog = 40
+
+// logRoom logs what each host sees of a room that did not end a turn in
+// time: its holder, its state, its last events.
+func logRoom(t *testing.T, tc *testCluster, rm string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, h := range tc.hosts {
+		if h.stopped {
+			continue
+		}
+		waiting, running, _, werr := h.c.Waiting(ctx, rm)
+		evs, err := h.m.Events(ctx, rm, 0, 0)
+		var tail []string
+		for _, e := range evs[max(0, len(evs)-12):] {
+			tail = append(tail, fmt.Sprintf("%d %s %s", e.Seq, e.Type, e.Data))
+		}
+		t.Logf("room %s through %s: holder %q, owned here %v; waiting %d, running %v (%v); %d events (%v), the last:\n%s",
+			rm, h.name, h.c.Holder(ctx, rm), h.c.Owns(rm), waiting, running, werr, len(evs), err, strings.Join(tail, "\n"))
+	}
 }
 
 // leadStream makes node the leader of stream (a step-down asking for it,

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +29,31 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// logTail keeps the last maxTailLines lines written to it (a text
+// handler writes a record per Write).
+type logTail struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+const maxTailLines = 300
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == maxTailLines {
+		l.lines = append(l.lines[:0], l.lines[1:]...)
+	}
+	l.lines = append(l.lines, string(p))
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "")
+}
 
 // host is one agenthost node in a test: an embedded JetStream node, a
 // Cluster and a Manager on a fake transport.
@@ -71,8 +97,18 @@ func startHost(t *testing.T, o hostOpts) *host {
 	if o.slowLink || o.stallLink {
 		listen = "127.0.0.1:0"
 	}
+	// The node's, the cluster's and the rooms' warnings and errors (the
+	// last of them) are shown if the test fails: a stall under load is
+	// rarely seen twice.
+	tail := &logTail{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the last log lines of %s:\n%s", o.name, tail.String())
+		}
+	})
+	tailLog := slog.New(slog.NewTextHandler(tail, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", o.name)
 	node, err := StartNode(NodeConfig{Name: o.name, StoreDir: o.storeDir, ClusterListen: o.clusterListen,
-		ClusterAdvertise: o.advertise, Routes: o.routes, Listen: listen})
+		ClusterAdvertise: o.advertise, Routes: o.routes, Listen: listen, Logger: tailLog})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +127,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 		node.Close()
 		t.Fatal(err)
 	}
-	var lg *slog.Logger
+	lg := tailLog
 	if os.Getenv("NATSROOM_DEBUG") != "" {
 		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("node", o.name)
 	}
@@ -104,7 +140,7 @@ func startHost(t *testing.T, o hostOpts) *host {
 	}
 	h.tr = newFakeTransport(o.name, o.journal)
 	h.m, err = room.New(room.Options{Store: h.c.Store(), Transport: h.tr, Root: filepath.Join(o.storeDir, "rooms"),
-		Cluster: h.c, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, Observe: o.observe, IdleAfter: o.idleAfter})
+		Cluster: h.c, Logger: lg, ShutdownBudget: 5 * time.Second, QueueLimit: o.queueLimit, Observe: o.observe, IdleAfter: o.idleAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,6 +208,13 @@ func (h *host) kill() {
 // matches ok, reading through h.
 func waitEvent(ctx context.Context, t *testing.T, h *host, rm string, after int64, typ string, ok func(map[string]any) bool) store.Event {
 	t.Helper()
+	return waitEventOr(ctx, t, h, rm, after, typ, ok, nil)
+}
+
+// waitEventOr is waitEvent that runs failed (when not nil) before it
+// fails the test.
+func waitEventOr(ctx context.Context, t *testing.T, h *host, rm string, after int64, typ string, ok func(map[string]any) bool, failed func()) store.Event {
+	t.Helper()
 	watch, unwatch := h.m.Watch(rm)
 	defer unwatch()
 	var lastErr error
@@ -196,6 +239,9 @@ func waitEvent(ctx context.Context, t *testing.T, h *host, rm string, after int6
 		}
 		select {
 		case <-ctx.Done():
+			if failed != nil {
+				failed()
+			}
 			t.Fatalf("room %q: no %s event after seq %d: %v", rm, typ, after, context.Cause(ctx))
 		case <-watch:
 		case <-time.After(250 * time.Millisecond):
