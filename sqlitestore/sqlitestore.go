@@ -3,7 +3,10 @@
 // its own process.
 //
 // Open takes the file for this process alone (a lock beside it; a second
-// Open, here or in another process, fails with ErrLocked), creates or
+// Open, here or in another process, fails with ErrLocked after two
+// seconds: a process this one is starting holds a copy of the lock from
+// its fork until its exec, so a Store closed and opened again at once
+// waits for that copy rather than failing), creates or
 // updates its schema, and returns a *Store to give room.Options.Store.
 // Every write is one transaction, durable when it returns (synchronous
 // FULL, WAL). Close the Store after the room.Manager that uses it has

@@ -178,9 +178,12 @@ type host struct {
 	once sync.Once
 }
 
+// startHost starts the path's host: it lives as long as the path (r.top),
+// and a failure to start it fails the running claim (r.t; a subtest may
+// not fail its parent).
 func (r *pathRun) startHost() *host {
-	t := r.top
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.top.Context(), 60*time.Second)
 	defer cancel()
 	db, err := store.Open(ctx, filepath.Join(r.dir, "agenthost.db"), store.Options{})
 	if err != nil {
@@ -242,7 +245,7 @@ func (r *pathRun) startHost() *host {
 		t.Fatal(err)
 	}
 	h := &host{r: r, db: db, cust: cust, m: m}
-	t.Cleanup(h.close)
+	r.top.Cleanup(h.close)
 	return h
 }
 
@@ -250,11 +253,11 @@ func (r *pathRun) startHost() *host {
 func (r *pathRun) simPort() uint16 {
 	u, err := url.Parse(r.sim.URL())
 	if err != nil {
-		r.top.Fatal(err)
+		r.t.Fatal(err)
 	}
 	n, err := strconv.ParseUint(u.Port(), 10, 16)
 	if err != nil {
-		r.top.Fatal(err)
+		r.t.Fatal(err)
 	}
 	return uint16(n)
 }

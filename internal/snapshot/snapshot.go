@@ -199,7 +199,8 @@ type Repo struct {
 // needed. dir must not lie inside the workspace (nor the workspace inside
 // dir), and the workspace must be an existing directory, not a symbolic
 // link. ctx bounds the git calls Open makes. The Repo holds dir
-// exclusively until Close: a second Open of it fails with ErrLocked.
+// exclusively until Close: a second Open of it fails with ErrLocked
+// (after a short grace: see lockGrace).
 func Open(ctx context.Context, dir, workspace string, opts Options) (*Repo, error) {
 	opts.fill()
 	dir, err := filepath.Abs(dir)
@@ -222,7 +223,7 @@ func Open(ctx context.Context, dir, workspace string, opts Options) (*Repo, erro
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	lock, err := lockFile(filepath.Join(dir, "agenthost.lock"))
+	lock, err := lockFile(ctx, filepath.Join(dir, "agenthost.lock"), lockGrace)
 	if err != nil {
 		return nil, err
 	}

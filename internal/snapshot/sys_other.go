@@ -3,14 +3,19 @@
 package snapshot
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"time"
 )
+
+// lockGrace is unused where there is no flock.
+const lockGrace = 0
 
 // lockFile opens the lock file without locking it: on platforms without
 // flock a second Repo on the same directory is not detected.
-func lockFile(path string) (*os.File, error) {
+func lockFile(_ context.Context, path string, _ time.Duration) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: lock: %w", err)

@@ -286,13 +286,14 @@ func (db *DB) closeStmts() error {
 
 // Open opens (creating if needed) the store at path, takes its lock file
 // (path + ".lock") so that a second process on the same store fails with
-// ErrLocked, and brings the schema up to date.
+// ErrLocked (after a short grace: see lockGrace), and brings the schema
+// up to date.
 func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	opts.fill()
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	lock, err := lockFile(path + ".lock")
+	lock, err := lockFile(ctx, path+".lock", lockGrace)
 	if err != nil {
 		return nil, err
 	}
