@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/agenthost/agenthost/custody"
@@ -424,10 +423,10 @@ func runServe(ctx context.Context, stdout, progress io.Writer, log *slog.Logger,
 		log.Warn("serve: the data dir could not be made 0700", "err", err)
 	}
 	var restartSig chan os.Signal
-	if f.daemon {
+	if f.daemon && len(restartSignals) > 0 {
 		// From the start: SIGUSR2's default action would kill the server.
 		restartSig = make(chan os.Signal, 1)
-		signal.Notify(restartSig, syscall.SIGUSR2)
+		signal.Notify(restartSig, restartSignals...)
 		defer signal.Stop(restartSig)
 	}
 

@@ -91,7 +91,8 @@ func ParseHandle(s string) (Handle, error) {
 }
 
 // Runner runs processes in the daemon for one host: its client, and one
-// inotify instance for every output file the host tails (see watcher).
+// inotify instance for every output file the host tails (see watcher;
+// where there is none, the Runner polls the files).
 // Close it after every Process it made was stopped or let go of.
 type Runner struct {
 	c *procd.Client
@@ -103,17 +104,13 @@ func NewRunner(c *procd.Client) (*Runner, error) {
 	if c == nil {
 		return nil, errors.New("daemonproc: NewRunner needs a client")
 	}
-	w, err := newWatcher()
-	if err != nil {
-		return nil, err
-	}
-	return &Runner{c: c, w: w}, nil
+	return &Runner{c: c, w: newWatcher(true)}, nil
 }
 
 // Client is the daemon's client.
 func (r *Runner) Client() *procd.Client { return r.c }
 
-// Close releases the inotify instance; a Process still open then reads
+// Close releases the inotify instance (or stops polling); a Process still open then reads
 // only what its file holds. Idempotent.
 func (r *Runner) Close() error {
 	r.w.close()

@@ -1,68 +1,73 @@
 package daemonproc
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
-
-	"golang.org/x/sys/unix"
+	"time"
 )
 
-// watcher is one inotify instance for every output file a host tails:
-// one watch per file, events dispatched by watch descriptor. The user's
-// inotify instances are few (fs.inotify.max_user_instances, 128 by
-// default, shared by all of the user's programs); a host that took two
-// per agent could not start more than about 60.
+// watcher wakes the tails of a host when their files grow. On Linux it is
+// one inotify instance for every output file a host tails: one watch per
+// file, events dispatched by watch descriptor. The user's inotify
+// instances are few (fs.inotify.max_user_instances, 128 by default,
+// shared by all of the user's programs); a host that took two per agent
+// could not start more than about 60. Where there is no inotify (other
+// systems, or none left to this user) it polls: every tail looks again
+// every pollEvery.
 type watcher struct {
-	ino *os.File // the instance, in Go's poller
+	ino *os.File // the inotify instance, in Go's poller; nil: polling
 
 	mu     sync.Mutex
 	byWD   map[int32][]*tail // the tails of each watch (one file may have several)
+	nextWD int32             // polling: the next watch's number
 	closed chan struct{}     // closed by close: tails stop waiting for growth
 	once   sync.Once
 	wg     sync.WaitGroup
 }
 
-// watchMask: the file grew, or its writer closed it.
-const watchMask = unix.IN_MODIFY | unix.IN_CLOSE_WRITE
+// pollEvery is how often a polling watcher wakes every tail.
+const pollEvery = 100 * time.Millisecond
 
-func newWatcher() (*watcher, error) {
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("daemonproc: inotify: %w", err)
+// newWatcher starts a watcher: inotify's when useInotify and this system
+// gives an instance, else a polling one.
+func newWatcher(useInotify bool) *watcher {
+	w := &watcher{byWD: map[int32][]*tail{}, closed: make(chan struct{})}
+	if useInotify {
+		if ino, err := inotifyInit(); err == nil {
+			w.ino = ino
+		}
 	}
-	w := &watcher{ino: os.NewFile(uintptr(fd), "inotify"), byWD: map[int32][]*tail{}, closed: make(chan struct{})}
 	w.wg.Add(1)
-	go w.run()
-	return w, nil
+	if w.ino != nil {
+		go w.runInotify()
+	} else {
+		go w.poll()
+	}
+	return w
 }
 
 // add watches path for t; the returned watch descriptor is remove's.
 func (w *watcher) add(path string, t *tail) (int32, error) {
-	rc, err := w.ino.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if isClosed(w.closed) {
 		return 0, os.ErrClosed
 	}
-	var wd int
-	var werr error
-	if err := rc.Control(func(fd uintptr) { wd, werr = unix.InotifyAddWatch(int(fd), path, watchMask) }); err != nil {
+	if w.ino == nil {
+		w.nextWD++
+		w.byWD[w.nextWD] = []*tail{t}
+		return w.nextWD, nil
+	}
+	wd, err := inotifyAdd(w.ino, path)
+	if err != nil {
 		return 0, err
 	}
-	if werr != nil {
-		return 0, werr
-	}
-	w.byWD[int32(wd)] = append(w.byWD[int32(wd)], t)
-	return int32(wd), nil
+	w.byWD[wd] = append(w.byWD[wd], t)
+	return wd, nil
 }
 
 // remove drops t's interest in watch wd; the watch goes with its last tail.
@@ -84,46 +89,33 @@ func (w *watcher) remove(wd int32, t *tail) {
 		return // the kernel dropped it (the file was removed)
 	}
 	delete(w.byWD, wd)
-	if rc, err := w.ino.SyscallConn(); err == nil && !isClosed(w.closed) {
-		_ = rc.Control(func(fd uintptr) { _, _ = unix.InotifyRmWatch(int(fd), uint32(wd)) })
+	if w.ino != nil && !isClosed(w.closed) {
+		inotifyRemove(w.ino, wd)
 	}
 }
 
-// run turns events into wake-ups of the tails they concern; it ends when
-// close closes the instance.
-func (w *watcher) run() {
+// wakeAll wakes every tail (the caller holds w.mu).
+func (w *watcher) wakeAll() {
+	for _, ts := range w.byWD {
+		for _, t := range ts {
+			t.wake()
+		}
+	}
+}
+
+// poll wakes every tail every pollEvery until close.
+func (w *watcher) poll() {
 	defer w.wg.Done()
-	buf := make([]byte, 64<<10)
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
 	for {
-		n, err := w.ino.Read(buf)
-		if err != nil {
+		select {
+		case <-w.closed:
 			return
+		case <-tick.C:
 		}
 		w.mu.Lock()
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
-			mask := binary.NativeEndian.Uint32(buf[off+4:])
-			nameLen := int(binary.NativeEndian.Uint32(buf[off+12:]))
-			off += unix.SizeofInotifyEvent + nameLen
-			switch {
-			case mask&unix.IN_Q_OVERFLOW != 0:
-				// Events were lost: every tail looks again.
-				for _, ts := range w.byWD {
-					for _, t := range ts {
-						t.wake()
-					}
-				}
-			case mask&unix.IN_IGNORED != 0:
-				for _, t := range w.byWD[wd] {
-					t.wake()
-				}
-				delete(w.byWD, wd)
-			default:
-				for _, t := range w.byWD[wd] {
-					t.wake()
-				}
-			}
-		}
+		w.wakeAll()
 		w.mu.Unlock()
 	}
 }
@@ -135,7 +127,9 @@ func (w *watcher) close() {
 		w.mu.Lock()
 		close(w.closed)
 		w.mu.Unlock()
-		w.ino.Close()
+		if w.ino != nil {
+			w.ino.Close()
+		}
 		w.wg.Wait()
 	})
 }
@@ -164,7 +158,7 @@ func openTail(w *watcher, path string, offset int64, done <-chan struct{}) (*tai
 		return nil, fmt.Errorf("daemonproc: watching the output: %w", err)
 	}
 	t.wd = wd
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|noFollow, 0)
 	if err != nil {
 		w.remove(wd, t)
 		return nil, fmt.Errorf("daemonproc: the output: %w", err)
