@@ -97,9 +97,9 @@ func startHost(t *testing.T, o hostOpts) *host {
 	if o.slowLink || o.stallLink {
 		listen = "127.0.0.1:0"
 	}
-	// The node's, the cluster's and the rooms' warnings and errors (the
-	// last of them) are shown if the test fails: a stall under load is
-	// rarely seen twice.
+	// The node's, the cluster's and the rooms' log lines (info and up, the
+	// last maxTailLines of them) are shown if the test fails: a stall
+	// under load is rarely seen twice.
 	tail := &logTail{}
 	t.Cleanup(func() {
 		if t.Failed() {
